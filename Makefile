@@ -1,0 +1,97 @@
+# Santa — build, test and run targets. See README.md.
+#
+#   make demo      set up (root, Debian 12) and run the demo
+#   make test      set up and run all tests (what .ci/run calls)
+#
+# Variables (override on the command line, e.g. `make test FUZZTIME=1m`):
+#   FUZZ_TARGETS   space-separated ./pkg:FuzzName pairs run by `test` and `fuzz`
+#   FUZZTIME       fuzz time per target in `make test` (default 20s)
+#   FUZZTIME_LONG  fuzz time per target in `make fuzz` (default 5m)
+#   TEST_TIMEOUT   go test -timeout (default 20m)
+#   TEST_FLAGS     extra go test flags (e.g. -v, -run X, -p 1)
+#   BENCH_ARGS     arguments for bench/cmd/benchudp
+#   BPF2GO_CC / BPF2GO_STRIP  compiler / strip bpf2go uses (clang-16 / llvm-strip-16)
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := build
+# Steps must run in order (deps before build before tests); Go parallelises itself.
+.NOTPARALLEL:
+
+GO ?= go
+# Go lives in /usr/local/go on the test machines; sudo's secure_path drops it.
+ifneq ($(wildcard /usr/local/go/bin/go),)
+export PATH := $(PATH):/usr/local/go/bin
+endif
+# The clone may be owned by another user than root, or have no .git at all.
+export GOFLAGS := $(strip $(GOFLAGS) -buildvcs=false)
+
+# bpf2go (pinned in go.mod's tool block, run by `go generate`) reads these.
+export BPF2GO_CC ?= clang-16
+export BPF2GO_STRIP ?= llvm-strip-16
+
+BIN := bin
+# Every cmd/<name>/ with Go files becomes bin/<name>.
+CMDS := $(sort $(patsubst cmd/%/,%,$(dir $(wildcard cmd/*/*.go))))
+
+TEST_TIMEOUT ?= 20m
+TEST_FLAGS ?=
+FUZZTIME ?= 20s
+FUZZTIME_LONG ?= 5m
+# Add fuzz targets here as ./path/to/pkg:FuzzName (one fuzz target per pair).
+FUZZ_TARGETS ?=
+BENCH_ARGS ?=
+
+.PHONY: all deps generate build check-generated test fuzz fuzz-run demo bench bench-udp clean need-root
+
+all: build
+
+need-root:
+	@[[ $$(id -u) -eq 0 ]] || { echo "make $(MAKECMDGOALS): must run as root (XDP, network namespaces, apt)" >&2; exit 1; }
+
+deps: need-root
+	@bash scripts/install-deps.sh
+
+generate:
+	$(GO) generate ./...
+
+build:
+	$(GO) build ./...
+	@mkdir -p $(BIN)
+	@for c in $(CMDS); do \
+		echo "$(GO) build -o $(BIN)/$$c ./cmd/$$c"; \
+		$(GO) build -o $(BIN)/$$c ./cmd/$$c; \
+	done
+
+check-generated:
+	@GO=$(GO) bash scripts/check-generated.sh
+
+# Order: set up, make sure the committed BPF objects match the sources, build,
+# then the Go tests (standard ok/FAIL lines per package) and a short fuzz run.
+test: need-root deps check-generated build
+	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) $(TEST_FLAGS) ./...
+	@$(MAKE) --no-print-directory fuzz-run FUZZ_FOR=$(FUZZTIME)
+
+fuzz: need-root deps build
+	@$(MAKE) --no-print-directory fuzz-run FUZZ_FOR=$(FUZZTIME_LONG)
+
+# Runs every FUZZ_TARGETS entry for FUZZ_FOR; does nothing when the list is empty.
+fuzz-run:
+	@for t in $(FUZZ_TARGETS); do \
+		case $$t in *:Fuzz*) ;; *) echo "FUZZ_TARGETS: '$$t' is not ./pkg:FuzzName" >&2; exit 1;; esac; \
+		pkg=$${t%%:*}; fn=$${t#*:}; \
+		echo "$(GO) test -run='^$$' -fuzz='^$$fn\$$' -fuzztime=$(FUZZ_FOR) $$pkg"; \
+		$(GO) test -run='^$$' -fuzz="^$$fn\$$" -fuzztime=$(FUZZ_FOR) $$pkg; \
+	done
+
+demo: need-root deps build
+	@[[ -x $(BIN)/santa-demo ]] || { echo "demo: $(BIN)/santa-demo was not built (cmd/santa-demo missing?)" >&2; exit 1; }
+	$(BIN)/santa-demo
+
+bench: bench-udp
+
+bench-udp: need-root deps build
+	$(GO) run ./bench/cmd/benchudp $(BENCH_ARGS)
+
+clean:
+	rm -rf $(BIN) out
