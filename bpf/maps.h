@@ -1,0 +1,94 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* The rule processor's maps. Sizes marked "set by user space" are placeholders
+ * that internal/dataplane overrides from its Config before loading. */
+#pragma once
+
+#include "include/vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include "santa.h"
+
+/* Socket cookie -> rule set id: which rule set a receiving socket owns. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u64);
+	__type(value, __u32);
+	__uint(max_entries, 65536); /* set by user space */
+} santa_sockets SEC(".maps");
+
+/* Rule set id -> its regions and miss-sample settings. Id 0 is never used. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct santa_ruleset);
+	__uint(max_entries, 4096); /* set by user space */
+	__uint(map_flags, BPF_F_MMAPABLE); /* user space writes in place, publishes atomically */
+} santa_rulesets SEC(".maps");
+
+/* Bucket index (rule set, region, hash) -> first rule slot of its chain, 0 = empty. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(max_entries, 1 << 20); /* set by user space: 2^hash_bits */
+	__uint(map_flags, BPF_F_MMAPABLE); /* user space writes in place, publishes atomically */
+} santa_buckets SEC(".maps");
+
+/* Rule slot -> rule. Slot 0 is never used, so 0 can end a chain. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct santa_rule);
+	__uint(max_entries, 65536); /* set by user space */
+	__uint(map_flags, BPF_F_MMAPABLE); /* user space writes in place, publishes atomically */
+} santa_rules SEC(".maps");
+
+/* Page -> pattern and template bytes of the rules placed in it. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct santa_page);
+	__uint(max_entries, 16); /* set by user space */
+	__uint(map_flags, BPF_F_MMAPABLE); /* user space writes in place, publishes atomically */
+} santa_pages SEC(".maps");
+
+/* Rule slot -> hits and reply bytes, per CPU. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct santa_rule_counters);
+	__uint(max_entries, 65536); /* set by user space: as santa_rules */
+} santa_rule_stats SEC(".maps");
+
+/* The pass and answer reasons, one named field each, per CPU. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct santa_reasons);
+	__uint(max_entries, 1);
+} santa_counters SEC(".maps");
+
+/* Per-CPU scratch: the request window and the reply headers. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct santa_scratch);
+	__uint(max_entries, 1);
+} santa_scratch SEC(".maps");
+
+/* Rule set id -> this CPU's miss-sample budget for the current second. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct santa_sample_budget);
+	__uint(max_entries, 4096); /* set by user space: as santa_rulesets */
+} santa_sample_budget SEC(".maps");
+
+/* Miss samples for controllers that look for hot requests. */
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 1 << 20); /* set by user space */
+} santa_miss_samples SEC(".maps");
+
+/* Emit the miss sample's layout into BTF for bpf2go (the ring buffer has no value type). */
+const struct santa_miss_sample *santa_miss_sample_layout __attribute__((unused));
+const enum santa_limit *santa_limit_layout __attribute__((unused));

@@ -1,0 +1,182 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* The region-hash matcher (paper §2.2): FNV-1a 32 over each region of the
+ * request, a bucket per (rule set, region, truncated hash), candidates checked
+ * by stored hash, then region identity, then every condition byte by byte. */
+#pragma once
+
+#include "include/vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include "santa.h"
+#include "maps.h"
+
+#define FNV32_BASIS 2166136261u
+#define FNV32_PRIME 16777619u
+
+/* Set by user space before loading. */
+volatile const __u32 bucket_mask = (1 << 20) - 1; /* 2^hash_bits - 1 */
+volatile const __u32 bucket_seed = 0;             /* keeps bucket positions unpredictable */
+
+/* Bucket of (rule set, region, hash). internal/dataplane/bucket.go has the twin. */
+static __always_inline __u32 bucket_of(__u32 ruleset, struct santa_region r, __u32 hash)
+{
+	__u32 x = hash ^ bucket_seed ^ (ruleset * 0x9E3779B1u) ^
+		  ((((__u32)r.off << 16) | r.len) * 0x85EBCA6Bu);
+	x ^= x >> 16;
+	x *= 0x7FEB352Du;
+	x ^= x >> 15;
+	x *= 0x846CA68Bu;
+	x ^= x >> 16;
+	return x & bucket_mask;
+}
+
+/* The len pattern bytes at data in page equal the request bytes at off.
+ * A global function, so the verifier checks its loop once rather than for
+ * every condition of every candidate of every region. */
+__noinline int santa_pattern_equal(const struct santa_scratch *s, __u32 off,
+				   const struct santa_page *page, __u32 data, __u32 len)
+{
+	if (!s || !page || len > SANTA_MAX_PATTERN)
+		return 0;
+	const __u8 *a = s->req + (off & SANTA_OFF_MASK);
+	const __u8 *b = page->b + (data & (SANTA_PAGE_DATA - 1));
+	__u32 i;
+	for (i = 0; i < SANTA_MAX_PATTERN / 8; i++) {
+		if (i * 8 + 8 > len)
+			break;
+		if (*(const __u64 *)(a + i * 8) != *(const __u64 *)(b + i * 8))
+			return 0;
+	}
+	__u32 rest = len - i * 8;
+	if (rest == 0)
+		return 1;
+	/* compare the last 1..7 bytes; both buffers have slack to read 8 */
+	__u64 mask = (1ull << ((rest & 7) * 8)) - 1;
+	i &= SANTA_MAX_PATTERN / 8 - 1;
+	return ((*(const __u64 *)(a + i * 8) ^ *(const __u64 *)(b + i * 8)) & mask) == 0;
+}
+
+/* FNV-1a 32 of request bytes [pos, end), continuing from h. A global
+ * function: the verifier checks its loop once. */
+__noinline __u32 santa_fnv1a(const struct santa_scratch *s, __u32 pos, __u32 end, __u32 h)
+{
+	if (!s)
+		return h;
+	for (__u32 j = 0; j < SANTA_MAX_REGION_LEN; j++) {
+		if (pos >= end)
+			break;
+		h ^= s->req[pos & SANTA_OFF_MASK];
+		h *= FNV32_PRIME;
+		pos++;
+	}
+	return h;
+}
+
+/* State of one bucket-chain walk (bpf_loop callback context). */
+struct chain_walk {
+	__u32 slot;        /* next rule slot to look at, 0 = end of chain */
+	__u32 ruleset;
+	__u32 hash;
+	struct santa_region region;
+	__u32 payload_len;
+	__u32 disjoint;    /* stop at the first match */
+	__u32 generation;  /* the rule set's visible generation */
+	__u32 best;        /* best matching rule slot so far, 0 = none */
+	__u32 best_priority;
+	__u32 best_order;
+};
+
+/* Every condition of rule r holds for the request in scratch s. */
+static __always_inline int rule_matches(const struct santa_rule *r, const struct santa_scratch *s,
+					__u32 payload_len)
+{
+	if (payload_len < r->min_len)
+		return 0;
+	__u32 page_id = r->page;
+	const struct santa_page *page = bpf_map_lookup_elem(&santa_pages, &page_id);
+	if (!page)
+		return 0;
+	for (__u32 k = 0; k < SANTA_MAX_CONDS; k++) {
+		if (k >= r->nconds)
+			break;
+		const struct santa_cond *c = &r->conds[k];
+		__u32 off = c->off, len = c->len;
+		if (off + len > payload_len || len > SANTA_MAX_PATTERN)
+			return 0;
+		if (!santa_pattern_equal(s, off, page, c->data, len))
+			return 0;
+	}
+	return 1;
+}
+
+static long chain_step(__u32 i, struct chain_walk *w)
+{
+	__u32 slot = w->slot;
+	if (!slot)
+		return 1;
+	const struct santa_rule *r = bpf_map_lookup_elem(&santa_rules, &slot);
+	if (!r)
+		return 1;
+	w->slot = r->next;
+	/* two-stage collision resolution: the full hash, then the region */
+	if (r->ruleset != w->ruleset || r->hash != w->hash ||
+	    r->region.off != w->region.off || r->region.len != w->region.len ||
+	    r->generation > w->generation)
+		return 0;
+	if (w->best && (r->priority > w->best_priority ||
+			(r->priority == w->best_priority && r->order >= w->best_order)))
+		return 0;
+	__u32 zero = 0;
+	const struct santa_scratch *s = bpf_map_lookup_elem(&santa_scratch, &zero);
+	if (!s || !rule_matches(r, s, w->payload_len))
+		return 0;
+	w->best = slot;
+	w->best_priority = r->priority;
+	w->best_order = r->order;
+	return w->disjoint ? 1 : 0;
+}
+
+/* The best rule of rule set rs_id for the request in s, 0 if none.
+ * *truncated is set when a chain had more than SANTA_MAX_CHAIN rules. */
+static __always_inline __u32 match_rules(__u32 rs_id, const struct santa_ruleset *rs,
+					 const struct santa_scratch *s, __u32 payload_len,
+					 int *truncated)
+{
+	struct chain_walk w = {
+		.ruleset = rs_id,
+		.payload_len = payload_len,
+		.disjoint = rs->flags & SANTA_RULESET_DISJOINT,
+		.generation = rs->generation,
+	};
+	__u32 h = FNV32_BASIS, pos = 0, hashed_off = 0xffffffff;
+
+	for (__u32 ri = 0; ri < SANTA_MAX_REGIONS; ri++) {
+		if (ri >= rs->nregions)
+			break;
+		struct santa_region reg = rs->regions[ri];
+		__u32 end = (__u32)reg.off + reg.len;
+		if (end > payload_len || reg.len > SANTA_MAX_REGION_LEN)
+			continue;
+		/* regions are sorted by (off, len): one FNV pass serves every
+		 * region starting at the same offset */
+		if (reg.off != hashed_off || pos > end) {
+			h = FNV32_BASIS;
+			pos = reg.off;
+			hashed_off = reg.off;
+		}
+		h = santa_fnv1a(s, pos, end, h);
+		pos = end;
+		__u32 bucket = bucket_of(rs_id, reg, h);
+		__u32 *head = bpf_map_lookup_elem(&santa_buckets, &bucket);
+		if (!head || !*head)
+			continue;
+		w.slot = *head;
+		w.hash = h;
+		w.region = reg;
+		bpf_loop(SANTA_MAX_CHAIN, chain_step, &w, 0);
+		if (w.slot && !(w.disjoint && w.best))
+			*truncated = 1;
+		if (w.disjoint && w.best)
+			break;
+	}
+	return w.best;
+}

@@ -1,0 +1,178 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* Packet parsing through a cursor, in the style of xdp-tools' parsing_helpers.h:
+ * every helper bounds-checks and either advances the cursor or reports why not. */
+#pragma once
+
+#include "include/vmlinux.h"
+#include <bpf/bpf_endian.h>
+
+#define ETH_P_IP 0x0800
+#define ETH_P_IPV6 0x86DD
+#define ETH_P_8021Q 0x8100
+#define IP_MF 0x2000
+#define IP_OFFSET 0x1FFF
+#define NEXTHDR_UDP 17
+
+struct cursor {
+	void *pos;
+	void *end;
+};
+
+/* What the parser learned about a UDP request; offsets are from the frame start. */
+struct udp_request {
+	__u32 l2_len;      /* 14, or 18 with an 802.1Q tag */
+	__u32 l3_len;      /* 20 or 40 */
+	__u32 payload_off; /* l2_len + l3_len + 8 */
+	__u32 payload_len; /* UDP payload bytes (excluding any Ethernet padding) */
+	__u8 family;       /* 4 or 6 */
+	struct bpf_sock_tuple tuple;
+};
+
+/* Parse results: a request, or a pass reason for the counters. */
+enum parse_result {
+	PARSE_OK = 0,
+	PARSE_NOT_IP,
+	PARSE_NOT_UNICAST,
+	PARSE_NOT_UDP,
+	PARSE_IP_OPTIONS,
+	PARSE_IPV6_EXT,
+	PARSE_FRAGMENT,
+	PARSE_MALFORMED,
+};
+
+static __always_inline int parse_eth(struct cursor *c, __u16 *proto, __u32 *l2_len)
+{
+	struct ethhdr *eth = c->pos;
+	if ((void *)(eth + 1) > c->end)
+		return PARSE_MALFORMED;
+	if (eth->h_dest[0] & 1) /* group bit: multicast or broadcast */
+		return PARSE_NOT_UNICAST;
+	c->pos = eth + 1;
+	*proto = eth->h_proto;
+	*l2_len = sizeof(*eth);
+	if (*proto == bpf_htons(ETH_P_8021Q)) {
+		struct vlan_hdr *vlan = c->pos;
+		if ((void *)(vlan + 1) > c->end)
+			return PARSE_MALFORMED;
+		c->pos = vlan + 1;
+		*proto = vlan->h_vlan_encapsulated_proto;
+		*l2_len += sizeof(*vlan);
+	}
+	return PARSE_OK;
+}
+
+/* IPv4 without options, not a fragment, carrying UDP. Sets *l4_len from tot_len. */
+static __always_inline int parse_ipv4(struct cursor *c, struct udp_request *req, __u32 *l4_len)
+{
+	struct iphdr *ip = c->pos;
+	if ((void *)(ip + 1) > c->end)
+		return PARSE_MALFORMED;
+	if (ip->version != 4 || ip->ihl < 5)
+		return PARSE_MALFORMED;
+	if (ip->ihl != 5)
+		return PARSE_IP_OPTIONS;
+	if (ip->frag_off & bpf_htons(IP_MF | IP_OFFSET))
+		return PARSE_FRAGMENT;
+	if (ip->protocol != IPPROTO_UDP)
+		return PARSE_NOT_UDP;
+	__u32 tot = bpf_ntohs(ip->tot_len);
+	if (tot < sizeof(*ip) + sizeof(struct udphdr) || (void *)ip + tot > c->end)
+		return PARSE_MALFORMED;
+	req->family = 4;
+	req->l3_len = sizeof(*ip);
+	req->tuple.ipv4.saddr = ip->saddr;
+	req->tuple.ipv4.daddr = ip->daddr;
+	*l4_len = tot - sizeof(*ip);
+	c->pos = ip + 1;
+	return PARSE_OK;
+}
+
+static __always_inline int ipv6_is_ext(__u8 nexthdr)
+{
+	switch (nexthdr) {
+	case 0:   /* hop-by-hop */
+	case 43:  /* routing */
+	case 44:  /* fragment */
+	case 50:  /* ESP */
+	case 51:  /* AH */
+	case 60:  /* destination options */
+	case 135: /* mobility */
+	case 139: /* HIP */
+	case 140: /* shim6 */
+	case 253:
+	case 254: /* experimental */
+		return 1;
+	}
+	return 0;
+}
+
+/* IPv6 with UDP directly after the fixed header. */
+static __always_inline int parse_ipv6(struct cursor *c, struct udp_request *req, __u32 *l4_len)
+{
+	struct ipv6hdr *ip6 = c->pos;
+	if ((void *)(ip6 + 1) > c->end)
+		return PARSE_MALFORMED;
+	if (ip6->version != 6)
+		return PARSE_MALFORMED;
+	if (ipv6_is_ext(ip6->nexthdr))
+		return PARSE_IPV6_EXT;
+	if (ip6->nexthdr != NEXTHDR_UDP)
+		return PARSE_NOT_UDP;
+	__u32 plen = bpf_ntohs(ip6->payload_len);
+	if (plen < sizeof(struct udphdr) || (void *)(ip6 + 1) + plen > c->end)
+		return PARSE_MALFORMED;
+	req->family = 6;
+	req->l3_len = sizeof(*ip6);
+	__builtin_memcpy(req->tuple.ipv6.saddr, &ip6->saddr, 16);
+	__builtin_memcpy(req->tuple.ipv6.daddr, &ip6->daddr, 16);
+	*l4_len = plen;
+	c->pos = ip6 + 1;
+	return PARSE_OK;
+}
+
+/* A UDP header whose length agrees with the IP layer's. */
+static __always_inline int parse_udp(struct cursor *c, struct udp_request *req, __u32 l4_len)
+{
+	struct udphdr *udp = c->pos;
+	if ((void *)(udp + 1) > c->end)
+		return PARSE_MALFORMED;
+	if (bpf_ntohs(udp->len) != l4_len)
+		return PARSE_MALFORMED;
+	if (req->family == 4) {
+		req->tuple.ipv4.sport = udp->source;
+		req->tuple.ipv4.dport = udp->dest;
+	} else {
+		req->tuple.ipv6.sport = udp->source;
+		req->tuple.ipv6.dport = udp->dest;
+	}
+	req->payload_len = l4_len - sizeof(*udp);
+	c->pos = udp + 1;
+	return PARSE_OK;
+}
+
+/* Parse Ethernet (+802.1Q), IPv4/IPv6 and UDP into *req. */
+static __always_inline int parse_udp_request(struct xdp_md *ctx, struct udp_request *req)
+{
+	struct cursor c = {
+		.pos = (void *)(long)ctx->data,
+		.end = (void *)(long)ctx->data_end,
+	};
+	__u16 proto;
+	__u32 l4_len;
+	int err = parse_eth(&c, &proto, &req->l2_len);
+	if (err)
+		return err;
+	if (proto == bpf_htons(ETH_P_IP))
+		err = parse_ipv4(&c, req, &l4_len);
+	else if (proto == bpf_htons(ETH_P_IPV6))
+		err = parse_ipv6(&c, req, &l4_len);
+	else
+		return PARSE_NOT_IP;
+	if (err)
+		return err;
+	err = parse_udp(&c, req, l4_len);
+	if (err)
+		return err;
+	req->payload_off = req->l2_len + req->l3_len + sizeof(struct udphdr);
+	return PARSE_OK;
+}

@@ -1,0 +1,137 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* Layouts shared by the rule processor and user space (via bpf2go). */
+#pragma once
+
+/* Limits, as an enum so bpf2go hands them to Go (internal/dataplane). */
+enum santa_limit {
+	SANTA_MAX_REGIONS = 8,       /* regions hashed per rule set and packet */
+	SANTA_MAX_CONDS = 4,         /* conditions per rule */
+	SANTA_MAX_COPIES = 8,        /* copy segments per rule (after flattening) */
+	SANTA_MAX_CHAIN = 16,        /* rules walked per bucket */
+	SANTA_REQ_WINDOW = 1472,     /* request bytes the matcher sees: a full 1500-byte MTU */
+	SANTA_MAX_PATTERN = 1024,    /* bytes in one condition pattern */
+	SANTA_MAX_REGION_LEN = 64,   /* bytes hashed for one region */
+	SANTA_MAX_REPLY = 1472,      /* UDP payload of a reply (IPv4, 1500-byte MTU) */
+	SANTA_PAGE_DATA = 1 << 20,   /* bytes of rule data in one page */
+	SANTA_PAGE_SLACK = 2048,     /* offset < PAGE_DATA plus length <= 2048 stays in bounds */
+	SANTA_SAMPLE_MAX = 256,      /* request bytes in one miss sample */
+	SANTA_OFF_MASK = 2047,       /* bounds offsets and lengths for the verifier */
+	SANTA_SCRATCH_REQ = 4096,    /* > 2 * SANTA_OFF_MASK: offset plus length stays inside */
+	SANTA_RULESET_DISJOINT = 1,  /* rule set flag: at most one rule can match a packet */
+};
+
+/* n in [1, mask + 1] for the verifier, where the caller knows 1 <= n <= mask + 1. */
+#define NONZERO(n, mask) ((((n) - 1) & (mask)) + 1)
+
+/* A window of the UDP payload the matcher hashes once per packet. */
+struct santa_region {
+	__u16 off;
+	__u16 len;
+};
+
+/* One rule set: the rules of one socket. */
+struct santa_ruleset {
+	__u32 nregions;
+	__u32 flags;
+	__u32 generation;       /* rules with a higher generation are not visible yet */
+	__u32 pad;
+	struct santa_region regions[SANTA_MAX_REGIONS]; /* sorted by (off, len) */
+	__u16 sample_len;       /* bytes per miss sample, 0 = no samples */
+	__u16 sample_pad;
+	__u32 sample_per_sec;   /* miss samples per second and CPU */
+};
+
+/* A condition: len bytes at off in the payload equal the pattern at data in the rule's page. */
+struct santa_cond {
+	__u16 off;
+	__u16 len;
+	__u32 data;
+};
+
+/* Copy len request bytes from payload offset src to reply offset dst. */
+struct santa_copy {
+	__u16 src;
+	__u16 dst;
+	__u16 len;
+	__u16 pad;
+};
+
+struct santa_rule {
+	__u32 ruleset;          /* owner; 0 marks a free slot */
+	__u32 next;             /* next rule slot in the bucket chain, 0 = end */
+	__u32 hash;             /* FNV-1a 32 of the anchor region of the anchor condition */
+	struct santa_region region; /* the anchor region's identity */
+	__u32 priority;         /* of several matching rules the lowest priority wins, */
+	__u32 order;            /* then the lowest order (insertion order): docs/matching.md */
+	__u32 generation;       /* visible once the rule set's generation reaches it */
+	__u32 page;             /* data page holding patterns and template */
+	__u32 tpl;              /* template offset in the page */
+	__u32 tpl_csum;         /* folded 16-bit ones' complement sum of the template */
+	__u16 reply_len;
+	__u16 min_len;          /* shortest request the conditions and copies fit in */
+	__u8 nconds;
+	__u8 ncopies;
+	struct santa_cond conds[SANTA_MAX_CONDS];
+	struct santa_copy copies[SANTA_MAX_COPIES];
+};
+
+/* Rule data: patterns and flattened reply templates, allocated by user space. */
+struct santa_page {
+	__u8 b[SANTA_PAGE_DATA + SANTA_PAGE_SLACK];
+};
+
+/* Per-rule, per-CPU statistics. */
+struct santa_rule_counters {
+	__u64 hits;
+	__u64 bytes;
+};
+
+/* Why a packet was passed to the stack (or answered). One field per reason,
+ * per CPU, so user space reads names rather than indexes. */
+struct santa_reasons {
+	__u64 answered;          /* a rule matched and the reply was sent with XDP_TX */
+	__u64 pass_not_ip;       /* not IPv4/IPv6 (ARP, LLDP, ...) */
+	__u64 pass_not_unicast;  /* Ethernet multicast/broadcast: never answered */
+	__u64 pass_not_udp;      /* another transport protocol */
+	__u64 pass_ip_options;   /* IPv4 header with options */
+	__u64 pass_ipv6_ext;     /* IPv6 extension header */
+	__u64 pass_fragment;     /* IPv4 fragment */
+	__u64 pass_malformed;    /* truncated frame, inconsistent lengths, bad header */
+	__u64 pass_no_socket;    /* no socket would receive the packet */
+	__u64 pass_no_ruleset;   /* the receiving socket has no rule set */
+	__u64 pass_no_match;     /* rule set present, no rule matched */
+	__u64 pass_too_long;     /* payload longer than the matcher's window */
+	__u64 pass_bad_checksum; /* a rule matched but the request's UDP checksum is wrong */
+	__u64 pass_no_room;      /* the frame could not be resized for the reply */
+	__u64 pass_reply_too_big; /* the reply would exceed the MTU (IPv6's header is longer) */
+	__u64 pass_error;        /* a helper failed while building the reply */
+	__u64 miss_sampled;      /* misses copied to the sample ring */
+	__u64 miss_sample_dropped; /* samples lost: ring full */
+	__u64 miss_sample_limited; /* samples skipped by the rate limit */
+	__u64 chain_truncated;   /* a bucket chain was longer than SANTA_MAX_CHAIN */
+};
+
+/* A miss sample as it appears in the ring buffer. */
+struct santa_miss_sample {
+	__u64 cookie;   /* socket cookie of the receiving socket */
+	__u32 ruleset;
+	__u16 len;      /* UDP payload length of the request */
+	__u16 caplen;   /* bytes in data */
+	__u8 family;    /* 4 or 6 */
+	__u8 pad[7];
+	__u8 data[SANTA_SAMPLE_MAX];
+};
+
+/* Per-CPU work area: the request window (with slack for word-wise compares
+ * past a pattern's end) and the reply's headers. */
+struct santa_scratch {
+	__u8 req[SANTA_SCRATCH_REQ];
+	__u8 hdr[128];
+};
+
+/* Per-CPU miss sample budget of one rule set. */
+struct santa_sample_budget {
+	__u64 window_start;
+	__u32 used;
+	__u32 pad;
+};

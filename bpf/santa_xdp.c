@@ -1,0 +1,298 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+/* The UDP rule processor at XDP: answers requests that match a rule of the
+ * socket the kernel would deliver them to; passes everything else untouched. */
+#include "include/vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+#include <bpf/bpf_core_read.h>
+#include "santa.h"
+#include "maps.h"
+#include "parsing.h"
+#include "csum.h"
+#include "matcher.h"
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
+
+#define COUNT(field)                                                            \
+	do {                                                                    \
+		__u32 _zero = 0;                                                \
+		struct santa_reasons *_c = bpf_map_lookup_elem(&santa_counters, &_zero); \
+		if (_c)                                                         \
+			_c->field++;                                            \
+	} while (0)
+
+static __always_inline int count_parse_result(int err)
+{
+	switch (err) {
+	case PARSE_NOT_IP: COUNT(pass_not_ip); break;
+	case PARSE_NOT_UNICAST: COUNT(pass_not_unicast); break;
+	case PARSE_NOT_UDP: COUNT(pass_not_udp); break;
+	case PARSE_IP_OPTIONS: COUNT(pass_ip_options); break;
+	case PARSE_IPV6_EXT: COUNT(pass_ipv6_ext); break;
+	case PARSE_FRAGMENT: COUNT(pass_fragment); break;
+	default: COUNT(pass_malformed); break;
+	}
+	return XDP_PASS;
+}
+
+/* XDP may not call bpf_get_socket_cookie; reading the cookie through a
+ * read-only BTF cast of the socket gives the same value. */
+extern void *bpf_rdonly_cast(const void *obj, __u32 btf_id) __ksym;
+
+/* The cookie of the socket this request would be delivered to, 0 if none.
+ * A socket's cookie is made when first asked for (SO_COOKIE): santad asks
+ * before binding rules, so a socket without one has no rules. */
+static __always_inline __u64 receiving_socket(struct xdp_md *ctx, struct udp_request *req)
+{
+	__u32 tuple_len = req->family == 4 ? sizeof(req->tuple.ipv4) : sizeof(req->tuple.ipv6);
+	struct bpf_sock *sk = bpf_sk_lookup_udp(ctx, &req->tuple, tuple_len, BPF_F_CURRENT_NETNS, 0);
+	if (!sk)
+		return 0;
+	struct sock *ksk = bpf_rdonly_cast(sk, bpf_core_type_id_kernel(struct sock));
+	__u64 cookie = ksk->__sk_common.skc_cookie.counter;
+	bpf_sk_release(sk);
+	return cookie;
+}
+
+/* Copy the first bytes of an unmatched request to the miss-sample ring,
+ * within the rule set's per-CPU budget. */
+static __always_inline void sample_miss(__u64 cookie, __u32 rs_id, const struct santa_ruleset *rs,
+					const struct santa_scratch *s, struct udp_request *req)
+{
+	if (!rs->sample_len)
+		return;
+	struct santa_sample_budget *b = bpf_map_lookup_elem(&santa_sample_budget, &rs_id);
+	if (!b)
+		return;
+	__u64 now = bpf_ktime_get_ns();
+	if (now - b->window_start >= 1000000000ull) {
+		b->window_start = now;
+		b->used = 0;
+	}
+	if (b->used >= rs->sample_per_sec) {
+		COUNT(miss_sample_limited);
+		return;
+	}
+	b->used++;
+	struct santa_miss_sample *m = bpf_ringbuf_reserve(&santa_miss_samples, sizeof(*m), 0);
+	if (!m) {
+		COUNT(miss_sample_dropped);
+		return;
+	}
+	m->cookie = cookie;
+	m->ruleset = rs_id;
+	m->len = req->payload_len;
+	m->caplen = req->payload_len < rs->sample_len ? req->payload_len : rs->sample_len;
+	if (m->caplen > SANTA_SAMPLE_MAX)
+		m->caplen = SANTA_SAMPLE_MAX;
+	m->family = req->family;
+	__builtin_memcpy(m->data, s->req, SANTA_SAMPLE_MAX);
+	bpf_ringbuf_submit(m, 0);
+	COUNT(miss_sampled);
+}
+
+/* The request's UDP checksum is absent (IPv4), valid, or in the partial form
+ * of a locally generated packet (the field holds the folded pseudo-header sum). */
+static __always_inline int request_checksum_ok(struct xdp_md *ctx, struct udp_request *req,
+					       const struct santa_scratch *s)
+{
+	struct udphdr udp;
+	if (bpf_xdp_load_bytes(ctx, req->payload_off - sizeof(udp), &udp, sizeof(udp)))
+		return 0;
+	if (udp.check == 0)
+		return req->family == 4;
+	__u32 l4_len = req->payload_len + sizeof(udp);
+	__u64 pseudo = csum_pseudo(&req->tuple, req->family, l4_len);
+	if (udp.check == csum_fold64(pseudo))
+		return 1;
+	__u64 sum = pseudo + udp.source + udp.dest + udp.len + udp.check;
+	sum += csum_bytes(s->req, req->payload_len & SANTA_OFF_MASK);
+	return csum_fold64(sum) == 0xffff;
+}
+
+/* Write the reply headers into s->hdr: addresses and ports swapped, lengths
+ * and checksums for a reply of rule r. Returns the header length or 0. */
+static __always_inline __u32 build_headers(struct xdp_md *ctx, struct udp_request *req,
+					   struct santa_scratch *s, const struct santa_rule *r)
+{
+	__u32 hdr_len = req->payload_off;
+	if (hdr_len > 66 || bpf_xdp_load_bytes(ctx, 0, s->hdr, NONZERO(hdr_len, 127)))
+		return 0;
+
+	struct ethhdr *eth = (void *)s->hdr;
+	__u8 mac[6];
+	__builtin_memcpy(mac, eth->h_dest, 6);
+	__builtin_memcpy(eth->h_dest, eth->h_source, 6);
+	__builtin_memcpy(eth->h_source, mac, 6);
+
+	__u32 l4_len = sizeof(struct udphdr) + r->reply_len;
+	__u32 l3 = req->l2_len == 14 ? 14 : 18;
+	if (req->family == 4) {
+		struct iphdr *ip = (void *)s->hdr + l3;
+		__be32 a = ip->saddr;
+		ip->saddr = ip->daddr;
+		ip->daddr = a;
+		ip->tos = 0;
+		ip->tot_len = bpf_htons(sizeof(*ip) + l4_len);
+		ip->id = 0;
+		ip->frag_off = bpf_htons(0x4000); /* DF */
+		ip->ttl = 64;
+		ip->check = 0;
+		ip->check = ~csum_fold64((__u32)bpf_csum_diff(NULL, 0, (void *)ip, sizeof(*ip), 0));
+	} else {
+		struct ipv6hdr *ip6 = (void *)s->hdr + l3;
+		struct in6_addr a = ip6->saddr;
+		ip6->saddr = ip6->daddr;
+		ip6->daddr = a;
+		*(__be32 *)ip6 = bpf_htonl(0x60000000); /* version, no class, no flow label */
+		ip6->payload_len = bpf_htons(l4_len);
+		ip6->hop_limit = 64;
+	}
+
+	struct udphdr *udp = (void *)s->hdr + ((hdr_len - sizeof(*udp)) & 63);
+	__be16 port = udp->source;
+	udp->source = udp->dest;
+	udp->dest = port;
+	udp->len = bpf_htons(l4_len);
+	udp->check = 0;
+
+	/* The reply is the template with the copies in its zeroed gaps, so its
+	 * sum is the template's plus the copies', each at its offset's parity. */
+	__u64 sum = csum_pseudo(&req->tuple, req->family, l4_len) + udp->source + udp->dest +
+		    udp->len + r->tpl_csum;
+	for (__u32 k = 0; k < SANTA_MAX_COPIES; k++) {
+		if (k >= r->ncopies)
+			break;
+		const struct santa_copy *cp = &r->copies[k];
+		__u16 part = csum_fold64(csum_bytes(s->req + (cp->src & SANTA_OFF_MASK),
+						   cp->len & SANTA_OFF_MASK));
+		sum += (cp->dst & 1) ? csum_swap(part) : part;
+	}
+	__u16 check = ~csum_fold64(sum);
+	udp->check = check ? check : 0xffff;
+	return hdr_len;
+}
+
+/* Resize the frame to new_len bytes: grow at the tail where the driver left
+ * room, else into the headroom; shrink at the tail. */
+static __always_inline int resize_frame(struct xdp_md *ctx, __u32 new_len)
+{
+	int delta = (int)new_len - (int)(ctx->data_end - ctx->data);
+	if (delta == 0)
+		return 0;
+	if (delta < 0)
+		return bpf_xdp_adjust_tail(ctx, delta);
+	if (bpf_xdp_adjust_tail(ctx, delta) == 0)
+		return 0;
+	return bpf_xdp_adjust_head(ctx, -delta);
+}
+
+/* Turn the request into rule r's reply, in place. */
+static __always_inline int answer(struct xdp_md *ctx, struct udp_request *req,
+				  struct santa_scratch *s, const struct santa_rule *r, __u32 slot)
+{
+	__u32 reply_len = r->reply_len;
+	/* an IPv4 MTU-sized reply does not fit IPv6's larger header */
+	if (reply_len == 0 || req->l3_len + sizeof(struct udphdr) + reply_len > SANTA_MAX_REPLY + 28) {
+		COUNT(pass_reply_too_big);
+		return XDP_PASS;
+	}
+	__u32 page_id = r->page;
+	const struct santa_page *page = bpf_map_lookup_elem(&santa_pages, &page_id);
+	if (!page) {
+		COUNT(pass_error);
+		return XDP_PASS;
+	}
+	__u32 hdr_len = build_headers(ctx, req, s, r);
+	if (!hdr_len) {
+		COUNT(pass_error);
+		return XDP_PASS;
+	}
+	if (resize_frame(ctx, hdr_len + reply_len)) {
+		COUNT(pass_no_room);
+		return XDP_PASS;
+	}
+	/* From here on the request is gone: a failure must drop, not pass. */
+	if (bpf_xdp_store_bytes(ctx, 0, s->hdr, NONZERO(hdr_len, 127)) ||
+	    bpf_xdp_store_bytes(ctx, hdr_len, (void *)page->b + (r->tpl & (SANTA_PAGE_DATA - 1)),
+				NONZERO(reply_len, SANTA_OFF_MASK)))
+		goto fail;
+	for (__u32 k = 0; k < SANTA_MAX_COPIES; k++) {
+		if (k >= r->ncopies)
+			break;
+		const struct santa_copy *cp = &r->copies[k];
+		if (bpf_xdp_store_bytes(ctx, hdr_len + cp->dst, s->req + (cp->src & SANTA_OFF_MASK),
+					NONZERO(cp->len, SANTA_OFF_MASK)))
+			goto fail;
+	}
+	struct santa_rule_counters *st = bpf_map_lookup_elem(&santa_rule_stats, &slot);
+	if (st) {
+		st->hits++;
+		st->bytes += hdr_len + reply_len;
+	}
+	COUNT(answered);
+	return XDP_TX;
+fail:
+	COUNT(pass_error);
+	return XDP_DROP;
+}
+
+SEC("xdp")
+int santa_xdp(struct xdp_md *ctx)
+{
+	struct udp_request req = {};
+	int err = parse_udp_request(ctx, &req);
+	if (err)
+		return count_parse_result(err);
+
+	__u64 cookie = receiving_socket(ctx, &req);
+	if (!cookie) {
+		COUNT(pass_no_socket);
+		return XDP_PASS;
+	}
+	__u32 *rs_id = bpf_map_lookup_elem(&santa_sockets, &cookie);
+	if (!rs_id) {
+		COUNT(pass_no_ruleset);
+		return XDP_PASS;
+	}
+	__u32 id = *rs_id;
+	const struct santa_ruleset *rs = bpf_map_lookup_elem(&santa_rulesets, &id);
+	if (!rs) {
+		COUNT(pass_no_ruleset);
+		return XDP_PASS;
+	}
+	if (req.payload_len > SANTA_REQ_WINDOW) {
+		COUNT(pass_too_long);
+		return XDP_PASS;
+	}
+	if (req.payload_len == 0) {
+		COUNT(pass_no_match); /* every rule needs at least one payload byte */
+		return XDP_PASS;
+	}
+	__u32 zero = 0;
+	struct santa_scratch *s = bpf_map_lookup_elem(&santa_scratch, &zero);
+	if (!s || bpf_xdp_load_bytes(ctx, req.payload_off, s->req, NONZERO(req.payload_len, SANTA_OFF_MASK))) {
+		COUNT(pass_error);
+		return XDP_PASS;
+	}
+
+	int truncated = 0;
+	__u32 slot = match_rules(id, rs, s, req.payload_len, &truncated);
+	if (truncated)
+		COUNT(chain_truncated);
+	if (!slot) {
+		COUNT(pass_no_match);
+		sample_miss(cookie, id, rs, s, &req);
+		return XDP_PASS;
+	}
+	const struct santa_rule *r = bpf_map_lookup_elem(&santa_rules, &slot);
+	if (!r) {
+		COUNT(pass_error);
+		return XDP_PASS;
+	}
+	if (!request_checksum_ok(ctx, &req, s)) {
+		COUNT(pass_bad_checksum);
+		return XDP_PASS;
+	}
+	return answer(ctx, &req, s, r, slot);
+}

@@ -1,0 +1,63 @@
+package dataplane
+
+import "fmt"
+
+// Config sizes the rule processor's maps. The zero value of a field means its default.
+type Config struct {
+	// HashBits sets the bucket table to 2^HashBits entries (paper §2.2: 16–22 bits or more).
+	HashBits int
+	// MaxRules is the number of rules all sockets together can hold.
+	MaxRules int
+	// MaxRulesets is the number of rule sets; every socket with rules holds one,
+	// and an atomic replace briefly holds a second.
+	MaxRulesets int
+	// DataMiB is the memory for patterns and reply templates, in MiB pages.
+	DataMiB int
+	// SampleRingKiB is the size of the miss-sample ring buffer.
+	SampleRingKiB int
+}
+
+// DefaultConfig suits a server with up to 64 k rules.
+var DefaultConfig = Config{
+	HashBits:      20,
+	MaxRules:      65536,
+	MaxRulesets:   1024,
+	DataMiB:       16,
+	SampleRingKiB: 1024,
+}
+
+func (c Config) withDefaults() Config {
+	d := DefaultConfig
+	if c.HashBits != 0 {
+		d.HashBits = c.HashBits
+	}
+	if c.MaxRules != 0 {
+		d.MaxRules = c.MaxRules
+	}
+	if c.MaxRulesets != 0 {
+		d.MaxRulesets = c.MaxRulesets
+	}
+	if c.DataMiB != 0 {
+		d.DataMiB = c.DataMiB
+	}
+	if c.SampleRingKiB != 0 {
+		d.SampleRingKiB = c.SampleRingKiB
+	}
+	return d
+}
+
+func (c Config) validate() error {
+	switch {
+	case c.HashBits < 8 || c.HashBits > 28:
+		return fmt.Errorf("hash bits %d: must be between 8 and 28", c.HashBits)
+	case c.MaxRules < 1 || c.MaxRules > 1<<26:
+		return fmt.Errorf("max rules %d: must be between 1 and %d", c.MaxRules, 1<<26)
+	case c.MaxRulesets < 2 || c.MaxRulesets > 1<<20:
+		return fmt.Errorf("max rule sets %d: must be between 2 and %d", c.MaxRulesets, 1<<20)
+	case c.DataMiB < 1 || c.DataMiB > 1<<14:
+		return fmt.Errorf("data memory %d MiB: must be between 1 and %d", c.DataMiB, 1<<14)
+	case c.SampleRingKiB < 4 || c.SampleRingKiB&(c.SampleRingKiB-1) != 0:
+		return fmt.Errorf("sample ring %d KiB: must be a power of two of at least 4", c.SampleRingKiB)
+	}
+	return nil
+}

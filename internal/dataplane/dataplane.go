@@ -1,0 +1,145 @@
+package dataplane
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sync"
+	"unsafe"
+
+	"github.com/cilium/ebpf"
+)
+
+// Dataplane is the loaded rule processor and the user-space view of its maps.
+// It is safe for concurrent use.
+type Dataplane struct {
+	cfg  Config
+	objs santaObjects
+	seed uint32
+	mask uint32
+
+	mu       sync.Mutex
+	rules    *mmapArray // santa_rules
+	buckets  *mmapArray // santa_buckets
+	pages    *mmapArray // santa_pages
+	rulesets *mmapArray // santa_rulesets
+	slots    *slotAllocator
+	rsIDs    *slotAllocator
+	data     *dataAllocator
+	chainLen []uint8 // rules per bucket, to keep every chain within MaxChain
+	bySocket map[uint64]*ruleset
+	byID     map[RuleID]*installed
+	lastID   RuleID
+	order    uint32
+}
+
+// RuleID names an installed rule for as long as it exists.
+type RuleID uint64
+
+// Field offsets the data plane publishes with atomic stores.
+var (
+	offRuleNext         = int(unsafe.Offsetof(santaSantaRule{}.Next))
+	offRulesetFlags     = int(unsafe.Offsetof(santaSantaRuleset{}.Flags))
+	offRulesetGen       = int(unsafe.Offsetof(santaSantaRuleset{}.Generation))
+	offRulesetSampleLen = int(unsafe.Offsetof(santaSantaRuleset{}.SampleLen))
+	ruleValueSize       = binary.Size(santaSantaRule{})
+	rulesetValueSize    = binary.Size(santaSantaRuleset{})
+)
+
+// Load loads the rule processor with the given sizes (zero fields take
+// DefaultConfig's). It needs CAP_BPF and CAP_NET_ADMIN.
+func Load(cfg Config) (*Dataplane, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	spec, err := loadSanta()
+	if err != nil {
+		return nil, fmt.Errorf("read rule processor ELF: %w", err)
+	}
+	var seed [4]byte
+	if _, err := rand.Read(seed[:]); err != nil {
+		return nil, err
+	}
+	d := &Dataplane{
+		cfg:      cfg,
+		seed:     binary.LittleEndian.Uint32(seed[:]),
+		mask:     uint32(1)<<cfg.HashBits - 1,
+		bySocket: map[uint64]*ruleset{},
+		byID:     map[RuleID]*installed{},
+	}
+	sizes := map[string]uint32{
+		"santa_sockets":       uint32(cfg.MaxRulesets),
+		"santa_rulesets":      uint32(cfg.MaxRulesets),
+		"santa_sample_budget": uint32(cfg.MaxRulesets),
+		"santa_buckets":       d.mask + 1,
+		"santa_rules":         uint32(cfg.MaxRules) + 1,
+		"santa_rule_stats":    uint32(cfg.MaxRules) + 1,
+		"santa_pages":         uint32(cfg.DataMiB),
+		"santa_miss_samples":  uint32(cfg.SampleRingKiB) * 1024,
+	}
+	for name, n := range sizes {
+		ms, ok := spec.Maps[name]
+		if !ok {
+			return nil, fmt.Errorf("rule processor ELF has no map %s", name)
+		}
+		ms.MaxEntries = n
+	}
+	if err := spec.Variables["bucket_mask"].Set(d.mask); err != nil {
+		return nil, err
+	}
+	if err := spec.Variables["bucket_seed"].Set(d.seed); err != nil {
+		return nil, err
+	}
+	if err := spec.LoadAndAssign(&d.objs, nil); err != nil {
+		var ve *ebpf.VerifierError
+		if errors.As(err, &ve) {
+			return nil, fmt.Errorf("load rule processor: %+v", ve)
+		}
+		return nil, fmt.Errorf("load rule processor: %w", err)
+	}
+	for _, m := range []struct {
+		dst **mmapArray
+		src *ebpf.Map
+	}{{&d.rules, d.objs.SantaRules}, {&d.buckets, d.objs.SantaBuckets},
+		{&d.pages, d.objs.SantaPages}, {&d.rulesets, d.objs.SantaRulesets}} {
+		if *m.dst, err = mapArray(m.src); err != nil {
+			d.Close()
+			return nil, err
+		}
+	}
+	d.slots = newSlotAllocator(uint32(cfg.MaxRules) + 1)
+	d.rsIDs = newSlotAllocator(uint32(cfg.MaxRulesets))
+	d.data = newDataAllocator(uint32(cfg.DataMiB))
+	d.chainLen = make([]uint8, d.mask+1)
+	return d, nil
+}
+
+// Program is the XDP rule processor, for attaching or BPF_PROG_RUN.
+func (d *Dataplane) Program() *ebpf.Program { return d.objs.SantaXdp }
+
+// Config is the configuration the data plane was loaded with.
+func (d *Dataplane) Config() Config { return d.cfg }
+
+// Close unmaps and releases everything Load created. Attachments must be closed first.
+func (d *Dataplane) Close() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var errs []error
+	for _, a := range []*mmapArray{d.rules, d.buckets, d.pages, d.rulesets} {
+		errs = append(errs, a.close())
+	}
+	errs = append(errs, d.objs.Close())
+	return errors.Join(errs...)
+}
+
+// encode returns v's bytes as the kernel lays them out.
+func encode(v any) []byte {
+	var b bytes.Buffer
+	if err := binary.Write(&b, binary.LittleEndian, v); err != nil {
+		panic(err) // only fixed-size generated types are encoded
+	}
+	return b.Bytes()
+}

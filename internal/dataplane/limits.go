@@ -1,0 +1,18 @@
+package dataplane
+
+// Limits of the rule processor, generated from enum santa_limit in bpf/santa.h.
+const (
+	MaxRegions   = int(santaSantaLimitSANTA_MAX_REGIONS)    // regions hashed per rule set
+	MaxConds     = int(santaSantaLimitSANTA_MAX_CONDS)      // conditions per rule
+	MaxCopies    = int(santaSantaLimitSANTA_MAX_COPIES)     // copy segments per rule, after flattening
+	MaxChain     = int(santaSantaLimitSANTA_MAX_CHAIN)      // rules per bucket chain
+	ReqWindow    = int(santaSantaLimitSANTA_REQ_WINDOW)     // request bytes the matcher sees
+	MaxPattern   = int(santaSantaLimitSANTA_MAX_PATTERN)    // bytes in one condition pattern
+	MaxRegionLen = int(santaSantaLimitSANTA_MAX_REGION_LEN) // bytes hashed for one region
+	MaxReply     = int(santaSantaLimitSANTA_MAX_REPLY)      // UDP payload bytes of a reply over IPv4
+	MaxReplyIPv6 = MaxReply - 20                            // the same frame carries 20 bytes less over IPv6
+	MaxSample    = int(santaSantaLimitSANTA_SAMPLE_MAX)     // request bytes in one miss sample
+	pageData     = int(santaSantaLimitSANTA_PAGE_DATA)
+	pageSlack    = int(santaSantaLimitSANTA_PAGE_SLACK)
+	flagDisjoint = uint32(santaSantaLimitSANTA_RULESET_DISJOINT)
+)

@@ -1,0 +1,462 @@
+package dataplane
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/cilium/ebpf"
+)
+
+// ErrNotBound is returned for a socket that has no rule set.
+var ErrNotBound = errors.New("socket has no rule set")
+
+// SampleOptions configures the miss samples of one rule set.
+type SampleOptions struct {
+	Bytes     int // request bytes per sample, 0 turns sampling off, at most MaxSample
+	PerSecond int // samples per second and CPU
+}
+
+type ruleset struct {
+	cookie     uint64
+	id         uint32
+	regions    []region
+	flags      uint32
+	generation uint32
+	rules      []*installed // in insertion order
+	sample     SampleOptions
+}
+
+type installed struct {
+	id     RuleID
+	owner  *ruleset
+	src    Rule
+	rule   *compiledRule
+	slot   uint32
+	bucket uint32
+	region region
+	hash   uint32
+	data   dataRef
+	order  uint32
+	base   RuleStats // counted in slots the rule had before a rebuild
+}
+
+// Bind gives the socket with this cookie an empty rule set.
+func (d *Dataplane) Bind(cookie uint64, sample SampleOptions) error {
+	if err := checkSample(sample); err != nil {
+		return err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if _, ok := d.bySocket[cookie]; ok {
+		return fmt.Errorf("socket %#x already has a rule set", cookie)
+	}
+	rs := &ruleset{cookie: cookie, sample: sample}
+	id, err := d.writeRuleset(rs, nil, 0)
+	if err != nil {
+		return err
+	}
+	rs.id, rs.generation = id, 1
+	if err := d.objs.SantaSockets.Update(cookie, id, ebpf.UpdateNoExist); err != nil {
+		d.rsIDs.put(id)
+		return fmt.Errorf("bind socket %#x: %w", cookie, err)
+	}
+	d.bySocket[cookie] = rs
+	return nil
+}
+
+func checkSample(s SampleOptions) error {
+	if s.Bytes < 0 || s.Bytes > MaxSample {
+		return fmt.Errorf("sample bytes %d: must be between 0 and %d", s.Bytes, MaxSample)
+	}
+	if s.PerSecond < 0 {
+		return fmt.Errorf("samples per second %d: must not be negative", s.PerSecond)
+	}
+	return nil
+}
+
+// Unbind removes the socket's rule set and all its rules.
+func (d *Dataplane) Unbind(cookie uint64) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	rs, ok := d.bySocket[cookie]
+	if !ok {
+		return fmt.Errorf("%w: %#x", ErrNotBound, cookie)
+	}
+	if err := d.objs.SantaSockets.Delete(cookie); err != nil {
+		return fmt.Errorf("unbind socket %#x: %w", cookie, err)
+	}
+	for _, r := range rs.rules {
+		d.uninstall(r)
+	}
+	d.rsIDs.put(rs.id)
+	delete(d.bySocket, cookie)
+	return nil
+}
+
+// Bound lists the cookies of the sockets that have rule sets.
+func (d *Dataplane) Bound() []uint64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	cookies := make([]uint64, 0, len(d.bySocket))
+	for c := range d.bySocket {
+		cookies = append(cookies, c)
+	}
+	slices.Sort(cookies)
+	return cookies
+}
+
+// AddRules installs rules for the socket, all or none: the rule processor
+// sees either none of them or all of them.
+func (d *Dataplane) AddRules(cookie uint64, rules []Rule) ([]RuleID, error) {
+	compiled, err := compileAll(rules)
+	if err != nil {
+		return nil, err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	rs, ok := d.bySocket[cookie]
+	if !ok {
+		return nil, fmt.Errorf("%w: %#x", ErrNotBound, cookie)
+	}
+	news := d.newInstalled(rs, rules, compiled)
+	if err := d.addInPlace(rs, news); err == nil {
+		return ids(news), nil
+	}
+	// the rule set's regions do not suit the new rules: rebuild it
+	if err := d.rebuild(rs, append(slices.Clone(rs.rules), news...)); err != nil {
+		return nil, err
+	}
+	return ids(news), nil
+}
+
+// ReplaceRules swaps the socket's rules for these, atomically.
+func (d *Dataplane) ReplaceRules(cookie uint64, rules []Rule) ([]RuleID, error) {
+	compiled, err := compileAll(rules)
+	if err != nil {
+		return nil, err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	rs, ok := d.bySocket[cookie]
+	if !ok {
+		return nil, fmt.Errorf("%w: %#x", ErrNotBound, cookie)
+	}
+	news := d.newInstalled(rs, rules, compiled)
+	old := rs.rules
+	if err := d.rebuild(rs, news); err != nil {
+		return nil, err
+	}
+	for _, r := range old {
+		delete(d.byID, r.id)
+	}
+	return ids(news), nil
+}
+
+// DeleteRules removes rules of the socket. If any id is not one of the
+// socket's rules nothing is removed.
+func (d *Dataplane) DeleteRules(cookie uint64, del []RuleID) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	rs, ok := d.bySocket[cookie]
+	if !ok {
+		return fmt.Errorf("%w: %#x", ErrNotBound, cookie)
+	}
+	gone := map[RuleID]bool{}
+	for _, id := range del {
+		if r, ok := d.byID[id]; !ok || r.owner != rs {
+			return fmt.Errorf("rule %d is not a rule of socket %#x", id, cookie)
+		}
+		gone[id] = true
+	}
+	kept := rs.rules[:0]
+	for _, r := range rs.rules {
+		if gone[r.id] {
+			d.uninstall(r)
+		} else {
+			kept = append(kept, r)
+		}
+	}
+	rs.rules = kept
+	return nil
+}
+
+// RuleInfo is an installed rule as listed.
+type RuleInfo struct {
+	ID   RuleID
+	Rule Rule
+}
+
+// ListRules returns the socket's rules in insertion order.
+func (d *Dataplane) ListRules(cookie uint64) ([]RuleInfo, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	rs, ok := d.bySocket[cookie]
+	if !ok {
+		return nil, fmt.Errorf("%w: %#x", ErrNotBound, cookie)
+	}
+	out := make([]RuleInfo, len(rs.rules))
+	for i, r := range rs.rules {
+		out[i] = RuleInfo{r.id, r.src}
+	}
+	return out, nil
+}
+
+func compileAll(rules []Rule) ([]*compiledRule, error) {
+	out := make([]*compiledRule, len(rules))
+	for i, r := range rules {
+		c, err := compileRule(r)
+		if err != nil {
+			return nil, fmt.Errorf("rule %d: %w", i, err)
+		}
+		out[i] = c
+	}
+	return out, nil
+}
+
+func ids(rs []*installed) []RuleID {
+	out := make([]RuleID, len(rs))
+	for i, r := range rs {
+		out[i] = r.id
+	}
+	return out
+}
+
+func (d *Dataplane) newInstalled(rs *ruleset, src []Rule, compiled []*compiledRule) []*installed {
+	out := make([]*installed, len(compiled))
+	for i, c := range compiled {
+		d.lastID++
+		d.order++
+		out[i] = &installed{id: d.lastID, owner: rs, src: src[i], rule: c, order: d.order}
+	}
+	return out
+}
+
+// place assigns each rule its region, hash and bucket for rule set id under
+// the given regions, checking capacity and chain lengths first.
+func (d *Dataplane) place(id uint32, regions []region, rules []*installed) error {
+	extra := map[uint32]int{}
+	need := 0
+	for _, r := range rules {
+		reg, ok := regionFor(regions, r.rule)
+		if !ok {
+			return errNoRegion
+		}
+		r.region = reg
+		a := r.rule.conds[r.rule.anchor]
+		r.hash = fnv1a32(a.Pattern[:reg.len])
+		r.bucket = bucketOf(d.seed, d.mask, id, reg, r.hash)
+		extra[r.bucket]++
+		if int(d.chainLen[r.bucket])+extra[r.bucket] > MaxChain {
+			return invalid("more than %d rules share the bytes %v of %q (the region the matcher hashes); "+
+				"add a condition that tells them apart earlier in the request", MaxChain, reg, a.Pattern[:reg.len])
+		}
+		need += r.rule.dataLen()
+	}
+	if d.slots.available() < len(rules) {
+		return fmt.Errorf("rule table full: %d free of %d rules; raise MaxRules", d.slots.available(), d.cfg.MaxRules)
+	}
+	if free := d.cfg.DataMiB*pageData - d.data.used; free < need {
+		return fmt.Errorf("rule data memory full: need %d bytes, %d free; raise DataMiB", need, free)
+	}
+	return nil
+}
+
+var errNoRegion = errors.New("no region for the rule")
+
+// addInPlace links new rules into the rule set as it is, visible all at once
+// by one generation step. It fails, changing nothing, if the rule set's
+// regions do not suit them.
+func (d *Dataplane) addInPlace(rs *ruleset, news []*installed) error {
+	if len(rs.regions) == 0 {
+		return errNoRegion
+	}
+	if err := d.place(rs.id, rs.regions, news); err != nil {
+		return err
+	}
+	all := append(slices.Clone(rs.rules), news...)
+	disjoint := false
+	if rs.flags&flagDisjoint != 0 {
+		_, disjoint = disjointOffset(compiledOf(all))
+	}
+	gen := rs.generation + 1
+	for _, r := range news {
+		if err := d.install(rs.id, gen, r); err != nil {
+			for _, done := range news {
+				if done.slot != 0 {
+					d.uninstall(done)
+				}
+			}
+			return err
+		}
+	}
+	if !disjoint && rs.flags&flagDisjoint != 0 {
+		rs.flags &^= flagDisjoint
+		d.rulesets.store32(rs.id, offRulesetFlags, rs.flags)
+	}
+	d.rulesets.store32(rs.id, offRulesetGen, gen)
+	rs.generation = gen
+	rs.rules = all
+	return nil
+}
+
+// rebuild installs rules as a fresh rule set with new regions, points the
+// socket at it in one map update, then removes the old one.
+func (d *Dataplane) rebuild(rs *ruleset, rules []*installed) error {
+	compiled := compiledOf(rules)
+	regions, err := deriveRegions(compiled)
+	if err != nil {
+		return err
+	}
+	var flags uint32
+	if _, ok := disjointOffset(compiled); ok {
+		flags |= flagDisjoint
+	}
+	id, err := d.writeRuleset(rs, regions, flags)
+	if err != nil {
+		return err
+	}
+	old := append([]*installed(nil), rs.rules...)
+	moved := make([]*installed, len(rules))
+	for i, r := range rules {
+		c := *r
+		c.slot, c.data = 0, dataRef{}
+		moved[i] = &c
+	}
+	fail := func(err error) error {
+		for _, r := range moved {
+			if r.slot != 0 {
+				d.uninstall(r)
+			}
+		}
+		for _, r := range old {
+			d.byID[r.id] = r
+		}
+		d.rsIDs.put(id)
+		return err
+	}
+	if err := d.place(id, regions, moved); err != nil {
+		return fail(err)
+	}
+	for _, r := range moved {
+		if err := d.install(id, 1, r); err != nil {
+			return fail(err)
+		}
+	}
+	if err := d.objs.SantaSockets.Update(rs.cookie, id, ebpf.UpdateExist); err != nil {
+		return fail(fmt.Errorf("switch socket %#x to its new rule set: %w", rs.cookie, err))
+	}
+	prev := map[RuleID]*installed{}
+	for _, r := range old {
+		prev[r.id] = r
+	}
+	for _, r := range moved {
+		if o, ok := prev[r.id]; ok {
+			r.base = o.base.add(d.slotStats(o.slot))
+		}
+	}
+	for _, r := range old {
+		d.uninstall(r)
+	}
+	d.rsIDs.put(rs.id)
+	rs.id, rs.regions, rs.flags, rs.generation, rs.rules = id, regions, flags, 1, moved
+	return nil
+}
+
+func compiledOf(rules []*installed) []*compiledRule {
+	out := make([]*compiledRule, len(rules))
+	for i, r := range rules {
+		out[i] = r.rule
+	}
+	return out
+}
+
+// writeRuleset writes a rule set under a fresh id that no socket points at yet.
+func (d *Dataplane) writeRuleset(rs *ruleset, regions []region, flags uint32) (uint32, error) {
+	id, err := d.rsIDs.get()
+	if err != nil {
+		return 0, fmt.Errorf("rule sets full (%d); raise MaxRulesets", d.cfg.MaxRulesets)
+	}
+	v := santaSantaRuleset{
+		Nregions:     uint32(len(regions)),
+		Flags:        flags,
+		Generation:   1,
+		SampleLen:    uint16(rs.sample.Bytes),
+		SamplePerSec: uint32(rs.sample.PerSecond),
+	}
+	for i, r := range regions {
+		v.Regions[i] = santaSantaRegion{Off: uint16(r.off), Len: uint16(r.len)}
+	}
+	copy(d.rulesets.value(id), encode(&v))
+	return id, nil
+}
+
+// install writes rule r into a free slot of rule set id and links it at the
+// head of its bucket's chain.
+func (d *Dataplane) install(id, gen uint32, r *installed) error {
+	slot, err := d.slots.get()
+	if err != nil {
+		return fmt.Errorf("rule table full; raise MaxRules")
+	}
+	ref, err := d.data.get(r.rule.dataLen())
+	if err != nil {
+		d.slots.put(slot)
+		return fmt.Errorf("rule data memory full; raise DataMiB")
+	}
+	r.slot, r.data = slot, ref
+	page := d.pages.value(ref.page)
+	c := r.rule
+	v := santaSantaRule{
+		Ruleset:    id,
+		Next:       d.buckets.load32(r.bucket, 0),
+		Hash:       r.hash,
+		Region:     santaSantaRegion{Off: uint16(r.region.off), Len: uint16(r.region.len)},
+		Priority:   c.priority,
+		Order:      r.order,
+		Generation: gen,
+		Page:       ref.page,
+		TplCsum:    uint32(c.tplCsum),
+		ReplyLen:   uint16(len(c.template)),
+		MinLen:     uint16(c.minLen),
+		Nconds:     uint8(len(c.conds)),
+		Ncopies:    uint8(len(c.copies)),
+	}
+	at := int(ref.off)
+	for i, cond := range c.conds {
+		v.Conds[i] = santaSantaCond{Off: uint16(cond.Offset), Len: uint16(len(cond.Pattern)), Data: uint32(at)}
+		at += copy(page[at:], cond.Pattern)
+		at = align8(at)
+	}
+	v.Tpl = uint32(at)
+	copy(page[at:], c.template)
+	copy(v.Copies[:], c.copies)
+	if err := d.resetSlotStats(slot); err != nil {
+		return err
+	}
+	copy(d.rules.value(slot), encode(&v))
+	d.buckets.store32(r.bucket, 0, slot)
+	d.chainLen[r.bucket]++
+	d.byID[r.id] = r
+	return nil
+}
+
+// uninstall unlinks rule r from its chain and frees its slot and data.
+func (d *Dataplane) uninstall(r *installed) {
+	next := d.rules.load32(r.slot, offRuleNext)
+	if d.buckets.load32(r.bucket, 0) == r.slot {
+		d.buckets.store32(r.bucket, 0, next)
+	} else {
+		for s := d.buckets.load32(r.bucket, 0); s != 0; s = d.rules.load32(s, offRuleNext) {
+			if d.rules.load32(s, offRuleNext) == r.slot {
+				d.rules.store32(s, offRuleNext, next)
+				break
+			}
+		}
+	}
+	d.chainLen[r.bucket]--
+	d.slots.put(r.slot)
+	d.data.put(r.data, r.rule.dataLen())
+	if d.byID[r.id] == r {
+		delete(d.byID, r.id)
+	}
+}

@@ -1,0 +1,158 @@
+package dataplane
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"reflect"
+	"regexp"
+	"strings"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/ringbuf"
+)
+
+// RuleStats counts what one rule answered.
+type RuleStats struct {
+	Hits  uint64 `json:"hits"`
+	Bytes uint64 `json:"bytes"` // reply frame bytes sent
+}
+
+func (s RuleStats) add(o RuleStats) RuleStats { return RuleStats{s.Hits + o.Hits, s.Bytes + o.Bytes} }
+
+func (d *Dataplane) slotStats(slot uint32) RuleStats {
+	var per []santaSantaRuleCounters
+	if err := d.objs.SantaRuleStats.Lookup(slot, &per); err != nil {
+		return RuleStats{}
+	}
+	var s RuleStats
+	for _, c := range per {
+		s.Hits += c.Hits
+		s.Bytes += c.Bytes
+	}
+	return s
+}
+
+func (d *Dataplane) resetSlotStats(slot uint32) error {
+	zero := make([]santaSantaRuleCounters, ebpf.MustPossibleCPU())
+	if err := d.objs.SantaRuleStats.Update(slot, zero, 0); err != nil {
+		return fmt.Errorf("reset counters of rule slot %d: %w", slot, err)
+	}
+	return nil
+}
+
+// RuleStats returns the statistics of the socket's rules.
+func (d *Dataplane) RuleStats(cookie uint64) (map[RuleID]RuleStats, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	rs, ok := d.bySocket[cookie]
+	if !ok {
+		return nil, fmt.Errorf("%w: %#x", ErrNotBound, cookie)
+	}
+	out := make(map[RuleID]RuleStats, len(rs.rules))
+	for _, r := range rs.rules {
+		out[r.id] = r.base.add(d.slotStats(r.slot))
+	}
+	return out, nil
+}
+
+// Counters are the rule processor's answer and pass reasons, summed over CPUs.
+type Counters = santaSantaReasons
+
+// Counters reads the answer and pass reasons.
+func (d *Dataplane) Counters() (Counters, error) {
+	var per []santaSantaReasons
+	if err := d.objs.SantaCounters.Lookup(uint32(0), &per); err != nil {
+		return Counters{}, fmt.Errorf("read counters: %w", err)
+	}
+	var sum Counters
+	sv := reflect.ValueOf(&sum).Elem()
+	for _, c := range per {
+		cv := reflect.ValueOf(c)
+		for i := 0; i < cv.NumField(); i++ {
+			if f := sv.Field(i); f.Kind() == reflect.Uint64 {
+				f.SetUint(f.Uint() + cv.Field(i).Uint())
+			}
+		}
+	}
+	return sum, nil
+}
+
+var camel = regexp.MustCompile(`([a-z0-9])([A-Z])`)
+
+// CounterNames lists the counters as name -> value, names in snake case as in bpf/santa.h.
+func CounterNames(c Counters) map[string]uint64 {
+	out := map[string]uint64{}
+	v := reflect.ValueOf(c)
+	for i := 0; i < v.NumField(); i++ {
+		if v.Field(i).Kind() != reflect.Uint64 {
+			continue
+		}
+		name := strings.ToLower(camel.ReplaceAllString(v.Type().Field(i).Name, "${1}_${2}"))
+		out[name] = v.Field(i).Uint()
+	}
+	return out
+}
+
+// SetSampling changes the miss samples of the socket's rule set.
+func (d *Dataplane) SetSampling(cookie uint64, s SampleOptions) error {
+	if err := checkSample(s); err != nil {
+		return err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	rs, ok := d.bySocket[cookie]
+	if !ok {
+		return fmt.Errorf("%w: %#x", ErrNotBound, cookie)
+	}
+	rs.sample = s
+	// the two fields share one aligned word: publish them together
+	d.rulesets.store32(rs.id, offRulesetSampleLen, uint32(s.Bytes))
+	d.rulesets.store32(rs.id, offRulesetSampleLen+4, uint32(s.PerSecond))
+	return nil
+}
+
+// MissSample is the start of a request that matched no rule.
+type MissSample struct {
+	Cookie  uint64 // the receiving socket
+	Len     int    // the request's UDP payload length
+	Family  int    // 4 or 6
+	Payload []byte // its first bytes
+}
+
+// MissSamples reads miss samples as the rule processor writes them.
+type MissSamples struct{ r *ringbuf.Reader }
+
+// OpenMissSamples starts reading miss samples. Only one reader should be open.
+func (d *Dataplane) OpenMissSamples() (*MissSamples, error) {
+	r, err := ringbuf.NewReader(d.objs.SantaMissSamples)
+	if err != nil {
+		return nil, fmt.Errorf("open miss samples: %w", err)
+	}
+	return &MissSamples{r}, nil
+}
+
+// ErrClosed is returned by Read after Close.
+var ErrClosed = ringbuf.ErrClosed
+
+// Read blocks until a sample arrives or the reader is closed.
+func (m *MissSamples) Read() (MissSample, error) {
+	rec, err := m.r.Read()
+	if err != nil {
+		return MissSample{}, err
+	}
+	var raw santaSantaMissSample
+	if err := binary.Read(bytes.NewReader(rec.RawSample), binary.LittleEndian, &raw); err != nil {
+		return MissSample{}, fmt.Errorf("decode miss sample: %w", err)
+	}
+	n := min(int(raw.Caplen), len(raw.Data))
+	return MissSample{
+		Cookie:  raw.Cookie,
+		Len:     int(raw.Len),
+		Family:  int(raw.Family),
+		Payload: append([]byte(nil), raw.Data[:n]...),
+	}, nil
+}
+
+// Close stops reading; a blocked Read returns ErrClosed.
+func (m *MissSamples) Close() error { return m.r.Close() }
