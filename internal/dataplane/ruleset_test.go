@@ -1,0 +1,139 @@
+package dataplane
+
+import (
+	"errors"
+	"net/netip"
+	"strings"
+	"testing"
+)
+
+func TestRuleLifecycle(t *testing.T) {
+	e := newEnv(t, Config{})
+	c, s := fixtureAddrs(e, false, 7200)
+	sock := e.socket(s, false)
+	ids := e.bindRules(sock, reply("key-a", "A"), reply("key-b", "B"))
+	answers := func(req, want string) {
+		t.Helper()
+		p := request(c, s, req)
+		e.expect(req, p.build(t), xdpTx, p.answer([]byte(want)).build(t), "answered")
+	}
+	misses := func(req string) {
+		t.Helper()
+		e.expect(req, request(c, s, req).build(t), xdpPass, nil, "pass_no_match")
+	}
+	answers("key-a", "A")
+	answers("key-b", "B")
+
+	// same offset and length: added in place, visible at once
+	more, err := e.d.AddRules(sock, []Rule{reply("key-c", "C")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	answers("key-c", "C")
+	// a new offset needs new regions: the rule set is rebuilt, counters survive
+	deep := Rule{Conditions: []Condition{cond(4, "DEEP")}, Processors: []Processor{put(0, "D")}, ReplyLen: 1}
+	if _, err := e.d.AddRules(sock, []Rule{deep}); err != nil {
+		t.Fatal(err)
+	}
+	answers("....DEEP", "D")
+	answers("key-a", "A")
+	stats, err := e.d.RuleStats(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stats[ids[0]].Hits != 2 || stats[more[0]].Hits != 1 || stats[ids[0]].Bytes == 0 {
+		t.Errorf("stats after rebuild: %+v", stats)
+	}
+
+	if err := e.d.DeleteRules(sock, []RuleID{ids[1]}); err != nil {
+		t.Fatal(err)
+	}
+	misses("key-b")
+	answers("key-a", "A")
+	if err := e.d.DeleteRules(sock, []RuleID{ids[1]}); err == nil {
+		t.Error("deleting a deleted rule succeeded")
+	}
+
+	// replace swaps everything at once
+	if _, err := e.d.ReplaceRules(sock, []Rule{reply("key-z", "Z")}); err != nil {
+		t.Fatal(err)
+	}
+	misses("key-a")
+	misses("key-c")
+	answers("key-z", "Z")
+	list, _ := e.d.ListRules(sock)
+	if len(list) != 1 || string(list[0].Rule.Conditions[0].Pattern) != "key-z" {
+		t.Errorf("rules after replace: %+v", list)
+	}
+
+	if err := e.d.Unbind(sock); err != nil {
+		t.Fatal(err)
+	}
+	e.expect("unbound", request(c, s, "key-z").build(t), xdpPass, nil, "pass_no_ruleset")
+}
+
+// Rules of one socket cannot be deleted through another.
+func TestDeleteOtherSocketsRule(t *testing.T) {
+	e := newEnv(t, Config{})
+	c, s := fixtureAddrs(e, false, 7201)
+	a := e.socket(s, false)
+	b := e.socket(netip.AddrPortFrom(s.Addr(), 7202), false)
+	ids := e.bindRules(a, reply("key", "A"))
+	e.bindRules(b)
+	if err := e.d.DeleteRules(b, ids); err == nil {
+		t.Fatal("deleted socket A's rule through socket B")
+	}
+	p := request(c, s, "key")
+	e.expect("still there", p.build(t), xdpTx, p.answer([]byte("A")).build(t), "answered")
+}
+
+func TestInvalidRulesInstallNothing(t *testing.T) {
+	e := newEnv(t, Config{})
+	c, s := fixtureAddrs(e, false, 7203)
+	sock := e.socket(s, false)
+	e.bindRules(sock, reply("good", "G"))
+	long := strings.Repeat("x", MaxPattern+1)
+	bad := map[string]Rule{
+		"no condition":        {Processors: []Processor{put(0, "x")}, ReplyLen: 1},
+		"empty pattern":       {Conditions: []Condition{cond(0, "")}, Processors: []Processor{put(0, "x")}, ReplyLen: 1},
+		"pattern too long":    {Conditions: []Condition{cond(0, long)}, Processors: []Processor{put(0, "x")}, ReplyLen: 1},
+		"offset past window":  {Conditions: []Condition{cond(ReqWindow, "x")}, Processors: []Processor{put(0, "x")}, ReplyLen: 1},
+		"negative offset":     {Conditions: []Condition{cond(-1, "x")}, Processors: []Processor{put(0, "x")}, ReplyLen: 1},
+		"too many conditions": {Conditions: []Condition{cond(0, "a"), cond(1, "b"), cond(2, "c"), cond(3, "d"), cond(4, "e")}, Processors: []Processor{put(0, "x")}, ReplyLen: 1},
+		"reply too long":      {Conditions: []Condition{cond(0, "x")}, Processors: []Processor{put(0, "x")}, ReplyLen: MaxReply + 1},
+		"zero reply":          {Conditions: []Condition{cond(0, "x")}, Processors: []Processor{put(0, "x")}, ReplyLen: 0},
+		"no processor":        {Conditions: []Condition{cond(0, "x")}, ReplyLen: 1},
+		"put past reply":      {Conditions: []Condition{cond(0, "x")}, Processors: []Processor{put(1, "xy")}, ReplyLen: 2},
+		"copy past reply":     {Conditions: []Condition{cond(0, "x")}, Processors: []Processor{copyP(1, 0, 2)}, ReplyLen: 2},
+		"copy past request":   {Conditions: []Condition{cond(0, "x")}, Processors: []Processor{copyP(0, ReqWindow-1, 2)}, ReplyLen: 2},
+		"empty copy":          {Conditions: []Condition{cond(0, "x")}, Processors: []Processor{copyP(0, 0, 0)}, ReplyLen: 2},
+		"unknown processor":   {Conditions: []Condition{cond(0, "x")}, Processors: []Processor{{Kind: 9}}, ReplyLen: 2},
+		"too many copies": {Conditions: []Condition{cond(0, "x")}, ReplyLen: 40, Processors: func() []Processor {
+			var p []Processor
+			for i := 0; i < MaxCopies+1; i++ {
+				p = append(p, copyP(i*4, i*2, 1))
+			}
+			return p
+		}()},
+	}
+	for name, r := range bad {
+		for _, op := range []string{"add", "replace"} {
+			var err error
+			if op == "add" {
+				_, err = e.d.AddRules(sock, []Rule{reply("fine", "F"), r})
+			} else {
+				_, err = e.d.ReplaceRules(sock, []Rule{reply("fine", "F"), r})
+			}
+			if !errors.Is(err, ErrInvalidRule) {
+				t.Errorf("%s (%s): error %v, want ErrInvalidRule", name, op, err)
+			}
+		}
+	}
+	list, _ := e.d.ListRules(sock)
+	if len(list) != 1 {
+		t.Errorf("%d rules after refused changes, want 1", len(list))
+	}
+	e.expect("nothing installed", request(c, s, "fine").build(t), xdpPass, nil, "pass_no_match")
+	p := request(c, s, "good")
+	e.expect("old rule kept", p.build(t), xdpTx, p.answer([]byte("G")).build(t), "answered")
+}
