@@ -15,6 +15,15 @@ struct {
 	__uint(max_entries, 65536); /* set by user space */
 } santa_sockets SEC(".maps");
 
+/* (attached interface, address) -> SANTA_ADDR_LOCAL or _BROADCAST for the
+ * addresses of the interface's namespace: what the kernel would deliver. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct santa_local_addr);
+	__type(value, __u8);
+	__uint(max_entries, 4096);
+} santa_local_addrs SEC(".maps");
+
 /* Rule set id -> its regions and miss-sample settings. Id 0 is never used. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);

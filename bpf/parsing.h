@@ -38,7 +38,39 @@ enum parse_result {
 	PARSE_IPV6_EXT,
 	PARSE_FRAGMENT,
 	PARSE_MALFORMED,
+	PARSE_BAD_ADDRESS,
 };
+
+/* IPv4 addresses no unicast host has: 0/8, 127/8, 224/4 and above
+ * (multicast, reserved, broadcast). The kernel drops such sources as
+ * martians; a reply to or from them must not be sent. */
+static __always_inline int ipv4_not_unicast(__be32 a)
+{
+	__u8 first = bpf_ntohl(a) >> 24;
+	return first == 0 || first == 127 || first >= 224;
+}
+
+/* IPv6 ::, ::1 and multicast ff00::/8. */
+static __always_inline int ipv6_not_unicast(const struct in6_addr *a)
+{
+	if (a->in6_u.u6_addr8[0] == 0xff)
+		return 1;
+	return (a->in6_u.u6_addr32[0] | a->in6_u.u6_addr32[1] | a->in6_u.u6_addr32[2]) == 0 &&
+	       (a->in6_u.u6_addr32[3] == 0 || a->in6_u.u6_addr32[3] == bpf_htonl(1));
+}
+
+/* The IPv4 header checksum holds: the kernel drops the packet otherwise. */
+static __always_inline int ipv4_header_ok(const struct iphdr *ip)
+{
+	const __u16 *w = (const __u16 *)ip;
+	__u32 sum = 0;
+#pragma unroll
+	for (int i = 0; i < 10; i++)
+		sum += w[i];
+	sum = (sum & 0xffff) + (sum >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	return sum == 0xffff;
+}
 
 static __always_inline int parse_eth(struct cursor *c, __u16 *proto, __u32 *l2_len)
 {
@@ -75,6 +107,10 @@ static __always_inline int parse_ipv4(struct cursor *c, struct udp_request *req,
 		return PARSE_FRAGMENT;
 	if (ip->protocol != IPPROTO_UDP)
 		return PARSE_NOT_UDP;
+	if (!ipv4_header_ok(ip))
+		return PARSE_MALFORMED;
+	if (ipv4_not_unicast(ip->saddr) || ipv4_not_unicast(ip->daddr))
+		return PARSE_BAD_ADDRESS;
 	__u32 tot = bpf_ntohs(ip->tot_len);
 	if (tot < sizeof(*ip) + sizeof(struct udphdr) || (void *)ip + tot > c->end)
 		return PARSE_MALFORMED;
@@ -118,6 +154,8 @@ static __always_inline int parse_ipv6(struct cursor *c, struct udp_request *req,
 		return PARSE_IPV6_EXT;
 	if (ip6->nexthdr != NEXTHDR_UDP)
 		return PARSE_NOT_UDP;
+	if (ipv6_not_unicast(&ip6->saddr) || ipv6_not_unicast(&ip6->daddr))
+		return PARSE_BAD_ADDRESS;
 	__u32 plen = bpf_ntohs(ip6->payload_len);
 	if (plen < sizeof(struct udphdr) || (void *)(ip6 + 1) + plen > c->end)
 		return PARSE_MALFORMED;

@@ -18,6 +18,8 @@ enum santa_limit {
 	SANTA_OFF_MASK = 2047,       /* bounds offsets and lengths for the verifier */
 	SANTA_SCRATCH_REQ = 4096,    /* > 2 * SANTA_OFF_MASK: offset plus length stays inside */
 	SANTA_RULESET_DISJOINT = 1,  /* rule set flag: at most one rule can match a packet */
+	SANTA_ADDR_LOCAL = 1,        /* santa_local_addrs: an address of this host */
+	SANTA_ADDR_BROADCAST = 2,    /* santa_local_addrs: a subnet broadcast address */
 };
 
 /* n in [1, mask + 1] for the verifier, where the caller knows 1 <= n <= mask + 1. */
@@ -80,6 +82,14 @@ struct santa_page {
 	__u8 b[SANTA_PAGE_DATA + SANTA_PAGE_SLACK];
 };
 
+/* An address of the network namespace an attached interface lives in. */
+struct santa_local_addr {
+	__u32 ifindex;   /* the attached interface the packet arrived on */
+	__u8 family;     /* 4 or 6 */
+	__u8 pad[3];
+	__u8 addr[16];   /* IPv4 in the first 4 bytes */
+};
+
 /* Per-rule, per-CPU statistics. */
 struct santa_rule_counters {
 	__u64 hits;
@@ -96,7 +106,10 @@ struct santa_reasons {
 	__u64 pass_ip_options;   /* IPv4 header with options */
 	__u64 pass_ipv6_ext;     /* IPv6 extension header */
 	__u64 pass_fragment;     /* IPv4 fragment */
-	__u64 pass_malformed;    /* truncated frame, inconsistent lengths, bad header */
+	__u64 pass_malformed;    /* truncated frame, inconsistent lengths, bad header or header checksum */
+	__u64 pass_bad_address;  /* source or destination no unicast host has (loopback, multicast, ...) */
+	__u64 pass_not_local;    /* source is an address of this host, or a wildcard-bound socket but
+				  * the destination is none of its addresses: the kernel would not deliver */
 	__u64 pass_no_socket;    /* no socket would receive the packet */
 	__u64 pass_no_ruleset;   /* the receiving socket has no rule set */
 	__u64 pass_no_match;     /* rule set present, no rule matched */

@@ -30,6 +30,7 @@ static __always_inline int count_parse_result(int err)
 	case PARSE_IP_OPTIONS: COUNT(pass_ip_options); break;
 	case PARSE_IPV6_EXT: COUNT(pass_ipv6_ext); break;
 	case PARSE_FRAGMENT: COUNT(pass_fragment); break;
+	case PARSE_BAD_ADDRESS: COUNT(pass_bad_address); break;
 	default: COUNT(pass_malformed); break;
 	}
 	return XDP_PASS;
@@ -42,7 +43,8 @@ extern void *bpf_rdonly_cast(const void *obj, __u32 btf_id) __ksym;
 /* The cookie of the socket this request would be delivered to, 0 if none.
  * A socket's cookie is made when first asked for (SO_COOKIE): santad asks
  * before binding rules, so a socket without one has no rules. */
-static __always_inline __u64 receiving_socket(struct xdp_md *ctx, struct udp_request *req)
+static __always_inline __u64 receiving_socket(struct xdp_md *ctx, struct udp_request *req,
+					      int *wildcard)
 {
 	__u32 tuple_len = req->family == 4 ? sizeof(req->tuple.ipv4) : sizeof(req->tuple.ipv6);
 	struct bpf_sock *sk = bpf_sk_lookup_udp(ctx, &req->tuple, tuple_len, BPF_F_CURRENT_NETNS, 0);
@@ -50,8 +52,39 @@ static __always_inline __u64 receiving_socket(struct xdp_md *ctx, struct udp_req
 		return 0;
 	struct sock *ksk = bpf_rdonly_cast(sk, bpf_core_type_id_kernel(struct sock));
 	__u64 cookie = ksk->__sk_common.skc_cookie.counter;
+	*wildcard = sk->src_ip4 == 0 &&
+		    (sk->src_ip6[0] | sk->src_ip6[1] | sk->src_ip6[2] | sk->src_ip6[3]) == 0;
 	bpf_sk_release(sk);
 	return cookie;
+}
+
+/* What santa_local_addrs says of an address: 0 if it is no address of this
+ * host, else SANTA_ADDR_LOCAL or SANTA_ADDR_BROADCAST. */
+static __always_inline __u8 local_addr_kind(struct xdp_md *ctx, __u8 family, const void *addr)
+{
+	struct santa_local_addr key = {
+		.ifindex = ctx->ingress_ifindex,
+		.family = family,
+	};
+	if (family == 4)
+		__builtin_memcpy(key.addr, addr, 4);
+	else
+		__builtin_memcpy(key.addr, addr, 16);
+	__u8 *kind = bpf_map_lookup_elem(&santa_local_addrs, &key);
+	return kind ? *kind : 0;
+}
+
+/* The kernel would deliver the request: its source is no address of this
+ * host nor a broadcast address (a martian), and, since the socket lookup does
+ * no routing, a wildcard-bound socket only gets requests for this host. */
+static __always_inline int kernel_would_deliver(struct xdp_md *ctx, struct udp_request *req,
+						int wildcard)
+{
+	const void *src = req->family == 4 ? (void *)&req->tuple.ipv4.saddr : (void *)req->tuple.ipv6.saddr;
+	const void *dst = req->family == 4 ? (void *)&req->tuple.ipv4.daddr : (void *)req->tuple.ipv6.daddr;
+	if (local_addr_kind(ctx, req->family, src))
+		return 0;
+	return !wildcard || local_addr_kind(ctx, req->family, dst) == SANTA_ADDR_LOCAL;
 }
 
 /* Copy the first bytes of an unmatched request to the miss-sample ring,
@@ -245,7 +278,8 @@ int santa_xdp(struct xdp_md *ctx)
 	if (err)
 		return count_parse_result(err);
 
-	__u64 cookie = receiving_socket(ctx, &req);
+	int wildcard = 0;
+	__u64 cookie = receiving_socket(ctx, &req, &wildcard);
 	if (!cookie) {
 		COUNT(pass_no_socket);
 		return XDP_PASS;
@@ -292,6 +326,10 @@ int santa_xdp(struct xdp_md *ctx)
 	}
 	if (!request_checksum_ok(ctx, &req, s)) {
 		COUNT(pass_bad_checksum);
+		return XDP_PASS;
+	}
+	if (!kernel_would_deliver(ctx, &req, wildcard)) {
+		COUNT(pass_not_local);
 		return XDP_PASS;
 	}
 	return answer(ctx, &req, s, r, slot);

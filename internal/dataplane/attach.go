@@ -25,6 +25,7 @@ type Attachment struct {
 	Interface string
 	Native    bool
 	link      link.Link
+	local     *localAddrs
 }
 
 // Attach attaches the rule processor to the interface ifname in the calling
@@ -34,12 +35,19 @@ func (d *Dataplane) Attach(ifname string, mode AttachMode) (*Attachment, error) 
 	if err != nil {
 		return nil, fmt.Errorf("attach to %s: %w", ifname, err)
 	}
+	local, err := d.watchLocalAddrs(iface.Index)
+	if err != nil {
+		return nil, fmt.Errorf("attach to %s: %w", ifname, err)
+	}
+	att := &Attachment{Interface: ifname, local: local}
 	if mode != AttachGeneric {
 		l, err := link.AttachXDP(link.XDPOptions{Program: d.objs.SantaXdp, Interface: iface.Index, Flags: link.XDPDriverMode})
 		if err == nil {
-			return &Attachment{ifname, true, l}, nil
+			att.link, att.Native = l, true
+			return att, nil
 		}
 		if mode == AttachNative {
+			local.stop()
 			return nil, fmt.Errorf("attach native XDP to %s: %w", ifname, err)
 		}
 		slog.Warn("native XDP unavailable, using generic XDP: replies will cost far more CPU",
@@ -47,10 +55,28 @@ func (d *Dataplane) Attach(ifname string, mode AttachMode) (*Attachment, error) 
 	}
 	l, err := link.AttachXDP(link.XDPOptions{Program: d.objs.SantaXdp, Interface: iface.Index, Flags: link.XDPGenericMode})
 	if err != nil {
+		local.stop()
 		return nil, fmt.Errorf("attach generic XDP to %s: %w", ifname, err)
 	}
-	return &Attachment{ifname, false, l}, nil
+	att.link = l
+	return att, nil
 }
 
 // Close detaches the rule processor from the interface.
-func (a *Attachment) Close() error { return a.link.Close() }
+func (a *Attachment) Close() error {
+	err := a.link.Close()
+	a.local.stop()
+	return err
+}
+
+// WatchLocalAddresses makes wildcard-bound sockets answerable for packets
+// arriving on ifindex, in the calling thread's network namespace, without
+// attaching: for running the program with BPF_PROG_RUN. Call the returned
+// function to stop.
+func (d *Dataplane) WatchLocalAddresses(ifindex int) (func(), error) {
+	l, err := d.watchLocalAddrs(ifindex)
+	if err != nil {
+		return nil, err
+	}
+	return l.stop, nil
+}

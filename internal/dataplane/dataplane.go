@@ -72,8 +72,8 @@ func Load(cfg Config) (*Dataplane, error) {
 	}
 	sizes := map[string]uint32{
 		"santa_sockets":       uint32(cfg.MaxRulesets),
-		"santa_rulesets":      uint32(cfg.MaxRulesets),
-		"santa_sample_budget": uint32(cfg.MaxRulesets),
+		"santa_rulesets":      uint32(cfg.MaxRulesets) + 1, // id 0 is never used
+		"santa_sample_budget": uint32(cfg.MaxRulesets) + 1,
 		"santa_buckets":       d.mask + 1,
 		"santa_rules":         uint32(cfg.MaxRules) + 1,
 		"santa_rule_stats":    uint32(cfg.MaxRules) + 1,
@@ -111,7 +111,7 @@ func Load(cfg Config) (*Dataplane, error) {
 		}
 	}
 	d.slots = newSlotAllocator(uint32(cfg.MaxRules) + 1)
-	d.rsIDs = newSlotAllocator(uint32(cfg.MaxRulesets))
+	d.rsIDs = newSlotAllocator(uint32(cfg.MaxRulesets) + 1)
 	d.data = newDataAllocator(uint32(cfg.DataMiB))
 	d.chainLen = make([]uint8, d.mask+1)
 	return d, nil

@@ -161,6 +161,17 @@ func newEnv(t *testing.T, cfg Config) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { d.Close() })
+	// BPF_PROG_RUN delivers on the namespace's loopback (ifindex 1)
+	err = tb.Server.Do(func() error {
+		stop, err := d.WatchLocalAddresses(1)
+		if err == nil {
+			t.Cleanup(stop)
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 	return &env{t, tb, d}
 }
 

@@ -45,7 +45,17 @@ const (
 	santaSantaLimitSANTA_OFF_MASK         santaSantaLimit = 2047
 	santaSantaLimitSANTA_SCRATCH_REQ      santaSantaLimit = 4096
 	santaSantaLimitSANTA_RULESET_DISJOINT santaSantaLimit = 1
+	santaSantaLimitSANTA_ADDR_LOCAL       santaSantaLimit = 1
+	santaSantaLimitSANTA_ADDR_BROADCAST   santaSantaLimit = 2
 )
+
+type santaSantaLocalAddr struct {
+	_       structs.HostLayout
+	Ifindex uint32
+	Family  uint8
+	Pad     [3]uint8
+	Addr    [16]uint8
+}
 
 type santaSantaMissSample struct {
 	_       structs.HostLayout
@@ -73,6 +83,8 @@ type santaSantaReasons struct {
 	PassIpv6Ext       uint64
 	PassFragment      uint64
 	PassMalformed     uint64
+	PassBadAddress    uint64
+	PassNotLocal      uint64
 	PassNoSocket      uint64
 	PassNoRuleset     uint64
 	PassNoMatch       uint64
@@ -151,6 +163,7 @@ type santaSantaScratch struct {
 const (
 	santaMapSantaBuckets          = "santa_buckets"
 	santaMapSantaCounters         = "santa_counters"
+	santaMapSantaLocalAddrs       = "santa_local_addrs"
 	santaMapSantaMissSamples      = "santa_miss_samples"
 	santaMapSantaPages            = "santa_pages"
 	santaMapSantaRuleStats        = "santa_rule_stats"
@@ -217,6 +230,7 @@ type santaProgramSpecs struct {
 type santaMapSpecs struct {
 	SantaBuckets      *ebpf.MapSpec `ebpf:"santa_buckets"`
 	SantaCounters     *ebpf.MapSpec `ebpf:"santa_counters"`
+	SantaLocalAddrs   *ebpf.MapSpec `ebpf:"santa_local_addrs"`
 	SantaMissSamples  *ebpf.MapSpec `ebpf:"santa_miss_samples"`
 	SantaPages        *ebpf.MapSpec `ebpf:"santa_pages"`
 	SantaRuleStats    *ebpf.MapSpec `ebpf:"santa_rule_stats"`
@@ -259,6 +273,7 @@ func (o *santaObjects) Close() error {
 type santaMaps struct {
 	SantaBuckets      *ebpf.Map `ebpf:"santa_buckets"`
 	SantaCounters     *ebpf.Map `ebpf:"santa_counters"`
+	SantaLocalAddrs   *ebpf.Map `ebpf:"santa_local_addrs"`
 	SantaMissSamples  *ebpf.Map `ebpf:"santa_miss_samples"`
 	SantaPages        *ebpf.Map `ebpf:"santa_pages"`
 	SantaRuleStats    *ebpf.Map `ebpf:"santa_rule_stats"`
@@ -273,6 +288,7 @@ func (m *santaMaps) Close() error {
 	return _SantaClose(
 		m.SantaBuckets,
 		m.SantaCounters,
+		m.SantaLocalAddrs,
 		m.SantaMissSamples,
 		m.SantaPages,
 		m.SantaRuleStats,

@@ -1,0 +1,148 @@
+package dataplane
+
+import (
+	"fmt"
+	"log/slog"
+	"net/netip"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+)
+
+// localAddrs keeps santa_local_addrs in step with the addresses of an
+// attached interface's network namespace: a wildcard-bound socket only gets
+// answers for packets addressed to this host, as the kernel would deliver them.
+type localAddrs struct {
+	d       *Dataplane
+	ifindex uint32
+	ns      netns.NsHandle
+	h       *netlink.Handle
+	done    chan struct{}
+	stopped chan struct{}
+	have    map[santaSantaLocalAddr]uint8
+}
+
+const (
+	addrLocal     = uint8(santaSantaLimitSANTA_ADDR_LOCAL)
+	addrBroadcast = uint8(santaSantaLimitSANTA_ADDR_BROADCAST)
+)
+
+// watchLocalAddrs starts keeping the addresses of the calling thread's
+// namespace for packets arriving on ifindex.
+func (d *Dataplane) watchLocalAddrs(ifindex int) (*localAddrs, error) {
+	ns, err := netns.Get()
+	if err != nil {
+		return nil, fmt.Errorf("open network namespace: %w", err)
+	}
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		ns.Close()
+		return nil, fmt.Errorf("netlink: %w", err)
+	}
+	l := &localAddrs{d: d, ifindex: uint32(ifindex), ns: ns, h: h,
+		done: make(chan struct{}), stopped: make(chan struct{}), have: map[santaSantaLocalAddr]uint8{}}
+	updates := make(chan netlink.AddrUpdate, 64)
+	if err := netlink.AddrSubscribeWithOptions(updates, l.done, netlink.AddrSubscribeOptions{
+		Namespace:     &ns,
+		ErrorCallback: func(err error) { slog.Warn("address updates", "error", err) },
+	}); err != nil {
+		l.close()
+		return nil, fmt.Errorf("subscribe to address changes: %w", err)
+	}
+	if err := l.sync(); err != nil {
+		close(l.done)
+		l.close()
+		return nil, err
+	}
+	go func() {
+		defer close(l.stopped)
+		for range updates {
+			if err := l.sync(); err != nil {
+				slog.Warn("local addresses out of date", "interface", ifindex, "error", err)
+			}
+		}
+	}()
+	return l, nil
+}
+
+// sync makes the map hold exactly the namespace's addresses.
+func (l *localAddrs) sync() error {
+	addrs, err := l.h.AddrList(nil, netlink.FAMILY_ALL)
+	if err != nil {
+		return fmt.Errorf("list addresses: %w", err)
+	}
+	want := map[santaSantaLocalAddr]uint8{}
+	for _, a := range addrs {
+		if ip, ok := netip.AddrFromSlice(a.IP); ok {
+			want[l.key(ip.Unmap())] = addrLocal
+		}
+		for _, b := range broadcastAddrs(a) {
+			want[l.key(b)] = addrBroadcast
+		}
+	}
+	m := l.d.objs.SantaLocalAddrs
+	for k, kind := range want {
+		if l.have[k] != kind {
+			if err := m.Put(k, kind); err != nil {
+				return fmt.Errorf("add local address: %w", err)
+			}
+		}
+	}
+	for k := range l.have {
+		if _, ok := want[k]; !ok {
+			if err := m.Delete(k); err != nil {
+				return fmt.Errorf("remove local address: %w", err)
+			}
+		}
+	}
+	l.have = want
+	return nil
+}
+
+func (l *localAddrs) key(ip netip.Addr) santaSantaLocalAddr {
+	k := santaSantaLocalAddr{Ifindex: l.ifindex, Family: 6}
+	if ip.Is4() {
+		k.Family = 4
+	}
+	copy(k.Addr[:], ip.AsSlice())
+	return k
+}
+
+// stop ends the watch and removes its addresses.
+func (l *localAddrs) stop() {
+	close(l.done)
+	<-l.stopped
+	for k := range l.have {
+		l.d.objs.SantaLocalAddrs.Delete(k)
+	}
+	l.close()
+}
+
+func (l *localAddrs) close() {
+	l.h.Close()
+	l.ns.Close()
+}
+
+// broadcastAddrs are the IPv4 broadcast addresses the kernel routes for an
+// address (fib_add_ifaddr): the configured one, and for prefixes shorter than
+// /31 the subnet's all-ones and all-zeros addresses.
+func broadcastAddrs(a netlink.Addr) []netip.Addr {
+	var out []netip.Addr
+	if b, ok := netip.AddrFromSlice(a.Broadcast); ok && b.Unmap().Is4() && !b.IsUnspecified() {
+		out = append(out, b.Unmap())
+	}
+	ip, ok := netip.AddrFromSlice(a.IP)
+	if !ok || !ip.Unmap().Is4() || a.IPNet == nil {
+		return out
+	}
+	bits, _ := a.Mask.Size()
+	if bits >= 31 {
+		return out
+	}
+	p := netip.PrefixFrom(ip.Unmap(), bits).Masked()
+	v := p.Addr().As4()
+	host := ^uint32(0) >> bits
+	n := uint32(v[0])<<24 | uint32(v[1])<<16 | uint32(v[2])<<8 | uint32(v[3])
+	n |= host
+	return append(out, p.Addr(), netip.AddrFrom4([4]byte{byte(n >> 24), byte(n >> 16), byte(n >> 8), byte(n)}))
+}

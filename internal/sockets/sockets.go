@@ -1,0 +1,268 @@
+//go:build linux
+
+// Package sockets finds the UDP sockets another process serves on and
+// duplicates them into this process, so rules can be bound to them (a rule
+// set is keyed by the socket's SO_COOKIE, and the kernel only makes a cookie
+// when someone asks for it).
+//
+// It is how Santa offloads an unmodified server: santad's `attach --pid`
+// and the namespace tests use it with NSD. It needs the right to ptrace the
+// target (root, or CAP_SYS_PTRACE), as pidfd_getfd does.
+package sockets
+
+import (
+	"bufio"
+	"cmp"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// Socket is one UDP socket of the target process, duplicated into this one.
+type Socket struct {
+	FD     int            // our duplicate (O_CLOEXEC); close it with Close
+	Cookie uint64         // SO_COOKIE, the same for every fd of the socket
+	Local  netip.AddrPort // bound address (unspecified for a wildcard bind)
+	Inode  uint64         // socket:[inode] in /proc/PID/fd
+}
+
+// Close closes the duplicated fd. The socket itself lives on in the target.
+func (s Socket) Close() error { return unix.Close(s.FD) }
+
+// CloseAll closes every socket's fd.
+func CloseAll(ss []Socket) error {
+	var errs []error
+	for _, s := range ss {
+		errs = append(errs, s.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// FindUDPSockets returns the unconnected UDP sockets (IPv4 and IPv6) that
+// process pid holds open and that are bound to port (0: any port), each
+// duplicated into this process with pidfd_getfd and with its SO_COOKIE read
+// (which also makes the kernel assign one). Sockets are looked up in the
+// target's own network namespace (/proc/PID/net/udp{,6}), so the caller may
+// run in any namespace. A socket held through several fds is returned
+// once. Connected UDP sockets are left out: they only receive from their
+// peer and serve no port. No matching socket is not an error: the result is
+// then empty. The caller closes the returned fds (CloseAll).
+func FindUDPSockets(pid int, port uint16) ([]Socket, error) {
+	if pid <= 0 {
+		return nil, fmt.Errorf("find UDP sockets: bad pid %d", pid)
+	}
+	proc := filepath.Join("/proc", strconv.Itoa(pid))
+	bound := map[uint64]netip.AddrPort{}
+	for _, f := range []string{"net/udp", "net/udp6"} {
+		if err := readUDPTable(filepath.Join(proc, f), port, bound); err != nil {
+			return nil, fmt.Errorf("find UDP sockets of pid %d: %w", pid, err)
+		}
+	}
+	if len(bound) == 0 {
+		return nil, nil
+	}
+
+	fdDir := filepath.Join(proc, "fd")
+	ents, err := os.ReadDir(fdDir)
+	if err != nil {
+		return nil, fmt.Errorf("find UDP sockets of pid %d: %w", pid, err)
+	}
+	type cand struct {
+		fd    int
+		inode uint64
+	}
+	var cands []cand
+	seen := map[uint64]bool{}
+	for _, e := range ents {
+		fd, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		link, err := os.Readlink(filepath.Join(fdDir, e.Name()))
+		if err != nil {
+			continue // closed meanwhile
+		}
+		ino, ok := socketInode(link)
+		if !ok || seen[ino] {
+			continue
+		}
+		if _, ok := bound[ino]; !ok {
+			continue
+		}
+		seen[ino] = true
+		cands = append(cands, cand{fd, ino})
+	}
+	if len(cands) == 0 {
+		return nil, nil
+	}
+
+	pidfd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return nil, fmt.Errorf("pidfd_open(%d): %w", pid, err)
+	}
+	defer unix.Close(pidfd)
+
+	var out []Socket
+	fail := func(err error) ([]Socket, error) {
+		CloseAll(out)
+		return nil, err
+	}
+	for _, c := range cands {
+		fd, err := unix.PidfdGetfd(pidfd, c.fd, 0)
+		if err != nil {
+			if errors.Is(err, unix.EBADF) {
+				continue // the target closed it meanwhile
+			}
+			return fail(fmt.Errorf("pidfd_getfd(pid %d, fd %d): %w", pid, c.fd, err))
+		}
+		s := Socket{FD: fd, Inode: c.inode}
+		// The target may have reused the fd number for another file
+		// between readlink and pidfd_getfd: check it is still the socket.
+		var st unix.Stat_t
+		if err := unix.Fstat(fd, &st); err != nil || st.Ino != c.inode || st.Mode&unix.S_IFMT != unix.S_IFSOCK {
+			unix.Close(fd)
+			continue
+		}
+		if proto, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_PROTOCOL); err != nil || proto != unix.IPPROTO_UDP {
+			unix.Close(fd)
+			continue
+		}
+		if s.Cookie, err = unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_COOKIE); err != nil {
+			unix.Close(fd)
+			return fail(fmt.Errorf("SO_COOKIE of pid %d fd %d: %w", pid, c.fd, err))
+		}
+		if s.Local, err = localAddr(fd); err != nil {
+			unix.Close(fd)
+			return fail(fmt.Errorf("getsockname of pid %d fd %d: %w", pid, c.fd, err))
+		}
+		out = append(out, s)
+	}
+	slices.SortFunc(out, func(a, b Socket) int {
+		if c := a.Local.Compare(b.Local); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.Cookie, b.Cookie)
+	})
+	return out, nil
+}
+
+// socketInode parses a /proc/PID/fd link of the form socket:[12345].
+func socketInode(link string) (uint64, bool) {
+	s, ok := strings.CutPrefix(link, "socket:[")
+	if !ok {
+		return 0, false
+	}
+	s, ok = strings.CutSuffix(s, "]")
+	if !ok {
+		return 0, false
+	}
+	n, err := strconv.ParseUint(s, 10, 64)
+	return n, err == nil
+}
+
+// readUDPTable adds the inodes of the unconnected sockets bound to port
+// (0: any) listed in a /proc/net/udp or udp6 file.
+func readUDPTable(path string, port uint16, into map[uint64]netip.AddrPort) error {
+	f, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) && strings.HasSuffix(path, "6") {
+		return nil // IPv6 disabled
+	}
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 4096), 1<<20)
+	first := true
+	for sc.Scan() {
+		if first { // header
+			first = false
+			continue
+		}
+		e, err := parseUDPLine(sc.Text())
+		if err != nil {
+			return fmt.Errorf("%s: %w", path, err)
+		}
+		if e.remote.Port() != 0 || (port != 0 && e.local.Port() != port) || e.inode == 0 {
+			continue
+		}
+		into[e.inode] = e.local
+	}
+	return sc.Err()
+}
+
+type udpEntry struct {
+	local, remote netip.AddrPort
+	inode         uint64
+}
+
+// parseUDPLine parses one entry of /proc/net/udp{,6}:
+//
+//	sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode ...
+//	0: 0100007F:0035 00000000:0000 07 00000000:00000000 00:00000000 00000000     0        0 12345 ...
+//
+// Addresses are printed as 32-bit words in host byte order, ports as
+// numbers.
+func parseUDPLine(line string) (udpEntry, error) {
+	f := strings.Fields(line)
+	if len(f) < 10 {
+		return udpEntry{}, fmt.Errorf("short line %q", line)
+	}
+	var e udpEntry
+	var err error
+	if e.local, err = parseProcAddr(f[1]); err != nil {
+		return e, err
+	}
+	if e.remote, err = parseProcAddr(f[2]); err != nil {
+		return e, err
+	}
+	if e.inode, err = strconv.ParseUint(f[9], 10, 64); err != nil {
+		return e, fmt.Errorf("inode %q: %w", f[9], err)
+	}
+	return e, nil
+}
+
+func parseProcAddr(s string) (netip.AddrPort, error) {
+	a, p, ok := strings.Cut(s, ":")
+	if !ok {
+		return netip.AddrPort{}, fmt.Errorf("address %q", s)
+	}
+	port, err := strconv.ParseUint(p, 16, 16)
+	if err != nil {
+		return netip.AddrPort{}, fmt.Errorf("port in %q: %w", s, err)
+	}
+	raw, err := hex.DecodeString(a)
+	if err != nil || (len(raw) != 4 && len(raw) != 16) {
+		return netip.AddrPort{}, fmt.Errorf("address %q", s)
+	}
+	// each 32-bit word is printed as a host-order number
+	b := make([]byte, len(raw))
+	for i := 0; i < len(raw); i += 4 {
+		binary.NativeEndian.PutUint32(b[i:], binary.BigEndian.Uint32(raw[i:]))
+	}
+	addr, _ := netip.AddrFromSlice(b)
+	return netip.AddrPortFrom(addr, uint16(port)), nil
+}
+
+func localAddr(fd int) (netip.AddrPort, error) {
+	sa, err := unix.Getsockname(fd)
+	if err != nil {
+		return netip.AddrPort{}, err
+	}
+	switch a := sa.(type) {
+	case *unix.SockaddrInet4:
+		return netip.AddrPortFrom(netip.AddrFrom4(a.Addr), uint16(a.Port)), nil
+	case *unix.SockaddrInet6:
+		return netip.AddrPortFrom(netip.AddrFrom16(a.Addr), uint16(a.Port)), nil
+	}
+	return netip.AddrPort{}, fmt.Errorf("not an IP socket: %T", sa)
+}
