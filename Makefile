@@ -39,7 +39,7 @@ TEST_FLAGS ?=
 FUZZTIME ?= 20s
 FUZZTIME_LONG ?= 5m
 # Add fuzz targets here as ./path/to/pkg:FuzzName (one fuzz target per pair).
-FUZZ_TARGETS ?=
+FUZZ_TARGETS ?= ./internal/dataplane:FuzzRuleProcessor
 BENCH_ARGS ?=
 
 .PHONY: all deps generate build check-generated test fuzz fuzz-run demo bench bench-udp clean need-root

@@ -29,18 +29,24 @@ func newSlotAllocator(n uint32) *slotAllocator {
 
 var errFull = errors.New("full")
 
-func (a *slotAllocator) get() (uint32, error) {
+// get returns a free id, and whether it was used before. When only
+// quarantined ids are left it waits for the oldest (at most the quarantine).
+func (a *slotAllocator) get() (uint32, bool, error) {
 	a.thaw()
+	if len(a.free) == 0 && a.next >= a.limit && len(a.cooling) > 0 {
+		time.Sleep(time.Until(a.cooling[0].at.Add(quarantine)))
+		a.thaw()
+	}
 	if n := len(a.free); n > 0 {
 		id := a.free[n-1]
 		a.free = a.free[:n-1]
-		return id, nil
+		return id, true, nil
 	}
 	if a.next >= a.limit {
-		return 0, errFull
+		return 0, false, errFull
 	}
 	a.next++
-	return a.next - 1, nil
+	return a.next - 1, false, nil
 }
 
 func (a *slotAllocator) put(id uint32) {
@@ -50,7 +56,7 @@ func (a *slotAllocator) put(id uint32) {
 func (a *slotAllocator) thaw() {
 	cut := a.now().Add(-quarantine)
 	i := 0
-	for ; i < len(a.cooling) && a.cooling[i].at.Before(cut); i++ {
+	for ; i < len(a.cooling) && !a.cooling[i].at.After(cut); i++ {
 		a.free = append(a.free, a.cooling[i].v)
 	}
 	a.cooling = a.cooling[i:]

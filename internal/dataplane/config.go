@@ -6,10 +6,11 @@ import "fmt"
 type Config struct {
 	// HashBits sets the bucket table to 2^HashBits entries (paper §2.2: 16–22 bits or more).
 	HashBits int
-	// MaxRules is the number of rules all sockets together can hold.
+	// MaxRules is the number of rules all sockets together can hold. A
+	// replace, or an add that re-derives regions, holds the old and the new
+	// rules of the socket at once, and freed slots are reused after a second.
 	MaxRules int
-	// MaxRulesets is the number of rule sets; every socket with rules holds one,
-	// and an atomic replace briefly holds a second.
+	// MaxRulesets is the number of sockets that can have rules at once.
 	MaxRulesets int
 	// DataMiB is the memory for patterns and reply templates, in MiB pages.
 	DataMiB int

@@ -1,7 +1,6 @@
 package dataplane
 
 import (
-	"bytes"
 	"crypto/rand"
 	"encoding/binary"
 	"errors"
@@ -72,8 +71,8 @@ func Load(cfg Config) (*Dataplane, error) {
 	}
 	sizes := map[string]uint32{
 		"santa_sockets":       uint32(cfg.MaxRulesets),
-		"santa_rulesets":      uint32(cfg.MaxRulesets) + 1, // id 0 is never used
-		"santa_sample_budget": uint32(cfg.MaxRulesets) + 1,
+		"santa_rulesets":      rulesetIDs(cfg),
+		"santa_sample_budget": rulesetIDs(cfg),
 		"santa_buckets":       d.mask + 1,
 		"santa_rules":         uint32(cfg.MaxRules) + 1,
 		"santa_rule_stats":    uint32(cfg.MaxRules) + 1,
@@ -111,11 +110,15 @@ func Load(cfg Config) (*Dataplane, error) {
 		}
 	}
 	d.slots = newSlotAllocator(uint32(cfg.MaxRules) + 1)
-	d.rsIDs = newSlotAllocator(uint32(cfg.MaxRulesets) + 1)
+	d.rsIDs = newSlotAllocator(rulesetIDs(cfg))
 	d.data = newDataAllocator(uint32(cfg.DataMiB))
 	d.chainLen = make([]uint8, d.mask+1)
 	return d, nil
 }
+
+// rulesetIDs is the size of the rule set id space: id 0 is never used, and
+// every rule set may be mid-replace, its old id quarantined, at the same time.
+func rulesetIDs(cfg Config) uint32 { return 2*uint32(cfg.MaxRulesets) + 1 }
 
 // Program is the XDP rule processor, for attaching or BPF_PROG_RUN.
 func (d *Dataplane) Program() *ebpf.Program { return d.objs.SantaXdp }
@@ -133,13 +136,4 @@ func (d *Dataplane) Close() error {
 	}
 	errs = append(errs, d.objs.Close())
 	return errors.Join(errs...)
-}
-
-// encode returns v's bytes as the kernel lays them out.
-func encode(v any) []byte {
-	var b bytes.Buffer
-	if err := binary.Write(&b, binary.LittleEndian, v); err != nil {
-		panic(err) // only fixed-size generated types are encoded
-	}
-	return b.Bytes()
 }

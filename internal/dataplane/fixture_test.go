@@ -35,13 +35,13 @@ type udpPacket struct {
 	dstMAC     net.HardwareAddr
 	vlan       uint16 // 0: untagged
 	payload    []byte
-	reply      bool   // header fields as the rule processor writes them
-	ipv4Opts   bool   // add an IPv4 option
-	moreFrags  bool   // IPv4 MF flag
-	hopByHop   bool   // IPv6 hop-by-hop extension header
-	udpLenFix  int    // added to the UDP length field
-	partialSum bool   // checksum field in the partial form of a local sender
-	badSum     bool   // corrupt the UDP checksum
+	reply      bool // header fields as the rule processor writes them
+	ipv4Opts   bool // add an IPv4 option
+	moreFrags  bool // IPv4 MF flag
+	hopByHop   bool // IPv6 hop-by-hop extension header
+	udpLenFix  int  // added to the UDP length field
+	partialSum bool // checksum field in the partial form of a local sender
+	badSum     bool // corrupt the UDP checksum
 }
 
 func (p udpPacket) build(t testing.TB) []byte {

@@ -44,7 +44,13 @@ func (d *Dataplane) watchLocalAddrs(ifindex int) (*localAddrs, error) {
 	updates := make(chan netlink.AddrUpdate, 64)
 	if err := netlink.AddrSubscribeWithOptions(updates, l.done, netlink.AddrSubscribeOptions{
 		Namespace:     &ns,
-		ErrorCallback: func(err error) { slog.Warn("address updates", "error", err) },
+		ErrorCallback: func(err error) {
+			select {
+			case <-l.done: // the subscription's socket closes on stop
+			default:
+				slog.Warn("address updates", "error", err)
+			}
+		},
 	}); err != nil {
 		l.close()
 		return nil, fmt.Errorf("subscribe to address changes: %w", err)

@@ -9,9 +9,13 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-func put(off int, b string) Processor { return Processor{Kind: Put, ReplyOffset: off, Template: []byte(b)} }
-func copyP(dst, src, n int) Processor  { return Processor{Kind: Copy, ReplyOffset: dst, SrcOffset: src, Length: n} }
-func cond(off int, b string) Condition  { return Condition{Offset: off, Pattern: []byte(b)} }
+func put(off int, b string) Processor {
+	return Processor{Kind: Put, ReplyOffset: off, Template: []byte(b)}
+}
+func copyP(dst, src, n int) Processor {
+	return Processor{Kind: Copy, ReplyOffset: dst, SrcOffset: src, Length: n}
+}
+func cond(off int, b string) Condition { return Condition{Offset: off, Pattern: []byte(b)} }
 
 // reply is a rule answering pattern at offset 0 with text.
 func reply(pattern, text string) Rule {

@@ -373,7 +373,7 @@ func compiledOf(rules []*installed) []*compiledRule {
 
 // writeRuleset writes a rule set under a fresh id that no socket points at yet.
 func (d *Dataplane) writeRuleset(rs *ruleset, regions []region, flags uint32) (uint32, error) {
-	id, err := d.rsIDs.get()
+	id, _, err := d.rsIDs.get()
 	if err != nil {
 		return 0, fmt.Errorf("rule sets full (%d); raise MaxRulesets", d.cfg.MaxRulesets)
 	}
@@ -387,14 +387,14 @@ func (d *Dataplane) writeRuleset(rs *ruleset, regions []region, flags uint32) (u
 	for i, r := range regions {
 		v.Regions[i] = santaSantaRegion{Off: uint16(r.off), Len: uint16(r.len)}
 	}
-	copy(d.rulesets.value(id), encode(&v))
+	encodeInto(d.rulesets.value(id), &v)
 	return id, nil
 }
 
 // install writes rule r into a free slot of rule set id and links it at the
 // head of its bucket's chain.
 func (d *Dataplane) install(id, gen uint32, r *installed) error {
-	slot, err := d.slots.get()
+	slot, reused, err := d.slots.get()
 	if err != nil {
 		return fmt.Errorf("rule table full; raise MaxRules")
 	}
@@ -430,10 +430,12 @@ func (d *Dataplane) install(id, gen uint32, r *installed) error {
 	v.Tpl = uint32(at)
 	copy(page[at:], c.template)
 	copy(v.Copies[:], c.copies)
-	if err := d.resetSlotStats(slot); err != nil {
-		return err
+	if reused { // a fresh slot's counters are still zero from load
+		if err := d.resetSlotStats(slot); err != nil {
+			return err
+		}
 	}
-	copy(d.rules.value(slot), encode(&v))
+	encodeInto(d.rules.value(slot), &v)
 	d.buckets.store32(r.bucket, 0, slot)
 	d.chainLen[r.bucket]++
 	d.byID[r.id] = r

@@ -1,0 +1,116 @@
+package dataplane
+
+import (
+	"bytes"
+	"encoding/hex"
+	"net/netip"
+	"testing"
+)
+
+// The rule processor must answer only requests the kernel would deliver to
+// the socket that owns the rules, and must never send a reply from (or to) an
+// address that cannot be a unicast host address. bpf_sk_lookup_udp does no
+// routing, so a socket bound to a wildcard address is "found" for any
+// destination address; these cases are left to the rule processor.
+// FuzzRuleProcessor found these (its oracle's classes bad-address, local-src,
+// nonlocal-dst and ipv4-header-csum); this test pins them down.
+func TestAnswersOnlyWhatTheKernelWouldDeliver(t *testing.T) {
+	requireRoot(t)
+	e := newEnv(t, Config{})
+	const port = 7300
+	// a dual-stack wildcard socket, as a DNS server typically binds
+	e.bindRules(e.socket(netip.AddrPortFrom(netip.IPv6Unspecified(), port), false), reply("Hello", "COMSYS"))
+	c4, s4 := fixtureAddrs(e, false, port)
+	c6, s6 := fixtureAddrs(e, true, port)
+	sub := s4.Addr().As4()
+	sub[3] = 255
+	other4 := s4.Addr().As4()
+	other4[3] = 77
+	other6 := s6.Addr().As16()
+	other6[15] = 0x77
+
+	// sanity: the normal request is answered
+	for _, cs := range [][2]netip.AddrPort{{c4, s4}, {c6, s6}} {
+		req := request(cs[0], cs[1], "Hello")
+		e.expect("local "+cs[1].String(), req.build(t), xdpTx, req.answer([]byte("COMSYS")).build(t), "answered")
+	}
+
+	mustPass := func(t *testing.T, frame []byte) {
+		t.Helper()
+		got, out := e.run(frame)
+		if got != xdpPass {
+			t.Errorf("verdict %d, want XDP_PASS (%d); reply sent:\n%s", got, xdpPass, hex.EncodeToString(out))
+		} else if !bytes.Equal(out, frame) {
+			t.Errorf("passed frame was modified")
+		}
+	}
+	addr := func(s string) netip.Addr { return netip.MustParseAddr(s) }
+
+	// Destinations that are not a unicast address of this host. For a
+	// non-local unicast address the kernel would forward or drop the packet
+	// (ip_route_input: not RTN_LOCAL); for broadcast and multicast it would
+	// deliver it, but the reply would carry a broadcast/multicast source
+	// address. Either way the request must be passed.
+	t.Run("nonlocal-dst", func(t *testing.T) {
+		for _, dst := range []netip.Addr{
+			netip.AddrFrom4(other4),  // another host on the link (router, bridge, promiscuous NIC)
+			addr("192.0.2.53"),       // a host elsewhere: transit traffic on a router
+			addr("255.255.255.255"),  // limited broadcast
+			netip.AddrFrom4(sub),     // subnet broadcast
+			addr("224.0.0.251"),      // multicast (mDNS) in a unicast frame
+			addr("127.0.0.1"),        // loopback, on a real interface: martian destination
+			netip.AddrFrom16(other6), // another IPv6 host
+			addr("ff02::1"),          // IPv6 multicast in a unicast frame
+			addr("::1"),              // IPv6 loopback on a real interface
+		} {
+			t.Run(dst.String(), func(t *testing.T) {
+				src := c4
+				if dst.Is6() {
+					src = c6
+				}
+				mustPass(t, request(src, netip.AddrPortFrom(dst, port), "Hello").build(t))
+			})
+		}
+	})
+
+	// Sources the kernel drops as martians (ip_route_input_slow /
+	// fib_validate_source, ipv6_rcv): a reply to them would go to a
+	// broadcast, multicast or loopback address.
+	t.Run("martian-src", func(t *testing.T) {
+		for _, src := range []netip.Addr{
+			addr("255.255.255.255"),
+			netip.AddrFrom4(sub),
+			addr("224.0.0.1"),
+			addr("127.0.0.1"),
+			addr("0.0.0.0"),
+			addr("ff02::1"),
+			addr("::1"),
+			addr("::"),
+		} {
+			t.Run(src.String(), func(t *testing.T) {
+				dst := s4
+				if src.Is6() {
+					dst = s6
+				}
+				mustPass(t, request(netip.AddrPortFrom(src, 40000), dst, "Hello").build(t))
+			})
+		}
+	})
+
+	// The kernel drops an IPv4 packet whose header checksum is wrong
+	// (ip_rcv_core). With the UDP checksum absent (0, allowed over IPv4)
+	// nothing else protects the addresses: a corrupted source address gets
+	// the answer.
+	t.Run("ipv4-header-csum", func(t *testing.T) {
+		for _, udpSum := range []string{"valid", "absent"} {
+			t.Run(udpSum, func(t *testing.T) {
+				frame := request(c4, s4, "Hello").build(t)
+				if udpSum == "absent" {
+					frame[14+20+6], frame[14+20+7] = 0, 0
+				}
+				frame[14+8]-- // TTL 63: the header checksum no longer fits
+				mustPass(t, frame)
+			})
+		}
+	})
+}

@@ -1,0 +1,255 @@
+package dataplane
+
+import (
+	"bufio"
+	"encoding/binary"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+)
+
+// Synthetic domain names for the scale test: a realistic mix of hosts under
+// second-level domains, many sharing the "www." prefix, with label lengths
+// like those of a top-sites list. Name i is unique: its second-level label
+// starts with i spelled in syllables.
+var (
+	scalePrefixes = []string{"www.", "www.", "www.", "www.", "", "", "", "mail.", "api.", "cdn.", "m.", "shop.", "static.", "blog.", "img.", "login."}
+	scaleTLDs     = []string{"com", "com", "com", "com", "net", "org", "de", "co.uk", "io", "info", "fr", "nl", "ru", "jp", "com.br", "edu"}
+)
+
+func scaleMix(i uint64) uint64 { // splitmix64
+	x := i + 0x9e3779b97f4a7c15
+	x = (x ^ x>>30) * 0xbf58476d1ce4e5b9
+	x = (x ^ x>>27) * 0x94d049bb133111eb
+	return x ^ x>>31
+}
+
+func scaleName(i int) string {
+	const cons, vows = "bcdfghklmnprstvz", "aeiou"
+	h := scaleMix(uint64(i))
+	var b strings.Builder
+	b.WriteString(scalePrefixes[h%uint64(len(scalePrefixes))])
+	for k, v := 0, i; k < 4; k, v = k+1, v/80 { // 80^4 > 40 M unique labels
+		b.WriteByte(cons[v%80/5])
+		b.WriteByte(vows[v%5])
+	}
+	// 0..6 more letters, now and then a digit or a hyphenated word
+	for k := 0; k < int(h>>8%7); k++ {
+		b.WriteByte("abcdefghijklmnopqrstuvwxyz"[h>>(16+4*k)%26])
+	}
+	switch h >> 48 % 16 {
+	case 0:
+		b.WriteString(strconv.Itoa(int(h >> 52 % 100)))
+	case 1:
+		b.WriteString("-online")
+	case 2:
+		b.WriteString("-group")
+	}
+	b.WriteByte('.')
+	b.WriteString(scaleTLDs[h>>4%uint64(len(scaleTLDs))])
+	return b.String()
+}
+
+func scaleQName(name string) []byte {
+	var q []byte
+	for _, l := range strings.Split(name, ".") {
+		q = append(q, byte(len(l)))
+		q = append(q, l...)
+	}
+	return append(q, 0)
+}
+
+// scaleQuery is a dig-like query for name without its 2-byte ID: RD and AD
+// set, one question (A, IN), an EDNS0 OPT record (1232-byte UDP size).
+func scaleQuery(name string, qtype uint16) []byte {
+	q := []byte{0x01, 0x20, 0, 1, 0, 0, 0, 0, 0, 1}
+	q = append(q, scaleQName(name)...)
+	q = binary.BigEndian.AppendUint16(q, qtype)
+	q = append(q, 0, 1)
+	return append(q, 0, 0, 41, 0x04, 0xd0, 0, 0, 0, 0, 0, 0)
+}
+
+// scaleAnswer is the authoritative answer without its ID: the question, one
+// A record (TTL 3600) and an EDNS0 OPT record.
+func scaleAnswer(name string, i int) []byte {
+	a := []byte{0x85, 0x00, 0, 1, 0, 1, 0, 0, 0, 1}
+	a = append(a, scaleQName(name)...)
+	a = append(a, 0, 1, 0, 1)
+	a = append(a, 0xc0, 12, 0, 1, 0, 1, 0, 0, 0x0e, 0x10, 0, 4, 198, 19, byte(i>>8), byte(i))
+	return append(a, 0, 0, 41, 0x04, 0xd0, 0, 0, 0, 0, 0, 0)
+}
+
+// scaleRule answers name's A query: copy the ID, put the rest of the answer.
+func scaleRule(i int) Rule {
+	name := scaleName(i)
+	ans := scaleAnswer(name, i)
+	return Rule{
+		Conditions: []Condition{{Offset: 2, Pattern: scaleQuery(name, 1)}},
+		Processors: []Processor{{Kind: Copy, ReplyOffset: 0, SrcOffset: 0, Length: 2}, {Kind: Put, ReplyOffset: 2, Template: ans}},
+		ReplyLen:   2 + len(ans),
+	}
+}
+
+// bpfMapMemlock is the kernel memory a map accounts for (fdinfo "memlock").
+func bpfMapMemlock(m *ebpf.Map) int64 {
+	f, err := os.Open(fmt.Sprintf("/proc/self/fdinfo/%d", m.FD()))
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "memlock:"); ok {
+			n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			return n
+		}
+	}
+	return 0
+}
+
+func heapInUse() uint64 {
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.HeapInuse
+}
+
+// "Loading 1 M rules should take seconds" (issue 2): one socket, 1,000,000
+// DNS-like rules, installed with Bind + AddRules, then spot-checked through
+// BPF_PROG_RUN; then the incremental path: delete 1000, add 1000.
+//
+// `go test -short` skips it (and only it). `make test` runs it: on the 2-core
+// test machine the whole test takes about 7 s (4.5 s of it the 1 M rule
+// load; 5.4-6.7 s while other benchmarks ran) and about 2 GB of memory (Go heap for the test's own rules and the
+// data plane's bookkeeping, plus ~470 MiB of BPF maps). Should it ever take
+// over 60 s, make test should pass -short and run it from `make bench`; the
+// test itself fails when the load alone exceeds 60 s.
+func TestLoadMillionRules(t *testing.T) {
+	if testing.Short() {
+		t.Skip("scale test (1 M rules) skipped in -short mode")
+	}
+	requireRoot(t)
+	const n = 1_000_000
+	cfg := Config{HashBits: 22, MaxRules: 1<<20 + 16, DataMiB: 256}
+
+	start := time.Now()
+	e := newEnv(t, cfg)
+	t.Logf("load %+v with testbed: %v", cfg, time.Since(start).Round(time.Millisecond))
+	c, s := fixtureAddrs(e, false, 7500)
+	sock := e.socket(s, false)
+
+	start = time.Now()
+	rules := make([]Rule, n)
+	for i := range rules {
+		rules[i] = scaleRule(i)
+	}
+	t.Logf("build %d rules in Go: %v (query pattern %d bytes, reply %d bytes for %s)", n,
+		time.Since(start).Round(time.Millisecond), len(rules[0].Conditions[0].Pattern), rules[0].ReplyLen, scaleName(0))
+	heap0 := heapInUse()
+
+	start = time.Now()
+	if err := e.d.Bind(sock, SampleOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	ids, err := e.d.AddRules(sock, rules)
+	if err != nil {
+		t.Fatalf("AddRules(%d): %v", n, err)
+	}
+	load := time.Since(start)
+	heap1 := heapInUse()
+	var kmem int64
+	for _, m := range []*ebpf.Map{e.d.objs.SantaRules, e.d.objs.SantaBuckets, e.d.objs.SantaPages, e.d.objs.SantaRuleStats,
+		e.d.objs.SantaRulesets, e.d.objs.SantaSockets} {
+		kmem += bpfMapMemlock(m)
+	}
+	t.Logf("Bind+AddRules(%d rules): %v (%.0f rules/s); Go heap %d MiB after (+%d MiB for the rules), BPF maps %d MiB",
+		n, load.Round(time.Millisecond), n/load.Seconds(), heap1>>20, (int64(heap1)-int64(heap0))>>20, kmem>>20)
+	if load > 60*time.Second {
+		t.Errorf("loading 1 M rules took %v: not seconds", load)
+	}
+
+	rng := rand.New(rand.NewPCG(1, 2))
+	answers := func(what string, i int) {
+		t.Helper()
+		name := scaleName(i)
+		id := []byte{byte(rng.IntN(256)), byte(rng.IntN(256))}
+		req := request(c, s, string(append(id, scaleQuery(name, 1)...)))
+		want := req.answer(append(id, scaleAnswer(name, i)...)).build(t)
+		verdict, out := e.run(req.build(t))
+		if verdict != xdpTx || string(out) != string(want) {
+			t.Fatalf("%s: rule %d (%s): verdict %d, reply %x; want XDP_TX, %x", what, i, name, verdict, out, want)
+		}
+	}
+	passes := func(what string, payload []byte) {
+		t.Helper()
+		frame := request(c, s, string(payload)).build(t)
+		verdict, out := e.run(frame)
+		if verdict != xdpPass || string(out) != string(frame) {
+			t.Fatalf("%s: verdict %d, want XDP_PASS, frame unchanged", what, verdict)
+		}
+	}
+	start = time.Now()
+	for k := 0; k < 1000; k++ {
+		answers("sample", rng.IntN(n))
+	}
+	answers("first", 0)
+	answers("last", n-1)
+	for k := 0; k < 5; k++ {
+		i := n + 5000 + rng.IntN(n)
+		passes("name without a rule", append([]byte{1, 2}, scaleQuery(scaleName(i), 1)...))
+		i = rng.IntN(n)
+		passes("AAAA query of a name with an A rule", append([]byte{1, 2}, scaleQuery(scaleName(i), 28)...))
+		q := append([]byte{1, 2}, scaleQuery(scaleName(i), 1)...)
+		passes("truncated query", q[:len(q)-1])
+	}
+	t.Logf("1000 sampled answers and 15 misses through BPF_PROG_RUN: %v", time.Since(start).Round(time.Millisecond))
+
+	// incremental: delete 1000 rules, then add 1000 new ones on top
+	del := rng.Perm(n)[:1000]
+	delIDs := make([]RuleID, len(del))
+	for k, i := range del {
+		delIDs[k] = ids[i]
+	}
+	start = time.Now()
+	if err := e.d.DeleteRules(sock, delIDs); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("DeleteRules(1000) of %d: %v", n, time.Since(start).Round(time.Microsecond))
+	more := make([]Rule, 1000)
+	for k := range more {
+		more[k] = scaleRule(n + k)
+	}
+	start = time.Now()
+	if _, err := e.d.AddRules(sock, more); err != nil {
+		t.Fatalf("AddRules(1000) on top of %d: %v", n-1000, err)
+	}
+	t.Logf("AddRules(1000) on top of %d: %v", n-1000, time.Since(start).Round(time.Microsecond))
+	for _, i := range del[:50] {
+		name := scaleName(i)
+		passes("deleted rule "+name, append([]byte{1, 2}, scaleQuery(name, 1)...))
+	}
+	gone := map[int]bool{}
+	for _, i := range del {
+		gone[i] = true
+	}
+	for k := 0; k < 50; k++ {
+		answers("added", n+rng.IntN(1000))
+		if i := rng.IntN(n); !gone[i] {
+			answers("kept", i)
+		}
+	}
+	if t.Failed() {
+		return
+	}
+	counters := e.counters()
+	if counters["chain_truncated"] != 0 {
+		t.Errorf("%d bucket chains were truncated", counters["chain_truncated"])
+	}
+}
