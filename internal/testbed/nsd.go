@@ -330,19 +330,43 @@ func (n *NSD) Stop() error {
 			return
 		default:
 		}
+		pgid := n.cmd.Process.Pid // Setpgid: the group is this NSD's own
+		procs, _ := Descendants(pgid)
 		_ = n.cmd.Process.Signal(syscall.SIGTERM)
 		select {
 		case <-n.done:
 		case <-time.After(5 * time.Second):
-			// The group was created by us for this NSD (Setpgid).
-			_ = syscall.Kill(-n.cmd.Process.Pid, syscall.SIGKILL)
+			_ = syscall.Kill(-pgid, syscall.SIGKILL) // the main process is still there: the group is ours
 			<-n.done
 			n.stopErr = fmt.Errorf("nsd did not stop on SIGTERM; killed")
 		}
-		// Children (xfrd, servers) exit with the main process; make sure.
-		_ = syscall.Kill(-n.cmd.Process.Pid, syscall.SIGKILL)
+		// Children (xfrd, servers) normally exit with the main process.
+		// Kill stragglers by pid, only those still in this NSD's group.
+		waitFor(2*time.Second, 20*time.Millisecond, func() bool {
+			left := false
+			for _, p := range procs[1:] {
+				if g, err := syscall.Getpgid(p); err == nil && g == pgid && !isZombie(p) {
+					left = true
+				}
+			}
+			return !left
+		})
+		for _, p := range procs[1:] {
+			if g, err := syscall.Getpgid(p); err == nil && g == pgid && !isZombie(p) {
+				_ = syscall.Kill(p, syscall.SIGKILL)
+			}
+		}
 	})
 	return n.stopErr
+}
+
+func isZombie(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return true
+	}
+	i := bytes.LastIndexByte(b, ')')
+	return i >= 0 && i+2 < len(b) && b[i+2] == 'Z'
 }
 
 // Descendants returns pid and all its descendant processes.

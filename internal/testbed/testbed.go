@@ -3,14 +3,14 @@
 // Package testbed builds the two-namespace veth testbed that Santa's
 // integration tests, the demo and the benchmarks run on.
 //
-//	 client netns (…-cli)                server netns (…-srv)
-//	 ┌──────────────────────┐            ┌──────────────────────┐
-//	 │ lo                   │            │ lo                   │
-//	 │ cv<pid>n<n>  ────────┼── veth ────┼──── sv<pid>n<n>      │
-//	 │ 198.18.X.2/24        │            │ 198.18.X.1/24        │
-//	 │ 2001:2:0:X::2/64     │            │ 2001:2:0:X::1/64     │
-//	 │ xdp_pass (native)    │            │ (Santa's XDP here)   │
-//	 └──────────────────────┘            └──────────────────────┘
+//	client netns (…-cli)                server netns (…-srv)
+//	┌──────────────────────┐            ┌──────────────────────┐
+//	│ lo                   │            │ lo                   │
+//	│ cv<pid>n<n>  ────────┼── veth ────┼──── sv<pid>n<n>      │
+//	│ 198.18.X.2/24        │            │ 198.18.X.1/24        │
+//	│ 2001:2:0:X::2/64     │            │ 2001:2:0:X::1/64     │
+//	│ xdp_pass (native)    │            │ (Santa's XDP here)   │
+//	└──────────────────────┘            └──────────────────────┘
 //
 // Addresses come from the benchmarking ranges 198.18.0.0/15 and
 // 2001:2::/48. Neighbour entries are static both ways, IPv6 addresses are
@@ -96,8 +96,8 @@ type Testbed struct {
 
 var instance atomic.Int32
 
-// New creates a testbed for a test and removes it with t.Cleanup. It skips
-// the test when not running as root and fails it when setup fails.
+// New creates a testbed for a test and removes it with t.Cleanup. It fails
+// the test when not running as root or when setup fails.
 func New(t testing.TB) *Testbed {
 	return NewWith(t, Options{})
 }
@@ -106,7 +106,7 @@ func New(t testing.TB) *Testbed {
 func NewWith(t testing.TB, o Options) *Testbed {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("testbed: needs root (network namespaces, XDP)")
+		t.Fatal("testbed: needs root (network namespaces, XDP): run the tests as root")
 	}
 	if o.Logf == nil {
 		o.Logf = t.Logf

@@ -96,7 +96,7 @@ func TestTestbedUDPEcho(t *testing.T) {
 
 func TestTestbedCloseRemovesEverything(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("needs root")
+		t.Fatal("needs root: run the tests as root")
 	}
 	tb, err := Create(Options{Logf: t.Logf})
 	if err != nil {
@@ -205,7 +205,7 @@ func TestNSD(t *testing.T) {
 
 func TestPlacement(t *testing.T) {
 	if n, _ := os.ReadDir("/sys/devices/system/cpu"); countCPUs(n) < 2 {
-		t.Skip("needs 2 CPUs")
+		t.Fatal("needs 2 CPUs (the measurement placement pins server and client apart)")
 	}
 	tb := New(t)
 	if err := tb.Place(DefaultPlacement); err != nil {

@@ -1,0 +1,146 @@
+//go:build linux
+
+// Package bench is the UDP benchmark harness behind `make bench-udp`
+// (go run ./bench/cmd/benchudp): it sweeps the offered rate of kxdpgun
+// against several server-side responders on the namespace testbed and
+// measures replies/s, server CPU per reply and BPF run time per packet.
+package bench
+
+import (
+	"fmt"
+	"sync"
+
+	"github.com/santa-offload/santa/bench/reflector"
+	"github.com/santa-offload/santa/internal/testbed"
+)
+
+// Query is one line of kxdpgun's query file: a name and a type ("A",
+// "AAAA", "TXT"…).
+type Query struct {
+	Name string
+	Type string
+}
+
+// Env is what a case gets to work with. The harness creates it once per
+// run; every case sees the same testbed and the same NSD.
+type Env struct {
+	TB        *testbed.Testbed
+	NSD       *testbed.NSD // serves Zone on port 53 of both server addresses, pinned to Placement.ServerCPU
+	Zone      testbed.Zone // example.test. with Zone.Generated names h0..h<N-1> (testbed.GenName)
+	Queries   []Query      // the default query mix: every generated name, type A
+	Placement testbed.Placement
+	Logf      func(format string, args ...any)
+}
+
+// Responder is one benchmark case: whatever answers (or lets NSD answer)
+// the queries arriving on the server veth.
+//
+// Setup runs once before the sweep, Teardown once after it. Setup must
+// leave the server veth with at most the case's own XDP program attached,
+// and Teardown must remove it (the next case starts from a bare veth with
+// NSD listening). The harness finds the program through the interface (no
+// need to hand it over) and reads its BPF run-time statistics.
+type Responder interface {
+	// Name is short and stable (it keys the result files), e.g.
+	// "santa-1m".
+	Name() string
+	// Setup prepares the case: attach programs to env.TB.Server (inside the
+	// server namespace: env.TB.Server.Do), install rules, etc.
+	Setup(env *Env) error
+	// Teardown undoes Setup.
+	Teardown() error
+}
+
+// Optional interfaces a Responder may implement.
+type (
+	// Describer gives a one-line description for the report.
+	Describer interface{ Description() string }
+
+	// QueryProvider replaces env.Queries for this case (e.g. one name for
+	// a one-rule case, or names that match no rule). Called after Setup.
+	QueryProvider interface{ Queries(env *Env) []Query }
+
+	// PIDProvider adds processes whose run time counts as server work
+	// (besides NSD and the server veth's NAPI kthread). Called after Setup.
+	PIDProvider interface{ ServerPIDs() []int }
+)
+
+var (
+	regMu    sync.Mutex
+	registry []Responder
+)
+
+// Register adds a case to DefaultCases (after the built-in ones), e.g.
+// from an init function in a file of this package:
+//
+//	func init() { bench.Register(&SantaCase{Rules: 1_000_000}) }
+func Register(r Responder) {
+	regMu.Lock()
+	defer regMu.Unlock()
+	registry = append(registry, r)
+}
+
+// DefaultCases are the cases of `make bench-udp`, in run order: NSD alone,
+// the bare reflector, then the registered ones.
+//
+// The issue's Santa cases plug in here (see santa.go): Santa with 1, 10 k
+// and 1 M matching rules, and Santa with 1 M rules that match nothing (its
+// baseline is "nsd": non-matching traffic with no program).
+func DefaultCases() []Responder {
+	cs := []Responder{&NSDOnly{}, &Reflector{Port: 53}}
+	regMu.Lock()
+	defer regMu.Unlock()
+	return append(cs, registry...)
+}
+
+// NSDOnly is NSD with no XDP program on the server veth: the plain kernel
+// path every query takes without Santa.
+type NSDOnly struct{}
+
+func (*NSDOnly) Name() string { return "nsd" }
+func (*NSDOnly) Description() string {
+	return "NSD alone, no XDP program on the server veth"
+}
+func (*NSDOnly) Setup(env *Env) error {
+	xi, err := env.TB.ServerXDP()
+	if err != nil {
+		return err
+	}
+	if xi.ID() != 0 {
+		return fmt.Errorf("server veth still has XDP program %d", xi.ID())
+	}
+	return nil
+}
+func (*NSDOnly) Teardown() error { return nil }
+
+// Reflector is the bare XDP reflector on the server veth (swap MAC, IP and
+// UDP ports, XDP_TX): the most any XDP responder can do on this testbed.
+type Reflector struct {
+	Port uint16
+	r    *reflector.Reflector
+}
+
+func (c *Reflector) Name() string { return "reflector" }
+func (c *Reflector) Description() string {
+	return "bare XDP reflector (swap MAC/IP/ports, XDP_TX): the testbed's limit"
+}
+func (c *Reflector) Setup(env *Env) error {
+	r, err := reflector.Load(c.Port)
+	if err != nil {
+		return err
+	}
+	if err := env.TB.Server.Do(func() error { return r.Attach(env.TB.Server.Ifindex) }); err != nil {
+		r.Close()
+		return err
+	}
+	c.r = r
+	return nil
+}
+func (c *Reflector) Teardown() error {
+	if c.r == nil {
+		return nil
+	}
+	err := c.r.Close()
+	c.r = nil
+	return err
+}

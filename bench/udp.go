@@ -1,0 +1,753 @@
+//go:build linux
+
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/santa-offload/santa/internal/testbed"
+	"golang.org/x/sys/unix"
+)
+
+// Config is one benchmark run.
+type Config struct {
+	Cases     []Responder
+	Rates     []int         // offered queries/s, ascending
+	Duration  time.Duration // per point (whole seconds)
+	Reps      int           // repetitions per point; medians are reported
+	Names     int           // generated zone names, queried by default
+	Batch     int           // kxdpgun -b; 0: its default (10)
+	Placement testbed.Placement
+	Quick     bool // recorded in the report
+	Verbose   bool // log the sampler's ticks and kxdpgun's output
+
+	// Other people's work on the server CPU ruins a measurement. Before
+	// each point the harness waits (at most QuietWait) until the server CPU
+	// is idle (< 3 % busy over 300 ms), and it repeats a point (at most
+	// Retries times) whose server CPU busy time exceeds the run time of the
+	// known server threads by more than 10 %.
+	QuietWait time.Duration
+	Retries   int
+	// QuietBudget bounds the total time spent waiting and repeating for
+	// others' work over the whole run; once spent, points are measured
+	// as they come (and marked when disturbed). 0: no waiting at all.
+	QuietBudget time.Duration
+	Logf        func(format string, args ...any)
+	Command     string // how the run was started, for the report
+}
+
+// Sample is one repetition of one point.
+type Sample struct {
+	Case       string  `json:"case"`
+	OfferedQPS int     `json:"offered_qps"`
+	Rep        int     `json:"rep"`
+	Sent       uint64  `json:"sent"`
+	SentPPS    float64 `json:"sent_pps"`
+	Replies    uint64  `json:"replies"`
+	RepliesPPS float64 `json:"replies_pps"` // kxdpgun: replies / duration
+	ServerRx   uint64  `json:"server_rx"`   // frames the server veth received in the window
+	ClientRx   uint64  `json:"client_rx"`   // frames the client veth received in the window (replies on the wire)
+
+	WindowSec  float64 `json:"window_s"`      // measured window (traffic plus <= 2 sample periods)
+	ServerBusy float64 `json:"server_busy_s"` // server CPU: wall − idle − iowait − steal over the window
+	ServerUtil float64 `json:"server_util"`   // ServerBusy / window
+	StealSec   float64 `json:"steal_s"`
+	ThreadsSec float64 `json:"server_threads_s"` // exact run time of NSD + server NAPI kthread (+ case pids)
+	ClientUtil float64 `json:"client_util"`      // generator CPU, for information
+
+	UsPerReply        float64 `json:"us_per_reply"`         // ServerBusy / Replies
+	UsPerReplyThreads float64 `json:"us_per_reply_threads"` // ThreadsSec / Replies
+	UsPerFrame        float64 `json:"us_per_frame_sent"`    // ServerBusy / ClientRx: per reply the server put on the wire
+	Foreign           float64 `json:"foreign"`              // (ServerBusy − ThreadsSec) / ServerBusy: work on the server CPU by others
+	Disturbed         bool    `json:"disturbed,omitempty"`  // Foreign > 10 % even after retries
+	Attempts          int     `json:"attempts"`             // measurements taken for this sample
+
+	ProgID      uint32  `json:"prog_id,omitempty"`
+	ProgName    string  `json:"prog_name,omitempty"`
+	BPFRunNs    uint64  `json:"bpf_run_ns,omitempty"`
+	BPFRunCnt   uint64  `json:"bpf_run_cnt,omitempty"`
+	BPFNsPerRun float64 `json:"bpf_ns_per_run,omitempty"` // run_time_ns / run_cnt
+}
+
+// Point is the repetitions of one offered rate and their medians.
+type Point struct {
+	OfferedQPS int      `json:"offered_qps"`
+	Reps       []Sample `json:"reps"`
+	Median     Sample   `json:"median"` // field-wise medians
+	MinUs      float64  `json:"us_per_reply_min"`
+	MaxUs      float64  `json:"us_per_reply_max"`
+}
+
+// CaseResult is the sweep of one case.
+type CaseResult struct {
+	Name        string  `json:"name"`
+	Description string  `json:"description,omitempty"`
+	Queries     int     `json:"queries"`           // distinct queries in kxdpgun's file
+	ProbeRatio  float64 `json:"probe_reply_ratio"` // replies/sent at the low-rate probe
+	Background  float64 `json:"background_util"`   // server CPU busy while idle, before the case
+	Points      []Point `json:"points"`
+	Saturation  int     `json:"saturation_index"` // index of the point with the most replies/s
+	Knee        int     `json:"knee_index"`       // index of the highest rate with >= 95 % answered, -1 if none
+	Error       string  `json:"error,omitempty"`
+}
+
+// Report is a whole run.
+type Report struct {
+	Started   time.Time         `json:"started"`
+	Finished  time.Time         `json:"finished"`
+	Host      map[string]string `json:"host"`
+	Command   string            `json:"command"`
+	Quick     bool              `json:"quick"`
+	Rates     []int             `json:"rates"`
+	Duration  float64           `json:"duration_s"`
+	Reps      int               `json:"reps"`
+	Names     int               `json:"names"`
+	Batch     int               `json:"batch"`
+	ServerCPU int               `json:"server_cpu"`
+	ClientCPU int               `json:"client_cpu"`
+	Cases     []CaseResult      `json:"cases"`
+}
+
+// kneeRatio is the answered share that defines a case's knee.
+const kneeRatio = 0.95
+
+// KneePoint returns the highest offered rate with at least 95 % of the
+// queries answered (nil if none): the cleanest cost figure, with no
+// requests or replies lost anywhere.
+func (c *CaseResult) KneePoint() *Point {
+	if c.Knee < 0 || c.Knee >= len(c.Points) {
+		return nil
+	}
+	return &c.Points[c.Knee]
+}
+
+// Sat returns the saturation point of a case (nil if it has none).
+func (c *CaseResult) Sat() *Point {
+	if c.Saturation < 0 || c.Saturation >= len(c.Points) {
+		return nil
+	}
+	return &c.Points[c.Saturation]
+}
+
+// Case returns the result of the named case, or nil.
+func (r *Report) Case(name string) *CaseResult {
+	for i := range r.Cases {
+		if r.Cases[i].Name == name {
+			return &r.Cases[i]
+		}
+	}
+	return nil
+}
+
+// Run builds a testbed, starts NSD and runs every case of cfg. A case that
+// fails is recorded with its error and the run goes on; the testbed is
+// always removed.
+func Run(ctx context.Context, cfg Config) (*Report, error) {
+	if cfg.Logf == nil {
+		cfg.Logf = func(string, ...any) {}
+	}
+	logf := cfg.Logf
+	if os.Geteuid() != 0 {
+		return nil, errors.New("needs root")
+	}
+	if err := checkTools(); err != nil {
+		return nil, err
+	}
+	if runtime.NumCPU() < 2 || cfg.Placement.ServerCPU == cfg.Placement.ClientCPU {
+		return nil, fmt.Errorf("need two distinct CPUs for server and client (have %d)", runtime.NumCPU())
+	}
+	// Everything this process does (sampling, kxdpgun and the tools it
+	// starts) stays off the server CPU.
+	if err := testbed.PinProcess(os.Getpid(), cfg.Placement.ClientCPU); err != nil {
+		return nil, fmt.Errorf("pin harness: %w", err)
+	}
+	if removed, err := testbed.RemoveStale(); err != nil {
+		logf("warning: removing stale testbeds: %v", err)
+	} else if len(removed) > 0 {
+		logf("removed stale namespaces %v", removed)
+	}
+
+	rep := &Report{
+		Started: time.Now(), Host: hostInfo(), Command: cfg.Command, Quick: cfg.Quick,
+		Rates: cfg.Rates, Duration: cfg.Duration.Seconds(), Reps: cfg.Reps, Names: cfg.Names,
+		Batch: cfg.Batch, ServerCPU: cfg.Placement.ServerCPU, ClientCPU: cfg.Placement.ClientCPU,
+	}
+	if rep.Batch == 0 {
+		rep.Batch = 10
+	}
+
+	tb, err := testbed.Create(testbed.Options{})
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err := tb.Close(); err != nil {
+			logf("warning: testbed cleanup: %v", err)
+		}
+	}()
+	logf("testbed %s: server %s (%s, %s) on cpu%d, client %s on cpu%d",
+		tb.ID, tb.Server.Dev, tb.Server.IP4, tb.Server.NS, cfg.Placement.ServerCPU, tb.Client.Dev, cfg.Placement.ClientCPU)
+	if err := tb.Place(cfg.Placement); err != nil {
+		return nil, fmt.Errorf("placement: %w", err)
+	}
+
+	zone := tb.ExampleZone(cfg.Names)
+	nsd, err := tb.StartNSD(testbed.NSDOptions{Zone: &zone, Pin: true, CPU: cfg.Placement.ServerCPU})
+	if err != nil {
+		return nil, err
+	}
+	logf("nsd running (pid %d), zone %s with %d generated names", nsd.PID(), zone.Origin, zone.Generated)
+
+	stats, err := testbed.EnableBPFStats()
+	if err != nil {
+		return nil, fmt.Errorf("enable BPF stats: %w", err)
+	}
+	defer stats.Close()
+
+	tmp, err := os.MkdirTemp("", "santa-benchudp-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(tmp)
+
+	env := &Env{TB: tb, NSD: nsd, Zone: zone, Placement: cfg.Placement, Logf: logf}
+	for i := 0; i < cfg.Names; i++ {
+		env.Queries = append(env.Queries, Query{Name: testbed.GenName(zone.Origin, i), Type: "A"})
+	}
+
+	h := &harness{cfg: cfg, tb: tb, nsd: nsd, env: env, tmp: tmp}
+	for _, c := range cfg.Cases {
+		if ctx.Err() != nil {
+			break
+		}
+		cr := h.runCase(ctx, c)
+		if cr.Error != "" {
+			logf("[%s] FAILED: %s", cr.Name, cr.Error)
+		}
+		rep.Cases = append(rep.Cases, cr)
+	}
+	rep.Finished = time.Now()
+	return rep, ctx.Err()
+}
+
+type harness struct {
+	cfg    Config
+	waited time.Duration // spent on quiet waits and repeated points
+	spent  bool
+	tb     *testbed.Testbed
+	nsd    *testbed.NSD
+	env    *Env
+	tmp    string
+}
+
+func (h *harness) runCase(ctx context.Context, c Responder) (cr CaseResult) {
+	logf := h.cfg.Logf
+	cr = CaseResult{Name: c.Name(), Saturation: -1, Knee: -1}
+	if d, ok := c.(Describer); ok {
+		cr.Description = d.Description()
+	}
+	logf("[%s] setup: %s", cr.Name, cr.Description)
+	// Idle background on the server CPU (others' work would inflate busy).
+	if bg, err := idleUtil(h.cfg.Placement.ServerCPU, time.Second); err == nil {
+		cr.Background = bg
+		if bg > 0.02 {
+			logf("[%s] note: server cpu%d is %.0f%% busy with others' work; points will wait for quiet and be checked", cr.Name, h.cfg.Placement.ServerCPU, 100*bg)
+		}
+	}
+	if err := c.Setup(h.env); err != nil {
+		cr.Error = "setup: " + err.Error()
+		if terr := c.Teardown(); terr != nil {
+			logf("[%s] teardown after failed setup: %v", cr.Name, terr)
+		}
+		return cr
+	}
+	defer func() {
+		if err := c.Teardown(); err != nil {
+			logf("[%s] teardown: %v", cr.Name, err)
+			if cr.Error == "" {
+				cr.Error = "teardown: " + err.Error()
+			}
+		}
+		// The next case must start from a bare server veth.
+		if xi, err := h.tb.ServerXDP(); err == nil && xi.ID() != 0 {
+			logf("[%s] warning: XDP program %d left on the server veth; removing", cr.Name, xi.ID())
+			testbed.DetachXDPNetlink(h.tb.Server.NS, h.tb.Server.Ifindex, testbed.XDPModeDriver)
+			testbed.DetachXDPNetlink(h.tb.Server.NS, h.tb.Server.Ifindex, testbed.XDPModeGeneric)
+		}
+	}()
+
+	qs := h.env.Queries
+	if qp, ok := c.(QueryProvider); ok {
+		qs = qp.Queries(h.env)
+	}
+	if len(qs) == 0 {
+		cr.Error = "no queries"
+		return cr
+	}
+	cr.Queries = len(qs)
+	qfile := filepath.Join(h.tmp, cr.Name+".queries")
+	if err := WriteQueryFile(qfile, qs); err != nil {
+		cr.Error = err.Error()
+		return cr
+	}
+	var extra []int
+	if pp, ok := c.(PIDProvider); ok {
+		extra = pp.ServerPIDs()
+	}
+	gun := &Gun{TB: h.tb, QueryFile: qfile, Target: h.tb.Server.IP4.String(), CPU: h.cfg.Placement.ClientCPU, Batch: h.cfg.Batch}
+
+	// Probe: a low rate must be answered almost completely.
+	probe, err := h.measure(ctx, cr.Name, gun, extra, 10000, time.Second, 0)
+	if err != nil {
+		cr.Error = "probe: " + err.Error()
+		return cr
+	}
+	if probe.Sent > 0 {
+		cr.ProbeRatio = float64(probe.Replies) / float64(probe.Sent)
+	}
+	logf("[%s] probe at 10k qps: %d/%d answered (%.1f%%)%s", cr.Name, probe.Replies, probe.Sent, 100*cr.ProbeRatio, progInfo(probe))
+	if cr.ProbeRatio < 0.9 {
+		cr.Error = fmt.Sprintf("probe: only %.1f%% of queries answered at 10k qps", 100*cr.ProbeRatio)
+		return cr
+	}
+
+	for _, qps := range h.cfg.Rates {
+		pt := Point{OfferedQPS: qps}
+		for r := 1; r <= h.cfg.Reps; r++ {
+			if ctx.Err() != nil {
+				cr.Error = "interrupted"
+				return cr
+			}
+			var s Sample
+			for attempt := 1; ; attempt++ {
+				h.quiet(ctx, cr.Name)
+				a, err := h.measure(ctx, cr.Name, gun, extra, qps, h.cfg.Duration, r)
+				if err != nil {
+					cr.Error = fmt.Sprintf("%d qps rep %d: %v", qps, r, err)
+					return cr
+				}
+				if attempt == 1 || a.Foreign < s.Foreign {
+					s = a // keep the least disturbed attempt
+				}
+				s.Attempts = attempt
+				if a.Foreign <= maxForeign {
+					s = a
+					s.Attempts = attempt
+					break
+				}
+				if attempt > h.cfg.Retries || ctx.Err() != nil || h.budgetSpent() {
+					s.Disturbed = true
+					logf("[%s] %s qps rep %d: still disturbed after %d attempts; keeping the least disturbed one (%.0f%% not the server's), marked disturbed",
+						cr.Name, si(float64(qps)), r, attempt, 100*s.Foreign)
+					break
+				}
+				logf("[%s] %s qps rep %d: %.0f%% of the server CPU's busy time was not the server's (others' work); repeating",
+					cr.Name, si(float64(qps)), r, 100*a.Foreign)
+				h.waited += time.Duration(a.WindowSec * float64(time.Second))
+			}
+			logf("[%s] %s qps rep %d/%d: %s replies/s (%.0f%%), server cpu %.0f%%, %.2f µs/reply (threads %.2f, per frame sent %.2f), client cpu %.0f%%%s",
+				cr.Name, si(float64(qps)), r, h.cfg.Reps, si(s.RepliesPPS), 100*ratio(s.Replies, s.Sent),
+				100*s.ServerUtil, s.UsPerReply, s.UsPerReplyThreads, s.UsPerFrame, 100*s.ClientUtil, progInfo(s))
+			pt.Reps = append(pt.Reps, s)
+		}
+		pt.Median, pt.MinUs, pt.MaxUs = median(pt.Reps)
+		cr.Points = append(cr.Points, pt)
+	}
+	best := -1.0
+	for i, p := range cr.Points {
+		if p.Median.RepliesPPS > best {
+			best, cr.Saturation = p.Median.RepliesPPS, i
+		}
+		if ratio(p.Median.Replies, p.Median.Sent) >= kneeRatio {
+			cr.Knee = i
+		}
+	}
+	if sp := cr.Sat(); sp != nil {
+		m := sp.Median
+		logf("[%s] saturation at %s qps offered: %s replies/s, %.2f µs server CPU/reply%s",
+			cr.Name, si(float64(sp.OfferedQPS)), si(m.RepliesPPS), m.UsPerReply, progInfo(m))
+	}
+	return cr
+}
+
+func progInfo(s Sample) string {
+	if s.ProgID == 0 {
+		return ""
+	}
+	return fmt.Sprintf(", BPF %s %.0f ns/run", s.ProgName, s.BPFNsPerRun)
+}
+
+func ratio(a, b uint64) float64 {
+	if b == 0 {
+		return 0
+	}
+	return float64(a) / float64(b)
+}
+
+// tick is one reading of the sampler.
+type tick struct {
+	cpu     testbed.CPUSample
+	traffic uint64 // frames on the veth pair, both ends, both directions
+	srvRx   uint64 // frames received by the server veth
+	cliRx   uint64 // frames received by the client veth: replies that crossed the veth
+	threads time.Duration
+}
+
+const samplePeriod = 50 * time.Millisecond
+
+func (h *harness) sampleOnce(pids []int) (tick, error) {
+	var t tick
+	s, err := h.tb.Server.Stats()
+	if err != nil {
+		return t, err
+	}
+	c, err := h.tb.Client.Stats()
+	if err != nil {
+		return t, err
+	}
+	t.traffic = s.RxPackets + s.TxPackets + c.RxPackets + c.TxPackets
+	t.srvRx = s.RxPackets
+	t.cliRx = c.RxPackets
+	t.threads, err = testbed.RunTimes(pids...)
+	if err != nil {
+		return t, err
+	}
+	t.cpu, err = testbed.ReadCPUStat()
+	return t, err
+}
+
+// measure runs one point: kxdpgun at qps for d, while sampling the server
+// CPU, the server threads and the veth counters every 50 ms. The CPU
+// figures are taken over the window in which frames moved (plus up to one
+// sample period at each end), so kxdpgun's start-up and tear-down do not
+// count.
+func (h *harness) measure(ctx context.Context, name string, gun *Gun, extra []int, qps int, d time.Duration, rep int) (Sample, error) {
+	s := Sample{Case: name, OfferedQPS: qps, Rep: rep}
+	if err := h.tb.AttachClientPass(); err != nil {
+		return s, err
+	}
+	if err := h.tb.PinNAPI(h.cfg.Placement); err != nil {
+		return s, err
+	}
+	napi, err := h.tb.ServerNAPIThreads()
+	if err != nil {
+		return s, err
+	}
+	nsdPIDs, err := h.nsd.PIDs()
+	if err != nil {
+		return s, err
+	}
+	pids := append(append(append([]int{}, nsdPIDs...), napi...), extra...)
+
+	xi, err := h.tb.ServerXDP()
+	if err != nil {
+		return s, err
+	}
+	s.ProgID = xi.ID()
+	var run0, cnt0 uint64
+	if s.ProgID != 0 {
+		st, err := testbed.ProgramStats(s.ProgID)
+		if err != nil {
+			return s, err
+		}
+		run0, cnt0 = uint64(st.Runtime), st.RunCount
+		s.ProgName = progName(s.ProgID)
+	}
+
+	// Sampler.
+	var (
+		mu    sync.Mutex
+		ticks []tick
+		serr  error
+	)
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tk := time.NewTicker(samplePeriod)
+		defer tk.Stop()
+		for {
+			t, err := h.sampleOnce(pids)
+			mu.Lock()
+			if err != nil && serr == nil {
+				serr = err
+			}
+			if err == nil {
+				ticks = append(ticks, t)
+			}
+			mu.Unlock()
+			select {
+			case <-stop:
+				return
+			case <-tk.C:
+			}
+		}
+	}()
+
+	res, gerr := gun.Run(ctx, qps, d)
+	time.Sleep(2 * samplePeriod) // let the server drain its queues
+	close(stop)
+	<-done
+	if gerr != nil {
+		return s, gerr
+	}
+	if serr != nil {
+		return s, fmt.Errorf("sampling: %w", serr)
+	}
+	if s.ProgID != 0 {
+		st, err := testbed.ProgramStats(s.ProgID)
+		if err != nil {
+			return s, err
+		}
+		s.BPFRunNs, s.BPFRunCnt = uint64(st.Runtime)-run0, st.RunCount-cnt0
+		if s.BPFRunCnt > 0 {
+			s.BPFNsPerRun = float64(s.BPFRunNs) / float64(s.BPFRunCnt)
+		}
+	}
+	s.Sent, s.SentPPS, s.Replies, s.RepliesPPS = res.Sent, res.SentPPS, res.Replies, res.RepliesPPS
+
+	// The traffic window: from the tick before the first one with real
+	// traffic to one tick after the last one (work still queued at the
+	// server). A few stray frames (e.g. when XDP programs are swapped) do
+	// not count as traffic.
+	var peak uint64
+	for i := 1; i < len(ticks); i++ {
+		peak = max(peak, ticks[i].traffic-ticks[i-1].traffic)
+	}
+	thresh := max(peak/20, 32)
+	first, last := -1, -1
+	for i := 1; i < len(ticks); i++ {
+		if ticks[i].traffic-ticks[i-1].traffic >= thresh {
+			if first < 0 {
+				first = i - 1
+			}
+			last = i
+		}
+	}
+	if first < 0 {
+		return s, fmt.Errorf("no traffic seen on the veth pair (peak %d frames per %v)", peak, samplePeriod)
+	}
+	if last+1 < len(ticks) {
+		last++
+	}
+	a, b := ticks[first], ticks[last]
+	if h.cfg.Verbose {
+		var tr []string
+		for i := 1; i < len(ticks); i++ {
+			u, _ := ticks[i].cpu.Usage(ticks[i-1].cpu, h.cfg.Placement.ServerCPU)
+			tr = append(tr, fmt.Sprintf("%d:%d/%.0f%%", i, ticks[i].traffic-ticks[i-1].traffic, 100*u.Util()))
+		}
+		h.cfg.Logf("[%s] ticks (frames/server busy) %s; window %d..%d\n%s", name, strings.Join(tr, " "), first, last, strings.TrimSpace(res.Output))
+	}
+	srv, err := b.cpu.Usage(a.cpu, h.cfg.Placement.ServerCPU)
+	if err != nil {
+		return s, err
+	}
+	cli, err := b.cpu.Usage(a.cpu, h.cfg.Placement.ClientCPU)
+	if err != nil {
+		return s, err
+	}
+	s.WindowSec = srv.Wall.Seconds()
+	s.ServerBusy = srv.Busy.Seconds()
+	s.ServerUtil = srv.Util()
+	s.StealSec = srv.Steal.Seconds()
+	s.ClientUtil = cli.Util()
+	s.ThreadsSec = (b.threads - a.threads).Seconds()
+	s.ServerRx = b.srvRx - a.srvRx
+	s.ClientRx = b.cliRx - a.cliRx
+	if s.Replies > 0 {
+		s.UsPerReply = 1e6 * s.ServerBusy / float64(s.Replies)
+		s.UsPerReplyThreads = 1e6 * s.ThreadsSec / float64(s.Replies)
+	}
+	if s.ServerBusy > 0 {
+		s.Foreign = max(0, (s.ServerBusy-s.ThreadsSec)/s.ServerBusy)
+	}
+	if s.ClientRx > 0 {
+		s.UsPerFrame = 1e6 * s.ServerBusy / float64(s.ClientRx)
+	}
+	if err := h.tb.AttachClientPass(); err != nil { // kxdpgun left its program
+		return s, err
+	}
+	return s, nil
+}
+
+func progName(id uint32) string {
+	out, err := testbed.Run("", "bpftool", "prog", "show", "id", fmt.Sprint(id))
+	if err != nil {
+		return ""
+	}
+	// "123: xdp  name reflector  tag …"
+	f := strings.Fields(out)
+	for i := 0; i+1 < len(f); i++ {
+		if f[i] == "name" {
+			return f[i+1]
+		}
+	}
+	return ""
+}
+
+// maxForeign is the share of the server CPU's busy time that may be work
+// other than the server's threads before a point is repeated.
+const maxForeign = 0.10
+
+// quiet waits until both the server and the client CPU are idle (others'
+// work: between points nothing of ours runs), at most cfg.QuietWait.
+func (h *harness) quiet(ctx context.Context, name string) {
+	start := time.Now()
+	defer func() { h.waited += time.Since(start) }()
+	deadline := start.Add(h.cfg.QuietWait)
+	logged := false
+	for ctx.Err() == nil && !h.budgetSpent() {
+		a, err := testbed.ReadCPUStat()
+		if err != nil {
+			return
+		}
+		time.Sleep(300 * time.Millisecond)
+		b, err := testbed.ReadCPUStat()
+		if err != nil {
+			return
+		}
+		us, _ := b.Usage(a, h.cfg.Placement.ServerCPU)
+		uc, _ := b.Usage(a, h.cfg.Placement.ClientCPU)
+		if us.Util() < 0.03 && uc.Util() < 0.05 {
+			return
+		}
+		if time.Now().After(deadline) {
+			h.cfg.Logf("[%s] cpus still busy with others' work after %v (server %.0f%%, client %.0f%%); measuring anyway", name, h.cfg.QuietWait, 100*us.Util(), 100*uc.Util())
+			return
+		}
+		if !logged {
+			h.cfg.Logf("[%s] others' work on the cpus (server %.0f%%, client %.0f%%); waiting up to %v for quiet", name, 100*us.Util(), 100*uc.Util(), h.cfg.QuietWait)
+			logged = true
+		}
+	}
+}
+
+// budgetSpent reports (and logs once) whether the run's budget for
+// waiting out others' work is used up.
+func (h *harness) budgetSpent() bool {
+	if h.waited < h.cfg.QuietBudget {
+		return false
+	}
+	if !h.spent && h.cfg.QuietBudget > 0 {
+		h.cfg.Logf("spent the %v budget for waiting out others' work: measuring points as they come from now on", h.cfg.QuietBudget)
+	}
+	h.spent = true
+	return true
+}
+
+// idleUtil measures how busy cpu is over d while the harness does nothing.
+func idleUtil(cpu int, d time.Duration) (float64, error) {
+	a, err := testbed.ReadCPUStat()
+	if err != nil {
+		return 0, err
+	}
+	time.Sleep(d)
+	b, err := testbed.ReadCPUStat()
+	if err != nil {
+		return 0, err
+	}
+	u, err := b.Usage(a, cpu)
+	return u.Util(), err
+}
+
+// median returns field-wise medians of the samples, and the min and max of
+// µs per reply.
+func median(ss []Sample) (Sample, float64, float64) {
+	if len(ss) == 0 {
+		return Sample{}, 0, 0
+	}
+	m := ss[0]
+	m.Rep = 0
+	f := func(get func(Sample) float64) float64 {
+		v := make([]float64, len(ss))
+		for i, s := range ss {
+			v[i] = get(s)
+		}
+		sort.Float64s(v)
+		if len(v)%2 == 1 {
+			return v[len(v)/2]
+		}
+		return (v[len(v)/2-1] + v[len(v)/2]) / 2
+	}
+	u := func(get func(Sample) uint64) uint64 {
+		return uint64(f(func(s Sample) float64 { return float64(get(s)) }) + 0.5)
+	}
+	m.Sent = u(func(s Sample) uint64 { return s.Sent })
+	m.SentPPS = f(func(s Sample) float64 { return s.SentPPS })
+	m.Replies = u(func(s Sample) uint64 { return s.Replies })
+	m.RepliesPPS = f(func(s Sample) float64 { return s.RepliesPPS })
+	m.ServerRx = u(func(s Sample) uint64 { return s.ServerRx })
+	m.ClientRx = u(func(s Sample) uint64 { return s.ClientRx })
+	m.UsPerFrame = f(func(s Sample) float64 { return s.UsPerFrame })
+	m.Foreign = f(func(s Sample) float64 { return s.Foreign })
+	m.Attempts = 0
+	m.Disturbed = false
+	for _, s := range ss {
+		m.Attempts += s.Attempts
+		m.Disturbed = m.Disturbed || s.Disturbed
+	}
+	m.WindowSec = f(func(s Sample) float64 { return s.WindowSec })
+	m.ServerBusy = f(func(s Sample) float64 { return s.ServerBusy })
+	m.ServerUtil = f(func(s Sample) float64 { return s.ServerUtil })
+	m.StealSec = f(func(s Sample) float64 { return s.StealSec })
+	m.ThreadsSec = f(func(s Sample) float64 { return s.ThreadsSec })
+	m.ClientUtil = f(func(s Sample) float64 { return s.ClientUtil })
+	m.UsPerReply = f(func(s Sample) float64 { return s.UsPerReply })
+	m.UsPerReplyThreads = f(func(s Sample) float64 { return s.UsPerReplyThreads })
+	m.BPFRunNs = u(func(s Sample) uint64 { return s.BPFRunNs })
+	m.BPFRunCnt = u(func(s Sample) uint64 { return s.BPFRunCnt })
+	m.BPFNsPerRun = f(func(s Sample) float64 { return s.BPFNsPerRun })
+	lo, hi := ss[0].UsPerReply, ss[0].UsPerReply
+	for _, s := range ss {
+		lo, hi = min(lo, s.UsPerReply), max(hi, s.UsPerReply)
+	}
+	return m, lo, hi
+}
+
+// si formats 1234567 as "1.23M", 183400 as "183k".
+func si(v float64) string {
+	switch {
+	case v >= 999.5e3:
+		return fmt.Sprintf("%.2fM", v/1e6)
+	case v >= 1e3:
+		return fmt.Sprintf("%.0fk", v/1e3)
+	}
+	return fmt.Sprintf("%.0f", v)
+}
+
+func hostInfo() map[string]string {
+	m := map[string]string{}
+	var u unix.Utsname
+	if unix.Uname(&u) == nil {
+		m["kernel"] = unix.ByteSliceToString(u.Release[:])
+	}
+	m["cpus"] = fmt.Sprint(runtime.NumCPU())
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			if k, v, ok := strings.Cut(l, ":"); ok && strings.TrimSpace(k) == "model name" {
+				m["cpu_model"] = strings.TrimSpace(v)
+				break
+			}
+		}
+	}
+	for _, c := range [][]string{{"kxdpgun", KxdpgunPath, "-V"}, {"nsd", testbed.NSDPath, "-v"}} {
+		if out, err := testbed.Run("", c[1], c[2]); err == nil || out != "" {
+			line, _, _ := strings.Cut(strings.TrimSpace(out), "\n")
+			m[c[0]] = line
+		}
+	}
+	if b, err := os.ReadFile("/etc/debian_version"); err == nil {
+		m["debian"] = strings.TrimSpace(string(b))
+	}
+	return m
+}
