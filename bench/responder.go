@@ -81,13 +81,13 @@ func Register(r Responder) {
 }
 
 // DefaultCases are the cases of `make bench-udp`, in run order: NSD alone,
-// the bare reflector, then the registered ones.
+// NSD behind a pass-only XDP program, the bare reflector, then the registered ones.
 //
 // The issue's Santa cases plug in here (see santa.go): Santa with 1, 10 k
 // and 1 M matching rules, and Santa with 1 M rules that match nothing (its
 // baseline is "nsd": non-matching traffic with no program).
 func DefaultCases() []Responder {
-	cs := []Responder{&NSDOnly{}, &Reflector{Port: 53}}
+	cs := []Responder{&NSDOnly{}, &XDPPass{}, &Reflector{Port: 53}}
 	regMu.Lock()
 	defer regMu.Unlock()
 	return append(cs, registry...)
@@ -143,4 +143,26 @@ func (c *Reflector) Teardown() error {
 	err := c.r.Close()
 	c.r = nil
 	return err
+}
+
+// XDPPass is NSD behind an XDP program that passes everything: what any XDP
+// program on a veth costs traffic that reaches the server (the veth copies
+// such frames into pages for XDP and back into skbs), before Santa does any work.
+type XDPPass struct{ tb *testbed.Testbed }
+
+func (*XDPPass) Name() string { return "xdp-pass" }
+func (*XDPPass) Description() string {
+	return "NSD behind an XDP program that only returns XDP_PASS: the veth's XDP tax on passed traffic"
+}
+func (c *XDPPass) Setup(env *Env) error {
+	prog, err := testbed.NewXDPPass()
+	if err != nil {
+		return err
+	}
+	defer prog.Close() // the attachment holds its own reference
+	c.tb = env.TB
+	return testbed.AttachXDPNetlink(env.TB.Server.NS, env.TB.Server.Ifindex, prog, testbed.XDPModeDriver)
+}
+func (c *XDPPass) Teardown() error {
+	return testbed.DetachXDPNetlink(c.tb.Server.NS, c.tb.Server.Ifindex, testbed.XDPModeDriver)
 }

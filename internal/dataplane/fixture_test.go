@@ -180,7 +180,11 @@ func (e *env) socket(addr netip.AddrPort, reuseport bool) uint64 {
 	e.t.Helper()
 	var cookie uint64
 	err := e.tb.Server.Do(func() error {
-		fd, c, err := bindUDP(addr, reuseport)
+		var opts []int
+		if reuseport {
+			opts = append(opts, unix.SO_REUSEPORT)
+		}
+		fd, c, err := bindUDP(addr, opts...)
 		if err == nil {
 			e.t.Cleanup(func() { unix.Close(fd) })
 		}
@@ -193,9 +197,11 @@ func (e *env) socket(addr netip.AddrPort, reuseport bool) uint64 {
 	return cookie
 }
 
-// bindUDP binds a UDP socket in the calling thread's namespace and asks for
-// its cookie (which also makes the kernel assign one).
-func bindUDP(addr netip.AddrPort, reuseport bool) (int, uint64, error) {
+// bindUDP binds a UDP socket in the calling thread's namespace, with the
+// SOL_SOCKET options given switched on (SO_REUSEPORT, SO_REUSEADDR), and asks
+// for its cookie (which also makes the kernel assign one). An unspecified
+// IPv6 address binds dual stack.
+func bindUDP(addr netip.AddrPort, sockopts ...int) (int, uint64, error) {
 	family := unix.AF_INET
 	if addr.Addr().Is6() {
 		family = unix.AF_INET6
@@ -204,8 +210,8 @@ func bindUDP(addr netip.AddrPort, reuseport bool) (int, uint64, error) {
 	if err != nil {
 		return -1, 0, err
 	}
-	if reuseport {
-		if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEPORT, 1); err != nil {
+	for _, opt := range sockopts {
+		if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, opt, 1); err != nil {
 			unix.Close(fd)
 			return -1, 0, err
 		}

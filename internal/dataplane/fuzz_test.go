@@ -227,7 +227,11 @@ func (fx *fzFixture) setup() error {
 		var cookie uint64
 		err := tb.Server.Do(func() error {
 			var err error
-			fd, cookie, err = fzBind(s.addr, s.reuseaddr)
+			var opts []int
+			if s.reuseaddr {
+				opts = append(opts, unix.SO_REUSEADDR)
+			}
+			fd, cookie, err = bindUDP(s.addr, opts...)
 			return err
 		})
 		if err != nil {
@@ -263,44 +267,6 @@ func (fx *fzFixture) close() {
 	if fx.tb != nil {
 		fx.tb.Close()
 	}
-}
-
-// fzBind binds a UDP socket (an unspecified IPv6 address binds dual stack)
-// in the calling thread's namespace and returns it with its cookie.
-func fzBind(addr netip.AddrPort, reuseaddr bool) (int, uint64, error) {
-	family := unix.AF_INET
-	if addr.Addr().Is6() {
-		family = unix.AF_INET6
-	}
-	fd, err := unix.Socket(family, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return -1, 0, err
-	}
-	fail := func(err error) (int, uint64, error) { unix.Close(fd); return -1, 0, err }
-	if family == unix.AF_INET6 {
-		if err := unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_V6ONLY, 0); err != nil {
-			return fail(err)
-		}
-	}
-	if reuseaddr {
-		if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEADDR, 1); err != nil {
-			return fail(err)
-		}
-	}
-	var sa unix.Sockaddr
-	if addr.Addr().Is4() {
-		sa = &unix.SockaddrInet4{Port: int(addr.Port()), Addr: addr.Addr().As4()}
-	} else {
-		sa = &unix.SockaddrInet6{Port: int(addr.Port()), Addr: addr.Addr().As16()}
-	}
-	if err := unix.Bind(fd, sa); err != nil {
-		return fail(err)
-	}
-	cookie, err := unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_COOKIE)
-	if err != nil {
-		return fail(err)
-	}
-	return fd, cookie, nil
 }
 
 // run passes frame through the rule processor in the server namespace.

@@ -43,7 +43,7 @@ func (d *Dataplane) watchLocalAddrs(ifindex int) (*localAddrs, error) {
 		done: make(chan struct{}), stopped: make(chan struct{}), have: map[santaSantaLocalAddr]uint8{}}
 	updates := make(chan netlink.AddrUpdate, 64)
 	if err := netlink.AddrSubscribeWithOptions(updates, l.done, netlink.AddrSubscribeOptions{
-		Namespace:     &ns,
+		Namespace: &ns,
 		ErrorCallback: func(err error) {
 			select {
 			case <-l.done: // the subscription's socket closes on stop

@@ -243,7 +243,7 @@ func TestBindingIsolation(t *testing.T) {
 	var ret uint32
 	frame := request(c, s, "Hello").build(t)
 	err := e.tb.Client.Do(func() error {
-		fd, _, err := bindUDP(s, false)
+		fd, _, err := bindUDP(s)
 		if err != nil {
 			return err
 		}

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/santa-offload/santa/internal/testbed"
 )
 
@@ -57,7 +59,7 @@ func TestReuseportGroup(t *testing.T) {
 		var cookie uint64
 		if err := tb.Server.Do(func() error {
 			var err error
-			fd, cookie, err = bindUDP(addr, true)
+			fd, cookie, err = bindUDP(addr, unix.SO_REUSEPORT)
 			return err
 		}); err != nil {
 			t.Fatalf("socket %s: %v", name, err)

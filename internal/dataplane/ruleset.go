@@ -109,17 +109,11 @@ func (d *Dataplane) Bound() []uint64 {
 // AddRules installs rules for the socket, all or none: the rule processor
 // sees either none of them or all of them.
 func (d *Dataplane) AddRules(cookie uint64, rules []Rule) ([]RuleID, error) {
-	compiled, err := compileAll(rules)
+	rs, news, unlock, err := d.prepare(cookie, rules)
 	if err != nil {
 		return nil, err
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	rs, ok := d.bySocket[cookie]
-	if !ok {
-		return nil, fmt.Errorf("%w: %#x", ErrNotBound, cookie)
-	}
-	news := d.newInstalled(rs, rules, compiled)
+	defer unlock()
 	if err := d.addInPlace(rs, news); err == nil {
 		return ids(news), nil
 	}
@@ -132,17 +126,11 @@ func (d *Dataplane) AddRules(cookie uint64, rules []Rule) ([]RuleID, error) {
 
 // ReplaceRules swaps the socket's rules for these, atomically.
 func (d *Dataplane) ReplaceRules(cookie uint64, rules []Rule) ([]RuleID, error) {
-	compiled, err := compileAll(rules)
+	rs, news, unlock, err := d.prepare(cookie, rules)
 	if err != nil {
 		return nil, err
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	rs, ok := d.bySocket[cookie]
-	if !ok {
-		return nil, fmt.Errorf("%w: %#x", ErrNotBound, cookie)
-	}
-	news := d.newInstalled(rs, rules, compiled)
+	defer unlock()
 	old := rs.rules
 	if err := d.rebuild(rs, news); err != nil {
 		return nil, err
@@ -200,6 +188,22 @@ func (d *Dataplane) ListRules(cookie uint64) ([]RuleInfo, error) {
 		out[i] = RuleInfo{r.id, r.src}
 	}
 	return out, nil
+}
+
+// prepare compiles rules for the socket's rule set and returns them with the
+// data plane locked; the caller unlocks.
+func (d *Dataplane) prepare(cookie uint64, rules []Rule) (*ruleset, []*installed, func(), error) {
+	compiled, err := compileAll(rules)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	d.mu.Lock()
+	rs, ok := d.bySocket[cookie]
+	if !ok {
+		d.mu.Unlock()
+		return nil, nil, nil, fmt.Errorf("%w: %#x", ErrNotBound, cookie)
+	}
+	return rs, d.newInstalled(rs, rules, compiled), d.mu.Unlock, nil
 }
 
 func compileAll(rules []Rule) ([]*compiledRule, error) {
