@@ -68,6 +68,17 @@ struct {
 	__uint(max_entries, 65536); /* set by user space: as santa_rules */
 } santa_rule_stats SEC(".maps");
 
+/* Rule slot -> hits and bytes the rule counted in the slots it had before
+ * (rebuild, modify, restart). Only user space reads and writes it; a
+ * restarted santad reads its predecessor's. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct santa_rule_counters);
+	__uint(max_entries, 65536); /* set by user space: as santa_rules */
+	__uint(map_flags, BPF_F_MMAPABLE); /* user space reads and writes it in place */
+} santa_rule_base SEC(".maps");
+
 /* The pass and answer reasons, one named field each, per CPU. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -75,6 +86,15 @@ struct {
 	__type(value, struct santa_reasons);
 	__uint(max_entries, 1);
 } santa_counters SEC(".maps");
+
+/* Count one occurrence of a named reason in santa_counters. */
+#define COUNT(field)                                                            \
+	do {                                                                    \
+		__u32 _zero = 0;                                                \
+		struct santa_reasons *_c = bpf_map_lookup_elem(&santa_counters, &_zero); \
+		if (_c)                                                         \
+			_c->field++;                                            \
+	} while (0)
 
 /* Per-CPU scratch: the request window and the reply headers. */
 struct {
@@ -97,6 +117,12 @@ struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, 1 << 20); /* set by user space */
 } santa_miss_samples SEC(".maps");
+
+/* Cookies of closed sockets whose rule sets the release hook unbound. */
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 1 << 16); /* set by user space: room for every rule set's socket */
+} santa_released SEC(".maps");
 
 /* Emit the miss sample's layout into BTF for bpf2go (the ring buffer has no value type). */
 const struct santa_miss_sample *santa_miss_sample_layout __attribute__((unused));

@@ -75,6 +75,7 @@ struct santa_rule {
 	__u8 ncopies;
 	struct santa_cond conds[SANTA_MAX_CONDS];
 	struct santa_copy copies[SANTA_MAX_COPIES];
+	__u64 id;               /* user space's RuleID, read back by its successor after a restart */
 };
 
 /* Rule data: patterns and flattened reply templates, allocated by user space. */
@@ -122,6 +123,7 @@ struct santa_reasons {
 	__u64 miss_sample_dropped; /* samples lost: ring full */
 	__u64 miss_sample_limited; /* samples skipped by the rate limit */
 	__u64 chain_truncated;   /* a bucket chain was longer than SANTA_MAX_CHAIN */
+	__u64 released_dropped;  /* a closed socket's cookie was lost: santa_released full */
 };
 
 /* A miss sample as it appears in the ring buffer. */

@@ -13,14 +13,6 @@
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
-#define COUNT(field)                                                            \
-	do {                                                                    \
-		__u32 _zero = 0;                                                \
-		struct santa_reasons *_c = bpf_map_lookup_elem(&santa_counters, &_zero); \
-		if (_c)                                                         \
-			_c->field++;                                            \
-	} while (0)
-
 static __always_inline int count_parse_result(int err)
 {
 	switch (err) {

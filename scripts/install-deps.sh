@@ -20,8 +20,11 @@ PACKAGES=(
 	iproute2 ethtool tcpdump xdp-tools
 	dnsutils knot-dnsutils nsd
 	python3-dnspython python3-pip
+	python3-cbor2 python3-pytest python3-setuptools python3-wheel python3-venv
 	valgrind gnuplot-nox
 	make git
+	# clients/c (libsanta): CBOR codec; json-c and pkg-config for its build and tests
+	libcbor-dev libjson-c-dev pkg-config
 )
 
 log() { printf 'install-deps: %s\n' "$*" >&2; }

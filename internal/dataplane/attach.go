@@ -1,11 +1,15 @@
 package dataplane
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 
 	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
 )
 
 // AttachMode says how the rule processor is attached to an interface.
@@ -26,11 +30,29 @@ type Attachment struct {
 	Native    bool
 	link      link.Link
 	local     *localAddrs
+	pin       string // where the link is pinned, "" if it is not
 }
 
 // Attach attaches the rule processor to the interface ifname in the calling
 // thread's network namespace.
 func (d *Dataplane) Attach(ifname string, mode AttachMode) (*Attachment, error) {
+	return d.attach(ifname, mode, "")
+}
+
+// AttachPinned is Attach for an attachment that outlives the process: the
+// XDP link is pinned at pinPath (on a bpffs). If the link pinned there is
+// attached to ifname already (a previous instance's), the rule processor
+// replaces its program atomically, so that no packet goes unprocessed, and
+// the link keeps its mode; a pinned link that is no longer attached is
+// replaced by a new one.
+func (d *Dataplane) AttachPinned(ifname string, mode AttachMode, pinPath string) (*Attachment, error) {
+	if pinPath == "" {
+		return nil, errors.New("attach pinned: empty pin path")
+	}
+	return d.attach(ifname, mode, pinPath)
+}
+
+func (d *Dataplane) attach(ifname string, mode AttachMode, pinPath string) (*Attachment, error) {
 	iface, err := net.InterfaceByName(ifname)
 	if err != nil {
 		return nil, fmt.Errorf("attach to %s: %w", ifname, err)
@@ -39,34 +61,129 @@ func (d *Dataplane) Attach(ifname string, mode AttachMode) (*Attachment, error) 
 	if err != nil {
 		return nil, fmt.Errorf("attach to %s: %w", ifname, err)
 	}
-	att := &Attachment{Interface: ifname, local: local}
-	if mode != AttachGeneric {
-		l, err := link.AttachXDP(link.XDPOptions{Program: d.objs.SantaXdp, Interface: iface.Index, Flags: link.XDPDriverMode})
-		if err == nil {
-			att.link, att.Native = l, true
-			return att, nil
-		}
-		if mode == AttachNative {
-			local.stop()
-			return nil, fmt.Errorf("attach native XDP to %s: %w", ifname, err)
-		}
-		slog.Warn("native XDP unavailable, using generic XDP: replies will cost far more CPU",
-			"interface", ifname, "error", err)
-	}
-	l, err := link.AttachXDP(link.XDPOptions{Program: d.objs.SantaXdp, Interface: iface.Index, Flags: link.XDPGenericMode})
-	if err != nil {
+	att := &Attachment{Interface: ifname, local: local, pin: pinPath}
+	if err := d.linkXDP(att, iface.Index, mode); err != nil {
 		local.stop()
-		return nil, fmt.Errorf("attach generic XDP to %s: %w", ifname, err)
+		return nil, err
 	}
-	att.link = l
 	return att, nil
 }
 
-// Close detaches the rule processor from the interface.
+// linkXDP gives att its XDP link: the pinned one, updated, or a new one,
+// pinned if att is.
+func (d *Dataplane) linkXDP(att *Attachment, ifindex int, mode AttachMode) error {
+	if att.pin != "" {
+		if swapped, err := d.swapPinned(att, ifindex, mode); err != nil || swapped {
+			return err
+		}
+	}
+	if mode != AttachGeneric {
+		l, err := link.AttachXDP(link.XDPOptions{Program: d.objs.SantaXdp, Interface: ifindex, Flags: link.XDPDriverMode})
+		if err == nil {
+			att.link, att.Native = l, true
+			return att.pinLink()
+		}
+		if mode == AttachNative {
+			return fmt.Errorf("attach native XDP to %s: %w", att.Interface, err)
+		}
+		slog.Warn("native XDP unavailable, using generic XDP: replies will cost far more CPU",
+			"interface", att.Interface, "error", err)
+	}
+	l, err := link.AttachXDP(link.XDPOptions{Program: d.objs.SantaXdp, Interface: ifindex, Flags: link.XDPGenericMode})
+	if err != nil {
+		return fmt.Errorf("attach generic XDP to %s: %w", att.Interface, err)
+	}
+	att.link = l
+	return att.pinLink()
+}
+
+func (a *Attachment) pinLink() error {
+	if a.pin == "" {
+		return nil
+	}
+	if err := a.link.Pin(a.pin); err != nil {
+		a.link.Close()
+		return fmt.Errorf("pin XDP link of %s at %s: %w", a.Interface, a.pin, err)
+	}
+	return nil
+}
+
+// swapPinned puts this rule processor into the XDP link pinned at att.pin,
+// if that link is attached to ifindex, and reports whether it did. A pinned
+// link that is attached nowhere (Close, or its interface went away) is
+// unpinned; one attached to another interface is left alone, with an error.
+func (d *Dataplane) swapPinned(att *Attachment, ifindex int, mode AttachMode) (bool, error) {
+	l, err := link.LoadPinnedLink(att.pin, nil)
+	if errors.Is(err, os.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("open pinned link %s: %w", att.pin, err)
+	}
+	info, err := l.Info()
+	if err != nil {
+		l.Close()
+		return false, fmt.Errorf("pinned link %s: %w", att.pin, err)
+	}
+	xdp := info.XDP()
+	switch {
+	case xdp == nil:
+		l.Close()
+		return false, fmt.Errorf("%s pins a %v link, not an XDP link", att.pin, info.Type)
+	case xdp.Ifindex == 0:
+		l.Close()
+		return false, os.Remove(att.pin)
+	case xdp.Ifindex != uint32(ifindex):
+		l.Close()
+		return false, fmt.Errorf("the XDP link pinned at %s is attached to interface %d, not %s (%d)",
+			att.pin, xdp.Ifindex, att.Interface, ifindex)
+	}
+	nlink, err := netlink.LinkByIndex(ifindex)
+	if err != nil {
+		l.Close()
+		return false, fmt.Errorf("attach to %s: %w", att.Interface, err)
+	}
+	native := nlink.Attrs().Xdp != nil && nlink.Attrs().Xdp.AttachMode == nl.XDP_ATTACHED_DRV
+	if mode == AttachNative && !native {
+		l.Close()
+		return false, fmt.Errorf("the XDP link pinned at %s is generic, native was asked for: Detach it first", att.pin)
+	}
+	if err := l.Update(d.objs.SantaXdp); err != nil {
+		l.Close()
+		return false, fmt.Errorf("swap the rule processor into %s: %w", att.pin, err)
+	}
+	att.link, att.Native = l, native
+	return true, nil
+}
+
+// Close detaches the rule processor from the interface. A pinned link stays
+// pinned, detached, for AttachPinned to replace; Detach removes it.
 func (a *Attachment) Close() error {
-	err := a.link.Close()
+	var err error
+	if a.pin != "" { // the pin would keep it attached
+		err = a.link.Detach()
+	}
+	err = errors.Join(err, a.link.Close())
 	a.local.stop()
 	return err
+}
+
+// Detach detaches the rule processor and removes the link's pin.
+func (a *Attachment) Detach() error {
+	var err error
+	if a.pin != "" {
+		err = os.Remove(a.pin)
+	}
+	return errors.Join(err, a.Close())
+}
+
+// Release lets go of a pinned attachment without detaching it: the rule
+// processor keeps answering, with the interface's addresses as they are now,
+// until a successor's AttachPinned swaps itself in. (An attachment that is
+// not pinned is detached.)
+func (a *Attachment) Release() error {
+	a.local.halt()
+	return a.link.Close()
 }
 
 // WatchLocalAddresses makes wildcard-bound sockets answerable for packets

@@ -5,6 +5,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math/bits"
+	"os"
 	"sync"
 	"unsafe"
 
@@ -15,7 +17,7 @@ import (
 // It is safe for concurrent use.
 type Dataplane struct {
 	cfg  Config
-	objs santaObjects
+	objs objects
 	seed uint32
 	mask uint32
 
@@ -24,6 +26,7 @@ type Dataplane struct {
 	buckets  *mmapArray // santa_buckets
 	pages    *mmapArray // santa_pages
 	rulesets *mmapArray // santa_rulesets
+	bases    *mmapArray // santa_rule_base
 	slots    *slotAllocator
 	rsIDs    *slotAllocator
 	data     *dataAllocator
@@ -37,9 +40,24 @@ type Dataplane struct {
 // RuleID names an installed rule for as long as it exists.
 type RuleID uint64
 
-// Field offsets the data plane publishes with atomic stores.
+// objects is the rule processor's one collection: the XDP program and the
+// socket release hook (a separate entry file, so a second bpf2go object)
+// share every map.
+type objects struct {
+	santaObjects
+	releasePrograms
+}
+
+func (o *objects) Close() error {
+	return errors.Join(o.santaObjects.Close(), o.releasePrograms.Close())
+}
+
+// Field offsets the data plane publishes with atomic stores, or reads from a
+// predecessor's maps.
 var (
 	offRuleNext         = int(unsafe.Offsetof(santaSantaRule{}.Next))
+	offRuleRuleset      = int(unsafe.Offsetof(santaSantaRule{}.Ruleset))
+	offRuleID           = int(unsafe.Offsetof(santaSantaRule{}.Id))
 	offRulesetFlags     = int(unsafe.Offsetof(santaSantaRuleset{}.Flags))
 	offRulesetGen       = int(unsafe.Offsetof(santaSantaRuleset{}.Generation))
 	offRulesetSampleLen = int(unsafe.Offsetof(santaSantaRuleset{}.SampleLen))
@@ -54,9 +72,9 @@ func Load(cfg Config) (*Dataplane, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	spec, err := loadSanta()
+	spec, err := loadSpec()
 	if err != nil {
-		return nil, fmt.Errorf("read rule processor ELF: %w", err)
+		return nil, err
 	}
 	var seed [4]byte
 	if _, err := rand.Read(seed[:]); err != nil {
@@ -76,8 +94,10 @@ func Load(cfg Config) (*Dataplane, error) {
 		"santa_buckets":       d.mask + 1,
 		"santa_rules":         uint32(cfg.MaxRules) + 1,
 		"santa_rule_stats":    uint32(cfg.MaxRules) + 1,
+		"santa_rule_base":     uint32(cfg.MaxRules) + 1,
 		"santa_pages":         uint32(cfg.DataMiB),
 		"santa_miss_samples":  uint32(cfg.SampleRingKiB) * 1024,
+		"santa_released":      releasedRing(cfg),
 	}
 	for name, n := range sizes {
 		ms, ok := spec.Maps[name]
@@ -103,8 +123,9 @@ func Load(cfg Config) (*Dataplane, error) {
 		dst **mmapArray
 		src *ebpf.Map
 	}{{&d.rules, d.objs.SantaRules}, {&d.buckets, d.objs.SantaBuckets},
-		{&d.pages, d.objs.SantaPages}, {&d.rulesets, d.objs.SantaRulesets}} {
-		if *m.dst, err = mapArray(m.src); err != nil {
+		{&d.pages, d.objs.SantaPages}, {&d.rulesets, d.objs.SantaRulesets},
+		{&d.bases, d.objs.SantaRuleBase}} {
+		if *m.dst, err = mapArray(m.src, true); err != nil {
 			d.Close()
 			return nil, err
 		}
@@ -114,6 +135,29 @@ func Load(cfg Config) (*Dataplane, error) {
 	d.data = newDataAllocator(uint32(cfg.DataMiB))
 	d.chainLen = make([]uint8, d.mask+1)
 	return d, nil
+}
+
+// loadSpec reads both entry files' objects into one collection spec: the
+// release hook refers to the maps by name, so it uses the XDP object's.
+func loadSpec() (*ebpf.CollectionSpec, error) {
+	spec, err := loadSanta()
+	if err != nil {
+		return nil, fmt.Errorf("read rule processor ELF: %w", err)
+	}
+	release, err := loadRelease()
+	if err != nil {
+		return nil, fmt.Errorf("read release hook ELF: %w", err)
+	}
+	spec.Programs["santa_release"] = release.Programs["santa_release"]
+	return spec, nil
+}
+
+// releasedRing is the size of santa_released: room for the cookie of every
+// socket that can have a rule set (8 bytes plus an 8-byte record header),
+// a power of two of at least a page.
+func releasedRing(cfg Config) uint32 {
+	n := max(16*cfg.MaxRulesets, os.Getpagesize())
+	return 1 << bits.Len(uint(n-1))
 }
 
 // rulesetIDs is the size of the rule set id space: id 0 is never used, and
@@ -131,7 +175,7 @@ func (d *Dataplane) Close() error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	var errs []error
-	for _, a := range []*mmapArray{d.rules, d.buckets, d.pages, d.rulesets} {
+	for _, a := range []*mmapArray{d.rules, d.buckets, d.pages, d.rulesets, d.bases} {
 		errs = append(errs, a.close())
 	}
 	errs = append(errs, d.objs.Close())

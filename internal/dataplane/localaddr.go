@@ -116,11 +116,16 @@ func (l *localAddrs) key(ip netip.Addr) santaSantaLocalAddr {
 
 // stop ends the watch and removes its addresses.
 func (l *localAddrs) stop() {
-	close(l.done)
-	<-l.stopped
+	l.halt()
 	for k := range l.have {
 		l.d.objs.SantaLocalAddrs.Delete(k)
 	}
+}
+
+// halt ends the watch, leaving its addresses in the map.
+func (l *localAddrs) halt() {
+	close(l.done)
+	<-l.stopped
 	l.close()
 }
 

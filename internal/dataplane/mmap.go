@@ -13,20 +13,26 @@ import (
 // written in place and published with single aligned 32-bit atomic stores,
 // so the rule processor never sees half of an update.
 type mmapArray struct {
-	mem    []byte
-	stride int // value size rounded up to 8, as the kernel lays the array out
+	mem     []byte
+	stride  int    // value size rounded up to 8, as the kernel lays the array out
+	entries uint32 // values in the array
 }
 
-func mapArray(m *ebpf.Map) (*mmapArray, error) {
+// mapArray maps m for reading and writing, or (a predecessor's) for reading only.
+func mapArray(m *ebpf.Map, writable bool) (*mmapArray, error) {
 	stride := (int(m.ValueSize()) + 7) &^ 7
 	size := stride * int(m.MaxEntries())
 	page := unix.Getpagesize()
 	size = (size + page - 1) &^ (page - 1)
-	mem, err := unix.Mmap(m.FD(), 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	prot := unix.PROT_READ
+	if writable {
+		prot |= unix.PROT_WRITE
+	}
+	mem, err := unix.Mmap(m.FD(), 0, size, prot, unix.MAP_SHARED)
 	if err != nil {
 		return nil, fmt.Errorf("mmap map %s: %w", m, err)
 	}
-	return &mmapArray{mem: mem, stride: stride}, nil
+	return &mmapArray{mem: mem, stride: stride, entries: m.MaxEntries()}, nil
 }
 
 func (a *mmapArray) value(i uint32) []byte {

@@ -28,17 +28,17 @@ type ruleset struct {
 }
 
 type installed struct {
-	id     RuleID
-	owner  *ruleset
-	src    Rule
-	rule   *compiledRule
-	slot   uint32
-	bucket uint32
-	region region
-	hash   uint32
-	data   dataRef
-	order  uint32
-	base   RuleStats // counted in slots the rule had before a rebuild
+	id      RuleID
+	version uint32
+	owner   *ruleset
+	src     Rule
+	rule    *compiledRule
+	slot    uint32
+	bucket  uint32
+	region  region
+	hash    uint32
+	data    dataRef
+	order   uint32
 }
 
 // Bind gives the socket with this cookie an empty rule set.
@@ -83,7 +83,8 @@ func (d *Dataplane) Unbind(cookie uint64) error {
 	if !ok {
 		return fmt.Errorf("%w: %#x", ErrNotBound, cookie)
 	}
-	if err := d.objs.SantaSockets.Delete(cookie); err != nil {
+	// the release hook deletes a closed socket's entry itself
+	if err := d.objs.SantaSockets.Delete(cookie); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return fmt.Errorf("unbind socket %#x: %w", cookie, err)
 	}
 	for _, r := range rs.rules {
@@ -109,28 +110,139 @@ func (d *Dataplane) Bound() []uint64 {
 // AddRules installs rules for the socket, all or none: the rule processor
 // sees either none of them or all of them.
 func (d *Dataplane) AddRules(cookie uint64, rules []Rule) ([]RuleID, error) {
-	rs, news, unlock, err := d.prepare(cookie, rules)
+	rs, compiled, unlock, err := d.prepare(cookie, rules)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	if err := d.addInPlace(rs, news); err == nil {
-		return ids(news), nil
-	}
-	// the rule set's regions do not suit the new rules: rebuild it
-	if err := d.rebuild(rs, append(slices.Clone(rs.rules), news...)); err != nil {
+	news := d.newInstalled(rs, rules, compiled)
+	if err := d.add(rs, news); err != nil {
 		return nil, err
 	}
 	return ids(news), nil
 }
 
+// RestoreRules installs rules a previous instance of the data plane had,
+// with their IDs and versions, all or none like AddRules. Their statistics
+// start at zero until CarryStats adds the previous instance's. Rules added
+// later get IDs larger than all of these.
+func (d *Dataplane) RestoreRules(cookie uint64, rules []RuleInfo) error {
+	if len(rules) == 0 {
+		return nil
+	}
+	src := make([]Rule, len(rules))
+	for i, r := range rules {
+		src[i] = r.Rule
+	}
+	rs, compiled, unlock, err := d.prepare(cookie, src)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	seen := map[RuleID]bool{}
+	for _, r := range rules {
+		if r.ID == 0 || r.Version == 0 {
+			return fmt.Errorf("rule %d version %d: IDs and versions start at 1", r.ID, r.Version)
+		}
+		if _, ok := d.byID[r.ID]; ok || seen[r.ID] {
+			return fmt.Errorf("rule %d is installed already", r.ID)
+		}
+		seen[r.ID] = true
+	}
+	news := d.newInstalled(rs, src, compiled)
+	for i, r := range rules {
+		news[i].id, news[i].version = r.ID, r.Version
+	}
+	if err := d.add(rs, news); err != nil {
+		return err
+	}
+	for _, r := range rules {
+		d.lastID = max(d.lastID, r.ID)
+	}
+	return nil
+}
+
+// CarryStats adds what a previous instance counted (see
+// Previous.RuleStats) to the installed rules with those IDs; other IDs are
+// ignored. A restart calls it once the previous program no longer runs, so
+// that no answer is left uncounted.
+func (d *Dataplane) CarryStats(prev map[RuleID]RuleStats) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for id, s := range prev {
+		if r, ok := d.byID[id]; ok {
+			d.setBase(r.slot, baseOf(d.bases, r.slot).add(s))
+		}
+	}
+}
+
+// RuleUpdate is a new version of an installed rule.
+type RuleUpdate struct {
+	ID   RuleID
+	Rule Rule
+}
+
+// ModifyRules replaces rules of the socket by new versions, all or none. A
+// modified rule keeps its ID, its place among rules of equal priority and
+// its statistics; its version goes up by one. A request sees either the old
+// or the new version of a rule, never neither. If any ID is not one of the
+// socket's rules nothing changes.
+func (d *Dataplane) ModifyRules(cookie uint64, updates []RuleUpdate) error {
+	if len(updates) == 0 {
+		return nil
+	}
+	src := make([]Rule, len(updates))
+	for i, u := range updates {
+		src[i] = u.Rule
+	}
+	rs, compiled, unlock, err := d.prepare(cookie, src)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	olds := map[RuleID]*installed{}
+	news := map[RuleID]*installed{}
+	for i, u := range updates {
+		o, ok := d.byID[u.ID]
+		if !ok || o.owner != rs {
+			return fmt.Errorf("rule %d is not a rule of socket %#x", u.ID, cookie)
+		}
+		if news[u.ID] != nil {
+			return fmt.Errorf("rule %d is modified twice", u.ID)
+		}
+		olds[u.ID] = o
+		news[u.ID] = &installed{id: o.id, version: o.version + 1, owner: rs, src: u.Rule, rule: compiled[i], order: o.order}
+	}
+	all := make([]*installed, len(rs.rules))
+	var fresh []*installed
+	for i, r := range rs.rules {
+		all[i] = r
+		if n, ok := news[r.id]; ok {
+			all[i] = n
+			fresh = append(fresh, n)
+		}
+	}
+	if err := d.linkInPlace(rs, fresh, all); err != nil {
+		// the new versions do not suit the rule set's regions: rebuild it
+		return d.rebuild(rs, all)
+	}
+	// the new versions are visible: retire the old ones, handing on their counts
+	for _, n := range fresh {
+		o := olds[n.id]
+		d.uninstall(o)
+		d.setBase(n.slot, d.slotStats(o.slot))
+	}
+	return nil
+}
+
 // ReplaceRules swaps the socket's rules for these, atomically.
 func (d *Dataplane) ReplaceRules(cookie uint64, rules []Rule) ([]RuleID, error) {
-	rs, news, unlock, err := d.prepare(cookie, rules)
+	rs, compiled, unlock, err := d.prepare(cookie, rules)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
+	news := d.newInstalled(rs, rules, compiled)
 	old := rs.rules
 	if err := d.rebuild(rs, news); err != nil {
 		return nil, err
@@ -171,8 +283,9 @@ func (d *Dataplane) DeleteRules(cookie uint64, del []RuleID) error {
 
 // RuleInfo is an installed rule as listed.
 type RuleInfo struct {
-	ID   RuleID
-	Rule Rule
+	ID      RuleID
+	Version uint32 // 1 when added, one more with every ModifyRules
+	Rule    Rule
 }
 
 // ListRules returns the socket's rules in insertion order.
@@ -185,14 +298,14 @@ func (d *Dataplane) ListRules(cookie uint64) ([]RuleInfo, error) {
 	}
 	out := make([]RuleInfo, len(rs.rules))
 	for i, r := range rs.rules {
-		out[i] = RuleInfo{r.id, r.src}
+		out[i] = RuleInfo{ID: r.id, Version: r.version, Rule: r.src}
 	}
 	return out, nil
 }
 
-// prepare compiles rules for the socket's rule set and returns them with the
+// prepare compiles rules and returns them with the socket's rule set, the
 // data plane locked; the caller unlocks.
-func (d *Dataplane) prepare(cookie uint64, rules []Rule) (*ruleset, []*installed, func(), error) {
+func (d *Dataplane) prepare(cookie uint64, rules []Rule) (*ruleset, []*compiledRule, func(), error) {
 	compiled, err := compileAll(rules)
 	if err != nil {
 		return nil, nil, nil, err
@@ -203,7 +316,7 @@ func (d *Dataplane) prepare(cookie uint64, rules []Rule) (*ruleset, []*installed
 		d.mu.Unlock()
 		return nil, nil, nil, fmt.Errorf("%w: %#x", ErrNotBound, cookie)
 	}
-	return rs, d.newInstalled(rs, rules, compiled), d.mu.Unlock, nil
+	return rs, compiled, d.mu.Unlock, nil
 }
 
 func compileAll(rules []Rule) ([]*compiledRule, error) {
@@ -231,7 +344,7 @@ func (d *Dataplane) newInstalled(rs *ruleset, src []Rule, compiled []*compiledRu
 	for i, c := range compiled {
 		d.lastID++
 		d.order++
-		out[i] = &installed{id: d.lastID, owner: rs, src: src[i], rule: c, order: d.order}
+		out[i] = &installed{id: d.lastID, version: 1, owner: rs, src: src[i], rule: c, order: d.order}
 	}
 	return out
 }
@@ -258,27 +371,38 @@ func (d *Dataplane) place(id uint32, regions []region, rules []*installed) error
 		need += r.rule.dataLen()
 	}
 	if d.slots.available() < len(rules) {
-		return fmt.Errorf("rule table full: %d free of %d rules; raise MaxRules", d.slots.available(), d.cfg.MaxRules)
+		return fmt.Errorf("%w: rule table: %d free of %d rules; raise MaxRules", ErrFull, d.slots.available(), d.cfg.MaxRules)
 	}
 	if free := d.cfg.DataMiB*pageData - d.data.used; free < need {
-		return fmt.Errorf("rule data memory full: need %d bytes, %d free; raise DataMiB", need, free)
+		return fmt.Errorf("%w: rule data memory: need %d bytes, %d free; raise DataMiB", ErrFull, need, free)
 	}
 	return nil
 }
 
 var errNoRegion = errors.New("no region for the rule")
 
-// addInPlace links new rules into the rule set as it is, visible all at once
-// by one generation step. It fails, changing nothing, if the rule set's
-// regions do not suit them.
-func (d *Dataplane) addInPlace(rs *ruleset, news []*installed) error {
+// add installs new rules into the rule set: in place if its regions suit
+// them, else by a rebuild.
+func (d *Dataplane) add(rs *ruleset, news []*installed) error {
+	all := append(slices.Clone(rs.rules), news...)
+	if err := d.linkInPlace(rs, news, all); err == nil {
+		return nil
+	}
+	// the rule set's regions do not suit the new rules: rebuild it
+	return d.rebuild(rs, all)
+}
+
+// linkInPlace links news into the rule set as it is, visible all at once by
+// one generation step, after which the rule set's rules are all (news and
+// rules already linked). It fails, changing nothing, if the rule set's
+// regions do not suit news.
+func (d *Dataplane) linkInPlace(rs *ruleset, news, all []*installed) error {
 	if len(rs.regions) == 0 {
 		return errNoRegion
 	}
 	if err := d.place(rs.id, rs.regions, news); err != nil {
 		return err
 	}
-	all := append(slices.Clone(rs.rules), news...)
 	disjoint := false
 	if rs.flags&flagDisjoint != 0 {
 		_, disjoint = disjointOffset(compiledOf(all))
@@ -290,6 +414,9 @@ func (d *Dataplane) addInPlace(rs *ruleset, news []*installed) error {
 				if done.slot != 0 {
 					d.uninstall(done)
 				}
+			}
+			for _, r := range rs.rules { // the IDs of modified rules name the old versions again
+				d.byID[r.id] = r
 			}
 			return err
 		}
@@ -356,7 +483,7 @@ func (d *Dataplane) rebuild(rs *ruleset, rules []*installed) error {
 	}
 	for _, r := range moved {
 		if o, ok := prev[r.id]; ok {
-			r.base = o.base.add(d.slotStats(o.slot))
+			d.setBase(r.slot, d.slotStats(o.slot))
 		}
 	}
 	for _, r := range old {
@@ -379,7 +506,7 @@ func compiledOf(rules []*installed) []*compiledRule {
 func (d *Dataplane) writeRuleset(rs *ruleset, regions []region, flags uint32) (uint32, error) {
 	id, _, err := d.rsIDs.get()
 	if err != nil {
-		return 0, fmt.Errorf("rule sets full (%d); raise MaxRulesets", d.cfg.MaxRulesets)
+		return 0, fmt.Errorf("%w: rule sets (%d); raise MaxRulesets", ErrFull, d.cfg.MaxRulesets)
 	}
 	v := santaSantaRuleset{
 		Nregions:     uint32(len(regions)),
@@ -400,17 +527,18 @@ func (d *Dataplane) writeRuleset(rs *ruleset, regions []region, flags uint32) (u
 func (d *Dataplane) install(id, gen uint32, r *installed) error {
 	slot, reused, err := d.slots.get()
 	if err != nil {
-		return fmt.Errorf("rule table full; raise MaxRules")
+		return fmt.Errorf("%w: rule table; raise MaxRules", ErrFull)
 	}
 	ref, err := d.data.get(r.rule.dataLen())
 	if err != nil {
 		d.slots.put(slot)
-		return fmt.Errorf("rule data memory full; raise DataMiB")
+		return fmt.Errorf("%w: rule data memory; raise DataMiB", ErrFull)
 	}
 	r.slot, r.data = slot, ref
 	page := d.pages.value(ref.page)
 	c := r.rule
 	v := santaSantaRule{
+		Id:         uint64(r.id),
 		Ruleset:    id,
 		Next:       d.buckets.load32(r.bucket, 0),
 		Hash:       r.hash,
@@ -438,6 +566,7 @@ func (d *Dataplane) install(id, gen uint32, r *installed) error {
 		if err := d.resetSlotStats(slot); err != nil {
 			return err
 		}
+		d.setBase(slot, RuleStats{})
 	}
 	encodeInto(d.rules.value(slot), &v)
 	d.buckets.store32(r.bucket, 0, slot)

@@ -97,6 +97,7 @@ type santaSantaReasons struct {
 	MissSampleDropped uint64
 	MissSampleLimited uint64
 	ChainTruncated    uint64
+	ReleasedDropped   uint64
 }
 
 type santaSantaRegion struct {
@@ -124,6 +125,7 @@ type santaSantaRule struct {
 	_          [2]byte
 	Conds      [4]santaSantaCond
 	Copies     [8]santaSantaCopy
+	Id         uint64
 }
 
 type santaSantaRuleCounters struct {
@@ -166,6 +168,8 @@ const (
 	santaMapSantaLocalAddrs       = "santa_local_addrs"
 	santaMapSantaMissSamples      = "santa_miss_samples"
 	santaMapSantaPages            = "santa_pages"
+	santaMapSantaReleased         = "santa_released"
+	santaMapSantaRuleBase         = "santa_rule_base"
 	santaMapSantaRuleStats        = "santa_rule_stats"
 	santaMapSantaRules            = "santa_rules"
 	santaMapSantaRulesets         = "santa_rulesets"
@@ -233,6 +237,8 @@ type santaMapSpecs struct {
 	SantaLocalAddrs   *ebpf.MapSpec `ebpf:"santa_local_addrs"`
 	SantaMissSamples  *ebpf.MapSpec `ebpf:"santa_miss_samples"`
 	SantaPages        *ebpf.MapSpec `ebpf:"santa_pages"`
+	SantaReleased     *ebpf.MapSpec `ebpf:"santa_released"`
+	SantaRuleBase     *ebpf.MapSpec `ebpf:"santa_rule_base"`
 	SantaRuleStats    *ebpf.MapSpec `ebpf:"santa_rule_stats"`
 	SantaRules        *ebpf.MapSpec `ebpf:"santa_rules"`
 	SantaRulesets     *ebpf.MapSpec `ebpf:"santa_rulesets"`
@@ -276,6 +282,8 @@ type santaMaps struct {
 	SantaLocalAddrs   *ebpf.Map `ebpf:"santa_local_addrs"`
 	SantaMissSamples  *ebpf.Map `ebpf:"santa_miss_samples"`
 	SantaPages        *ebpf.Map `ebpf:"santa_pages"`
+	SantaReleased     *ebpf.Map `ebpf:"santa_released"`
+	SantaRuleBase     *ebpf.Map `ebpf:"santa_rule_base"`
 	SantaRuleStats    *ebpf.Map `ebpf:"santa_rule_stats"`
 	SantaRules        *ebpf.Map `ebpf:"santa_rules"`
 	SantaRulesets     *ebpf.Map `ebpf:"santa_rulesets"`
@@ -291,6 +299,8 @@ func (m *santaMaps) Close() error {
 		m.SantaLocalAddrs,
 		m.SantaMissSamples,
 		m.SantaPages,
+		m.SantaReleased,
+		m.SantaRuleBase,
 		m.SantaRuleStats,
 		m.SantaRules,
 		m.SantaRulesets,

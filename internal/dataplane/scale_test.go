@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"path/filepath"
+	"reflect"
 	"runtime"
 	"strconv"
 	"strings"
@@ -123,7 +125,8 @@ func heapInUse() uint64 {
 
 // "Loading 1 M rules should take seconds" (issue 2): one socket, 1,000,000
 // DNS-like rules, installed with Bind + AddRules, then spot-checked through
-// BPF_PROG_RUN; then the incremental path: delete 1000, add 1000.
+// BPF_PROG_RUN; then the incremental path: delete 1000, add 1000; then the
+// statistics read back from the pinned maps, as a restarted santad does.
 //
 // `go test -short` skips it (and only it). `make test` runs it: on the 2-core
 // test machine the whole test takes about 7 s (4.5 s of it the 1 M rule
@@ -251,5 +254,31 @@ func TestLoadMillionRules(t *testing.T) {
 	counters := e.counters()
 	if counters["chain_truncated"] != 0 {
 		t.Errorf("%d bucket chains were truncated", counters["chain_truncated"])
+	}
+
+	// a restarted santad reads every rule's statistics from the pinned maps
+	gen := filepath.Join(mountBPFFS(t), "gen")
+	if err := e.d.Pin(gen); err != nil {
+		t.Fatal(err)
+	}
+	prev, err := OpenPrevious(gen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer prev.Close()
+	start = time.Now()
+	stats, err := prev.RuleStats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("Previous.RuleStats of %d rules: %v", len(stats), time.Since(start).Round(time.Millisecond))
+	start = time.Now()
+	want, err := e.d.RuleStats(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("Dataplane.RuleStats of %d rules: %v", len(want), time.Since(start).Round(time.Millisecond))
+	if !reflect.DeepEqual(stats, want) {
+		t.Errorf("previous stats of %d rules differ from the data plane's of %d", len(stats), len(want))
 	}
 }

@@ -20,17 +20,39 @@ type RuleStats struct {
 
 func (s RuleStats) add(o RuleStats) RuleStats { return RuleStats{s.Hits + o.Hits, s.Bytes + o.Bytes} }
 
+// slotStats is what the rule in slot counted: its base, carried over from
+// its earlier slots, plus the slot's per-CPU counters.
 func (d *Dataplane) slotStats(slot uint32) RuleStats {
+	s := baseOf(d.bases, slot)
 	var per []santaSantaRuleCounters
 	if err := d.objs.SantaRuleStats.Lookup(slot, &per); err != nil {
-		return RuleStats{}
+		return s
 	}
+	return s.add(sumCPUs(per))
+}
+
+// sumCPUs adds up one slot's per-CPU counters.
+func sumCPUs(per []santaSantaRuleCounters) RuleStats {
 	var s RuleStats
 	for _, c := range per {
 		s.Hits += c.Hits
 		s.Bytes += c.Bytes
 	}
 	return s
+}
+
+// baseOf reads slot's entry of a mapped santa_rule_base.
+func baseOf(bases *mmapArray, slot uint32) RuleStats {
+	v := bases.value(slot)
+	return RuleStats{binary.LittleEndian.Uint64(v), binary.LittleEndian.Uint64(v[8:])}
+}
+
+// setBase sets what the rule in slot counted before it got the slot. Only
+// user space reads it: plain stores do.
+func (d *Dataplane) setBase(slot uint32, s RuleStats) {
+	v := d.bases.value(slot)
+	binary.LittleEndian.PutUint64(v, s.Hits)
+	binary.LittleEndian.PutUint64(v[8:], s.Bytes)
 }
 
 func (d *Dataplane) resetSlotStats(slot uint32) error {
@@ -51,7 +73,7 @@ func (d *Dataplane) RuleStats(cookie uint64) (map[RuleID]RuleStats, error) {
 	}
 	out := make(map[RuleID]RuleStats, len(rs.rules))
 	for _, r := range rs.rules {
-		out[r.id] = r.base.add(d.slotStats(r.slot))
+		out[r.id] = d.slotStats(r.slot)
 	}
 	return out, nil
 }
@@ -120,20 +142,34 @@ type MissSample struct {
 	Payload []byte // its first bytes
 }
 
-// MissSamples reads miss samples as the rule processor writes them.
-type MissSamples struct{ r *ringbuf.Reader }
+// ring reads one of the rule processor's ring buffers.
+type ring struct{ r *ringbuf.Reader }
 
-// OpenMissSamples starts reading miss samples. Only one reader should be open.
-func (d *Dataplane) OpenMissSamples() (*MissSamples, error) {
-	r, err := ringbuf.NewReader(d.objs.SantaMissSamples)
+func openRing(m *ebpf.Map, what string) (ring, error) {
+	r, err := ringbuf.NewReader(m)
 	if err != nil {
-		return nil, fmt.Errorf("open miss samples: %w", err)
+		return ring{}, fmt.Errorf("open %s: %w", what, err)
 	}
-	return &MissSamples{r}, nil
+	return ring{r}, nil
 }
 
 // ErrClosed is returned by Read after Close.
 var ErrClosed = ringbuf.ErrClosed
+
+// Close stops reading; a blocked Read returns ErrClosed.
+func (r ring) Close() error { return r.r.Close() }
+
+// MissSamples reads miss samples as the rule processor writes them.
+type MissSamples struct{ ring }
+
+// OpenMissSamples starts reading miss samples. Only one reader should be open.
+func (d *Dataplane) OpenMissSamples() (*MissSamples, error) {
+	r, err := openRing(d.objs.SantaMissSamples, "miss samples")
+	if err != nil {
+		return nil, err
+	}
+	return &MissSamples{r}, nil
+}
 
 // Read blocks until a sample arrives or the reader is closed.
 func (m *MissSamples) Read() (MissSample, error) {
@@ -153,6 +189,3 @@ func (m *MissSamples) Read() (MissSample, error) {
 		Payload: append([]byte(nil), raw.Data[:n]...),
 	}, nil
 }
-
-// Close stops reading; a blocked Read returns ErrClosed.
-func (m *MissSamples) Close() error { return m.r.Close() }

@@ -1,0 +1,190 @@
+// Package api is Santa's control protocol: the messages santad and its clients
+// exchange over santad's Unix socket, and their framing. docs/protocol.md is
+// the specification; testdata/protocol/vectors.json holds the byte-exact
+// examples every client library is tested against.
+package api
+
+// Version is the protocol version this package speaks.
+const Version = 1
+
+// DefaultSocket is where santad listens unless told otherwise.
+const DefaultSocket = "/run/santa/santa.sock"
+
+// MaxFrame is the largest message either side accepts, in bytes.
+const MaxFrame = 256 << 20
+
+// Op says what a request asks for, or that a message is an event.
+type Op uint
+
+const (
+	OpHealth      Op = 1  // daemon state, the caller's quota, global counters
+	OpBind        Op = 2  // give a socket a rule set (idempotent)
+	OpUnbind      Op = 3  // remove a socket's rule set and all its rules
+	OpAdd         Op = 4  // add rules, all or none
+	OpReplace     Op = 5  // swap all of a socket's rules, atomically
+	OpModify      Op = 6  // change rules in place, keeping their ids
+	OpDelete      Op = 7  // delete rules, all or none
+	OpListSockets Op = 8  // the rule sets the caller may see
+	OpListRules   Op = 9  // one socket's rules
+	OpStats       Op = 10 // per-rule statistics
+	OpSubscribe   Op = 11 // stream miss samples of a socket on this connection
+	OpSample      Op = 12 // event: one miss sample (daemon to client)
+)
+
+var opNames = map[Op]string{
+	OpHealth: "health", OpBind: "bind", OpUnbind: "unbind", OpAdd: "add", OpReplace: "replace",
+	OpModify: "modify", OpDelete: "delete", OpListSockets: "list_sockets", OpListRules: "list_rules",
+	OpStats: "stats", OpSubscribe: "subscribe", OpSample: "sample",
+}
+
+func (o Op) String() string {
+	if n, ok := opNames[o]; ok {
+		return n
+	}
+	return "op" + itoa(uint64(o))
+}
+
+// Status is a response's outcome; every non-zero status comes with an error text.
+type Status uint
+
+const (
+	StatusOK          Status = 0
+	StatusMalformed   Status = 1 // the message is not a valid frame or CBOR map of this protocol
+	StatusInvalid     Status = 2 // a field's value is refused (e.g. an invalid rule)
+	StatusPermission  Status = 3 // the caller may not do this
+	StatusNotFound    Status = 4 // no such socket or rule
+	StatusQuota       Status = 5 // the caller's uid would exceed its quota
+	StatusFull        Status = 6 // the data plane has no room left
+	StatusVersion     Status = 7 // unsupported protocol version
+	StatusInternal    Status = 8 // santad failed; see its log
+	StatusUnsupported Status = 9 // unknown op
+)
+
+var statusNames = map[Status]string{
+	StatusOK: "ok", StatusMalformed: "malformed", StatusInvalid: "invalid", StatusPermission: "permission denied",
+	StatusNotFound: "not found", StatusQuota: "quota exceeded", StatusFull: "full", StatusVersion: "version",
+	StatusInternal: "internal", StatusUnsupported: "unsupported",
+}
+
+func (s Status) String() string {
+	if n, ok := statusNames[s]; ok {
+		return n
+	}
+	return "status" + itoa(uint64(s))
+}
+
+func itoa(v uint64) string {
+	if v == 0 {
+		return "0"
+	}
+	var b [20]byte
+	i := len(b)
+	for ; v > 0; v /= 10 {
+		i--
+		b[i] = byte('0' + v%10)
+	}
+	return string(b[i:])
+}
+
+// Message is every request, response and event: one CBOR map with small
+// integer keys from one key space. A key whose value is zero, empty or false
+// is left out, and a missing key reads as zero.
+type Message struct {
+	V           uint              `cbor:"0,keyasint,omitempty" json:"v,omitempty"`
+	Op          Op                `cbor:"1,keyasint,omitempty" json:"op,omitempty"`
+	Seq         uint64            `cbor:"2,keyasint,omitempty" json:"seq,omitempty"`
+	Status      Status            `cbor:"3,keyasint,omitempty" json:"status,omitempty"`
+	Error       string            `cbor:"4,keyasint,omitempty" json:"error,omitempty"`
+	Socket      uint64            `cbor:"5,keyasint,omitempty" json:"socket,omitempty"` // socket cookie
+	PID         uint32            `cbor:"6,keyasint,omitempty" json:"pid,omitempty"`    // root: a process to take a socket from
+	FD          uint32            `cbor:"7,keyasint,omitempty" json:"fd,omitempty"`     // root: that process's fd number
+	Port        uint16            `cbor:"8,keyasint,omitempty" json:"port,omitempty"`   // root: take the UDP sockets bound to this port
+	Rules       []Rule            `cbor:"9,keyasint,omitempty" json:"rules,omitempty"`
+	IDs         []uint64          `cbor:"10,keyasint,omitempty" json:"ids,omitempty"`
+	Sockets     []SocketInfo      `cbor:"11,keyasint,omitempty" json:"sockets,omitempty"`
+	Stats       []RuleStats       `cbor:"12,keyasint,omitempty" json:"stats,omitempty"`
+	SampleBytes uint32            `cbor:"13,keyasint,omitempty" json:"sample_bytes,omitempty"`
+	SampleRate  uint32            `cbor:"14,keyasint,omitempty" json:"sample_rate,omitempty"`
+	Sample      Bytes             `cbor:"15,keyasint,omitempty" json:"sample,omitempty"`
+	Daemon      *DaemonInfo       `cbor:"16,keyasint,omitempty" json:"daemon,omitempty"`
+	Counters    map[string]uint64 `cbor:"17,keyasint,omitempty" json:"counters,omitempty"`
+	RequestLen  uint32            `cbor:"18,keyasint,omitempty" json:"request_len,omitempty"`
+}
+
+// Rule is a rule as the protocol carries it; see dataplane.Rule for its meaning.
+type Rule struct {
+	ID         uint64      `cbor:"0,keyasint,omitempty" json:"id,omitempty"`      // in responses and modify
+	Version    uint32      `cbor:"1,keyasint,omitempty" json:"version,omitempty"` // in responses
+	Conditions []Condition `cbor:"2,keyasint,omitempty" json:"conditions,omitempty"`
+	Processors []Processor `cbor:"3,keyasint,omitempty" json:"processors,omitempty"`
+	ReplyLen   uint32      `cbor:"4,keyasint,omitempty" json:"reply_len,omitempty"`
+	Priority   uint32      `cbor:"5,keyasint,omitempty" json:"priority,omitempty"`
+}
+
+// Condition holds when the request payload carries Pattern at Offset.
+type Condition struct {
+	Offset  uint32 `cbor:"0,keyasint,omitempty" json:"offset,omitempty"`
+	Pattern Bytes  `cbor:"1,keyasint,omitempty" json:"pattern,omitempty"`
+}
+
+// Processor kinds.
+const (
+	KindPut  = 1 // write Template at ReplyOffset
+	KindCopy = 2 // copy Length request bytes from SrcOffset to ReplyOffset
+)
+
+// Processor writes part of the reply.
+type Processor struct {
+	Kind        uint32 `cbor:"0,keyasint,omitempty" json:"kind,omitempty"`
+	ReplyOffset uint32 `cbor:"1,keyasint,omitempty" json:"reply_offset,omitempty"`
+	Template    Bytes  `cbor:"2,keyasint,omitempty" json:"template,omitempty"`
+	SrcOffset   uint32 `cbor:"3,keyasint,omitempty" json:"src_offset,omitempty"`
+	Length      uint32 `cbor:"4,keyasint,omitempty" json:"length,omitempty"`
+}
+
+// SocketInfo describes a socket that has a rule set.
+type SocketInfo struct {
+	Cookie        uint64 `cbor:"0,keyasint,omitempty" json:"cookie,omitempty"`
+	Family        uint32 `cbor:"1,keyasint,omitempty" json:"family,omitempty"`   // 4 or 6
+	Protocol      uint32 `cbor:"2,keyasint,omitempty" json:"protocol,omitempty"` // IP protocol number, 17 = UDP
+	Address       Bytes  `cbor:"3,keyasint,omitempty" json:"address,omitempty"`  // bound address, 4 or 16 bytes
+	Port          uint16 `cbor:"4,keyasint,omitempty" json:"port,omitempty"`
+	Owner         uint32 `cbor:"5,keyasint,omitempty" json:"owner,omitempty"` // uid
+	Rules         uint64 `cbor:"6,keyasint,omitempty" json:"rules,omitempty"`
+	TemplateBytes uint64 `cbor:"7,keyasint,omitempty" json:"template_bytes,omitempty"`
+	Hits          uint64 `cbor:"8,keyasint,omitempty" json:"hits,omitempty"`
+	Created       bool   `cbor:"9,keyasint,omitempty" json:"created,omitempty"` // bind: the rule set is new
+	PID           uint32 `cbor:"10,keyasint,omitempty" json:"pid,omitempty"`    // process that bound it, if known
+}
+
+// RuleStats counts what one rule answered.
+type RuleStats struct {
+	ID    uint64 `cbor:"0,keyasint,omitempty" json:"id,omitempty"`
+	Hits  uint64 `cbor:"1,keyasint,omitempty" json:"hits,omitempty"`
+	Bytes uint64 `cbor:"2,keyasint,omitempty" json:"bytes,omitempty"` // reply frame bytes sent
+}
+
+// DaemonInfo is santad's answer to health.
+type DaemonInfo struct {
+	Version       string      `cbor:"0,keyasint,omitempty" json:"version,omitempty"`
+	Protocol      uint32      `cbor:"1,keyasint,omitempty" json:"protocol,omitempty"`
+	PID           uint32      `cbor:"2,keyasint,omitempty" json:"pid,omitempty"`
+	UptimeSeconds uint64      `cbor:"3,keyasint,omitempty" json:"uptime_seconds,omitempty"`
+	Interfaces    []Interface `cbor:"4,keyasint,omitempty" json:"interfaces,omitempty"`
+	Sockets       uint64      `cbor:"5,keyasint,omitempty" json:"sockets,omitempty"`
+	Rules         uint64      `cbor:"6,keyasint,omitempty" json:"rules,omitempty"`
+	MaxRules      uint64      `cbor:"7,keyasint,omitempty" json:"max_rules,omitempty"`
+	DataBytes     uint64      `cbor:"8,keyasint,omitempty" json:"data_bytes,omitempty"`
+	MaxDataBytes  uint64      `cbor:"9,keyasint,omitempty" json:"max_data_bytes,omitempty"`
+	UID           uint32      `cbor:"10,keyasint,omitempty" json:"uid,omitempty"` // the caller, as santad sees it
+	QuotaRules    uint64      `cbor:"11,keyasint,omitempty" json:"quota_rules,omitempty"`
+	QuotaBytes    uint64      `cbor:"12,keyasint,omitempty" json:"quota_bytes,omitempty"`
+	UsedRules     uint64      `cbor:"13,keyasint,omitempty" json:"used_rules,omitempty"`
+	UsedBytes     uint64      `cbor:"14,keyasint,omitempty" json:"used_bytes,omitempty"`
+}
+
+// Interface is an interface the rule processor is attached to.
+type Interface struct {
+	Name string `cbor:"0,keyasint,omitempty" json:"name,omitempty"`
+	Mode string `cbor:"1,keyasint,omitempty" json:"mode,omitempty"` // "native" or "generic"
+}

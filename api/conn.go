@@ -1,0 +1,139 @@
+package api
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"sync"
+
+	"golang.org/x/sys/unix"
+)
+
+// Conn carries framed messages and passed file descriptors over a Unix
+// stream socket. A frame is a 4-byte big-endian length and a CBOR message; a
+// passed fd rides as SCM_RIGHTS on the frame's first bytes. Send and Recv may
+// be called from different goroutines.
+type Conn struct {
+	c    *net.UnixConn
+	send sync.Mutex
+}
+
+// NewConn wraps a connected Unix stream socket.
+func NewConn(c *net.UnixConn) *Conn { return &Conn{c: c} }
+
+// Dial connects to santad's socket.
+func Dial(path string) (*Conn, error) {
+	c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		return nil, fmt.Errorf("connect to santad at %s: %w (is santad running? see docs/operations.md)", path, err)
+	}
+	return NewConn(c), nil
+}
+
+// Unix is the underlying socket, e.g. for SO_PEERCRED.
+func (c *Conn) Unix() *net.UnixConn { return c.c }
+
+// Close closes the connection.
+func (c *Conn) Close() error { return c.c.Close() }
+
+// Send writes one message, passing fd along with it if fd >= 0.
+func (c *Conn) Send(m *Message, fd int) error {
+	body, err := Encode(m)
+	if err != nil {
+		return err
+	}
+	if len(body) > MaxFrame {
+		return fmt.Errorf("message of %d bytes exceeds the %d-byte frame limit; split the request", len(body), MaxFrame)
+	}
+	frame := make([]byte, 4+len(body))
+	binary.BigEndian.PutUint32(frame, uint32(len(body)))
+	copy(frame[4:], body)
+	var oob []byte
+	if fd >= 0 {
+		oob = unix.UnixRights(fd)
+	}
+	c.send.Lock()
+	defer c.send.Unlock()
+	n, _, err := c.c.WriteMsgUnix(frame, oob, nil)
+	if err != nil {
+		return err
+	}
+	if n < len(frame) { // the fd went with the first bytes; the rest is plain data
+		_, err = c.c.Write(frame[n:])
+	}
+	return err
+}
+
+// ErrFrame marks a frame that is not a valid frame of this protocol.
+var ErrFrame = errors.New("malformed frame")
+
+// Recv reads one message and any fds passed with it; the caller owns the
+// files. A frame whose content does not decode returns ErrMalformed (with
+// the files), and the stream stays usable; a bad frame header returns
+// ErrFrame, after which the stream is out of step.
+func (c *Conn) Recv() (*Message, []*os.File, error) {
+	var hdr [4]byte
+	oob := make([]byte, unix.CmsgSpace(4*4))
+	n, oobn, _, _, err := c.c.ReadMsgUnix(hdr[:], oob)
+	if err != nil {
+		return nil, nil, err
+	}
+	if n == 0 {
+		return nil, nil, io.EOF
+	}
+	files, err := parseRights(oob[:oobn])
+	if err != nil {
+		return nil, nil, err
+	}
+	if n < 4 {
+		if _, err := io.ReadFull(c.c, hdr[n:]); err != nil {
+			closeAll(files)
+			return nil, nil, err
+		}
+	}
+	size := binary.BigEndian.Uint32(hdr[:])
+	if size == 0 || size > MaxFrame {
+		closeAll(files)
+		return nil, nil, fmt.Errorf("%w: length %d (must be 1..%d)", ErrFrame, size, MaxFrame)
+	}
+	body := make([]byte, size)
+	if _, err := io.ReadFull(c.c, body); err != nil {
+		closeAll(files)
+		return nil, nil, err
+	}
+	m, err := Decode(body)
+	if err != nil {
+		return nil, files, err
+	}
+	return m, files, nil
+}
+
+func parseRights(oob []byte) ([]*os.File, error) {
+	if len(oob) == 0 {
+		return nil, nil
+	}
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return nil, fmt.Errorf("%w: control message: %v", ErrFrame, err)
+	}
+	var files []*os.File
+	for _, cm := range msgs {
+		fds, err := unix.ParseUnixRights(&cm)
+		if err != nil {
+			continue
+		}
+		for _, fd := range fds {
+			files = append(files, os.NewFile(uintptr(fd), "passed-socket"))
+		}
+	}
+	return files, nil
+}
+
+func closeAll(files []*os.File) {
+	for _, f := range files {
+		f.Close()
+	}
+}

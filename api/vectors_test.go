@@ -1,0 +1,179 @@
+package api
+
+import (
+	"bytes"
+	"encoding/hex"
+	"encoding/json"
+	"flag"
+	"os"
+	"reflect"
+	"testing"
+)
+
+var update = flag.Bool("update", false, "rewrite testdata/protocol/vectors.json from the messages below")
+
+const vectorsPath = "../testdata/protocol/vectors.json"
+
+// Vector is one shared test vector: a message, whether a socket fd travels
+// with it, and its exact CBOR encoding.
+type Vector struct {
+	Name    string  `json:"name"`
+	PassFD  bool    `json:"pass_fd,omitempty"`
+	Message Message `json:"message"`
+	CBOR    string  `json:"cbor"`
+}
+
+// vectorMessages covers every op, every key and the integer widths.
+var vectorMessages = []Vector{
+	{Name: "health request", Message: Message{V: 1, Op: OpHealth, Seq: 1}},
+	{Name: "health response", Message: Message{V: 1, Op: OpHealth, Seq: 1,
+		Daemon: &DaemonInfo{Version: "0.3.0", Protocol: 1, PID: 4242, UptimeSeconds: 3600,
+			Interfaces: []Interface{{Name: "veth0", Mode: "native"}}, Sockets: 2, Rules: 1000,
+			MaxRules: 65536, DataBytes: 24576, MaxDataBytes: 16 << 20, UID: 65534,
+			QuotaRules: 100000, QuotaBytes: 64 << 20, UsedRules: 1000, UsedBytes: 24576},
+		Counters: map[string]uint64{"answered": 123456789, "pass_no_match": 42, "pass_not_udp": 0}}},
+	{Name: "bind the passed socket, with miss samples", PassFD: true,
+		Message: Message{V: 1, Op: OpBind, Seq: 2, SampleBytes: 64, SampleRate: 100}},
+	{Name: "bind a socket of another process (root)", Message: Message{V: 1, Op: OpBind, Seq: 3, PID: 1234, FD: 5}},
+	{Name: "bind the sockets on a port (root)", Message: Message{V: 1, Op: OpBind, Seq: 4, Port: 53}},
+	{Name: "bind response", Message: Message{V: 1, Op: OpBind, Seq: 2, Sockets: []SocketInfo{{
+		Cookie: 4097, Family: 4, Protocol: 17, Address: Bytes{198, 18, 0, 1}, Port: 5353,
+		Owner: 65534, Created: true, PID: 1234}}}},
+	{Name: "add the paper's Listing 1 rule to the passed socket", PassFD: true,
+		Message: Message{V: 1, Op: OpAdd, Seq: 5, Rules: []Rule{{
+			Conditions: []Condition{{Offset: 0, Pattern: Bytes("Hello")}},
+			Processors: []Processor{{Kind: KindPut, ReplyOffset: 0, Template: Bytes("COMSYS")}},
+			ReplyLen:   6}}}},
+	{Name: "add a DNS-style rule by cookie", Message: Message{V: 1, Op: OpAdd, Seq: 6, Socket: 1<<40 + 7, Rules: []Rule{{
+		Conditions: []Condition{{Offset: 2, Pattern: Bytes{1, 0, 0, 1}}, {Offset: 12, Pattern: Bytes("\x03www\x07example\x03com\x00")}},
+		Processors: []Processor{
+			{Kind: KindPut, ReplyOffset: 2, Template: Bytes{0x81, 0x80, 0, 1, 0, 1}},
+			{Kind: KindCopy, ReplyOffset: 0, SrcOffset: 0, Length: 2}},
+		ReplyLen: 300, Priority: 10}}}},
+	{Name: "add response", Message: Message{V: 1, Op: OpAdd, Seq: 6, IDs: []uint64{1, 2, 255, 256, 65536, 1 << 32}}},
+	{Name: "replace all rules", Message: Message{V: 1, Op: OpReplace, Seq: 7, Socket: 4097, Rules: []Rule{{
+		Conditions: []Condition{{Offset: 0, Pattern: Bytes("ping")}},
+		Processors: []Processor{{Kind: KindPut, Template: Bytes("pong")}},
+		ReplyLen:   4}}}},
+	{Name: "modify a rule", Message: Message{V: 1, Op: OpModify, Seq: 8, Socket: 4097, Rules: []Rule{{ID: 3,
+		Conditions: []Condition{{Offset: 0, Pattern: Bytes("Hello")}},
+		Processors: []Processor{{Kind: KindPut, Template: Bytes("COM")}},
+		ReplyLen:   3}}}},
+	{Name: "delete rules", Message: Message{V: 1, Op: OpDelete, Seq: 9, Socket: 4097, IDs: []uint64{3, 4}}},
+	{Name: "unbind", Message: Message{V: 1, Op: OpUnbind, Seq: 10, Socket: 4097}},
+	{Name: "list sockets", Message: Message{V: 1, Op: OpListSockets, Seq: 11}},
+	{Name: "list sockets response", Message: Message{V: 1, Op: OpListSockets, Seq: 11, Sockets: []SocketInfo{
+		{Cookie: 4097, Family: 4, Protocol: 17, Address: Bytes{0, 0, 0, 0}, Port: 5353, Owner: 65534, Rules: 2, TemplateBytes: 9, Hits: 77},
+		{Cookie: 8193, Family: 6, Protocol: 17, Address: Bytes{0x20, 1, 0xd, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1}, Port: 65535}}}},
+	{Name: "list rules", Message: Message{V: 1, Op: OpListRules, Seq: 12, Socket: 4097}},
+	{Name: "list rules response", Message: Message{V: 1, Op: OpListRules, Seq: 12, Rules: []Rule{{ID: 3, Version: 2,
+		Conditions: []Condition{{Offset: 0, Pattern: Bytes("Hello")}},
+		Processors: []Processor{{Kind: KindPut, Template: Bytes("COMSYS")}},
+		ReplyLen:   6}}}},
+	{Name: "stats of some rules", Message: Message{V: 1, Op: OpStats, Seq: 13, Socket: 4097, IDs: []uint64{3}}},
+	{Name: "stats response", Message: Message{V: 1, Op: OpStats, Seq: 13, Stats: []RuleStats{{ID: 3, Hits: 1 << 33, Bytes: 1 << 40}, {ID: 4}}}},
+	{Name: "subscribe to miss samples", Message: Message{V: 1, Op: OpSubscribe, Seq: 14, Socket: 4097, SampleBytes: 128, SampleRate: 1000}},
+	{Name: "miss sample event", Message: Message{V: 1, Op: OpSample, Seq: 14, Socket: 4097, RequestLen: 29, Sample: Bytes("\x12\x34\x01\x00\x00\x01")}},
+	{Name: "error response", Message: Message{V: 1, Op: OpAdd, Seq: 5, Status: StatusInvalid,
+		Error: "rule 0: invalid rule: reply length 0: must be between 1 and 1472"}},
+}
+
+func TestVectors(t *testing.T) {
+	if *update {
+		out := make([]Vector, len(vectorMessages))
+		for i, v := range vectorMessages {
+			b, err := Encode(&v.Message)
+			if err != nil {
+				t.Fatal(err)
+			}
+			v.CBOR = hex.EncodeToString(b)
+			out[i] = v
+		}
+		js, err := json.MarshalIndent(out, "", "  ")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(vectorsPath, append(js, '\n'), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	data, err := os.ReadFile(vectorsPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var vectors []Vector
+	if err := json.Unmarshal(data, &vectors); err != nil {
+		t.Fatal(err)
+	}
+	if len(vectors) != len(vectorMessages) {
+		t.Fatalf("%s has %d vectors, the test %d: run go test ./api -update", vectorsPath, len(vectors), len(vectorMessages))
+	}
+	for _, v := range vectors {
+		want, err := hex.DecodeString(v.CBOR)
+		if err != nil {
+			t.Fatalf("%s: %v", v.Name, err)
+		}
+		got, err := Encode(&v.Message)
+		if err != nil {
+			t.Fatalf("%s: encode: %v", v.Name, err)
+		}
+		if !bytes.Equal(got, want) {
+			t.Errorf("%s: encoded\n%x\nwant\n%x", v.Name, got, want)
+		}
+		dec, err := Decode(want)
+		if err != nil {
+			t.Fatalf("%s: decode: %v", v.Name, err)
+		}
+		if !reflect.DeepEqual(*dec, v.Message) {
+			t.Errorf("%s: decoded %+v\nwant %+v", v.Name, *dec, v.Message)
+		}
+	}
+}
+
+func TestDecodeRefuses(t *testing.T) {
+	for name, hexMsg := range map[string]string{
+		"unknown key":     "a2000118ff01",     // {0:1, 255:1}
+		"duplicate key":   "a200010002",       // {0:1, 0:2}
+		"not a map":       "83010203",         // [1,2,3]
+		"trailing bytes":  "a1000100",         // {0:1} 0
+		"indefinite map":  "bf0001ff",         // {_ 0:1}
+		"negative op":     "a12001",           // {-1:1}
+		"text where uint": "a1016161",         // {1:"a"}
+		"tag":             "a100c11a5f5e1000", // {0: 1(...)}
+		"truncated":       "a2000101",
+		"empty":           "",
+	} {
+		b, err := hex.DecodeString(hexMsg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m, err := Decode(b); err == nil {
+			t.Errorf("%s: decoded %+v, want an error", name, m)
+		}
+	}
+}
+
+func FuzzDecode(f *testing.F) {
+	for _, v := range vectorMessages {
+		b, _ := Encode(&v.Message)
+		f.Add(b)
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		m, err := Decode(data)
+		if err != nil {
+			return
+		}
+		// whatever decodes must re-encode, and decode again to the same message
+		b, err := Encode(m)
+		if err != nil {
+			t.Fatalf("re-encode %+v: %v", m, err)
+		}
+		m2, err := Decode(b)
+		if err != nil {
+			t.Fatalf("decode re-encoded %x: %v", b, err)
+		}
+		if !reflect.DeepEqual(m, m2) {
+			t.Fatalf("round trip changed %+v into %+v", m, m2)
+		}
+	})
+}

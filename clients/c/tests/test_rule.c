@@ -1,0 +1,157 @@
+/*
+ * test_rule.c - the rule builder: what it refuses and how, that a failed
+ * builder call makes the rule unusable, and that a built rule encodes to the
+ * shared vector's bytes.
+ */
+#include <errno.h>
+
+#include "check.h"
+#include "internal.h"
+
+/* vectors.json, "add the paper's Listing 1 rule to the passed socket" */
+static const char listing1_hex[] = "a40001010402050981a30281a1014548656c6c6f0381a200010246434f4d5359530406";
+
+/* Checks that a builder call failed with EINVAL and recorded why. */
+#define REFUSED(rule, call, text)                                                                          \
+	do {                                                                                               \
+		errno = 0;                                                                                 \
+		int rc_ = (call);                                                                          \
+		CHECK(rc_ == -1 && errno == EINVAL, "%s: rc %d errno %d", #call, rc_, errno);            \
+		CHECK(santa_rule_error(rule) && strstr(santa_rule_error(rule), text), "%s: error \"%s\"", #call, \
+		      santa_rule_error(rule) ? santa_rule_error(rule) : "(none)");                       \
+	} while (0)
+
+static struct santa_rule *fresh(uint32_t reply_len)
+{
+	struct santa_rule *r = santa_rule_new(reply_len);
+	CHECK(r != NULL, "santa_rule_new(%u)", reply_len);
+	return r;
+}
+
+/* The same on a fresh rule r of reply_len bytes. */
+#define REFUSED_NEW(reply_len, call, text)              \
+	do {                                            \
+		struct santa_rule *r = fresh(reply_len); \
+		REFUSED(r, call, text);                 \
+		santa_rule_free(r);                     \
+	} while (0)
+
+static void test_reply_len(void)
+{
+	errno = 0;
+	CHECK(santa_rule_new(0) == NULL && errno == EINVAL, "reply_len 0 accepted");
+	errno = 0;
+	CHECK(santa_rule_new(SANTA_MAX_REPLY + 1) == NULL && errno == EINVAL, "reply_len 1473 accepted");
+	struct santa_rule *r = fresh(SANTA_MAX_REPLY);
+	CHECK(santa_rule_error(r) == NULL, "new rule has an error");
+	santa_rule_free(r);
+}
+
+static void test_conditions(void)
+{
+	static const uint8_t big[SANTA_MAX_PATTERN + 1];
+
+	REFUSED_NEW(6, santa_rule_match(r, 0, NULL, 5), "condition 0: empty pattern");
+	REFUSED_NEW(6, santa_rule_match(r, 0, "x", 0), "condition 0: empty pattern");
+	REFUSED_NEW(6, santa_rule_match(r, 0, big, sizeof big), "pattern of 1025 bytes: at most 1024");
+	REFUSED_NEW(6, santa_rule_match(r, 1470, "abc", 3), "bytes 1470..1473 lie outside the first 1472");
+	REFUSED_NEW(6, santa_rule_match(r, UINT32_MAX, "a", 1), "bytes 4294967295..4294967296 lie outside");
+
+	struct santa_rule *r = fresh(6);
+	CHECK(santa_rule_match(r, 0, big, SANTA_MAX_PATTERN) == 0, "1024-byte pattern refused");
+	CHECK(santa_rule_match(r, 1471, "a", 1) == 0, "last byte of the window refused");
+	CHECK(santa_rule_match(r, 2, "b", 1) == 0 && santa_rule_match(r, 3, "c", 1) == 0, "conditions 3 and 4 refused");
+	REFUSED(r, santa_rule_match(r, 4, "d", 1), "condition 4: a rule has at most 4 conditions");
+	santa_rule_free(r);
+}
+
+static void test_processors(void)
+{
+
+	REFUSED_NEW(6, santa_rule_put(r, 0, NULL, 1), "processor 0 (put): empty template");
+	REFUSED_NEW(6, santa_rule_put(r, 4, "abc", 3), "processor 0 (put): writes reply bytes 4..7 of a 6-byte reply");
+	REFUSED_NEW(6, santa_rule_put(r, UINT32_MAX, "a", 1), "writes reply bytes 4294967295..4294967296");
+	REFUSED_NEW(6, santa_rule_copy(r, 0, 0, 0), "processor 0 (copy): length must be positive");
+	REFUSED_NEW(6, santa_rule_copy(r, 5, 0, 2), "processor 0 (copy): writes reply bytes 5..7 of a 6-byte reply");
+	REFUSED_NEW(6, santa_rule_copy(r, 0, 1471, 2), "request bytes 1471..1473 lie outside the first 1472 bytes");
+
+	/* many processors grow the array; later ones are numbered on */
+	struct santa_rule *r = fresh(SANTA_MAX_REPLY);
+	for (uint32_t i = 0; i < 100; i++)
+		CHECK(santa_rule_put(r, i, "x", 1) == 0 && santa_rule_copy(r, i + 100, i, 1) == 0, "processor %u", i);
+	REFUSED(r, santa_rule_put(r, SANTA_MAX_REPLY, "x", 1), "processor 200 (put)");
+	santa_rule_free(r);
+}
+
+/* A failed builder call poisons the rule: sending it must fail with the first reason. */
+static void test_sticky(void)
+{
+	char err[256];
+	struct santa_rule *r = fresh(6);
+
+	CHECK(santa_rule_match(r, 0, "Hello", 5) == 0 && santa_rule_put(r, 0, "COMSYS", 6) == 0, "valid rule");
+	CHECK(santa_proto_rule_check(r, err, sizeof err) == 0, "valid rule refused: %s", err);
+	REFUSED(r, santa_rule_put(r, 6, "!", 1), "writes reply bytes 6..7");
+	CHECK(santa_rule_match(r, 5, "!", 1) == 0, "a later valid call failed");
+	REFUSED(r, santa_rule_copy(r, 0, 0, 0), "writes reply bytes 6..7"); /* the first reason is kept */
+	errno = 0;
+	CHECK(santa_proto_rule_check(r, err, sizeof err) == -1 && errno == EINVAL && strstr(err, "writes reply bytes 6..7"),
+	      "poisoned rule accepted: %s", err);
+	santa_rule_free(r);
+
+	r = fresh(6);
+	CHECK(santa_proto_rule_check(r, err, sizeof err) == -1 && strstr(err, "at least one condition"), "%s", err);
+	santa_rule_match(r, 0, "a", 1);
+	CHECK(santa_proto_rule_check(r, err, sizeof err) == -1 && strstr(err, "at least one processor"), "%s", err);
+	santa_rule_free(r);
+	CHECK(santa_proto_rule_check(NULL, err, sizeof err) == -1, "NULL rule accepted");
+}
+
+static void test_null(void)
+{
+	errno = 0;
+	CHECK(santa_rule_match(NULL, 0, "a", 1) == -1 && errno == EINVAL, "match on NULL");
+	CHECK(santa_rule_put(NULL, 0, "a", 1) == -1, "put on NULL");
+	CHECK(santa_rule_copy(NULL, 0, 0, 1) == -1, "copy on NULL");
+	CHECK(santa_rule_priority(NULL, 1) == -1, "priority on NULL");
+	CHECK(santa_rule_error(NULL) == NULL, "error of NULL");
+	santa_rule_free(NULL);
+}
+
+/* The builder's rule, sent as the paper's Listing 1, is the shared vector byte for byte. */
+static void test_wire(void)
+{
+	struct santa_rule *r = fresh(6);
+	struct sp_msg m = { .v = 1, .op = SP_OP_ADD, .seq = 5, .nrules = 1 };
+	uint8_t *enc = NULL;
+	size_t len = 0, want_len;
+	unsigned char *want = unhex(listing1_hex, &want_len);
+	char err[256];
+
+	santa_rule_match(r, 0, "Hello", 5);
+	santa_rule_put(r, 0, "COMSYS", 6);
+	m.rules = &r->r;
+	CHECK(santa_proto_encode(&m, &enc, &len, err, sizeof err) == 0, "encode: %s", err);
+	CHECK(len == want_len && memcmp(enc, want, len) == 0, "listing 1 rule encodes differently");
+	free(enc);
+
+	/* priority is key 5 of the rule, after reply_len */
+	santa_rule_priority(r, 300);
+	CHECK(santa_proto_encode(&m, &enc, &len, err, sizeof err) == 0, "encode: %s", err);
+	CHECK(len == want_len + 4 && memcmp(enc + len - 6, "\x04\x06\x05\x19\x01\x2c", 6) == 0 && enc[9] == 0xa4,
+	      "priority encodes wrongly");
+	free(enc);
+	free(want);
+	santa_rule_free(r);
+}
+
+int main(void)
+{
+	test_reply_len();
+	test_conditions();
+	test_processors();
+	test_sticky();
+	test_null();
+	test_wire();
+	return check_done("test_rule");
+}

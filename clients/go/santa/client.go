@@ -1,0 +1,303 @@
+// Package santa is the Go client of santad: it lets an application hand its
+// own socket's rules to the rule processor, and lets operators (the santa CLI)
+// and controllers manage rule sets. The protocol is docs/protocol.md; rules
+// and other messages are the types of package api.
+package santa
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"syscall"
+
+	"github.com/santa-offload/santa/api"
+)
+
+// Error is santad's refusal of a request.
+type Error struct {
+	Op      api.Op
+	Status  api.Status
+	Message string
+}
+
+func (e *Error) Error() string { return fmt.Sprintf("santad: %s: %s", e.Op, e.Message) }
+
+// Is lets errors.Is(err, santa.ErrPermission) and the like match by status.
+func (e *Error) Is(target error) bool {
+	t, ok := target.(*Error)
+	return ok && t.Op == 0 && t.Message == "" && t.Status == e.Status
+}
+
+// Sentinels for errors.Is, one per failure status.
+var (
+	ErrMalformed   = &Error{Status: api.StatusMalformed}
+	ErrInvalid     = &Error{Status: api.StatusInvalid}
+	ErrPermission  = &Error{Status: api.StatusPermission}
+	ErrNotFound    = &Error{Status: api.StatusNotFound}
+	ErrQuota       = &Error{Status: api.StatusQuota}
+	ErrFull        = &Error{Status: api.StatusFull}
+	ErrVersion     = &Error{Status: api.StatusVersion}
+	ErrInternal    = &Error{Status: api.StatusInternal}
+	ErrUnsupported = &Error{Status: api.StatusUnsupported}
+)
+
+// Target names the socket a request is about: either a socket the caller
+// holds (its fd is passed to santad, which proves ownership) or the cookie of
+// a socket that already has a rule set.
+type Target struct {
+	fd     int
+	cookie uint64
+}
+
+// FD targets the socket behind this file descriptor; the fd is passed along.
+func FD(fd int) Target { return Target{fd: fd} }
+
+// Cookie targets the rule set of the socket with this SO_COOKIE.
+func Cookie(cookie uint64) Target { return Target{fd: -1, cookie: cookie} }
+
+// Socket targets a socket the caller holds, e.g. a *net.UDPConn. Keep the
+// connection alive until the call returns.
+func Socket(sc syscall.Conn) (Target, error) {
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		return Target{}, err
+	}
+	var fd int
+	if err := raw.Control(func(f uintptr) { fd = int(f) }); err != nil {
+		return Target{}, err
+	}
+	return FD(fd), nil
+}
+
+// Client is a connection to santad. It is safe for concurrent use; requests
+// are sent one at a time.
+type Client struct {
+	mu   sync.Mutex
+	conn *api.Conn
+	seq  uint64
+}
+
+// SocketPath is the santad socket Dial uses for an empty path: $SANTA_SOCKET,
+// else api.DefaultSocket.
+func SocketPath() string {
+	if p := os.Getenv("SANTA_SOCKET"); p != "" {
+		return p
+	}
+	return api.DefaultSocket
+}
+
+// Dial connects to santad at path ("" for SocketPath()).
+func Dial(path string) (*Client, error) {
+	if path == "" {
+		path = SocketPath()
+	}
+	c, err := api.Dial(path)
+	if err != nil {
+		return nil, err
+	}
+	return &Client{conn: c}, nil
+}
+
+// Close closes the connection.
+func (c *Client) Close() error { return c.conn.Close() }
+
+// call sends a request about target t (if any) and returns santad's response.
+func (c *Client) call(req *api.Message, t *Target) (*api.Message, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.seq++
+	req.V, req.Seq = api.Version, c.seq
+	fd := -1
+	if t != nil {
+		if t.fd >= 0 {
+			fd = t.fd
+		} else {
+			req.Socket = t.cookie
+		}
+	}
+	if err := c.conn.Send(req, fd); err != nil {
+		return nil, fmt.Errorf("santad %s: send: %w", req.Op, err)
+	}
+	resp, files, err := c.conn.Recv()
+	for _, f := range files {
+		f.Close()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("santad %s: receive: %w", req.Op, err)
+	}
+	if resp.Status != api.StatusOK && resp.Seq == 0 { // santad could not read the request
+		return nil, &Error{Op: req.Op, Status: resp.Status, Message: resp.Error}
+	}
+	if resp.Seq != req.Seq || resp.Op != req.Op {
+		return nil, fmt.Errorf("santad %s: response out of order (seq %d op %s, want seq %d)", req.Op, resp.Seq, resp.Op, req.Seq)
+	}
+	if resp.Status != api.StatusOK {
+		return nil, &Error{Op: req.Op, Status: resp.Status, Message: resp.Error}
+	}
+	return resp, nil
+}
+
+// Health returns santad's state, the caller's quota and use, and the rule
+// processor's answer and pass counters.
+func (c *Client) Health() (*api.DaemonInfo, map[string]uint64, error) {
+	resp, err := c.call(&api.Message{Op: api.OpHealth}, nil)
+	if err != nil {
+		return nil, nil, err
+	}
+	if resp.Daemon == nil {
+		return nil, nil, errors.New("santad health: response without daemon info")
+	}
+	return resp.Daemon, resp.Counters, nil
+}
+
+// SampleOptions sets a rule set's miss samples: request bytes per sample
+// (0 = off, at most 256) and samples per second and CPU.
+type SampleOptions struct {
+	Bytes uint32
+	Rate  uint32
+}
+
+// Bind gives the target socket a rule set (or returns its existing one).
+func (c *Client) Bind(t Target, s SampleOptions) (api.SocketInfo, error) {
+	resp, err := c.call(&api.Message{Op: api.OpBind, SampleBytes: s.Bytes, SampleRate: s.Rate}, &t)
+	if err != nil {
+		return api.SocketInfo{}, err
+	}
+	if len(resp.Sockets) != 1 {
+		return api.SocketInfo{}, fmt.Errorf("santad bind: %d sockets in the response, want 1", len(resp.Sockets))
+	}
+	return resp.Sockets[0], nil
+}
+
+// BindPID (root) binds the socket that process pid holds as fd.
+func (c *Client) BindPID(pid, fd int) (api.SocketInfo, error) {
+	resp, err := c.call(&api.Message{Op: api.OpBind, PID: uint32(pid), FD: uint32(fd)}, nil)
+	if err != nil {
+		return api.SocketInfo{}, err
+	}
+	if len(resp.Sockets) != 1 {
+		return api.SocketInfo{}, fmt.Errorf("santad bind: %d sockets in the response, want 1", len(resp.Sockets))
+	}
+	return resp.Sockets[0], nil
+}
+
+// BindPort (root) binds every UDP socket bound to port, in every process.
+func (c *Client) BindPort(port uint16) ([]api.SocketInfo, error) {
+	resp, err := c.call(&api.Message{Op: api.OpBind, Port: port}, nil)
+	if err != nil {
+		return nil, err
+	}
+	return resp.Sockets, nil
+}
+
+// Unbind removes the target's rule set and all its rules.
+func (c *Client) Unbind(t Target) error {
+	_, err := c.call(&api.Message{Op: api.OpUnbind}, &t)
+	return err
+}
+
+// Add installs rules, all or none, and returns their ids in order.
+func (c *Client) Add(t Target, rules []api.Rule) ([]uint64, error) {
+	return c.ruleIDs(api.OpAdd, t, rules)
+}
+
+// Replace swaps all of the target's rules for these, atomically.
+func (c *Client) Replace(t Target, rules []api.Rule) ([]uint64, error) {
+	return c.ruleIDs(api.OpReplace, t, rules)
+}
+
+// Modify changes rules in place; each rule's ID says which. All or none.
+func (c *Client) Modify(t Target, rules []api.Rule) error {
+	_, err := c.ruleIDs(api.OpModify, t, rules)
+	return err
+}
+
+func (c *Client) ruleIDs(op api.Op, t Target, rules []api.Rule) ([]uint64, error) {
+	resp, err := c.call(&api.Message{Op: op, Rules: rules}, &t)
+	if err != nil {
+		return nil, err
+	}
+	if len(resp.IDs) != len(rules) {
+		return nil, fmt.Errorf("santad %s: %d ids for %d rules", op, len(resp.IDs), len(rules))
+	}
+	return resp.IDs, nil
+}
+
+// Delete removes rules of the target, all or none.
+func (c *Client) Delete(t Target, ids []uint64) error {
+	_, err := c.call(&api.Message{Op: api.OpDelete, IDs: ids}, &t)
+	return err
+}
+
+// ListSockets lists the rule sets the caller may see (all of them for root).
+func (c *Client) ListSockets() ([]api.SocketInfo, error) {
+	resp, err := c.call(&api.Message{Op: api.OpListSockets}, nil)
+	if err != nil {
+		return nil, err
+	}
+	return resp.Sockets, nil
+}
+
+// ListRules returns the target's rules, oldest first, with ids and versions.
+func (c *Client) ListRules(t Target) ([]api.Rule, error) {
+	resp, err := c.call(&api.Message{Op: api.OpListRules}, &t)
+	if err != nil {
+		return nil, err
+	}
+	return resp.Rules, nil
+}
+
+// Stats returns the statistics of the given rules of the target (all if none given).
+func (c *Client) Stats(t Target, ids ...uint64) ([]api.RuleStats, error) {
+	resp, err := c.call(&api.Message{Op: api.OpStats, IDs: ids}, &t)
+	if err != nil {
+		return nil, err
+	}
+	return resp.Stats, nil
+}
+
+// Sample is a miss sample: the first bytes of a request no rule answered.
+type Sample struct {
+	Socket     uint64
+	Data       []byte
+	RequestLen int
+}
+
+// Subscription streams a socket's miss samples on a connection of its own.
+type Subscription struct {
+	c   *Client
+	seq uint64
+}
+
+// Subscribe sets the target's miss sampling and streams its samples until
+// the subscription is closed.
+func Subscribe(path string, t Target, s SampleOptions) (*Subscription, error) {
+	c, err := Dial(path)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := c.call(&api.Message{Op: api.OpSubscribe, SampleBytes: s.Bytes, SampleRate: s.Rate}, &t); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return &Subscription{c: c, seq: c.seq}, nil
+}
+
+// Next blocks for the next sample.
+func (s *Subscription) Next() (Sample, error) {
+	m, files, err := s.c.conn.Recv()
+	for _, f := range files {
+		f.Close()
+	}
+	if err != nil {
+		return Sample{}, err
+	}
+	if m.Op != api.OpSample || m.Seq != s.seq {
+		return Sample{}, fmt.Errorf("santad subscription: unexpected %s message (seq %d)", m.Op, m.Seq)
+	}
+	return Sample{Socket: m.Socket, Data: m.Sample, RequestLen: int(m.RequestLen)}, nil
+}
+
+// Close ends the subscription.
+func (s *Subscription) Close() error { return s.c.Close() }

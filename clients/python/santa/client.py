@@ -1,0 +1,269 @@
+"""A connection to santad: bind sockets, manage their rules, read statistics."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from dataclasses import dataclass
+from typing import Protocol
+from collections.abc import Iterable, Iterator, Sequence
+
+from .protocol import (
+    DEFAULT_SOCKET, VERSION, DaemonInfo, Error, Message, Op, ProtocolError, Rule,
+    RuleStats, SocketInfo, Status,
+)
+from .transport import recv_message, send_message
+
+__all__ = ["Client", "Cookie", "Health", "Sample", "Target", "socket_path"]
+
+
+class _HasFileno(Protocol):
+    def fileno(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class Cookie:
+    """Names an existing rule set by its socket's cookie (``SO_COOKIE``).
+
+    A target that is a socket object or an ``int`` is a file descriptor and is
+    passed to santad; only a ``Cookie`` is sent as a cookie.
+    """
+
+    value: int
+
+    def __int__(self) -> int:
+        return self.value
+
+
+#: What a request is about: a socket the caller holds (any object with
+#: ``fileno()``, or an ``int`` fd), which is passed to santad as proof of
+#: ownership, or the :class:`Cookie` of a socket that already has a rule set.
+Target = _HasFileno | int | Cookie
+
+
+@dataclass
+class Health:
+    """santad's answer to :meth:`Client.health`."""
+
+    daemon: DaemonInfo  #: the daemon's state and the caller's quota and use
+    counters: dict[str, int]  #: the rule processor's answer and pass counters
+
+
+@dataclass
+class Sample:
+    """A miss sample: the first bytes of a request no rule answered."""
+
+    socket: int  #: cookie of the socket the request was for
+    data: bytes  #: the first bytes of the request's payload
+    request_len: int  #: the request's full payload length
+
+
+def socket_path(path: str | None = None) -> str:
+    """The santad socket to use: ``path``, else ``$SANTA_SOCKET``, else the default."""
+    return path or os.environ.get("SANTA_SOCKET") or DEFAULT_SOCKET
+
+
+class Client:
+    """A connection to santad.
+
+    ``path`` is santad's Unix socket (default: ``$SANTA_SOCKET``, else
+    ``/run/santa/santa.sock``); ``timeout`` (seconds) bounds every socket
+    operation. Connecting raises :class:`OSError` (e.g.
+    :class:`FileNotFoundError`, :class:`ConnectionRefusedError`) if santad is
+    unreachable. Every method raises :class:`santa.Error` when santad refuses
+    the request, :class:`santa.ProtocolError` when its answer is not valid,
+    and :class:`OSError` when the connection fails.
+
+    A client may be shared by threads; requests go one at a time. Use it as a
+    context manager, or call :meth:`close`.
+    """
+
+    def __init__(self, path: str | None = None, *, timeout: float | None = None) -> None:
+        self.path = socket_path(path)
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._sock.settimeout(timeout)
+        try:
+            self._sock.connect(self.path)
+        except OSError as e:
+            self._sock.close()
+            raise OSError(e.errno, f"connect to santad at {self.path}: {e.strerror or e} (is santad running?)") from e
+        self._lock = threading.RLock()
+        self._seq = 0
+        self._subscribed = False
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the connection (and end a subscription on it)."""
+        self._sock.close()
+
+    # -- requests ----------------------------------------------------------
+
+    def health(self) -> Health:
+        """santad's state, the caller's uid, quota and use, and the global counters."""
+        resp = self._call(Op.HEALTH)
+        return Health(resp.daemon or DaemonInfo(), resp.counters)
+
+    def bind(self, target: Target, sample_bytes: int = 0, sample_rate: int = 0) -> SocketInfo:
+        """Give the socket ``target`` (a socket or fd, not a cookie) a rule set.
+
+        Idempotent: binding a socket that has one returns it with ``created``
+        false and updates its miss sampling if ``sample_bytes`` is given
+        (request bytes per sample, at most 256; ``sample_rate`` samples per
+        second and CPU).
+        """
+        if isinstance(target, Cookie):
+            raise TypeError("bind needs the socket itself (a socket object or fd), not a cookie")
+        resp = self._call(Op.BIND, target, sample_bytes=sample_bytes, sample_rate=sample_rate)
+        return self._one_socket(resp)
+
+    def bind_pid(self, pid: int, fd: int, sample_bytes: int = 0, sample_rate: int = 0) -> SocketInfo:
+        """(root) Give the socket behind fd ``fd`` of process ``pid`` a rule set."""
+        resp = self._call(Op.BIND, pid=pid, fd=fd, sample_bytes=sample_bytes, sample_rate=sample_rate)
+        return self._one_socket(resp)
+
+    def bind_port(self, port: int, sample_bytes: int = 0, sample_rate: int = 0) -> list[SocketInfo]:
+        """(root) Give every UDP socket bound to ``port`` (v4 and v6, every
+        member of a reuseport group) a rule set of its own."""
+        return self._call(Op.BIND, port=port, sample_bytes=sample_bytes, sample_rate=sample_rate).sockets
+
+    def unbind(self, target: Target) -> None:
+        """Remove the socket's rule set and all its rules."""
+        self._call(Op.UNBIND, target)
+
+    def add(self, target: Target, rules: Sequence[Rule]) -> list[int]:
+        """Add ``rules``, all or none; return their ids in order.
+
+        A passed socket without a rule set is bound first.
+        """
+        return self._rule_ids(Op.ADD, target, rules)
+
+    def replace(self, target: Target, rules: Sequence[Rule]) -> list[int]:
+        """Swap all the socket's rules for ``rules`` (may be empty) in one step; return the new ids."""
+        return self._rule_ids(Op.REPLACE, target, rules)
+
+    def modify(self, target: Target, rules: Sequence[Rule]) -> list[int]:
+        """Change rules in place, all or none; each rule's ``id`` says which. Return the ids."""
+        return self._rule_ids(Op.MODIFY, target, rules)
+
+    def delete(self, target: Target, ids: Iterable[int]) -> None:
+        """Delete the rules with these ids, all or none."""
+        self._call(Op.DELETE, target, ids=list(ids))
+
+    def list_sockets(self) -> list[SocketInfo]:
+        """The rule sets the caller may see (root: all; others: their own)."""
+        return self._call(Op.LIST_SOCKETS).sockets
+
+    def list_rules(self, target: Target) -> list[Rule]:
+        """The socket's rules, with ``id`` and ``version``, oldest first."""
+        return self._call(Op.LIST_RULES, target).rules
+
+    def stats(self, target: Target, ids: Iterable[int] | None = None) -> list[RuleStats]:
+        """Per-rule statistics of the rules ``ids`` (all the socket's rules if ``None``)."""
+        return self._call(Op.STATS, target, ids=list(ids or ())).stats
+
+    def subscribe(self, target: Target, sample_bytes: int, sample_rate: int) -> Iterator[Sample]:
+        """Set the socket's miss sampling and stream its samples.
+
+        After this call the connection carries only sample events: the
+        returned iterator yields a :class:`Sample` per event and ends when the
+        connection closes; other requests on this client raise
+        :class:`RuntimeError`. Close the client to unsubscribe (the socket's
+        sampling returns to what bind set). Errors in the request itself are
+        raised here, not on iteration.
+        """
+        with self._lock:  # no other request may slip in between
+            seq = self._call(Op.SUBSCRIBE, target, sample_bytes=sample_bytes, sample_rate=sample_rate).seq
+            self._subscribed = True
+        return self._samples(seq)
+
+    # -- plumbing ----------------------------------------------------------
+
+    def _samples(self, seq: int) -> Iterator[Sample]:
+        while True:
+            try:
+                event = self._recv()
+            except OSError:
+                if self._sock.fileno() == -1:  # the client was closed: the subscription ended
+                    return
+                raise
+            if event is None:
+                return
+            if event.status != Status.OK:
+                raise Error(event.status, event.error)
+            if event.op != Op.SAMPLE or event.seq != seq:
+                raise ProtocolError(f"subscription: unexpected message op {event.op} seq {event.seq} (want sample seq {seq})")
+            yield Sample(event.socket, event.sample, event.request_len)
+
+    def _rule_ids(self, op: Op, target: Target, rules: Sequence[Rule]) -> list[int]:
+        rules = list(rules)
+        ids = self._call(op, target, rules=rules).ids
+        if len(ids) != len(rules):
+            raise ProtocolError(f"{op.name.lower()}: santad returned {len(ids)} ids for {len(rules)} rules")
+        return ids
+
+    @staticmethod
+    def _one_socket(resp: Message) -> SocketInfo:
+        if len(resp.sockets) != 1:
+            raise ProtocolError(f"bind: santad returned {len(resp.sockets)} sockets, want 1")
+        return resp.sockets[0]
+
+    def _call(self, op: Op, target: Target | None = None, **fields: object) -> Message:
+        """Send a request about ``target`` (if any) and return santad's successful response."""
+        fd, cookie = _resolve(target)
+        with self._lock:
+            if self._subscribed:
+                raise RuntimeError("this connection carries sample events since subscribe(); use another Client")
+            self._seq += 1
+            request = Message(v=VERSION, op=op, seq=self._seq, socket=cookie, **fields)  # type: ignore[arg-type]
+            try:
+                send_message(self._sock, request, fd)
+                resp = self._recv()
+            except OSError:
+                self.close()  # a frame may be half sent or half read: the stream is lost
+                raise
+        if resp is None:
+            raise ConnectionError(f"santad {op.name.lower()}: santad closed the connection")
+        answered = resp.seq == request.seq and resp.op == op
+        # santad answers a request it could not parse with seq 0: still this request's answer.
+        if resp.status != Status.OK and (answered or resp.seq == 0):
+            raise Error(resp.status, resp.error)
+        if not answered:
+            raise ProtocolError(f"{op.name.lower()}: response out of order (op {resp.op} seq {resp.seq}, want seq {request.seq})")
+        if resp.v != VERSION:
+            raise ProtocolError(f"{op.name.lower()}: response speaks protocol version {resp.v}, want {VERSION}")
+        return resp
+
+    def _recv(self) -> Message | None:
+        """The next message, or ``None`` if santad closed the connection."""
+        try:
+            message, fds = recv_message(self._sock)
+        except EOFError:
+            return None
+        for fd in fds:  # santad passes no fds to clients
+            os.close(fd)
+        return message
+
+
+def _resolve(target: Target | None) -> tuple[int | None, int]:
+    """Split a target into the fd to pass and the cookie to name (0 for none)."""
+    if target is None:
+        return None, 0
+    if isinstance(target, Cookie):
+        return None, target.value
+    if isinstance(target, bool):
+        raise TypeError("target must be a socket, an fd or a santa.Cookie, not a bool")
+    if isinstance(target, int):
+        fd = target
+    elif callable(getattr(target, "fileno", None)):
+        fd = target.fileno()
+    else:
+        raise TypeError(f"target must be a socket, an fd or a santa.Cookie, not {type(target).__name__}")
+    if fd < 0:
+        raise ValueError(f"target fd {fd} is not open")
+    return fd, 0

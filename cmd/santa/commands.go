@@ -1,0 +1,413 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/santa-offload/santa/api"
+	santa "github.com/santa-offload/santa/clients/go/santa"
+	"github.com/santa-offload/santa/internal/rulefile"
+	"github.com/spf13/cobra"
+)
+
+func printJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func table(w io.Writer) *tabwriter.Writer { return tabwriter.NewWriter(w, 0, 4, 2, ' ', 0) }
+
+func addr(s api.SocketInfo) string {
+	a, ok := netip.AddrFromSlice(s.Address)
+	if !ok {
+		return fmt.Sprintf("?:%d", s.Port)
+	}
+	return netip.AddrPortFrom(a, s.Port).String() + "/udp"
+}
+
+func statusCmd(e env, g *globals) *cobra.Command {
+	return readFlag(&cobra.Command{
+		Use:   "status",
+		Short: "Show santad's state, your quota and the rule processor's counters",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := g.dial()
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			info, counters, err := c.Health()
+			if err != nil {
+				return err
+			}
+			if g.json {
+				return printJSON(e.stdout, map[string]any{"daemon": info, "counters": counters})
+			}
+			w := table(e.stdout)
+			fmt.Fprintf(w, "santad\t%s (protocol %d), pid %d, up %s\n", info.Version, info.Protocol, info.PID,
+				time.Duration(info.UptimeSeconds)*time.Second)
+			var ifs []string
+			for _, i := range info.Interfaces {
+				ifs = append(ifs, i.Name+" ("+i.Mode+")")
+			}
+			fmt.Fprintf(w, "interfaces\t%s\n", strings.Join(ifs, ", "))
+			fmt.Fprintf(w, "rules\t%d of %d, on %d sockets\n", info.Rules, info.MaxRules, info.Sockets)
+			fmt.Fprintf(w, "rule data\t%d of %d bytes\n", info.DataBytes, info.MaxDataBytes)
+			quota := func(used, limit uint64) string {
+				if limit == 0 {
+					return fmt.Sprintf("%d (no quota)", used)
+				}
+				return fmt.Sprintf("%d of %d", used, limit)
+			}
+			fmt.Fprintf(w, "you (uid %d)\trules %s, bytes %s\n", info.UID, quota(info.UsedRules, info.QuotaRules), quota(info.UsedBytes, info.QuotaBytes))
+			names := make([]string, 0, len(counters))
+			for n := range counters {
+				names = append(names, n)
+			}
+			sort.Strings(names)
+			for _, n := range names {
+				if counters[n] != 0 || n == "answered" {
+					fmt.Fprintf(w, "%s\t%d\n", n, counters[n])
+				}
+			}
+			return w.Flush()
+		},
+	}, g)
+}
+
+// socketFlag adds the --socket cookie flag a rule-set command needs.
+func socketFlag(c *cobra.Command, cookie *uint64, required bool) {
+	c.Flags().Uint64Var(cookie, "socket", 0, "the rule set's socket cookie (see 'santa rules ls')")
+	if required {
+		c.MarkFlagRequired("socket")
+	}
+}
+
+func rulesCmd(e env, g *globals) *cobra.Command {
+	rules := &cobra.Command{
+		Use:   "rules",
+		Short: "List, add, change and remove rules",
+	}
+	var cookie uint64
+	ls := readFlag(&cobra.Command{
+		Use:   "ls",
+		Short: "List the sockets with rule sets, or with --socket that socket's rules",
+		Long: `Without --socket, list the rule sets you may see (all of them as root).
+With --socket, list that socket's rules with their hits; --json prints a
+rule file that 'santa rules replace' takes back.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := g.dial()
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			if cookie == 0 {
+				return listSockets(e, g, c)
+			}
+			return listRules(e, g, c, cookie)
+		},
+	}, g)
+	socketFlag(ls, &cookie, false)
+
+	add := ruleFileCmd(e, g, "add FILE", "Add the rules of a rule file (JSON or YAML; - for stdin), all or none",
+		func(c *santa.Client, t santa.Target, r []api.Rule) ([]uint64, error) { return c.Add(t, r) })
+	replace := ruleFileCmd(e, g, "replace FILE", "Replace all rules of the socket by those of a rule file, atomically",
+		func(c *santa.Client, t santa.Target, r []api.Rule) ([]uint64, error) { return c.Replace(t, r) })
+	modify := ruleFileCmd(e, g, "modify FILE", "Change rules in place: each rule in the file names its id",
+		func(c *santa.Client, t santa.Target, r []api.Rule) ([]uint64, error) {
+			for i, rule := range r {
+				if rule.ID == 0 {
+					return nil, fmt.Errorf("rule %d has no id: modify needs the id of the rule it changes", i)
+				}
+			}
+			if err := c.Modify(t, r); err != nil {
+				return nil, err
+			}
+			ids := make([]uint64, len(r))
+			for i := range r {
+				ids[i] = r[i].ID
+			}
+			return ids, nil
+		})
+
+	var rmCookie uint64
+	rm := &cobra.Command{
+		Use:   "rm ID...",
+		Short: "Remove rules by id, all or none",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ids, err := parseIDs(args)
+			if err != nil {
+				return err
+			}
+			c, err := g.dial()
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			if err := c.Delete(santa.Cookie(rmCookie), ids); err != nil {
+				return err
+			}
+			fmt.Fprintf(e.stdout, "removed %d rules\n", len(ids))
+			return nil
+		},
+	}
+	socketFlag(rm, &rmCookie, true)
+	rules.AddCommand(ls, add, replace, modify, rm)
+	return rules
+}
+
+func parseIDs(args []string) ([]uint64, error) {
+	ids := make([]uint64, len(args))
+	for i, a := range args {
+		id, err := strconv.ParseUint(a, 10, 64)
+		if err != nil || id == 0 {
+			return nil, fmt.Errorf("%q is not a rule id (a positive number from 'santa rules ls --socket N')", a)
+		}
+		ids[i] = id
+	}
+	return ids, nil
+}
+
+// ruleFileCmd builds a command that sends a rule file's rules to a socket.
+func ruleFileCmd(e env, g *globals, use, short string, do func(*santa.Client, santa.Target, []api.Rule) ([]uint64, error)) *cobra.Command {
+	var cookie uint64
+	cmd := &cobra.Command{
+		Use:   use,
+		Short: short,
+		Long: short + `.
+The rule file format is in docs/cli.md: a list of rules, each with
+conditions (offset and text, hex or base64) and processors (put or copy).`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var data []byte
+			var err error
+			if args[0] == "-" {
+				data, err = io.ReadAll(e.stdin)
+			} else {
+				data, err = os.ReadFile(args[0])
+			}
+			if err != nil {
+				return err
+			}
+			rules, err := rulefile.Parse(data)
+			if err != nil {
+				return err
+			}
+			c, err := g.dial()
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			ids, err := do(c, santa.Cookie(cookie), rules)
+			if err != nil {
+				return err
+			}
+			for _, id := range ids {
+				fmt.Fprintln(e.stdout, id)
+			}
+			return nil
+		},
+	}
+	socketFlag(cmd, &cookie, true)
+	return cmd
+}
+
+func listSockets(e env, g *globals, c *santa.Client) error {
+	socks, err := c.ListSockets()
+	if err != nil {
+		return err
+	}
+	if g.json {
+		return printJSON(e.stdout, socks)
+	}
+	w := table(e.stdout)
+	fmt.Fprintln(w, "SOCKET\tADDRESS\tOWNER\tPID\tRULES\tBYTES\tHITS")
+	for _, s := range socks {
+		fmt.Fprintf(w, "%d\t%s\t%d\t%d\t%d\t%d\t%d\n", s.Cookie, addr(s), s.Owner, s.PID, s.Rules, s.TemplateBytes, s.Hits)
+	}
+	return w.Flush()
+}
+
+func listRules(e env, g *globals, c *santa.Client, cookie uint64) error {
+	rules, err := c.ListRules(santa.Cookie(cookie))
+	if err != nil {
+		return err
+	}
+	if g.json {
+		return printJSON(e.stdout, rulefile.FromAPI(rules))
+	}
+	stats, err := c.Stats(santa.Cookie(cookie))
+	if err != nil {
+		return err
+	}
+	hits := map[uint64]uint64{}
+	for _, s := range stats {
+		hits[s.ID] = s.Hits
+	}
+	w := table(e.stdout)
+	fmt.Fprintln(w, "ID\tVERSION\tPRIORITY\tCONDITIONS\tREPLY\tHITS")
+	for _, r := range rules {
+		var conds []string
+		for _, cd := range r.Conditions {
+			conds = append(conds, fmt.Sprintf("@%d=%s", cd.Offset, short(cd.Pattern)))
+		}
+		fmt.Fprintf(w, "%d\t%d\t%d\t%s\t%d B\t%d\n", r.ID, r.Version, r.Priority, strings.Join(conds, " "), r.ReplyLen, hits[r.ID])
+	}
+	return w.Flush()
+}
+
+// short shows a pattern as quoted text, cut to a table column.
+func short(b []byte) string {
+	s := strconv.Quote(string(b))
+	if len(s) > 40 {
+		s = s[:37] + "..."
+	}
+	return s
+}
+
+func statsCmd(e env, g *globals) *cobra.Command {
+	var cookie uint64
+	cmd := readFlag(&cobra.Command{
+		Use:   "stats",
+		Short: "Per-rule hits and reply bytes of a socket, or per-socket totals",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := g.dial()
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			if cookie == 0 {
+				return listSockets(e, g, c)
+			}
+			stats, err := c.Stats(santa.Cookie(cookie))
+			if err != nil {
+				return err
+			}
+			if g.json {
+				return printJSON(e.stdout, stats)
+			}
+			w := table(e.stdout)
+			fmt.Fprintln(w, "ID\tHITS\tBYTES")
+			for _, s := range stats {
+				fmt.Fprintf(w, "%d\t%d\t%d\n", s.ID, s.Hits, s.Bytes)
+			}
+			return w.Flush()
+		},
+	}, g)
+	socketFlag(cmd, &cookie, false)
+	return cmd
+}
+
+func attachCmd(e env, g *globals) *cobra.Command {
+	var pid, fd int
+	var port string
+	var sample santa.SampleOptions
+	cmd := readFlag(&cobra.Command{
+		Use:   "attach (--pid PID --fd FD | --port PORT/udp)",
+		Short: "Take over the sockets of a running, unmodified server (root)",
+		Long: `attach gives the sockets of a running server rule sets, so rules can be
+added for them by cookie: --pid and --fd name one socket of one process,
+--port every UDP socket bound to that port (all workers, IPv4 and IPv6).
+Needs root: santad takes the sockets with pidfd_getfd.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			byPort := port != "" && pid == 0
+			if !byPort && (pid == 0 || port != "" || !cmd.Flags().Changed("fd")) {
+				return errors.New("give --pid and --fd, or --port PORT/udp")
+			}
+			var p uint16
+			if byPort {
+				var err error
+				if p, err = parsePort(port); err != nil {
+					return err
+				}
+			}
+			c, err := g.dial()
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			var socks []api.SocketInfo
+			if byPort {
+				socks, err = c.BindPort(p)
+			} else {
+				var s api.SocketInfo
+				s, err = c.BindPID(pid, fd)
+				socks = []api.SocketInfo{s}
+			}
+			if err != nil {
+				return err
+			}
+			if sample.Bytes != 0 {
+				for _, s := range socks {
+					if _, err := c.Bind(santa.Cookie(s.Cookie), sample); err != nil {
+						return err
+					}
+				}
+			}
+			if g.json {
+				return printJSON(e.stdout, socks)
+			}
+			w := table(e.stdout)
+			fmt.Fprintln(w, "SOCKET\tADDRESS\tPID\tNEW")
+			for _, s := range socks {
+				fmt.Fprintf(w, "%d\t%s\t%d\t%v\n", s.Cookie, addr(s), s.PID, s.Created)
+			}
+			return w.Flush()
+		},
+	}, g)
+	cmd.Flags().IntVar(&pid, "pid", 0, "process holding the socket")
+	cmd.Flags().IntVar(&fd, "fd", 0, "the socket's fd number in that process (see ls -l /proc/PID/fd)")
+	cmd.Flags().StringVar(&port, "port", "", "take every UDP socket bound to this port, e.g. 53/udp")
+	cmd.Flags().Uint32Var(&sample.Bytes, "sample-bytes", 0, "copy this many bytes of each missed request to subscribers (max 256)")
+	cmd.Flags().Uint32Var(&sample.Rate, "sample-rate", 1000, "miss samples per second and CPU, with --sample-bytes")
+	return cmd
+}
+
+func parsePort(s string) (uint16, error) {
+	num, proto, found := strings.Cut(s, "/")
+	if found && proto != "udp" {
+		return 0, fmt.Errorf("port %q: only udp sockets can be attached", s)
+	}
+	p, err := strconv.ParseUint(num, 10, 16)
+	if err != nil || p == 0 {
+		return 0, fmt.Errorf("port %q: want a number from 1 to 65535, e.g. 53/udp", s)
+	}
+	return uint16(p), nil
+}
+
+func detachCmd(e env, g *globals) *cobra.Command {
+	var cookie uint64
+	cmd := &cobra.Command{
+		Use:   "detach --socket COOKIE",
+		Short: "Remove a socket's rule set and all its rules",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := g.dial()
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			if err := c.Unbind(santa.Cookie(cookie)); err != nil {
+				return err
+			}
+			fmt.Fprintf(e.stdout, "socket %d detached\n", cookie)
+			return nil
+		},
+	}
+	socketFlag(cmd, &cookie, true)
+	return cmd
+}

@@ -1,0 +1,56 @@
+package main
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+
+	"github.com/spf13/cobra"
+)
+
+// TestHelp runs --help of every command: each must explain itself.
+func TestHelp(t *testing.T) {
+	var walk func(c *cobra.Command, path []string)
+	n := 0
+	walk = func(c *cobra.Command, path []string) {
+		for _, sub := range c.Commands() {
+			if sub.Hidden || sub.Name() == "help" || sub.Name() == "completion" {
+				continue
+			}
+			walk(sub, append(path, sub.Name()))
+		}
+		var out bytes.Buffer
+		root := newRoot(env{stdout: &out, stderr: &out, stdin: strings.NewReader("")})
+		root.SetArgs(append(path[1:], "--help"))
+		if err := root.Execute(); err != nil {
+			t.Errorf("%s --help: %v", strings.Join(path, " "), err)
+		}
+		if c.Short == "" || !strings.Contains(out.String(), "Usage:") {
+			t.Errorf("%s --help explains nothing:\n%s", strings.Join(path, " "), out.String())
+		}
+		n++
+	}
+	walk(newRoot(env{}), []string{"santa"})
+	if n < 12 {
+		t.Errorf("only %d commands found", n)
+	}
+}
+
+// TestErrorsSayWhatToDo checks messages of refusals that need no santad.
+func TestErrorsSayWhatToDo(t *testing.T) {
+	for args, want := range map[string]string{
+		"rules rm --socket 1 abc":                   "not a rule id",
+		"attach --port 53/tcp":                      "only udp",
+		"attach --port 0":                           "from 1 to 65535",
+		"rules add FILE":                            `required flag(s) "socket"`,
+		"status --socket-path /nonexistent/santa.s": "is santad running?",
+	} {
+		var out bytes.Buffer
+		root := newRoot(env{stdout: &out, stderr: &out, stdin: strings.NewReader("")})
+		root.SetArgs(strings.Fields(args))
+		err := root.Execute()
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("santa %s: %v, want an error saying %q", args, err, want)
+		}
+	}
+}

@@ -1,0 +1,254 @@
+package daemon_test
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/santa-offload/santa/api"
+	santa "github.com/santa-offload/santa/clients/go/santa"
+	"github.com/santa-offload/santa/internal/testbed"
+	"golang.org/x/sys/unix"
+)
+
+func rule(pattern string, offset int, reply string) api.Rule {
+	return api.Rule{
+		Conditions: []api.Condition{santa.Match(offset, []byte(pattern))},
+		Processors: []api.Processor{santa.Put(0, []byte(reply))},
+		ReplyLen:   uint32(len(reply)),
+	}
+}
+
+// TestBadInput sends every kind of invalid request: each gets a clear
+// error of the right status and installs nothing.
+func TestBadInput(t *testing.T) {
+	tb := testbed.New(t)
+	sd := newSantad(t, tb)
+	sd.start()
+	c := sd.client()
+	conn := listenUDP(t, tb, 7400)
+	target, err := santa.Socket(conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	good := []api.Rule{rule("one", 0, "1"), rule("two", 0, "2")}
+	if _, err := c.Add(target, good); err != nil {
+		t.Fatal(err)
+	}
+	long := strings.Repeat("x", 1025)
+	invalid := map[string]api.Rule{
+		"pattern longer than 1024 bytes": rule(long, 0, "r"),
+		"condition beyond the MTU":       rule("abcde", 1470, "r"),
+		"empty pattern":                  rule("", 0, "r"),
+		"reply longer than the MTU":      {Conditions: good[0].Conditions, Processors: good[0].Processors, ReplyLen: 1473},
+		"zero reply length":              {Conditions: good[0].Conditions, Processors: good[0].Processors},
+		"copy outside the request":       {Conditions: good[0].Conditions, Processors: []api.Processor{santa.Copy(0, 1470, 8)}, ReplyLen: 8},
+		"copy of zero bytes":             {Conditions: good[0].Conditions, Processors: []api.Processor{santa.Copy(0, 0, 0)}, ReplyLen: 8},
+		"put past the reply's end":       {Conditions: good[0].Conditions, Processors: []api.Processor{santa.Put(5, []byte("abcd"))}, ReplyLen: 6},
+		"unknown processor kind":         {Conditions: good[0].Conditions, Processors: []api.Processor{{Kind: 7, Length: 1}}, ReplyLen: 6},
+		"no conditions":                  {Processors: good[0].Processors, ReplyLen: 1},
+		"no processors":                  {Conditions: good[0].Conditions, ReplyLen: 1},
+		"five conditions": {Conditions: []api.Condition{santa.Match(0, []byte("a")), santa.Match(1, []byte("b")),
+			santa.Match(2, []byte("c")), santa.Match(3, []byte("d")), santa.Match(4, []byte("e"))}, Processors: good[0].Processors, ReplyLen: 1},
+	}
+	for name, r := range invalid {
+		// the invalid rule comes last in a batch of valid ones: none may stay
+		batch := []api.Rule{rule("fresh-a", 0, "a"), rule("fresh-b", 0, "b"), r}
+		for op, do := range map[string]func() error{
+			"add":     func() error { _, err := c.Add(target, batch); return err },
+			"replace": func() error { _, err := c.Replace(target, batch); return err },
+		} {
+			err := do()
+			if !errors.Is(err, santa.ErrInvalid) {
+				t.Errorf("%s (%s): %v, want an invalid-rule error", name, op, err)
+				continue
+			}
+			if !strings.Contains(err.Error(), "rule 2") {
+				t.Errorf("%s (%s): error %q does not say which rule", name, op, err)
+			}
+			checkRules(t, c, target, 2)
+		}
+	}
+	ids := ruleIDs(t, c, target)
+	for name, tc := range map[string]struct {
+		do   func() error
+		want error
+	}{
+		"modify an unknown id": {func() error {
+			r := rule("x", 0, "y")
+			r.ID = 424242
+			return c.Modify(target, []api.Rule{r})
+		}, santa.ErrNotFound},
+		"modify into an invalid rule": {func() error {
+			r := rule(long, 0, "y")
+			r.ID = ids[0]
+			return c.Modify(target, []api.Rule{r})
+		}, santa.ErrInvalid},
+		"delete a known and an unknown id": {func() error { return c.Delete(target, []uint64{ids[0], 424242}) }, santa.ErrNotFound},
+		"delete an id twice":               {func() error { return c.Delete(target, []uint64{ids[0], ids[0]}) }, santa.ErrInvalid},
+		"stats of an unknown id":           {func() error { _, err := c.Stats(target, 424242); return err }, santa.ErrNotFound},
+		"rules of an unknown cookie":       {func() error { _, err := c.ListRules(santa.Cookie(1)); return err }, santa.ErrNotFound},
+	} {
+		if err := tc.do(); !errors.Is(err, tc.want) {
+			t.Errorf("%s: %v, want %v", name, err, tc.want)
+		}
+		checkRules(t, c, target, 2)
+	}
+	if rules, _ := c.ListRules(target); len(rules) == 2 && rules[0].Version != 1 {
+		t.Errorf("a refused modify changed the rule's version to %d", rules[0].Version)
+	}
+
+	// sockets santad must refuse
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	defer w.Close()
+	tcp, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(tcp)
+	unbound, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(unbound)
+	for name, fd := range map[string]int{"a pipe": int(r.Fd()), "a TCP socket": tcp, "an unbound UDP socket": unbound} {
+		if _, err := c.Add(santa.FD(fd), good); !errors.Is(err, santa.ErrInvalid) {
+			t.Errorf("rules for %s: %v, want invalid", name, err)
+		}
+	}
+}
+
+func listenUDP(t *testing.T, tb *testbed.Testbed, port int) *net.UDPConn {
+	t.Helper()
+	var conn *net.UDPConn
+	if err := tb.Server.Do(func() (err error) {
+		conn, err = net.ListenUDP("udp", &net.UDPAddr{IP: tb.Server.IP4.AsSlice(), Port: port})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+func ruleIDs(t *testing.T, c *santa.Client, target santa.Target) []uint64 {
+	t.Helper()
+	rules, err := c.ListRules(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := make([]uint64, len(rules))
+	for i, r := range rules {
+		ids[i] = r.ID
+	}
+	return ids
+}
+
+func checkRules(t *testing.T, c *santa.Client, target santa.Target, want int) {
+	t.Helper()
+	rules, err := c.ListRules(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, _, err := c.Health()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rules) != want || info.Rules != uint64(want) {
+		t.Fatalf("%d rules listed, %d in the data plane, want %d: a refused request changed something", len(rules), info.Rules, want)
+	}
+}
+
+// TestMalformedRequests speaks the protocol by hand: broken messages get a
+// malformed, version or unsupported status and the connection goes on.
+func TestMalformedRequests(t *testing.T) {
+	tb := testbed.New(t)
+	sd := newSantad(t, tb)
+	sd.start()
+	conn, err := api.Dial(sd.Socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	raw := func(body []byte) *api.Message {
+		t.Helper()
+		frame := binary.BigEndian.AppendUint32(nil, uint32(len(body)))
+		if _, err := conn.Unix().Write(append(frame, body...)); err != nil {
+			t.Fatal(err)
+		}
+		m, _, err := conn.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	for name, tc := range map[string]struct {
+		body []byte
+		want api.Status
+	}{
+		"not CBOR":        {[]byte{0xff, 0x00}, api.StatusMalformed},
+		"unknown key":     {[]byte{0xa2, 0x00, 0x01, 0x18, 0xff, 0x01}, api.StatusMalformed},
+		"version 2":       {mustEncode(t, &api.Message{V: 2, Op: api.OpHealth, Seq: 1}), api.StatusVersion},
+		"unknown op":      {mustEncode(t, &api.Message{V: 1, Op: 99, Seq: 1}), api.StatusUnsupported},
+		"no target":       {mustEncode(t, &api.Message{V: 1, Op: api.OpAdd, Seq: 1}), api.StatusInvalid},
+		"port on add":     {mustEncode(t, &api.Message{V: 1, Op: api.OpAdd, Seq: 1, Port: 53}), api.StatusInvalid},
+		"bind by nothing": {mustEncode(t, &api.Message{V: 1, Op: api.OpBind, Seq: 1}), api.StatusInvalid},
+		"sample event":    {mustEncode(t, &api.Message{V: 1, Op: api.OpSample, Seq: 1}), api.StatusInvalid},
+	} {
+		m := raw(tc.body)
+		if m.Status != tc.want || m.Error == "" {
+			t.Errorf("%s: status %s %q, want %s with a message", name, m.Status, m.Error, tc.want)
+		}
+	}
+	if m := raw(mustEncode(t, &api.Message{V: 1, Op: api.OpHealth, Seq: 7})); m.Status != api.StatusOK || m.Seq != 7 || m.Daemon == nil {
+		t.Fatalf("health after bad requests: %+v", m)
+	}
+}
+
+func mustEncode(t *testing.T, m *api.Message) []byte {
+	t.Helper()
+	b, err := api.Encode(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// TestQuota runs the CLI as uid nobody against a small quota.
+func TestQuota(t *testing.T) {
+	tb := testbed.New(t)
+	cfg := filepath.Join(work, fmt.Sprintf("quota-%d.yaml", os.Getpid()))
+	if err := os.WriteFile(cfg, []byte("quota:\n  rules: 3\n  template_bytes: 1000\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	sd := newSantad(t, tb, "--config", cfg)
+	sd.start()
+	a := startApp(t, tb, nobody, []string{"SANTA_SOCKET=" + sd.Socket}, filepath.Join(work, "listing1-go"), tb.Server.IP4.String(), "7500")
+	three := filepath.Join(sd.dir, "three.yaml")
+	writeFile(t, three, "rules:\n"+strings.Repeat("- conditions: [{offset: 0, hex: '0102'}]\n  processors: [{put: {at: 0, text: ok}}]\n  reply_len: 2\n", 3))
+	big := filepath.Join(sd.dir, "big.json")
+	writeFile(t, big, fmt.Sprintf(`{"rules": [{"conditions": [{"offset": 0, "text": "big"}], "processors": [{"put": {"at": 0, "text": "x"}}], "reply_len": 1200}]}`))
+	for name, file := range map[string]string{"a fourth rule": three, "1200 reply bytes": big} {
+		out, err := sd.cli(nobody, "rules", "add", "--socket", fmt.Sprint(a.Cookie), file)
+		if err == nil || !strings.Contains(out, "quota") {
+			t.Errorf("%s over the quota: %v %q, want a quota error", name, err, out)
+		}
+	}
+	status, err := sd.cli(nobody, "status")
+	if err != nil || !strings.Contains(status, "rules 1 of 3") {
+		t.Fatalf("status after refused adds: %v\n%s", err, status)
+	}
+	// root has no quota
+	if _, err := sd.cli(0, "rules", "add", "--socket", fmt.Sprint(a.Cookie), big); err != nil {
+		t.Fatalf("root adding over nobody's quota: %v", err)
+	}
+}

@@ -1,0 +1,145 @@
+// Package daemon is santad: it owns the loaded rule processor, serves the
+// control protocol (docs/protocol.md) on a Unix socket, keeps a journal of
+// every rule set so that a restart or upgrade loses nothing, and exports
+// Prometheus metrics. docs/operations.md is its manual.
+package daemon
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+
+	"github.com/santa-offload/santa/api"
+	"github.com/santa-offload/santa/internal/dataplane"
+	"gopkg.in/yaml.v3"
+)
+
+// Config is santad's configuration file (YAML); command-line flags override it.
+type Config struct {
+	// Interfaces the rule processor is attached to.
+	Interfaces []string `yaml:"interfaces"`
+	// XDPMode is auto (native, else generic with a warning), native or generic.
+	XDPMode string `yaml:"xdp_mode"`
+	// Socket is the control socket's path.
+	Socket string `yaml:"socket"`
+	// SocketMode is its permission bits, as an octal string ("0666").
+	SocketMode string `yaml:"socket_mode"`
+	// SocketGroup, if set, owns the control socket.
+	SocketGroup string `yaml:"socket_group"`
+	// BPFFS is the directory under a bpffs where programs, maps and links are pinned.
+	BPFFS string `yaml:"bpffs"`
+	// StateDir holds the rule journal and the lock; keep it across restarts (tmpfs is right: rules die with their sockets at reboot).
+	StateDir string `yaml:"state_dir"`
+	// Cgroup is the cgroup v2 directory whose sockets' release is watched; empty finds the root.
+	Cgroup string `yaml:"cgroup"`
+	// Metrics is the Prometheus listen address; empty turns metrics off.
+	Metrics string `yaml:"metrics"`
+	// MetricsRuleLimit caps per-rule series: with more rules, only per-socket totals are exported.
+	MetricsRuleLimit int `yaml:"metrics_rule_limit"`
+	// LogFormat is json or text.
+	LogFormat string `yaml:"log_format"`
+	// LogLevel is debug, info, warn or error.
+	LogLevel string `yaml:"log_level"`
+	// Quota applies to every non-root uid.
+	Quota Quota `yaml:"quota"`
+	// Dataplane sizes the rule processor's maps.
+	Dataplane DataplaneConfig `yaml:"dataplane"`
+}
+
+// Quota bounds what one uid may install; zero means unlimited.
+type Quota struct {
+	Rules         uint64 `yaml:"rules"`
+	TemplateBytes uint64 `yaml:"template_bytes"` // patterns plus reply templates
+}
+
+// DataplaneConfig mirrors dataplane.Config in the file.
+type DataplaneConfig struct {
+	HashBits      int `yaml:"hash_bits"`
+	MaxRules      int `yaml:"max_rules"`
+	MaxRulesets   int `yaml:"max_rulesets"`
+	DataMiB       int `yaml:"data_mib"`
+	SampleRingKiB int `yaml:"sample_ring_kib"`
+}
+
+// DefaultConfig is what santad runs with when neither file nor flags say otherwise.
+func DefaultConfig() Config {
+	d := dataplane.DefaultConfig
+	return Config{
+		XDPMode:          "auto",
+		Socket:           api.DefaultSocket,
+		SocketMode:       "0666",
+		BPFFS:            "/sys/fs/bpf/santa",
+		StateDir:         "/run/santa",
+		Metrics:          "127.0.0.1:9477",
+		MetricsRuleLimit: 10000,
+		LogFormat:        "json",
+		LogLevel:         "info",
+		Quota:            Quota{Rules: 100000, TemplateBytes: 64 << 20},
+		Dataplane: DataplaneConfig{HashBits: d.HashBits, MaxRules: d.MaxRules, MaxRulesets: d.MaxRulesets,
+			DataMiB: d.DataMiB, SampleRingKiB: d.SampleRingKiB},
+	}
+}
+
+// LoadConfig reads a YAML file over the defaults; unknown keys are errors.
+func LoadConfig(path string) (Config, error) {
+	c := DefaultConfig()
+	f, err := os.Open(path)
+	if err != nil {
+		return c, fmt.Errorf("config: %w", err)
+	}
+	defer f.Close()
+	dec := yaml.NewDecoder(f)
+	dec.KnownFields(true)
+	// an empty file stands for the defaults
+	if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
+		return c, fmt.Errorf("config %s: %w", path, err)
+	}
+	return c, nil
+}
+
+// Validate checks the configuration before anything is loaded.
+func (c Config) Validate() error {
+	switch c.XDPMode {
+	case "auto", "native", "generic":
+	default:
+		return fmt.Errorf("xdp_mode %q: want auto, native or generic", c.XDPMode)
+	}
+	if _, err := c.socketMode(); err != nil {
+		return err
+	}
+	switch c.LogFormat {
+	case "json", "text":
+	default:
+		return fmt.Errorf("log_format %q: want json or text", c.LogFormat)
+	}
+	if c.Socket == "" || c.BPFFS == "" || c.StateDir == "" {
+		return errors.New("socket, bpffs and state_dir must not be empty")
+	}
+	return nil
+}
+
+func (c Config) socketMode() (os.FileMode, error) {
+	m, err := strconv.ParseUint(c.SocketMode, 8, 32)
+	if err != nil || m > 0o777 {
+		return 0, fmt.Errorf("socket_mode %q: want octal permission bits like 0666", c.SocketMode)
+	}
+	return os.FileMode(m), nil
+}
+
+func (c Config) xdpMode() dataplane.AttachMode {
+	switch c.XDPMode {
+	case "native":
+		return dataplane.AttachNative
+	case "generic":
+		return dataplane.AttachGeneric
+	}
+	return dataplane.AttachAuto
+}
+
+func (c Config) dataplaneConfig() dataplane.Config {
+	d := c.Dataplane
+	return dataplane.Config{HashBits: d.HashBits, MaxRules: d.MaxRules, MaxRulesets: d.MaxRulesets,
+		DataMiB: d.DataMiB, SampleRingKiB: d.SampleRingKiB}
+}

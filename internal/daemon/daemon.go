@@ -1,0 +1,428 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/cilium/ebpf/link"
+	"github.com/santa-offload/santa/api"
+	"github.com/santa-offload/santa/internal/dataplane"
+	"golang.org/x/sys/unix"
+)
+
+// Version is santad's release, reported by health.
+const Version = "0.3.0"
+
+// Daemon is a running santad.
+type Daemon struct {
+	cfg     Config
+	log     *slog.Logger
+	started time.Time
+
+	dp       *dataplane.Dataplane
+	atts     []*dataplane.Attachment
+	release  link.Link
+	released *dataplane.Released
+	samples  *dataplane.MissSamples
+	lock     *os.File
+	listener *net.UnixListener
+	metrics  *metrics
+	wg       sync.WaitGroup
+
+	mu    sync.Mutex // serializes rule-set changes and journal writes
+	j     *journal
+	sets  map[uint64]*ruleSet
+	usage map[uint32]*usage
+
+	subMu sync.Mutex
+	subs  map[uint64]map[*subscriber]struct{}
+}
+
+// Pins: each santad instance pins its maps and its socket-release link in a
+// generation directory of its own; the XDP links, which outlive instances,
+// are pinned in links/.
+func (c Config) linkPin(ifname string) string { return filepath.Join(c.BPFFS, "links", "xdp-"+ifname) }
+func (c Config) genDir(n int) string          { return filepath.Join(c.BPFFS, "gen-"+strconv.Itoa(n)) }
+func (c Config) journalPath() string          { return filepath.Join(c.StateDir, "journal") }
+
+// generations lists the generation numbers pinned under BPFFS, oldest first.
+func (c Config) generations() []int {
+	ents, _ := os.ReadDir(c.BPFFS)
+	var gens []int
+	for _, e := range ents {
+		if n, err := strconv.Atoi(strings.TrimPrefix(e.Name(), "gen-")); err == nil && strings.HasPrefix(e.Name(), "gen-") {
+			gens = append(gens, n)
+		}
+	}
+	sort.Ints(gens)
+	return gens
+}
+
+// Start brings santad up. If a previous santad left its rule processor
+// attached, Start rebuilds every rule set from the journal into a freshly
+// loaded data plane (counters included), swaps the XDP program on the pinned
+// links in one step, and only then lets go of the old one: no rule is lost
+// and no packet goes unprocessed.
+func Start(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	d := &Daemon{cfg: cfg, log: log, started: time.Now(), sets: map[uint64]*ruleSet{},
+		usage: map[uint32]*usage{}, subs: map[uint64]map[*subscriber]struct{}{}}
+	defer func() {
+		if err != nil {
+			d.abort()
+		}
+	}()
+	if err := os.MkdirAll(cfg.StateDir, 0o755); err != nil {
+		return nil, err
+	}
+	if d.lock, err = lockFile(filepath.Join(cfg.StateDir, "santad.lock")); err != nil {
+		return nil, err
+	}
+	if err := dataplane.EnsureBPFFS(cfg.BPFFS); err != nil {
+		return nil, err
+	}
+	gens := cfg.generations()
+	var prev *dataplane.Previous
+	if len(gens) > 0 {
+		if prev, err = dataplane.OpenPrevious(cfg.genDir(gens[len(gens)-1])); err != nil {
+			log.Warn("previous instance's pins unreadable: its rules are dropped", "error", err)
+			prev = nil
+		} else {
+			defer prev.Close()
+		}
+	}
+
+	if d.dp, err = dataplane.Load(cfg.dataplaneConfig()); err != nil {
+		return nil, err
+	}
+	// Watch socket release from before the replay, so a socket closed during
+	// it is not missed: the old hook covers the time before, this one after.
+	if d.released, err = d.dp.OpenReleased(); err != nil {
+		return nil, err
+	}
+	cgroup := cfg.Cgroup
+	if cgroup == "" {
+		if cgroup, err = dataplane.CgroupV2Root(); err != nil {
+			return nil, err
+		}
+	}
+	if d.release, err = d.dp.AttachReleaseHook(cgroup); err != nil {
+		return nil, err
+	}
+	if err := d.restore(prev); err != nil {
+		return nil, err
+	}
+	if err := d.attach(); err != nil {
+		return nil, err
+	}
+	if prev != nil && len(d.sets) > 0 {
+		d.carryStats(prev)
+	}
+	next := 1
+	if len(gens) > 0 {
+		next = gens[len(gens)-1] + 1
+	}
+	if err := d.pin(cfg.genDir(next)); err != nil {
+		return nil, err
+	}
+	for _, g := range gens {
+		if err := dataplane.Unpin(cfg.genDir(g)); err != nil {
+			log.Warn("could not remove an old generation's pins", "dir", cfg.genDir(g), "error", err)
+		}
+	}
+	if d.samples, err = d.dp.OpenMissSamples(); err != nil {
+		return nil, err
+	}
+	d.metrics = newMetrics(d)
+	if err := d.listen(); err != nil {
+		return nil, err
+	}
+	d.wg.Add(2)
+	go d.watchReleased()
+	go d.dispatchSamples()
+	if cfg.Metrics != "" {
+		if err := d.metrics.serve(cfg.Metrics); err != nil {
+			return nil, err
+		}
+	}
+	u := d.dp.Usage()
+	log.Info("santad started", "version", Version, "generation", next, "interfaces", cfg.Interfaces,
+		"sockets", u.Rulesets, "rules", u.Rules, "socket", cfg.Socket, "metrics", cfg.Metrics)
+	return d, nil
+}
+
+// restore rebuilds the rule sets of the journal whose sockets are still open.
+func (d *Daemon) restore(prev *dataplane.Previous) error {
+	records, err := readJournal(d.cfg.journalPath())
+	if err != nil {
+		return err
+	}
+	sets, err := replay(records)
+	if err != nil {
+		return err
+	}
+	t0 := time.Now()
+	var dropped, rules int
+	cookies := make([]uint64, 0, len(sets))
+	for c := range sets {
+		cookies = append(cookies, c)
+	}
+	sort.Slice(cookies, func(i, j int) bool { return cookies[i] < cookies[j] })
+	for _, cookie := range cookies {
+		rs := sets[cookie]
+		if prev == nil || !prev.Alive(cookie) {
+			dropped++ // its socket closed while no santad ran (or the pins are gone)
+			continue
+		}
+		if err := d.dp.Bind(cookie, rs.sample); err != nil {
+			return fmt.Errorf("restore socket %d: %w", cookie, err)
+		}
+		if !prev.Alive(cookie) { // closed between the check and the bind: the old hook saw it
+			d.dp.Unbind(cookie)
+			dropped++
+			continue
+		}
+		infos := rs.ruleInfos()
+		if err := d.dp.RestoreRules(cookie, infos); err != nil {
+			return fmt.Errorf("restore %d rules of socket %d: %w", len(infos), cookie, err)
+		}
+		set := &ruleSet{info: rs.info, sample: rs.sample, rules: map[uint64]ruleMeta{}}
+		u := d.usageOf(rs.info.Owner)
+		for _, ri := range infos {
+			r := fromDataplane(ri)
+			set.rules[r.ID] = ruleMeta{cost: cost(r), version: r.Version}
+			set.bytes += cost(r)
+			u.rules++
+			u.bytes += cost(r)
+		}
+		d.sets[cookie] = set
+		rules += len(infos)
+	}
+	if len(sets) > 0 {
+		d.log.Info("rule sets restored from the journal", "sockets", len(d.sets), "rules", rules,
+			"dropped_closed_sockets", dropped, "took", time.Since(t0).String())
+	}
+	return d.compact()
+}
+
+// carryStats adds the counts of the previous instance, read once its
+// program is swapped out and its last runs (microseconds each) are over.
+func (d *Daemon) carryStats(prev *dataplane.Previous) {
+	time.Sleep(10 * time.Millisecond)
+	base, err := prev.RuleStats()
+	if err != nil {
+		d.log.Warn("previous counters unreadable: rule statistics restart at zero", "error", err)
+		return
+	}
+	d.dp.CarryStats(base)
+}
+
+// compact rewrites the journal as one bind and one add per rule set.
+func (d *Daemon) compact() error {
+	var records []*api.Message
+	for cookie, rs := range d.sets {
+		records = append(records, &api.Message{Op: api.OpBind, Sockets: []api.SocketInfo{rs.info},
+			SampleBytes: uint32(rs.sample.Bytes), SampleRate: uint32(rs.sample.PerSecond)})
+		infos, err := d.dp.ListRules(cookie)
+		if err != nil {
+			return err
+		}
+		if len(infos) == 0 {
+			continue
+		}
+		rules := make([]api.Rule, len(infos))
+		for i, ri := range infos {
+			rules[i] = fromDataplane(ri)
+		}
+		records = append(records, &api.Message{Op: api.OpAdd, Socket: cookie, Rules: rules})
+	}
+	j, err := writeJournal(d.cfg.journalPath(), records)
+	if err != nil {
+		return err
+	}
+	if d.j != nil {
+		d.j.close()
+	}
+	d.j = j
+	return nil
+}
+
+func (d *Daemon) usageOf(uid uint32) *usage {
+	u, ok := d.usage[uid]
+	if !ok {
+		u = &usage{}
+		d.usage[uid] = u
+	}
+	return u
+}
+
+// attach puts the rule processor on the configured interfaces, swapping it
+// in on links a previous instance pinned, and detaches it from interfaces no
+// longer configured.
+func (d *Daemon) attach() error {
+	if err := os.MkdirAll(filepath.Join(d.cfg.BPFFS, "links"), 0o700); err != nil {
+		return err
+	}
+	want := map[string]bool{}
+	for _, ifname := range d.cfg.Interfaces {
+		att, err := d.dp.AttachPinned(ifname, d.cfg.xdpMode(), d.cfg.linkPin(ifname))
+		if err != nil {
+			return err
+		}
+		d.atts = append(d.atts, att)
+		want[filepath.Base(d.cfg.linkPin(ifname))] = true
+	}
+	ents, _ := os.ReadDir(filepath.Join(d.cfg.BPFFS, "links"))
+	for _, e := range ents {
+		if want[e.Name()] {
+			continue
+		}
+		path := filepath.Join(d.cfg.BPFFS, "links", e.Name())
+		if l, err := link.LoadPinnedLink(path, nil); err == nil {
+			l.Unpin()
+			l.Close()
+			d.log.Info("detached from an interface no longer configured", "pin", path)
+		}
+	}
+	return nil
+}
+
+func (d *Daemon) pin(dir string) error {
+	if err := d.dp.Pin(dir); err != nil {
+		return err
+	}
+	return d.release.Pin(filepath.Join(dir, "release_link"))
+}
+
+// listen opens the control socket with the configured permissions.
+func (d *Daemon) listen() error {
+	path := d.cfg.Socket
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	os.Remove(path) // a stale socket of a previous santad: the lock says none runs
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		return fmt.Errorf("control socket: %w", err)
+	}
+	l.SetUnlinkOnClose(false) // a successor may already listen on the path
+	d.listener = l
+	mode, _ := d.cfg.socketMode()
+	if err := os.Chmod(path, mode); err != nil {
+		return err
+	}
+	if d.cfg.SocketGroup != "" {
+		gid, err := lookupGroup(d.cfg.SocketGroup)
+		if err != nil {
+			return err
+		}
+		if err := os.Chown(path, 0, gid); err != nil {
+			return err
+		}
+	}
+	d.wg.Add(1)
+	go d.acceptLoop()
+	return nil
+}
+
+// Wait blocks until ctx is done, then shuts santad down gracefully.
+func (d *Daemon) Wait(ctx context.Context) error {
+	<-ctx.Done()
+	return d.Close()
+}
+
+// Close stops santad but leaves the rule processor attached and its state
+// pinned: rules keep answering until the next santad takes over.
+func (d *Daemon) Close() error {
+	d.listener.Close()
+	d.released.Close()
+	d.samples.Close()
+	d.metrics.close()
+	d.subMu.Lock()
+	for cookie := range d.subs {
+		d.closeSubscribersLocked(cookie)
+	}
+	d.subMu.Unlock()
+	d.wg.Wait()
+	for _, a := range d.atts {
+		a.Release()
+	}
+	d.release.Close() // its pin keeps it attached
+	d.mu.Lock()
+	err := d.j.close()
+	d.mu.Unlock()
+	d.dp.Close()
+	d.lock.Close()
+	d.log.Info("santad stopped; the rule processor stays attached until the next santad takes over")
+	return err
+}
+
+// abort undoes a failed Start. It detaches nothing a previous instance pinned.
+func (d *Daemon) abort() {
+	if d.listener != nil {
+		d.listener.Close()
+	}
+	for _, a := range d.atts {
+		a.Release()
+	}
+	if d.release != nil {
+		d.release.Close()
+	}
+	if d.released != nil {
+		d.released.Close()
+	}
+	if d.samples != nil {
+		d.samples.Close()
+	}
+	if d.dp != nil {
+		d.dp.Close()
+	}
+	if d.j != nil {
+		d.j.close()
+	}
+	if d.lock != nil {
+		d.lock.Close()
+	}
+}
+
+// Cleanup detaches the rule processor and removes every pin and the state
+// santad keeps: for uninstalling, and for tests.
+func Cleanup(cfg Config) error {
+	var errs []error
+	ents, _ := os.ReadDir(filepath.Join(cfg.BPFFS, "links"))
+	for _, e := range ents {
+		if l, err := link.LoadPinnedLink(filepath.Join(cfg.BPFFS, "links", e.Name()), nil); err == nil {
+			errs = append(errs, l.Unpin(), l.Close())
+		}
+	}
+	for _, g := range cfg.generations() {
+		errs = append(errs, dataplane.Unpin(cfg.genDir(g)))
+	}
+	errs = append(errs, os.RemoveAll(cfg.BPFFS), os.RemoveAll(cfg.journalPath()), os.RemoveAll(cfg.Socket))
+	return errors.Join(errs...)
+}
+
+// lockFile takes an exclusive lock so that only one santad runs per state directory.
+func lockFile(path string) (*os.File, error) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("another santad holds %s: stop it first (%w)", path, err)
+	}
+	return f, nil
+}

@@ -1,0 +1,388 @@
+package daemon_test
+
+import (
+	"bufio"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/santa-offload/santa/api"
+	santa "github.com/santa-offload/santa/clients/go/santa"
+	"github.com/santa-offload/santa/internal/testbed"
+)
+
+const nobody = 65534
+
+// TestClientsOffloadAsNobody runs the paper's Listing 1 through each client
+// library as uid nobody: the kernel answers "Hello" even while the
+// application is stopped, the application serves the rest, reads its rule's
+// hits, and the rule set dies with the socket.
+func TestClientsOffloadAsNobody(t *testing.T) {
+	tb := testbed.New(t)
+	sd := newSantad(t, tb)
+	sd.start()
+	env := []string{"SANTA_SOCKET=" + sd.Socket, "PYTHONPATH=" + filepath.Join(work, "python")}
+	clients := map[string][]string{
+		"go":     {filepath.Join(work, "listing1-go")},
+		"c":      {filepath.Join(work, "c", "listing1")},
+		"python": {"/usr/bin/python3", filepath.Join(work, "python", "examples", "listing1.py")},
+	}
+	port := uint16(7000)
+	for _, name := range []string{"c", "go", "python"} {
+		port++
+		t.Run(name, func(t *testing.T) {
+			for _, ip := range []netip.Addr{tb.Server.IP4, tb.Server.IP6} {
+				server := netip.AddrPortFrom(ip, port)
+				a := startApp(t, tb, nobody, env, append(clients[name], ip.String(), fmt.Sprint(port))...)
+				a.cmd.Process.Signal(syscall.SIGSTOP)
+				for i := 0; i < 3; i++ {
+					if got := exchange(t, tb, server, "Hello"); got != "COMSYS" {
+						t.Fatalf("%v: Hello got %q from a stopped app, want COMSYS from the kernel", server, got)
+					}
+				}
+				a.cmd.Process.Signal(syscall.SIGCONT)
+				if got := exchange(t, tb, server, "other"); got != "app:other" {
+					t.Fatalf("%v: other got %q, want app:other", server, got)
+				}
+				if got := exchange(t, tb, server, "stats"); got != "hits=3" {
+					t.Fatalf("%v: the app read %q through its client, want hits=3", server, got)
+				}
+				socks, err := sd.cli(nobody, "rules", "ls", "--json")
+				if err != nil || !strings.Contains(socks, fmt.Sprint(a.Cookie)) {
+					t.Fatalf("nobody does not see its own rule set %d: %v %s", a.Cookie, err, socks)
+				}
+				a.cmd.Process.Signal(syscall.SIGTERM)
+				a.cmd.Wait()
+				waitGone(t, sd, a.Cookie)
+				// a new socket on the same port never sees the old rules
+				if got := echoOnce(t, tb, server, "Hello"); got != "Hello" {
+					t.Fatalf("%v: a new socket on the port got %q answered, want its own echo", server, got)
+				}
+			}
+		})
+	}
+}
+
+// waitGone waits until santad has dropped the closed socket's rule set.
+func waitGone(t *testing.T, sd *santadProc, cookie uint64) {
+	t.Helper()
+	c := sd.client()
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		socks, err := c.ListSockets()
+		if err != nil {
+			t.Fatal(err)
+		}
+		found := false
+		for _, s := range socks {
+			found = found || s.Cookie == cookie
+		}
+		if !found {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("rule set of closed socket %d still listed after 5 s", cookie)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if _, err := c.ListRules(santa.Cookie(cookie)); !errors.Is(err, santa.ErrNotFound) {
+		t.Fatalf("rules of closed socket %d: %v, want not found", cookie, err)
+	}
+}
+
+// echoOnce binds a plain socket at server in the server namespace, sends
+// payload from the client and returns what the client got back: the echo of
+// this socket, unless something answered for it.
+func echoOnce(t *testing.T, tb *testbed.Testbed, server netip.AddrPort, payload string) string {
+	t.Helper()
+	var conn *net.UDPConn
+	if err := tb.Server.Do(func() (err error) {
+		conn, err = net.ListenUDP("udp", net.UDPAddrFromAddrPort(server))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	go func() {
+		buf := make([]byte, 2048)
+		for {
+			n, from, err := conn.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				return
+			}
+			conn.WriteToUDPAddrPort(buf[:n], from)
+		}
+	}()
+	return exchange(t, tb, server, payload)
+}
+
+// TestOwnership checks what a non-root client may not do.
+func TestOwnership(t *testing.T) {
+	tb := testbed.New(t)
+	sd := newSantad(t, tb)
+	sd.start()
+	env := []string{"SANTA_SOCKET=" + sd.Socket}
+	// a socket of root's, bound by root
+	root := sd.client()
+	var rootConn *net.UDPConn
+	if err := tb.Server.Do(func() (err error) {
+		rootConn, err = net.ListenUDP("udp", &net.UDPAddr{IP: tb.Server.IP4.AsSlice(), Port: 7100})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer rootConn.Close()
+	target, err := santa.Socket(rootConn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rootSet, err := root.Bind(target, santa.SampleOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rulePath := filepath.Join(sd.dir, "rules.yaml")
+	writeFile(t, rulePath, "rules:\n- conditions: [{offset: 0, text: Hi}]\n  processors: [{put: {at: 0, text: Yo}}]\n  reply_len: 2\n")
+	a := startApp(t, tb, nobody, env, filepath.Join(work, "listing1-go"), tb.Server.IP4.String(), "7101")
+
+	for name, args := range map[string][]string{
+		"add to root's socket":    {"rules", "add", "--socket", fmt.Sprint(rootSet.Cookie), rulePath},
+		"list root's rules":       {"rules", "ls", "--socket", fmt.Sprint(rootSet.Cookie)},
+		"stats of root's socket":  {"stats", "--socket", fmt.Sprint(rootSet.Cookie)},
+		"detach root's socket":    {"detach", "--socket", fmt.Sprint(rootSet.Cookie)},
+		"attach another's socket": {"attach", "--port", "7101/udp"},
+		"attach by pid":           {"attach", "--pid", fmt.Sprint(a.cmd.Process.Pid), "--fd", "3"},
+	} {
+		out, err := sd.cli(nobody, args...)
+		if err == nil || !strings.Contains(out, "permission denied") && !strings.Contains(out, "belongs to uid") && !strings.Contains(out, "needs root") {
+			t.Errorf("%s as nobody: %v %q, want a permission error", name, err, out)
+		}
+	}
+	// nobody's own socket: allowed, by cookie
+	if out, err := sd.cli(nobody, "rules", "add", "--socket", fmt.Sprint(a.Cookie), rulePath); err != nil {
+		t.Fatalf("nobody adding to its own socket: %v", err)
+	} else if strings.TrimSpace(out) == "" {
+		t.Fatal("rules add printed no id")
+	}
+	socks, err := sd.cli(nobody, "rules", "ls", "--json")
+	if err != nil || strings.Contains(socks, fmt.Sprint(rootSet.Cookie)) {
+		t.Fatalf("nobody's listing shows root's socket or failed: %v %s", err, socks)
+	}
+	// root sees both and may manage nobody's
+	if out, err := sd.cli(0, "rules", "ls", "--socket", fmt.Sprint(a.Cookie)); err != nil || strings.Count(out, "\n") != 3 {
+		t.Fatalf("root listing nobody's rules: %v\n%s", err, out)
+	}
+	if got := exchange(t, tb, netip.AddrPortFrom(tb.Server.IP4, 7101), "Hi"); got != "Yo" {
+		t.Fatalf("Hi got %q, want Yo", got)
+	}
+}
+
+func writeFile(t *testing.T, path, content string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestRestartUnderLoad restarts santad gracefully and then kills it while a
+// client sends requests at a fixed rate to a socket nobody reads: every
+// request must still be answered, and every rule, id, version and counter kept.
+func TestRestartUnderLoad(t *testing.T) {
+	tb := testbed.New(t)
+	sd := newSantad(t, tb)
+	sd.start()
+	c := sd.client()
+	var conn *net.UDPConn
+	server := netip.AddrPortFrom(tb.Server.IP4, 7200)
+	if err := tb.Server.Do(func() (err error) {
+		conn, err = net.ListenUDP("udp", net.UDPAddrFromAddrPort(server))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close() // never read: only the kernel answers
+	target, err := santa.Socket(conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// the answering rule echoes an 8-byte sequence number; 2000 more rules make the restore real work
+	rules := []api.Rule{{
+		Conditions: []api.Condition{santa.Match(0, []byte("Hello"))},
+		Processors: []api.Processor{santa.Put(0, []byte("COMSYS")), santa.Copy(6, 5, 8)},
+		ReplyLen:   14,
+	}}
+	for i := 0; i < 2000; i++ {
+		rules = append(rules, api.Rule{
+			Conditions: []api.Condition{santa.Match(0, []byte(fmt.Sprintf("other-%05d", i)))},
+			Processors: []api.Processor{santa.Put(0, []byte(fmt.Sprintf("reply-%05d", i)))},
+			ReplyLen:   11,
+		})
+	}
+	ids, err := c.Add(target, rules)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rules[1].ID = ids[1]
+	rules[1].Processors = []api.Processor{santa.Put(0, []byte("changed-one"))}
+	if err := c.Modify(target, rules[1:2]); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Delete(target, ids[2:4]); err != nil {
+		t.Fatal(err)
+	}
+	before, err := c.ListRules(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(before) != 1999 {
+		t.Fatalf("%d rules before the restart, want 1999", len(before))
+	}
+
+	const rate, duration = 2000, 6 * time.Second
+	total := int(rate * duration.Seconds())
+	client, err := tb.DialUDP(server)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	got := make([]bool, total)
+	var received int
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { // count distinct answered sequence numbers
+		defer wg.Done()
+		buf := make([]byte, 64)
+		for {
+			client.SetReadDeadline(time.Now().Add(2 * time.Second))
+			n, err := client.Read(buf)
+			if err != nil {
+				return
+			}
+			if n == 14 && string(buf[:6]) == "COMSYS" {
+				if seq := binary.BigEndian.Uint64(buf[6:14]); seq < uint64(total) && !got[seq] {
+					got[seq] = true
+					received++
+				}
+			}
+		}
+	}()
+	restarts := make(chan struct{})
+	go func() { // graceful restart at 1.5 s, crash and restart at 3.5 s
+		defer close(restarts)
+		time.Sleep(1500 * time.Millisecond)
+		sd.stop(syscall.SIGTERM)
+		sd.start()
+		time.Sleep(2 * time.Second)
+		sd.stop(syscall.SIGKILL)
+		sd.start()
+	}()
+	start := time.Now()
+	req := make([]byte, 13)
+	copy(req, "Hello")
+	for i := 0; i < total; i++ {
+		time.Sleep(time.Until(start.Add(time.Duration(i) * time.Second / rate)))
+		binary.BigEndian.PutUint64(req[5:], uint64(i))
+		if _, err := client.Write(req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	<-restarts
+	wg.Wait()
+	if received != total {
+		var lost []int
+		for i, ok := range got {
+			if !ok && len(lost) < 20 {
+				lost = append(lost, i)
+			}
+		}
+		t.Errorf("%d of %d requests answered across two santad restarts; first lost: %v", received, total, lost)
+	}
+	c2 := sd.client()
+	cookie := mustCookie(t, c2)
+	after, err := c2.ListRules(santa.Cookie(cookie))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(after, before) {
+		t.Errorf("rules changed across restarts: %d before, %d after", len(before), len(after))
+	}
+	st, err := c2.Stats(santa.Cookie(cookie), ids[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st[0].Hits < uint64(total) {
+		t.Errorf("the answering rule counts %d hits after the restarts, want at least %d", st[0].Hits, total)
+	}
+	t.Logf("%d/%d answered at %d/s across a graceful restart and a kill -9; %d rules kept with ids, versions and counters", received, total, rate, len(after))
+}
+
+// mustCookie returns the only socket's cookie.
+func mustCookie(t *testing.T, c *santa.Client) uint64 {
+	t.Helper()
+	socks, err := c.ListSockets()
+	if err != nil || len(socks) != 1 {
+		t.Fatalf("want exactly one rule set: %v %v", socks, err)
+	}
+	return socks[0].Cookie
+}
+
+// TestMetrics scrapes the Prometheus endpoint.
+func TestMetrics(t *testing.T) {
+	tb := testbed.New(t)
+	sd := newSantad(t, tb)
+	sd.start()
+	a := startApp(t, tb, nobody, []string{"SANTA_SOCKET=" + sd.Socket}, filepath.Join(work, "listing1-go"), tb.Server.IP4.String(), "7300")
+	exchange(t, tb, netip.AddrPortFrom(tb.Server.IP4, 7300), "Hello")
+	exchange(t, tb, netip.AddrPortFrom(tb.Server.IP4, 7300), "nope")
+	out, err := sd.cli(nobody, "rules", "rm", "--socket", fmt.Sprint(a.Cookie), "999999")
+	if err == nil {
+		t.Fatalf("removing a rule that does not exist succeeded: %s", out)
+	}
+	var body string
+	if err := tb.Server.Do(func() error {
+		// dial here: the connection must be made inside the server namespace
+		conn, err := net.Dial("tcp", sd.Metrics)
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		if _, err := conn.Write([]byte("GET /metrics HTTP/1.0\r\n\r\n")); err != nil {
+			return err
+		}
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		body = string(b)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		fmt.Sprintf(`santa_rule_hits_total{rule="%d",socket="%d"} 1`, a.Rule, a.Cookie),
+		`santa_dataplane_events_total{event="answered"} 1`,
+		`santa_dataplane_events_total{event="pass_no_match"} 1`,
+		`santa_api_errors_total{op="delete",status="not found"} 1`,
+		`santa_rules 1`,
+		`santa_sockets 1`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("metrics lack %q", want)
+		}
+	}
+	if t.Failed() {
+		t.Log(body)
+	}
+}

@@ -1,0 +1,158 @@
+package daemon
+
+import (
+	"errors"
+	"io"
+	"os"
+
+	"github.com/santa-offload/santa/api"
+	"github.com/santa-offload/santa/internal/dataplane"
+)
+
+// subscriber receives one socket's miss samples for one connection.
+type subscriber struct {
+	cookie  uint64
+	seq     uint64
+	samples chan dataplane.MissSample
+	done    chan struct{}
+}
+
+func (s *subscriber) close() {
+	select {
+	case <-s.done:
+	default:
+		close(s.done)
+	}
+}
+
+// subscribe sets the socket's sampling for as long as the connection stays.
+func (s *session) subscribe(req *api.Message, files []*os.File) (*subscriber, error) {
+	d := s.d
+	if req.SampleBytes == 0 || req.SampleRate == 0 {
+		return nil, fail(api.StatusInvalid, "subscribe needs sample_bytes (1 to %d) and sample_rate (samples per second and CPU)", dataplane.MaxSample)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	rs, err := s.target(req, files, false)
+	if err != nil {
+		return nil, err
+	}
+	opts := dataplane.SampleOptions{Bytes: int(req.SampleBytes), PerSecond: int(req.SampleRate)}
+	if err := d.dp.SetSampling(rs.info.Cookie, opts); err != nil {
+		return nil, fail(api.StatusInvalid, "%v", err)
+	}
+	sub := &subscriber{cookie: rs.info.Cookie, seq: req.Seq, samples: make(chan dataplane.MissSample, 1024), done: make(chan struct{})}
+	d.subMu.Lock()
+	if d.subs[sub.cookie] == nil {
+		d.subs[sub.cookie] = map[*subscriber]struct{}{}
+	}
+	d.subs[sub.cookie][sub] = struct{}{}
+	d.subMu.Unlock()
+	return sub, nil
+}
+
+// stream sends samples until the client hangs up, the socket's rule set
+// goes away or santad stops; then the socket's own sampling is restored.
+func (s *session) stream(sub *subscriber) {
+	d := s.d
+	hangup := make(chan struct{})
+	go func() { // the client sends nothing more: a read returns when it hangs up
+		var b [1]byte
+		s.conn.Unix().Read(b[:])
+		close(hangup)
+	}()
+	defer d.unsubscribe(sub)
+	for {
+		select {
+		case m := <-sub.samples:
+			ev := &api.Message{V: api.Version, Op: api.OpSample, Seq: sub.seq, Socket: m.Cookie,
+				Sample: m.Payload, RequestLen: uint32(m.Len)}
+			if err := s.conn.Send(ev, -1); err != nil {
+				return
+			}
+		case <-hangup:
+			return
+		case <-sub.done:
+			return
+		}
+	}
+}
+
+func (d *Daemon) unsubscribe(sub *subscriber) {
+	d.subMu.Lock()
+	delete(d.subs[sub.cookie], sub)
+	last := len(d.subs[sub.cookie]) == 0
+	if last {
+		delete(d.subs, sub.cookie)
+	}
+	d.subMu.Unlock()
+	if !last {
+		return
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if rs, ok := d.sets[sub.cookie]; ok {
+		d.dp.SetSampling(sub.cookie, rs.sample)
+	}
+}
+
+// closeSubscribers ends the subscriptions of a socket whose rule set is gone.
+func (d *Daemon) closeSubscribers(cookie uint64) {
+	d.subMu.Lock()
+	defer d.subMu.Unlock()
+	d.closeSubscribersLocked(cookie)
+}
+
+func (d *Daemon) closeSubscribersLocked(cookie uint64) {
+	for sub := range d.subs[cookie] {
+		sub.close()
+	}
+}
+
+// dispatchSamples hands each miss sample to its socket's subscribers; a
+// subscriber that cannot keep up loses samples, counted in metrics.
+func (d *Daemon) dispatchSamples() {
+	defer d.wg.Done()
+	for {
+		m, err := d.samples.Read()
+		if err != nil {
+			if !errors.Is(err, dataplane.ErrClosed) {
+				d.log.Error("reading miss samples failed", "error", err)
+			}
+			return
+		}
+		d.subMu.Lock()
+		for sub := range d.subs[m.Cookie] {
+			select {
+			case sub.samples <- m:
+			default:
+				d.metrics.samplesDropped.Inc()
+			}
+		}
+		d.subMu.Unlock()
+	}
+}
+
+// watchReleased frees the rules of sockets the kernel reports closed. The
+// release hook already stopped their rules from matching.
+func (d *Daemon) watchReleased() {
+	defer d.wg.Done()
+	for {
+		cookie, err := d.released.Read()
+		if err != nil {
+			if !errors.Is(err, dataplane.ErrClosed) && !errors.Is(err, io.EOF) {
+				d.log.Error("reading released sockets failed", "error", err)
+			}
+			return
+		}
+		d.mu.Lock()
+		if rs, ok := d.sets[cookie]; ok {
+			if err := d.unbind(rs); err != nil {
+				d.log.Error("freeing the rules of a closed socket failed", "socket", cookie, "error", err)
+			} else {
+				d.log.Info("socket closed: its rules are gone", "socket", cookie, "owner", rs.info.Owner, "rules", len(rs.rules))
+			}
+		}
+		d.mu.Unlock()
+	}
+}

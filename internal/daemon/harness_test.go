@@ -1,0 +1,299 @@
+package daemon_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	santa "github.com/santa-offload/santa/clients/go/santa"
+	"github.com/santa-offload/santa/internal/testbed"
+)
+
+// work is a directory every test user can read, with the binaries and
+// client packages the tests run (the clone may sit where uid nobody cannot look).
+var work string
+
+func TestMain(m *testing.M) {
+	os.Exit(runTests(m))
+}
+
+func runTests(m *testing.M) int {
+	if os.Geteuid() != 0 {
+		fmt.Fprintln(os.Stderr, "internal/daemon tests need root (XDP, namespaces, bpffs)")
+		return 1
+	}
+	var err error
+	if work, err = os.MkdirTemp("/run", "santa-test-"); err == nil {
+		err = os.Chmod(work, 0o755)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(work)
+	if err := buildAll(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return m.Run()
+}
+
+// buildAll builds santad, the CLI and the three clients' Listing 1 examples into work.
+func buildAll() error {
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		return err
+	}
+	steps := [][]string{
+		{"go", "build", "-o", filepath.Join(work, "santad"), "./cmd/santad"},
+		{"go", "build", "-o", filepath.Join(work, "santa"), "./cmd/santa"},
+		{"go", "build", "-o", filepath.Join(work, "listing1-go"), "./clients/go/examples/listing1"},
+		{"make", "-s", "-C", "clients/c"},
+		{"cp", "-r", "clients/c/build", filepath.Join(work, "c")},
+		{"cp", "-r", "clients/python", filepath.Join(work, "python")},
+		{"chmod", "-R", "a+rX", work},
+	}
+	for _, s := range steps {
+		cmd := exec.Command(s[0], s[1:]...)
+		cmd.Dir = root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("%s: %v\n%s", strings.Join(s, " "), err, out)
+		}
+	}
+	return nil
+}
+
+// santadProc is a santad running in the server namespace of a testbed, with
+// its own control socket, pin directory and state directory.
+type santadProc struct {
+	t       testing.TB
+	tb      *testbed.Testbed
+	dir     string
+	args    []string
+	cmd     *exec.Cmd
+	log     *syncBuffer
+	exited  chan error
+	Socket  string
+	Metrics string
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// newSantad configures (not starts) a santad for tb; extra are more flags.
+func newSantad(t testing.TB, tb *testbed.Testbed, extra ...string) *santadProc {
+	dir, err := os.MkdirTemp(work, "santad-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(dir, 0o755)
+	s := &santadProc{t: t, tb: tb, dir: dir, log: &syncBuffer{},
+		Socket: filepath.Join(dir, "santa.sock"), Metrics: "127.0.0.1:9477"}
+	s.args = append([]string{
+		"--interface", tb.Server.Dev,
+		"--socket", s.Socket,
+		"--bpffs", "/sys/fs/bpf/" + filepath.Base(dir),
+		"--state-dir", filepath.Join(dir, "state"),
+		"--metrics", s.Metrics,
+		"--log-format", "text", "--log-level", "debug",
+	}, extra...)
+	t.Cleanup(func() {
+		s.stop(syscall.SIGKILL)
+		cmd := exec.Command(filepath.Join(work, "santad"), append([]string{"cleanup"}, s.args...)...)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Errorf("santad cleanup: %v: %s", err, out)
+		}
+		if t.Failed() {
+			t.Logf("santad log:\n%s", s.log.String())
+		}
+	})
+	return s
+}
+
+// start runs santad and waits until it answers health.
+func (s *santadProc) start() {
+	s.t.Helper()
+	// nsenter joins only the network namespace: santad sees the host's bpffs,
+	// as it does in production
+	s.cmd = exec.Command("nsenter", append([]string{"--net=/run/netns/" + s.tb.Server.NS, filepath.Join(work, "santad")}, s.args...)...)
+	s.cmd.Stdout, s.cmd.Stderr = s.log, s.log
+	if err := s.cmd.Start(); err != nil {
+		s.t.Fatal(err)
+	}
+	s.exited = make(chan error, 1)
+	go func(c *exec.Cmd, ch chan error) { ch <- c.Wait() }(s.cmd, s.exited)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		select {
+		case err := <-s.exited:
+			s.cmd = nil
+			s.t.Fatalf("santad exited during start: %v\n%s", err, s.log.String())
+		default:
+		}
+		if c, err := santa.Dial(s.Socket); err == nil {
+			_, _, err := c.Health()
+			c.Close()
+			if err == nil {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			s.t.Fatalf("santad did not come up in 20 s:\n%s", s.log.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// stop sends sig to santad and waits for it to exit.
+func (s *santadProc) stop(sig syscall.Signal) {
+	if s.cmd == nil {
+		return
+	}
+	s.cmd.Process.Signal(sig)
+	select {
+	case <-s.exited:
+	case <-time.After(10 * time.Second):
+		s.cmd.Process.Kill()
+		<-s.exited
+		s.t.Errorf("santad ignored %v for 10 s", sig)
+	}
+	s.cmd = nil
+}
+
+func (s *santadProc) client() *santa.Client {
+	s.t.Helper()
+	c, err := santa.Dial(s.Socket)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	s.t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// cli runs the santa CLI in the server namespace as uid (0 = root).
+func (s *santadProc) cli(uid int, args ...string) (string, error) {
+	return runAs(s.tb, uid, nil, filepath.Join(work, "santa"), append([]string{"--socket-path", s.Socket}, args...)...)
+}
+
+// asUser is the command line that runs argv in the server namespace as uid.
+func asUser(tb *testbed.Testbed, uid int, argv ...string) []string {
+	pre := []string{"nsenter", "--net=/run/netns/" + tb.Server.NS}
+	if uid != 0 {
+		pre = append(pre, "setpriv", "--reuid="+strconv.Itoa(uid), "--regid="+strconv.Itoa(uid), "--clear-groups", "--")
+	}
+	return append(pre, argv...)
+}
+
+func runAs(tb *testbed.Testbed, uid int, env []string, name string, args ...string) (string, error) {
+	argv := asUser(tb, uid, append([]string{name}, args...)...)
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Env = append(os.Environ(), env...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("%s: %w: %s", strings.Join(argv, " "), err, out)
+	}
+	return string(out), nil
+}
+
+// app is an example server (a Listing 1) running in the server namespace.
+type app struct {
+	cmd    *exec.Cmd
+	Cookie uint64
+	Rule   uint64
+	out    *syncBuffer
+}
+
+// startApp runs argv as uid and waits for its "ready cookie=N rule=ID" line.
+func startApp(t *testing.T, tb *testbed.Testbed, uid int, env []string, argv ...string) *app {
+	t.Helper()
+	full := asUser(tb, uid, argv...)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	cmd := exec.CommandContext(ctx, full[0], full[1:]...)
+	cmd.Env = append(os.Environ(), env...)
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := &app{cmd: cmd, out: &syncBuffer{}}
+	cmd.Stderr = a.out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+		cancel()
+	})
+	ready := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			if strings.HasPrefix(sc.Text(), "ready ") {
+				ready <- sc.Text()
+			}
+			a.out.Write(append(sc.Bytes(), '\n'))
+		}
+		close(ready)
+	}()
+	select {
+	case line, ok := <-ready:
+		if !ok {
+			cmd.Wait()
+			t.Fatalf("%s exited before ready: %s", strings.Join(argv, " "), a.out.String())
+		}
+		if _, err := fmt.Sscanf(line, "ready cookie=%d rule=%d", &a.Cookie, &a.Rule); err != nil {
+			t.Fatalf("bad ready line %q: %v", line, err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("%s not ready in 30 s: %s", strings.Join(argv, " "), a.out.String())
+	}
+	return a
+}
+
+// exchange sends payload from the client namespace to server and returns the reply.
+func exchange(t *testing.T, tb *testbed.Testbed, server netip.AddrPort, payload string) string {
+	t.Helper()
+	c, err := tb.DialUDP(server)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	buf := make([]byte, 2048)
+	for try := 0; try < 3; try++ {
+		if _, err := c.Write([]byte(payload)); err != nil {
+			t.Fatal(err)
+		}
+		c.SetReadDeadline(time.Now().Add(2 * time.Second))
+		n, err := c.Read(buf)
+		if err == nil {
+			return string(buf[:n])
+		}
+	}
+	t.Fatalf("no reply from %v to %q", server, payload)
+	return ""
+}

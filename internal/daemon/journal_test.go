@@ -1,0 +1,122 @@
+package daemon
+
+import (
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/santa-offload/santa/api"
+)
+
+func testRule(id uint64, version uint32, pattern string) api.Rule {
+	return api.Rule{ID: id, Version: version, ReplyLen: 1,
+		Conditions: []api.Condition{{Pattern: api.Bytes(pattern)}},
+		Processors: []api.Processor{{Kind: api.KindPut, Template: api.Bytes("r")}}}
+}
+
+func TestJournalReplay(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "journal")
+	sock := api.SocketInfo{Cookie: 7, Family: 4, Protocol: 17, Address: api.Bytes{198, 18, 0, 1}, Port: 53, Owner: 1000}
+	other := api.SocketInfo{Cookie: 9, Family: 6, Protocol: 17, Port: 53}
+	records := []*api.Message{
+		{Op: api.OpBind, Sockets: []api.SocketInfo{sock}},
+		{Op: api.OpAdd, Socket: 7, Rules: []api.Rule{testRule(1, 1, "a"), testRule(2, 1, "b"), testRule(3, 1, "c")}},
+		{Op: api.OpModify, Socket: 7, Rules: []api.Rule{testRule(2, 2, "B")}},
+		{Op: api.OpDelete, Socket: 7, IDs: []uint64{1}},
+		{Op: api.OpBind, Sockets: []api.SocketInfo{other}, SampleBytes: 64, SampleRate: 10},
+		{Op: api.OpAdd, Socket: 9, Rules: []api.Rule{testRule(4, 1, "d")}},
+		{Op: api.OpReplace, Socket: 9, Rules: []api.Rule{testRule(5, 1, "e")}},
+		{Op: api.OpBind, Sockets: []api.SocketInfo{{Cookie: 11, Port: 1}}},
+		{Op: api.OpUnbind, Socket: 11},
+	}
+	j, err := writeJournal(path, records[:2])
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range records[2:] {
+		if err := j.append(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	j.close()
+	// a crash in the middle of writing a record leaves a torn tail
+	f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Write([]byte{40, 0, 0, 0, 1, 2, 3, 4, 0xa1})
+	f.Close()
+
+	got, err := readJournal(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != len(records) {
+		t.Fatalf("read %d records, want %d (the torn tail dropped)", len(got), len(records))
+	}
+	sets, err := replay(got)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(sets) != 2 {
+		t.Fatalf("%d rule sets replayed, want 2", len(sets))
+	}
+	want := map[uint64][]uint64{7: {2, 3}, 9: {5}}
+	for cookie, ids := range want {
+		infos := sets[cookie].ruleInfos()
+		var gotIDs []uint64
+		for _, ri := range infos {
+			gotIDs = append(gotIDs, uint64(ri.ID))
+		}
+		if !reflect.DeepEqual(gotIDs, ids) {
+			t.Errorf("socket %d: ids %v, want %v", cookie, gotIDs, ids)
+		}
+	}
+	if r := sets[7].ruleInfos()[0]; r.Version != 2 || string(r.Rule.Conditions[0].Pattern) != "B" {
+		t.Errorf("modified rule replayed as version %d %q", r.Version, r.Rule.Conditions[0].Pattern)
+	}
+	if s := sets[9].sample; s.Bytes != 64 || s.PerSecond != 10 {
+		t.Errorf("sampling replayed as %+v", s)
+	}
+	if !reflect.DeepEqual(sets[7].info, sock) {
+		t.Errorf("socket info replayed as %+v", sets[7].info)
+	}
+
+	// a record for a socket never bound is corruption, not a torn tail
+	if _, err := replay([]*api.Message{{Op: api.OpAdd, Socket: 5}}); err == nil {
+		t.Error("replay accepted an add for an unbound socket")
+	}
+}
+
+func TestConfig(t *testing.T) {
+	c, err := LoadConfig("../../dist/santad.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	def := DefaultConfig()
+	c.Interfaces = nil
+	if !reflect.DeepEqual(c, def) {
+		t.Errorf("dist/santad.yaml differs from the defaults it documents:\n%+v\n%+v", c, def)
+	}
+	bad := filepath.Join(t.TempDir(), "bad.yaml")
+	for content, want := range map[string]string{
+		"quota:\n  rule: 5\n": "field rule not found",
+		"xdp_mode: turbo\n":   "xdp_mode",
+		"socket_mode: rw\n":   "socket_mode",
+		"log_format: xml\n":   "log_format",
+	} {
+		os.WriteFile(bad, []byte(content), 0o644)
+		c, err := LoadConfig(bad)
+		if err == nil {
+			err = c.Validate()
+		}
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("config %q: %v, want an error about %s", content, err, want)
+		}
+	}
+}

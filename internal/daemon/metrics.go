@@ -1,0 +1,133 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/santa-offload/santa/api"
+	"github.com/santa-offload/santa/internal/dataplane"
+)
+
+// metrics are santad's Prometheus metrics. Data-plane numbers are read from
+// the per-CPU maps at scrape time.
+type metrics struct {
+	d              *Daemon
+	reg            *prometheus.Registry
+	requests       *prometheus.CounterVec
+	errors         *prometheus.CounterVec
+	samplesDropped prometheus.Counter
+	srv            *http.Server
+
+	events, ruleHits, ruleBytes, socketHits, socketRules, rules, sockets, dataBytes, maxRules, maxData *prometheus.Desc
+}
+
+func newMetrics(d *Daemon) *metrics {
+	m := &metrics{
+		d:   d,
+		reg: prometheus.NewRegistry(),
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "santa_api_requests_total",
+			Help: "Control API requests by op and status."}, []string{"op", "status"}),
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "santa_api_errors_total",
+			Help: "Control API requests refused, by op and status."}, []string{"op", "status"}),
+		samplesDropped: prometheus.NewCounter(prometheus.CounterOpts{Name: "santa_miss_samples_dropped_total",
+			Help: "Miss samples not delivered because a subscriber fell behind."}),
+		events: prometheus.NewDesc("santa_dataplane_events_total",
+			"Rule processor outcomes: answered, every pass reason, and miss sampling (see bpf/santa.h).", []string{"event"}, nil),
+		ruleHits: prometheus.NewDesc("santa_rule_hits_total", "Requests answered by a rule.", []string{"socket", "rule"}, nil),
+		ruleBytes: prometheus.NewDesc("santa_rule_reply_bytes_total", "Reply frame bytes sent by a rule.",
+			[]string{"socket", "rule"}, nil),
+		socketHits:  prometheus.NewDesc("santa_socket_hits_total", "Requests answered by a socket's rules.", []string{"socket", "owner", "address"}, nil),
+		socketRules: prometheus.NewDesc("santa_socket_rules", "Rules of a socket.", []string{"socket", "owner", "address"}, nil),
+		rules:       prometheus.NewDesc("santa_rules", "Rules installed.", nil, nil),
+		sockets:     prometheus.NewDesc("santa_sockets", "Sockets with rule sets.", nil, nil),
+		dataBytes:   prometheus.NewDesc("santa_rule_data_bytes", "Bytes of patterns and templates in use.", nil, nil),
+		maxRules:    prometheus.NewDesc("santa_rule_capacity", "Rules the data plane can hold.", nil, nil),
+		maxData:     prometheus.NewDesc("santa_rule_data_capacity_bytes", "Bytes of patterns and templates the data plane can hold.", nil, nil),
+	}
+	m.reg.MustRegister(m.requests, m.errors, m.samplesDropped, m, prometheus.NewGoCollector())
+	return m
+}
+
+func (m *metrics) request(op api.Op, status api.Status) {
+	m.requests.WithLabelValues(op.String(), status.String()).Inc()
+	if status != api.StatusOK {
+		m.errors.WithLabelValues(op.String(), status.String()).Inc()
+	}
+}
+
+func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{m.events, m.ruleHits, m.ruleBytes, m.socketHits, m.socketRules,
+		m.rules, m.sockets, m.dataBytes, m.maxRules, m.maxData} {
+		ch <- d
+	}
+}
+
+func (m *metrics) Collect(ch chan<- prometheus.Metric) {
+	d := m.d
+	if c, err := d.dp.Counters(); err == nil {
+		for name, v := range dataplane.CounterNames(c) {
+			ch <- prometheus.MustNewConstMetric(m.events, prometheus.CounterValue, float64(v), name)
+		}
+	}
+	u := d.dp.Usage()
+	gauge := func(desc *prometheus.Desc, v int) {
+		ch <- prometheus.MustNewConstMetric(desc, prometheus.GaugeValue, float64(v))
+	}
+	gauge(m.rules, u.Rules)
+	gauge(m.sockets, u.Rulesets)
+	gauge(m.dataBytes, u.DataBytes)
+	gauge(m.maxRules, d.dp.Config().MaxRules)
+	gauge(m.maxData, u.MaxDataBytes)
+	perRule := u.Rules <= d.cfg.MetricsRuleLimit
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for cookie, rs := range d.sets {
+		stats, err := d.dp.RuleStats(cookie)
+		if err != nil {
+			continue
+		}
+		sock, owner, addr := strconv.FormatUint(cookie, 10), strconv.FormatUint(uint64(rs.info.Owner), 10), addrString(rs.info)
+		var hits uint64
+		for id, st := range stats {
+			hits += st.Hits
+			if perRule {
+				rule := strconv.FormatUint(uint64(id), 10)
+				ch <- prometheus.MustNewConstMetric(m.ruleHits, prometheus.CounterValue, float64(st.Hits), sock, rule)
+				ch <- prometheus.MustNewConstMetric(m.ruleBytes, prometheus.CounterValue, float64(st.Bytes), sock, rule)
+			}
+		}
+		ch <- prometheus.MustNewConstMetric(m.socketHits, prometheus.CounterValue, float64(hits), sock, owner, addr)
+		ch <- prometheus.MustNewConstMetric(m.socketRules, prometheus.GaugeValue, float64(len(rs.rules)), sock, owner, addr)
+	}
+}
+
+// serve exposes /metrics on addr.
+func (m *metrics) serve(addr string) error {
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
+	m.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		if err := m.srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			m.d.log.Error("metrics server failed", "error", err)
+		}
+	}()
+	return nil
+}
+
+func (m *metrics) close() {
+	if m.srv != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		m.srv.Shutdown(ctx)
+	}
+}

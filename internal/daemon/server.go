@@ -1,0 +1,366 @@
+package daemon
+
+import (
+	"cmp"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"slices"
+	"time"
+
+	"github.com/santa-offload/santa/api"
+	"github.com/santa-offload/santa/internal/dataplane"
+	"golang.org/x/sys/unix"
+)
+
+// session is one client connection, with the credentials the kernel
+// attached to it: they, and fds the client passes, are all santad trusts.
+type session struct {
+	d    *Daemon
+	conn *api.Conn
+	uid  uint32
+	pid  int32
+}
+
+func (d *Daemon) acceptLoop() {
+	defer d.wg.Done()
+	for {
+		c, err := d.listener.AcceptUnix()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			d.log.Warn("accept failed", "error", err)
+			continue
+		}
+		cred, err := peerCred(c)
+		if err != nil {
+			d.log.Warn("no peer credentials: connection refused", "error", err)
+			c.Close()
+			continue
+		}
+		s := &session{d: d, conn: api.NewConn(c), uid: cred.Uid, pid: cred.Pid}
+		go s.serve()
+	}
+}
+
+func peerCred(c *net.UnixConn) (*unix.Ucred, error) {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	var cred *unix.Ucred
+	var serr error
+	if err := raw.Control(func(fd uintptr) { cred, serr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) }); err != nil {
+		return nil, err
+	}
+	return cred, serr
+}
+
+func (s *session) serve() {
+	defer s.conn.Close()
+	for {
+		req, files, err := s.conn.Recv()
+		if err != nil {
+			closeFiles(files)
+			if errors.Is(err, api.ErrMalformed) || errors.Is(err, api.ErrFrame) {
+				s.d.metrics.request(0, api.StatusMalformed)
+				s.conn.Send(&api.Message{V: api.Version, Status: api.StatusMalformed, Error: err.Error()}, -1)
+			}
+			if errors.Is(err, api.ErrMalformed) {
+				continue
+			}
+			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) && !errors.Is(err, api.ErrFrame) {
+				s.d.log.Debug("connection ended", "uid", s.uid, "pid", s.pid, "error", err)
+			}
+			return
+		}
+		resp, stream := s.handle(req, files)
+		closeFiles(files) // santad never keeps an application's socket open
+		resp.V, resp.Op, resp.Seq = api.Version, req.Op, req.Seq
+		if err := s.conn.Send(resp, -1); err != nil {
+			if stream != nil {
+				stream.close()
+			}
+			return
+		}
+		if stream != nil {
+			s.stream(stream)
+			return
+		}
+	}
+}
+
+func closeFiles(files []*os.File) {
+	for _, f := range files {
+		f.Close()
+	}
+}
+
+// handle answers one request. For subscribe it also returns the subscriber
+// whose samples the connection carries from then on.
+func (s *session) handle(req *api.Message, files []*os.File) (*api.Message, *subscriber) {
+	resp, sub, err := s.dispatch(req, files)
+	status := api.StatusOK
+	if err != nil {
+		status = statusOf(err)
+		resp = &api.Message{Status: status, Error: err.Error()}
+		lvl := s.d.log.Debug
+		if status == api.StatusInternal {
+			lvl = s.d.log.Error
+		}
+		lvl("request refused", "op", req.Op.String(), "uid", s.uid, "pid", s.pid, "status", status.String(), "error", err)
+	}
+	s.d.metrics.request(req.Op, status)
+	return resp, sub
+}
+
+func (s *session) dispatch(req *api.Message, files []*os.File) (*api.Message, *subscriber, error) {
+	if req.V != api.Version {
+		return nil, nil, fail(api.StatusVersion, "protocol version %d: santad %s speaks version %d", req.V, Version, api.Version)
+	}
+	if len(files) > 1 {
+		return nil, nil, fail(api.StatusInvalid, "%d fds passed: pass at most one socket per request", len(files))
+	}
+	if req.Op != api.OpBind && (req.PID != 0 || req.FD != 0 || req.Port != 0) {
+		return nil, nil, fail(api.StatusInvalid, "pid, fd and port belong to bind only")
+	}
+	d := s.d
+	switch req.Op {
+	case api.OpHealth:
+		return s.health()
+	case api.OpBind:
+		return s.bind(req, files)
+	case api.OpListSockets:
+		return s.listSockets()
+	case api.OpSubscribe:
+		sub, err := s.subscribe(req, files)
+		return &api.Message{}, sub, err
+	case api.OpSample:
+		return nil, nil, fail(api.StatusInvalid, "sample is an event santad sends, not a request")
+	}
+	if _, ok := rulesetOps[req.Op]; !ok {
+		return nil, nil, fail(api.StatusUnsupported, "unknown op %d: santad %s knows ops 1 to %d", req.Op, Version, api.OpSample)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	rs, err := s.target(req, files, rulesetOps[req.Op])
+	if err != nil {
+		return nil, nil, err
+	}
+	resp := &api.Message{}
+	switch req.Op {
+	case api.OpUnbind:
+		err = d.unbind(rs)
+	case api.OpAdd:
+		resp.IDs, err = d.add(s.uid, rs, req.Rules)
+	case api.OpReplace:
+		resp.IDs, err = d.replace(s.uid, rs, req.Rules)
+	case api.OpModify:
+		resp.IDs, err = d.modify(s.uid, rs, req.Rules)
+	case api.OpDelete:
+		err = d.delete(rs, req.IDs)
+	case api.OpListRules:
+		resp.Rules, err = d.listRules(rs)
+	case api.OpStats:
+		resp.Stats, err = d.stats(rs, req.IDs)
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	return resp, nil, nil
+}
+
+// rulesetOps are the operations on one socket's rule set; true if a passed
+// fd binds the socket when it has no rule set yet.
+var rulesetOps = map[api.Op]bool{
+	api.OpUnbind: false, api.OpAdd: true, api.OpReplace: true, api.OpModify: false,
+	api.OpDelete: false, api.OpListRules: false, api.OpStats: false,
+}
+
+// target resolves the rule set a request is about and checks the caller may
+// touch it. Callers hold d.mu.
+func (s *session) target(req *api.Message, files []*os.File, autobind bool) (*ruleSet, error) {
+	d := s.d
+	if len(files) == 1 {
+		info, err := inspectSocket(int(files[0].Fd()))
+		if err != nil {
+			return nil, err
+		}
+		if req.Socket != 0 && req.Socket != info.Cookie {
+			return nil, fail(api.StatusInvalid, "the passed socket has cookie %d, the request names %d", info.Cookie, req.Socket)
+		}
+		// holding the socket proves the right to its rules, whoever bound it
+		if rs, ok := d.sets[info.Cookie]; ok {
+			return rs, nil
+		}
+		if !autobind {
+			return nil, fail(api.StatusNotFound, "socket %d has no rule set: add rules or bind it first", info.Cookie)
+		}
+		info.Owner, info.PID = s.uid, uint32(s.pid)
+		return d.bind(info, dataplane.SampleOptions{})
+	}
+	if req.Socket == 0 {
+		return nil, fail(api.StatusInvalid, "no target socket: pass the socket's fd (SCM_RIGHTS) or name its cookie in 'socket'")
+	}
+	rs, ok := d.sets[req.Socket]
+	if !ok {
+		return nil, fail(api.StatusNotFound, "no rule set for socket %d (closed, or never bound: pass its fd to bind it)", req.Socket)
+	}
+	if s.uid != 0 && rs.info.Owner != s.uid {
+		return nil, fail(api.StatusPermission, "socket %d belongs to uid %d, not to you (uid %d): pass the socket's fd to prove it is yours",
+			req.Socket, rs.info.Owner, s.uid)
+	}
+	return rs, nil
+}
+
+func (s *session) health() (*api.Message, *subscriber, error) {
+	d := s.d
+	c, err := d.dp.Counters()
+	if err != nil {
+		return nil, nil, err
+	}
+	u := d.dp.Usage()
+	info := &api.DaemonInfo{
+		Version: Version, Protocol: api.Version, PID: uint32(os.Getpid()),
+		UptimeSeconds: uint64(time.Since(d.started).Seconds()),
+		Sockets:       uint64(u.Rulesets), Rules: uint64(u.Rules), MaxRules: uint64(d.dp.Config().MaxRules),
+		DataBytes: uint64(u.DataBytes), MaxDataBytes: uint64(u.MaxDataBytes), UID: s.uid,
+	}
+	for _, a := range d.atts {
+		mode := "generic"
+		if a.Native {
+			mode = "native"
+		}
+		info.Interfaces = append(info.Interfaces, api.Interface{Name: a.Interface, Mode: mode})
+	}
+	if s.uid != 0 {
+		info.QuotaRules, info.QuotaBytes = d.cfg.Quota.Rules, d.cfg.Quota.TemplateBytes
+	}
+	d.mu.Lock()
+	if use, ok := d.usage[s.uid]; ok {
+		info.UsedRules, info.UsedBytes = use.rules, use.bytes
+	}
+	d.mu.Unlock()
+	return &api.Message{Daemon: info, Counters: dataplane.CounterNames(c)}, nil, nil
+}
+
+func (s *session) bind(req *api.Message, files []*os.File) (*api.Message, *subscriber, error) {
+	d := s.d
+	sample := dataplane.SampleOptions{Bytes: int(req.SampleBytes), PerSecond: int(req.SampleRate)}
+	var found []api.SocketInfo
+	switch {
+	case req.PID != 0 || req.FD != 0 || req.Port != 0:
+		if len(files) > 0 {
+			return nil, nil, fail(api.StatusInvalid, "bind takes a passed fd, or pid and fd, or port: not several")
+		}
+		if s.uid != 0 {
+			return nil, nil, fail(api.StatusPermission, "binding another process's socket by pid or port needs root; "+
+				"an application passes its own socket's fd instead")
+		}
+		var err error
+		if req.Port != 0 {
+			if req.PID != 0 || req.FD != 0 {
+				return nil, nil, fail(api.StatusInvalid, "bind takes pid and fd, or port: not both")
+			}
+			found, err = socketsOnPort(req.Port)
+		} else {
+			var info api.SocketInfo
+			info, err = socketOfProcess(int(req.PID), int(req.FD))
+			found = []api.SocketInfo{info}
+		}
+		if err != nil {
+			return nil, nil, err
+		}
+	case len(files) == 1:
+		info, err := inspectSocket(int(files[0].Fd()))
+		if err != nil {
+			return nil, nil, err
+		}
+		info.Owner, info.PID = s.uid, uint32(s.pid)
+		found = []api.SocketInfo{info}
+	default:
+		return nil, nil, fail(api.StatusInvalid, "bind needs a socket: pass its fd (SCM_RIGHTS), or as root name pid and fd, or port")
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	out := make([]api.SocketInfo, 0, len(found))
+	for _, info := range found {
+		rs, ok := d.sets[info.Cookie]
+		var err error
+		switch {
+		case !ok:
+			rs, err = d.bind(info, sample)
+		case req.SampleBytes != 0 || req.SampleRate != 0:
+			err = d.setSampling(rs, sample)
+		}
+		if err != nil {
+			return nil, nil, err
+		}
+		si := d.socketInfo(rs)
+		si.Created = !ok
+		out = append(out, si)
+	}
+	return &api.Message{Sockets: out}, nil, nil
+}
+
+// socketInfo describes a rule set for list_sockets and bind. Callers hold d.mu.
+func (d *Daemon) socketInfo(rs *ruleSet) api.SocketInfo {
+	si := rs.info
+	si.Rules, si.TemplateBytes = uint64(len(rs.rules)), rs.bytes
+	if stats, err := d.dp.RuleStats(rs.info.Cookie); err == nil {
+		for _, st := range stats {
+			si.Hits += st.Hits
+		}
+	}
+	return si
+}
+
+func (s *session) listSockets() (*api.Message, *subscriber, error) {
+	d := s.d
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	resp := &api.Message{}
+	for _, rs := range d.sets {
+		if s.uid == 0 || rs.info.Owner == s.uid {
+			resp.Sockets = append(resp.Sockets, d.socketInfo(rs))
+		}
+	}
+	slices.SortFunc(resp.Sockets, func(a, b api.SocketInfo) int { return cmp.Compare(a.Cookie, b.Cookie) })
+	return resp, nil, nil
+}
+
+func (d *Daemon) listRules(rs *ruleSet) ([]api.Rule, error) {
+	infos, err := d.dp.ListRules(rs.info.Cookie)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]api.Rule, len(infos))
+	for i, ri := range infos {
+		out[i] = fromDataplane(ri)
+	}
+	return out, nil
+}
+
+func (d *Daemon) stats(rs *ruleSet, ids []uint64) ([]api.RuleStats, error) {
+	all, err := d.dp.RuleStats(rs.info.Cookie)
+	if err != nil {
+		return nil, err
+	}
+	if len(ids) == 0 {
+		for id := range all {
+			ids = append(ids, uint64(id))
+		}
+		slices.Sort(ids)
+	}
+	out := make([]api.RuleStats, len(ids))
+	for i, id := range ids {
+		st, ok := all[dataplane.RuleID(id)]
+		if !ok {
+			return nil, fail(api.StatusNotFound, "socket %d has no rule with id %d", rs.info.Cookie, id)
+		}
+		out[i] = api.RuleStats{ID: id, Hits: st.Hits, Bytes: st.Bytes}
+	}
+	return out, nil
+}

@@ -1,0 +1,125 @@
+package daemon
+
+import (
+	"fmt"
+	"net/netip"
+	"os"
+	"os/user"
+	"strconv"
+
+	"github.com/santa-offload/santa/api"
+	"github.com/santa-offload/santa/internal/sockets"
+	"golang.org/x/sys/unix"
+)
+
+// inspectSocket reads what santad needs from a socket fd: its cookie, and
+// that it is a bound UDP socket.
+func inspectSocket(fd int) (api.SocketInfo, error) {
+	typ, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_TYPE)
+	if err != nil {
+		return api.SocketInfo{}, fail(api.StatusInvalid, "the passed fd is not a socket (%v)", err)
+	}
+	proto, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_PROTOCOL)
+	if err != nil {
+		return api.SocketInfo{}, fail(api.StatusInvalid, "socket protocol: %v", err)
+	}
+	domain, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_DOMAIN)
+	if err != nil {
+		return api.SocketInfo{}, fail(api.StatusInvalid, "socket domain: %v", err)
+	}
+	if typ != unix.SOCK_DGRAM || proto != unix.IPPROTO_UDP || (domain != unix.AF_INET && domain != unix.AF_INET6) {
+		return api.SocketInfo{}, fail(api.StatusInvalid, "the passed socket is not an IPv4 or IPv6 UDP socket "+
+			"(domain %d, type %d, protocol %d): this santad offloads UDP only", domain, typ, proto)
+	}
+	sa, err := unix.Getsockname(fd)
+	if err != nil {
+		return api.SocketInfo{}, fail(api.StatusInvalid, "socket address: %v", err)
+	}
+	info := api.SocketInfo{Protocol: unix.IPPROTO_UDP}
+	switch a := sa.(type) {
+	case *unix.SockaddrInet4:
+		info.Family, info.Address, info.Port = 4, api.Bytes(a.Addr[:]), uint16(a.Port)
+	case *unix.SockaddrInet6:
+		info.Family, info.Address, info.Port = 6, api.Bytes(a.Addr[:]), uint16(a.Port)
+	}
+	if info.Port == 0 {
+		return api.SocketInfo{}, fail(api.StatusInvalid, "the passed socket is not bound to a port: bind it before passing it to santad")
+	}
+	if info.Cookie, err = unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_COOKIE); err != nil {
+		return api.SocketInfo{}, fail(api.StatusInternal, "SO_COOKIE: %v", err)
+	}
+	return info, nil
+}
+
+// socketOfProcess takes fd of process pid (pidfd_getfd) and inspects it.
+func socketOfProcess(pid, fd int) (api.SocketInfo, error) {
+	pidfd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return api.SocketInfo{}, fail(api.StatusNotFound, "process %d: %v", pid, err)
+	}
+	defer unix.Close(pidfd)
+	dup, err := unix.PidfdGetfd(pidfd, fd, 0)
+	if err != nil {
+		return api.SocketInfo{}, fail(api.StatusNotFound, "fd %d of process %d: %v", fd, pid, err)
+	}
+	defer unix.Close(dup)
+	info, err := inspectSocket(dup)
+	if err != nil {
+		return api.SocketInfo{}, fail(statusOf(err), "fd %d of process %d: %v", fd, pid, err)
+	}
+	info.PID = uint32(pid)
+	return info, nil
+}
+
+// socketsOnPort finds every unconnected UDP socket bound to port, in every
+// process (each socket once, however many processes share it).
+func socketsOnPort(port uint16) ([]api.SocketInfo, error) {
+	procs, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, err
+	}
+	self := os.Getpid()
+	seen := map[uint64]bool{}
+	var out []api.SocketInfo
+	for _, p := range procs {
+		pid, err := strconv.Atoi(p.Name())
+		if err != nil || pid == self {
+			continue
+		}
+		found, err := sockets.FindUDPSockets(pid, port)
+		if err != nil {
+			continue // exited meanwhile, or a kernel thread
+		}
+		for _, s := range found {
+			if !seen[s.Cookie] {
+				seen[s.Cookie] = true
+				if info, err := inspectSocket(s.FD); err == nil {
+					info.PID = uint32(pid)
+					out = append(out, info)
+				}
+			}
+		}
+		sockets.CloseAll(found)
+	}
+	if len(out) == 0 {
+		return nil, fail(api.StatusNotFound, "no process has a UDP socket bound to port %d", port)
+	}
+	return out, nil
+}
+
+// addrString formats a socket's bound address for logs and the CLI.
+func addrString(info api.SocketInfo) string {
+	a, ok := netip.AddrFromSlice(info.Address)
+	if !ok {
+		return fmt.Sprintf("?:%d", info.Port)
+	}
+	return netip.AddrPortFrom(a, info.Port).String()
+}
+
+func lookupGroup(name string) (int, error) {
+	g, err := user.LookupGroup(name)
+	if err != nil {
+		return 0, fmt.Errorf("socket_group: %w", err)
+	}
+	return strconv.Atoi(g.Gid)
+}

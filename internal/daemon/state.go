@@ -1,0 +1,306 @@
+package daemon
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+
+	"github.com/santa-offload/santa/api"
+	"github.com/santa-offload/santa/internal/dataplane"
+)
+
+// ruleSet is santad's record of one socket's rule set: who owns it and what
+// each rule costs, for authorization and quotas. The rules themselves live in
+// the data plane.
+type ruleSet struct {
+	info   api.SocketInfo // cookie, address, owner uid, pid
+	sample dataplane.SampleOptions
+	rules  map[uint64]ruleMeta
+	bytes  uint64
+}
+
+type ruleMeta struct {
+	cost    uint64
+	version uint32
+}
+
+// usage is what one uid holds, against its quota.
+type usage struct{ rules, bytes uint64 }
+
+// The operations below change the data plane, then record the change in the
+// journal; santad acknowledges a change only once both are done. Callers hold d.mu.
+
+func (d *Daemon) bind(info api.SocketInfo, sample dataplane.SampleOptions) (*ruleSet, error) {
+	if err := d.dp.Bind(info.Cookie, sample); err != nil {
+		return nil, err
+	}
+	rs := &ruleSet{info: info, sample: sample, rules: map[uint64]ruleMeta{}}
+	if err := d.record(&api.Message{Op: api.OpBind, Sockets: []api.SocketInfo{info},
+		SampleBytes: uint32(sample.Bytes), SampleRate: uint32(sample.PerSecond)}, func() { d.dp.Unbind(info.Cookie) }); err != nil {
+		return nil, err
+	}
+	d.sets[info.Cookie] = rs
+	return rs, nil
+}
+
+func (d *Daemon) setSampling(rs *ruleSet, sample dataplane.SampleOptions) error {
+	old := rs.sample
+	if err := d.dp.SetSampling(rs.info.Cookie, sample); err != nil {
+		return err
+	}
+	if err := d.record(&api.Message{Op: api.OpBind, Sockets: []api.SocketInfo{rs.info},
+		SampleBytes: uint32(sample.Bytes), SampleRate: uint32(sample.PerSecond)},
+		func() { d.dp.SetSampling(rs.info.Cookie, old) }); err != nil {
+		return err
+	}
+	rs.sample = sample
+	return nil
+}
+
+func (d *Daemon) unbind(rs *ruleSet) error {
+	if err := d.dp.Unbind(rs.info.Cookie); err != nil {
+		return err
+	}
+	d.forget(rs)
+	// the rule set is gone from the data plane; a lost journal record only
+	// means a restart re-creates it, to be dropped if its socket is closed
+	return d.record(&api.Message{Op: api.OpUnbind, Socket: rs.info.Cookie}, nil)
+}
+
+// forget drops a rule set santad no longer has in the data plane.
+func (d *Daemon) forget(rs *ruleSet) {
+	u := d.usageOf(rs.info.Owner)
+	u.rules -= uint64(len(rs.rules))
+	u.bytes -= rs.bytes
+	delete(d.sets, rs.info.Cookie)
+	d.closeSubscribers(rs.info.Cookie)
+}
+
+// checkQuota refuses a change that would take the owner past its quota.
+// root, as owner or as caller, has none.
+func (d *Daemon) checkQuota(caller uint32, rs *ruleSet, addRules, dropRules, addBytes, dropBytes uint64) error {
+	if rs.info.Owner == 0 || caller == 0 {
+		return nil
+	}
+	u := d.usageOf(rs.info.Owner)
+	q := d.cfg.Quota
+	if rules := u.rules + addRules - dropRules; q.Rules != 0 && rules > q.Rules {
+		return fail(api.StatusQuota, "uid %d would hold %d rules, over its quota of %d (santad config quota.rules)",
+			rs.info.Owner, rules, q.Rules)
+	}
+	if bytes := u.bytes + addBytes - dropBytes; q.TemplateBytes != 0 && bytes > q.TemplateBytes {
+		return fail(api.StatusQuota, "uid %d would hold %d bytes of patterns and replies, over its quota of %d (santad config quota.template_bytes)",
+			rs.info.Owner, bytes, q.TemplateBytes)
+	}
+	return nil
+}
+
+func totalCost(rules []api.Rule) uint64 {
+	var n uint64
+	for _, r := range rules {
+		n += cost(r)
+	}
+	return n
+}
+
+func (d *Daemon) add(caller uint32, rs *ruleSet, rules []api.Rule) ([]uint64, error) {
+	if err := d.checkQuota(caller, rs, uint64(len(rules)), 0, totalCost(rules), 0); err != nil {
+		return nil, err
+	}
+	ids, err := d.dp.AddRules(rs.info.Cookie, toDataplane(rules))
+	if err != nil {
+		return nil, err
+	}
+	out := make([]uint64, len(ids))
+	rec := make([]api.Rule, len(rules))
+	for i, id := range ids {
+		out[i] = uint64(id)
+		rec[i] = rules[i]
+		rec[i].ID, rec[i].Version = uint64(id), 1
+	}
+	if err := d.record(&api.Message{Op: api.OpAdd, Socket: rs.info.Cookie, Rules: rec},
+		func() { d.dp.DeleteRules(rs.info.Cookie, ids) }); err != nil {
+		return nil, err
+	}
+	rs.addRules(d.usageOf(rs.info.Owner), rec)
+	return out, nil
+}
+
+func (rs *ruleSet) addRules(u *usage, rules []api.Rule) {
+	for _, r := range rules {
+		c := cost(r)
+		rs.rules[r.ID] = ruleMeta{cost: c, version: r.Version}
+		rs.bytes += c
+		u.rules++
+		u.bytes += c
+	}
+}
+
+func (rs *ruleSet) dropRules(u *usage, ids []uint64) {
+	for _, id := range ids {
+		m := rs.rules[id]
+		delete(rs.rules, id)
+		rs.bytes -= m.cost
+		u.rules--
+		u.bytes -= m.cost
+	}
+}
+
+func (d *Daemon) replace(caller uint32, rs *ruleSet, rules []api.Rule) ([]uint64, error) {
+	if err := d.checkQuota(caller, rs, uint64(len(rules)), uint64(len(rs.rules)), totalCost(rules), rs.bytes); err != nil {
+		return nil, err
+	}
+	ids, err := d.dp.ReplaceRules(rs.info.Cookie, toDataplane(rules))
+	if err != nil {
+		return nil, err
+	}
+	out := make([]uint64, len(ids))
+	rec := make([]api.Rule, len(rules))
+	for i, id := range ids {
+		out[i] = uint64(id)
+		rec[i] = rules[i]
+		rec[i].ID, rec[i].Version = uint64(id), 1
+	}
+	// the old rules are gone from the data plane: there is nothing to roll back to
+	err = d.record(&api.Message{Op: api.OpReplace, Socket: rs.info.Cookie, Rules: rec}, nil)
+	rs.dropRules(d.usageOf(rs.info.Owner), slices.Collect(maps.Keys(rs.rules)))
+	rs.addRules(d.usageOf(rs.info.Owner), rec)
+	return out, err
+}
+
+func (d *Daemon) modify(caller uint32, rs *ruleSet, rules []api.Rule) ([]uint64, error) {
+	var addBytes, dropBytes uint64
+	seen := map[uint64]bool{}
+	updates := make([]dataplane.RuleUpdate, len(rules))
+	for i, r := range rules {
+		m, ok := rs.rules[r.ID]
+		if !ok {
+			return nil, fail(api.StatusNotFound, "rule %d: socket %d has no rule with id %d", i, rs.info.Cookie, r.ID)
+		}
+		if seen[r.ID] {
+			return nil, fail(api.StatusInvalid, "rule %d: id %d is modified twice in one request", i, r.ID)
+		}
+		seen[r.ID] = true
+		addBytes += cost(r)
+		dropBytes += m.cost
+		updates[i] = dataplane.RuleUpdate{ID: dataplane.RuleID(r.ID), Rule: toDataplane(rules[i : i+1])[0]}
+	}
+	if err := d.checkQuota(caller, rs, 0, 0, addBytes, dropBytes); err != nil {
+		return nil, err
+	}
+	if err := d.dp.ModifyRules(rs.info.Cookie, updates); err != nil {
+		return nil, err
+	}
+	rec := make([]api.Rule, len(rules))
+	ids := make([]uint64, len(rules))
+	for i, r := range rules {
+		rec[i] = r
+		rec[i].Version = rs.rules[r.ID].version + 1
+		ids[i] = r.ID
+	}
+	err := d.record(&api.Message{Op: api.OpModify, Socket: rs.info.Cookie, Rules: rec}, nil)
+	rs.dropRules(d.usageOf(rs.info.Owner), ids)
+	rs.addRules(d.usageOf(rs.info.Owner), rec)
+	return ids, err
+}
+
+func (d *Daemon) delete(rs *ruleSet, ids []uint64) error {
+	seen := map[uint64]bool{}
+	del := make([]dataplane.RuleID, len(ids))
+	for i, id := range ids {
+		if _, ok := rs.rules[id]; !ok {
+			return fail(api.StatusNotFound, "socket %d has no rule with id %d", rs.info.Cookie, id)
+		}
+		if seen[id] {
+			return fail(api.StatusInvalid, "id %d is listed twice", id)
+		}
+		seen[id] = true
+		del[i] = dataplane.RuleID(id)
+	}
+	if err := d.dp.DeleteRules(rs.info.Cookie, del); err != nil {
+		return err
+	}
+	rs.dropRules(d.usageOf(rs.info.Owner), ids)
+	return d.record(&api.Message{Op: api.OpDelete, Socket: rs.info.Cookie, IDs: ids}, nil)
+}
+
+// record appends a change to the journal. If that fails, undo (if any)
+// reverts the data plane so that santad never runs rules a restart would lose.
+func (d *Daemon) record(m *api.Message, undo func()) error {
+	if err := d.j.append(m); err != nil {
+		d.log.Error("journal write failed", "op", m.Op.String(), "error", err)
+		if undo != nil {
+			undo()
+		}
+		return fail(api.StatusInternal, "santad could not record the change (%v); see its log", err)
+	}
+	return nil
+}
+
+// replayed is a rule set rebuilt from the journal.
+type replayed struct {
+	info   api.SocketInfo
+	sample dataplane.SampleOptions
+	order  []uint64 // rule ids, oldest first, deleted ones included
+	rules  map[uint64]api.Rule
+}
+
+// replay folds journal records into the rule sets they leave behind.
+func replay(records []*api.Message) (map[uint64]*replayed, error) {
+	sets := map[uint64]*replayed{}
+	for i, m := range records {
+		if m.Op == api.OpBind {
+			if len(m.Sockets) != 1 {
+				return nil, fmt.Errorf("journal record %d: bind with %d sockets", i, len(m.Sockets))
+			}
+			info := m.Sockets[0]
+			rs, ok := sets[info.Cookie]
+			if !ok {
+				rs = &replayed{info: info, rules: map[uint64]api.Rule{}}
+				sets[info.Cookie] = rs
+			}
+			rs.sample = dataplane.SampleOptions{Bytes: int(m.SampleBytes), PerSecond: int(m.SampleRate)}
+			continue
+		}
+		rs, ok := sets[m.Socket]
+		if !ok {
+			return nil, fmt.Errorf("journal record %d: %s for socket %d, which was never bound", i, m.Op, m.Socket)
+		}
+		switch m.Op {
+		case api.OpReplace:
+			rs.order, rs.rules = nil, map[uint64]api.Rule{}
+			fallthrough
+		case api.OpAdd:
+			for _, r := range m.Rules {
+				rs.order = append(rs.order, r.ID)
+				rs.rules[r.ID] = r
+			}
+		case api.OpModify:
+			for _, r := range m.Rules {
+				rs.rules[r.ID] = r
+			}
+		case api.OpDelete:
+			for _, id := range m.IDs {
+				delete(rs.rules, id)
+			}
+		case api.OpUnbind:
+			delete(sets, m.Socket)
+		default:
+			return nil, fmt.Errorf("journal record %d: unexpected op %s", i, m.Op)
+		}
+	}
+	return sets, nil
+}
+
+// ruleInfos returns the replayed rules in their order.
+func (rs *replayed) ruleInfos() []dataplane.RuleInfo {
+	out := make([]dataplane.RuleInfo, 0, len(rs.rules))
+	for _, id := range rs.order {
+		r, ok := rs.rules[id]
+		if !ok {
+			continue
+		}
+		out = append(out, dataplane.RuleInfo{ID: dataplane.RuleID(id), Version: r.Version, Rule: toDataplane([]api.Rule{r})[0]})
+	}
+	return out
+}

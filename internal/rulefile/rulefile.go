@@ -1,0 +1,182 @@
+// Package rulefile reads and writes rule files, the JSON or YAML form of
+// rules that `santa rules add` and `santa rules replace` take and
+// `santa rules ls --json` prints. docs/cli.md describes the format.
+package rulefile
+
+import (
+	"bytes"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"unicode/utf8"
+
+	"github.com/santa-offload/santa/api"
+	"gopkg.in/yaml.v3"
+)
+
+// File is a rule file.
+type File struct {
+	Rules []Rule `json:"rules" yaml:"rules"`
+}
+
+// Rule is one rule: conditions on the request, processors writing the reply.
+type Rule struct {
+	ID         uint64      `json:"id,omitempty" yaml:"id,omitempty"`
+	Version    uint32      `json:"version,omitempty" yaml:"version,omitempty"`
+	Priority   uint32      `json:"priority,omitempty" yaml:"priority,omitempty"`
+	Conditions []Condition `json:"conditions" yaml:"conditions"`
+	Processors []Processor `json:"processors" yaml:"processors"`
+	ReplyLen   uint32      `json:"reply_len" yaml:"reply_len"`
+}
+
+// Data is a byte string written as exactly one of text, hex or base64.
+type Data struct {
+	Text   *string `json:"text,omitempty" yaml:"text,omitempty"`
+	Hex    *string `json:"hex,omitempty" yaml:"hex,omitempty"`
+	Base64 *string `json:"base64,omitempty" yaml:"base64,omitempty"`
+}
+
+// Condition holds when the request carries the data at Offset.
+type Condition struct {
+	Offset uint32 `json:"offset" yaml:"offset"`
+	Data   `json:",inline" yaml:",inline"`
+}
+
+// Processor is exactly one of Put or Copy.
+type Processor struct {
+	Put  *Put  `json:"put,omitempty" yaml:"put,omitempty"`
+	Copy *Copy `json:"copy,omitempty" yaml:"copy,omitempty"`
+}
+
+// Put writes the data at reply offset At.
+type Put struct {
+	At   uint32 `json:"at" yaml:"at"`
+	Data `json:",inline" yaml:",inline"`
+}
+
+// Copy writes Length request bytes from offset From at reply offset At.
+type Copy struct {
+	At     uint32 `json:"at" yaml:"at"`
+	From   uint32 `json:"from" yaml:"from"`
+	Length uint32 `json:"length" yaml:"length"`
+}
+
+func (d Data) bytes() ([]byte, error) {
+	n := 0
+	for _, p := range []*string{d.Text, d.Hex, d.Base64} {
+		if p != nil {
+			n++
+		}
+	}
+	if n != 1 {
+		return nil, errors.New("give the bytes as exactly one of text, hex or base64")
+	}
+	switch {
+	case d.Text != nil:
+		return []byte(*d.Text), nil
+	case d.Hex != nil:
+		b, err := hex.DecodeString(*d.Hex)
+		if err != nil {
+			return nil, fmt.Errorf("hex: %w", err)
+		}
+		return b, nil
+	}
+	b, err := base64.StdEncoding.DecodeString(*d.Base64)
+	if err != nil {
+		return nil, fmt.Errorf("base64: %w", err)
+	}
+	return b, nil
+}
+
+// dataOf writes b as text if it is printable UTF-8, else as hex.
+func dataOf(b []byte) Data {
+	printable := utf8.Valid(b)
+	for _, r := range string(b) {
+		if r < 0x20 || r == 0x7f {
+			printable = false
+		}
+	}
+	s := string(b)
+	if printable {
+		return Data{Text: &s}
+	}
+	h := hex.EncodeToString(b)
+	return Data{Hex: &h}
+}
+
+// Parse reads a rule file in JSON or YAML (JSON is YAML too, but JSON is
+// parsed strictly as JSON when it starts with '{'). Unknown keys are errors.
+func Parse(data []byte) ([]api.Rule, error) {
+	var f File
+	if t := bytes.TrimSpace(data); len(t) > 0 && t[0] == '{' {
+		dec := json.NewDecoder(bytes.NewReader(data))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&f); err != nil {
+			return nil, fmt.Errorf("rule file (JSON): %w", err)
+		}
+	} else {
+		dec := yaml.NewDecoder(bytes.NewReader(data))
+		dec.KnownFields(true)
+		if err := dec.Decode(&f); err != nil {
+			return nil, fmt.Errorf("rule file (YAML): %w", err)
+		}
+	}
+	out := make([]api.Rule, len(f.Rules))
+	for i, r := range f.Rules {
+		ar, err := r.toAPI()
+		if err != nil {
+			return nil, fmt.Errorf("rule %d: %w", i, err)
+		}
+		out[i] = ar
+	}
+	return out, nil
+}
+
+func (r Rule) toAPI() (api.Rule, error) {
+	out := api.Rule{ID: r.ID, ReplyLen: r.ReplyLen, Priority: r.Priority}
+	for i, c := range r.Conditions {
+		b, err := c.bytes()
+		if err != nil {
+			return out, fmt.Errorf("condition %d: %w", i, err)
+		}
+		out.Conditions = append(out.Conditions, api.Condition{Offset: c.Offset, Pattern: b})
+	}
+	for i, p := range r.Processors {
+		switch {
+		case p.Put != nil && p.Copy == nil:
+			b, err := p.Put.bytes()
+			if err != nil {
+				return out, fmt.Errorf("processor %d (put): %w", i, err)
+			}
+			out.Processors = append(out.Processors, api.Processor{Kind: api.KindPut, ReplyOffset: p.Put.At, Template: b})
+		case p.Copy != nil && p.Put == nil:
+			out.Processors = append(out.Processors, api.Processor{Kind: api.KindCopy, ReplyOffset: p.Copy.At,
+				SrcOffset: p.Copy.From, Length: p.Copy.Length})
+		default:
+			return out, fmt.Errorf("processor %d: give exactly one of put or copy", i)
+		}
+	}
+	return out, nil
+}
+
+// FromAPI converts rules for printing or saving as a rule file.
+func FromAPI(rules []api.Rule) File {
+	f := File{Rules: make([]Rule, len(rules))}
+	for i, r := range rules {
+		fr := Rule{ID: r.ID, Version: r.Version, Priority: r.Priority, ReplyLen: r.ReplyLen}
+		for _, c := range r.Conditions {
+			fr.Conditions = append(fr.Conditions, Condition{Offset: c.Offset, Data: dataOf(c.Pattern)})
+		}
+		for _, p := range r.Processors {
+			if p.Kind == api.KindPut {
+				fr.Processors = append(fr.Processors, Processor{Put: &Put{At: p.ReplyOffset, Data: dataOf(p.Template)}})
+			} else {
+				fr.Processors = append(fr.Processors, Processor{Copy: &Copy{At: p.ReplyOffset, From: p.SrcOffset, Length: p.Length}})
+			}
+		}
+		f.Rules[i] = fr
+	}
+	return f
+}
