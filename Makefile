@@ -2,6 +2,8 @@
 #
 #   make demo      set up (root, Debian 12) and run the demo
 #   make test      set up and run all tests (what .ci/run calls)
+#   make install   install santad, santa, libsanta, the Python client, the
+#                  systemd unit and the sample config (PREFIX=/usr/local)
 #
 # Variables (override on the command line, e.g. `make test FUZZTIME=1m`):
 #   FUZZ_TARGETS   space-separated ./pkg:FuzzName pairs run by `test` and `fuzz`
@@ -39,10 +41,16 @@ TEST_FLAGS ?=
 FUZZTIME ?= 20s
 FUZZTIME_LONG ?= 5m
 # Add fuzz targets here as ./path/to/pkg:FuzzName (one fuzz target per pair).
-FUZZ_TARGETS ?= ./internal/dataplane:FuzzRuleProcessor
+FUZZ_TARGETS ?= ./internal/dataplane:FuzzRuleProcessor ./api:FuzzDecode
 BENCH_ARGS ?=
 
-.PHONY: all deps generate build check-generated test fuzz fuzz-run demo bench bench-udp clean need-root
+PREFIX ?= /usr/local
+DESTDIR ?=
+# Debian's interpreter: it has python3-cbor2 (a python3 earlier on PATH may not).
+PYTHON ?= /usr/bin/python3
+PYVENV := out/pyvenv
+
+.PHONY: all deps generate build check-generated test test-c test-python fuzz fuzz-run demo bench bench-udp install clean need-root
 
 all: build
 
@@ -62,6 +70,7 @@ build:
 		echo "$(GO) build -o $(BIN)/$$c ./cmd/$$c"; \
 		$(GO) build -o $(BIN)/$$c ./cmd/$$c; \
 	done
+	$(MAKE) --no-print-directory -C clients/c
 
 check-generated:
 	@GO=$(GO) bash scripts/check-generated.sh
@@ -70,7 +79,19 @@ check-generated:
 # then the Go tests (standard ok/FAIL lines per package) and a short fuzz run.
 test: need-root deps check-generated build
 	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) $(TEST_FLAGS) ./...
+	@$(MAKE) --no-print-directory test-c test-python
 	@$(MAKE) --no-print-directory fuzz-run FUZZ_FOR=$(FUZZTIME)
+
+# libsanta's own tests, under valgrind (its tests against santad run in go test).
+test-c:
+	$(MAKE) --no-print-directory -C clients/c check
+
+# The Python client as users get it: pip-installed from the repository into a venv.
+test-python:
+	rm -rf $(PYVENV)
+	$(PYTHON) -m venv --system-site-packages $(PYVENV)
+	$(PYVENV)/bin/pip install -q --no-build-isolation --no-deps ./clients/python
+	cd clients/python && ../../$(PYVENV)/bin/python -m pytest -q -p no:cacheprovider tests
 
 fuzz: need-root deps build
 	@$(MAKE) --no-print-directory fuzz-run FUZZ_FOR=$(FUZZTIME_LONG)
@@ -93,5 +114,15 @@ bench: bench-udp
 bench-udp: need-root deps build
 	$(GO) run ./bench/cmd/benchudp $(BENCH_ARGS)
 
+install: build
+	install -D -m 0755 $(BIN)/santad $(DESTDIR)$(PREFIX)/sbin/santad
+	install -D -m 0755 $(BIN)/santa $(DESTDIR)$(PREFIX)/bin/santa
+	install -D -m 0644 dist/santad.service $(DESTDIR)/etc/systemd/system/santad.service
+	[[ -e $(DESTDIR)/etc/santa/santad.yaml ]] || install -D -m 0644 dist/santad.yaml $(DESTDIR)/etc/santa/santad.yaml
+	install -D -m 0644 -t $(DESTDIR)$(PREFIX)/share/doc/santa docs/operations.md docs/cli.md docs/protocol.md
+	$(MAKE) --no-print-directory -C clients/c install PREFIX=$(PREFIX) DESTDIR=$(DESTDIR)
+	$(PYTHON) -m pip install --no-build-isolation --no-deps --break-system-packages $(if $(DESTDIR),--root $(DESTDIR)) ./clients/python
+
 clean:
 	rm -rf $(BIN) out
+	$(MAKE) --no-print-directory -C clients/c clean

@@ -386,3 +386,32 @@ func TestMetrics(t *testing.T) {
 		t.Log(body)
 	}
 }
+
+// TestClientLibrariesAgainstSantad runs the C and Python clients' own
+// integration tests, which exercise every call of their library against
+// this santad and check the answers on the wire from the client namespace.
+func TestClientLibrariesAgainstSantad(t *testing.T) {
+	tb := testbed.New(t)
+	sd := newSantad(t, tb)
+	sd.start()
+	env := []string{
+		"SANTA_SOCKET=" + sd.Socket,
+		"SANTA_SERVER_ADDR4=" + tb.Server.IP4.String(),
+		"SANTA_SERVER_ADDR6=" + tb.Server.IP6.String(),
+		"SANTA_CLIENT_NS=" + tb.Client.NS,
+		"PYTHONPATH=" + filepath.Join(work, "python"),
+	}
+	for name, argv := range map[string][]string{
+		"c": {filepath.Join(work, "c", "test_integration")},
+		"python": {"/usr/bin/python3", "-m", "pytest", "-q", "-p", "no:cacheprovider",
+			filepath.Join(work, "python", "tests", "integration_santad.py")},
+	} {
+		t.Run(name, func(t *testing.T) {
+			out, err := runAs(tb, 0, env, argv[0], argv[1:]...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Log(out)
+		})
+	}
+}

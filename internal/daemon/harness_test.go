@@ -59,7 +59,7 @@ func buildAll() error {
 		{"go", "build", "-o", filepath.Join(work, "santad"), "./cmd/santad"},
 		{"go", "build", "-o", filepath.Join(work, "santa"), "./cmd/santa"},
 		{"go", "build", "-o", filepath.Join(work, "listing1-go"), "./clients/go/examples/listing1"},
-		{"make", "-s", "-C", "clients/c"},
+		{"make", "-s", "-C", "clients/c", "all", "integration"},
 		{"cp", "-r", "clients/c/build", filepath.Join(work, "c")},
 		{"cp", "-r", "clients/python", filepath.Join(work, "python")},
 		{"chmod", "-R", "a+rX", work},

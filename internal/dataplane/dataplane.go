@@ -33,6 +33,8 @@ type Dataplane struct {
 	chainLen []uint8 // rules per bucket, to keep every chain within MaxChain
 	bySocket map[uint64]*ruleset
 	byID     map[RuleID]*installed
+	retiring []retiring // replaced rules still linked for packets in flight
+	closed   bool
 	lastID   RuleID
 	order    uint32
 }
@@ -174,6 +176,7 @@ func (d *Dataplane) Config() Config { return d.cfg }
 func (d *Dataplane) Close() error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	d.closed = true
 	var errs []error
 	for _, a := range []*mmapArray{d.rules, d.buckets, d.pages, d.rulesets, d.bases} {
 		errs = append(errs, a.close())

@@ -177,3 +177,20 @@ func TestModifyNeverNeither(t *testing.T) {
 	p := request(c, s, "kkey")
 	e.expect("last version", p.build(t), xdpTx, p.answer([]byte(fmt.Sprintf("R%03d", versions-1))).build(t), "answered")
 }
+
+// A rule deleted right after a modify does not answer in its old version,
+// which stays linked for a while for packets in flight.
+func TestDeleteAfterModify(t *testing.T) {
+	e := newEnv(t, Config{})
+	c, s := fixtureAddrs(e, false, 7614)
+	sock := e.socket(s, false)
+	ids := e.bindRules(sock, reply("key", "A"))
+	if err := e.d.ModifyRules(sock, []RuleUpdate{{ids[0], reply("key", "B")}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.d.DeleteRules(sock, ids); err != nil {
+		t.Fatal(err)
+	}
+	p := request(c, s, "key")
+	e.expect("deleted", p.build(t), xdpPass, p.build(t), "pass_no_match")
+}

@@ -227,11 +227,11 @@ func (d *Dataplane) ModifyRules(cookie uint64, updates []RuleUpdate) error {
 		return d.rebuild(rs, all)
 	}
 	// the new versions are visible: retire the old ones, handing on their counts
+	retired := make([]*installed, 0, len(fresh))
 	for _, n := range fresh {
-		o := olds[n.id]
-		d.uninstall(o)
-		d.setBase(n.slot, d.slotStats(o.slot))
+		retired = append(retired, olds[n.id])
 	}
+	d.retire(retired, news)
 	return nil
 }
 
@@ -269,6 +269,7 @@ func (d *Dataplane) DeleteRules(cookie uint64, del []RuleID) error {
 		}
 		gone[id] = true
 	}
+	d.unlinkRetired(gone)
 	kept := rs.rules[:0]
 	for _, r := range rs.rules {
 		if gone[r.id] {
@@ -311,6 +312,7 @@ func (d *Dataplane) prepare(cookie uint64, rules []Rule) (*ruleset, []*compiledR
 		return nil, nil, nil, err
 	}
 	d.mu.Lock()
+	d.reapDue() // free what is due before checking room
 	rs, ok := d.bySocket[cookie]
 	if !ok {
 		d.mu.Unlock()
@@ -477,18 +479,11 @@ func (d *Dataplane) rebuild(rs *ruleset, rules []*installed) error {
 	if err := d.objs.SantaSockets.Update(rs.cookie, id, ebpf.UpdateExist); err != nil {
 		return fail(fmt.Errorf("switch socket %#x to its new rule set: %w", rs.cookie, err))
 	}
-	prev := map[RuleID]*installed{}
-	for _, r := range old {
-		prev[r.id] = r
-	}
+	successors := map[RuleID]*installed{}
 	for _, r := range moved {
-		if o, ok := prev[r.id]; ok {
-			d.setBase(r.slot, d.slotStats(o.slot))
-		}
+		successors[r.id] = r
 	}
-	for _, r := range old {
-		d.uninstall(r)
-	}
+	d.retire(old, successors)
 	d.rsIDs.put(rs.id)
 	rs.id, rs.regions, rs.flags, rs.generation, rs.rules = id, regions, flags, 1, moved
 	return nil
