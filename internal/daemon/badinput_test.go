@@ -103,6 +103,21 @@ func TestBadInput(t *testing.T) {
 		t.Errorf("a refused modify changed the rule's version to %d", rules[0].Version)
 	}
 
+	// an IPv6 header is 20 bytes longer: so is the reply limit shorter
+	var conn6 *net.UDPConn
+	if err := tb.Server.Do(func() (err error) {
+		conn6, err = net.ListenUDP("udp6", &net.UDPAddr{IP: tb.Server.IP6.AsSlice(), Port: 7401})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer conn6.Close()
+	v6, _ := santa.Socket(conn6)
+	big := api.Rule{Conditions: good[0].Conditions, Processors: good[0].Processors, ReplyLen: 1460}
+	if _, err := c.Add(v6, []api.Rule{big}); !errors.Is(err, santa.ErrInvalid) || !strings.Contains(err.Error(), "1452") {
+		t.Errorf("a 1460-byte reply for an IPv6 socket: %v, want invalid naming the 1452-byte limit", err)
+	}
+
 	// sockets santad must refuse
 	r, w, err := os.Pipe()
 	if err != nil {

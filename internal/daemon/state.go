@@ -95,6 +95,21 @@ func (d *Daemon) checkQuota(caller uint32, rs *ruleSet, addRules, dropRules, add
 	return nil
 }
 
+// checkFamily refuses replies that cannot fit the socket's frames: an IPv6
+// header is 20 bytes longer, so IPv6 sockets get 20 bytes less of reply.
+func checkFamily(rs *ruleSet, rules []api.Rule) error {
+	if rs.info.Family != 6 {
+		return nil
+	}
+	for i, r := range rules {
+		if r.ReplyLen > uint32(dataplane.MaxReplyIPv6) {
+			return fail(api.StatusInvalid, "rule %d: reply length %d: an IPv6 socket's replies hold at most %d bytes",
+				i, r.ReplyLen, dataplane.MaxReplyIPv6)
+		}
+	}
+	return nil
+}
+
 func totalCost(rules []api.Rule) uint64 {
 	var n uint64
 	for _, r := range rules {
@@ -104,6 +119,9 @@ func totalCost(rules []api.Rule) uint64 {
 }
 
 func (d *Daemon) add(caller uint32, rs *ruleSet, rules []api.Rule) ([]uint64, error) {
+	if err := checkFamily(rs, rules); err != nil {
+		return nil, err
+	}
 	if err := d.checkQuota(caller, rs, uint64(len(rules)), 0, totalCost(rules), 0); err != nil {
 		return nil, err
 	}
@@ -147,6 +165,9 @@ func (rs *ruleSet) dropRules(u *usage, ids []uint64) {
 }
 
 func (d *Daemon) replace(caller uint32, rs *ruleSet, rules []api.Rule) ([]uint64, error) {
+	if err := checkFamily(rs, rules); err != nil {
+		return nil, err
+	}
 	if err := d.checkQuota(caller, rs, uint64(len(rules)), uint64(len(rs.rules)), totalCost(rules), rs.bytes); err != nil {
 		return nil, err
 	}
@@ -169,6 +190,9 @@ func (d *Daemon) replace(caller uint32, rs *ruleSet, rules []api.Rule) ([]uint64
 }
 
 func (d *Daemon) modify(caller uint32, rs *ruleSet, rules []api.Rule) ([]uint64, error) {
+	if err := checkFamily(rs, rules); err != nil {
+		return nil, err
+	}
 	var addBytes, dropBytes uint64
 	seen := map[uint64]bool{}
 	updates := make([]dataplane.RuleUpdate, len(rules))

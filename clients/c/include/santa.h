@@ -64,7 +64,7 @@ enum santa_status_code {
 	SANTA_STATUS_LOCAL = -1,      /**< failed in this process or on the connection: bad argument, I/O error, bad response; see errno */
 	SANTA_STATUS_OK = 0,          /**< the most recent call succeeded */
 	SANTA_STATUS_MALFORMED = 1,   /**< santad could not parse the request */
-	SANTA_STATUS_INVALID = 2,     /**< a value was refused (invalid rule, not a bound UDP socket, unknown rule id in modify) */
+	SANTA_STATUS_INVALID = 2,     /**< a value was refused (invalid rule, IPv6 reply over 1452 bytes, not a bound UDP socket, an id listed twice) */
 	SANTA_STATUS_PERMISSION = 3,  /**< the caller may not do this */
 	SANTA_STATUS_NOT_FOUND = 4,   /**< no rule set for that socket, or no such rule */
 	SANTA_STATUS_QUOTA = 5,       /**< the caller's uid would exceed its quota */
