@@ -2,6 +2,7 @@ package daemon_test
 
 import (
 	"bufio"
+	"encoding/json"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -414,4 +415,46 @@ func TestClientLibrariesAgainstSantad(t *testing.T) {
 			t.Log(out)
 		})
 	}
+}
+
+// TestAttachUnmodifiedServer has root take over the socket of a server that
+// knows nothing of Santa, by port and by pid and fd, through the CLI.
+func TestAttachUnmodifiedServer(t *testing.T) {
+	tb := testbed.New(t)
+	sd := newSantad(t, tb)
+	sd.start()
+	server := netip.AddrPortFrom(tb.Server.IP4, 7800)
+	prog := fmt.Sprintf("import socket,time\ns=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\ns.bind(('%s',%d))\n"+
+		"print('ready cookie=0 rule=%%d' %% s.fileno(),flush=True)\ntime.sleep(120)\n", server.Addr(), server.Port())
+	a := startApp(t, tb, nobody, nil, "/usr/bin/python3", "-c", prog)
+	fd := a.Rule // the example prints its socket's fd in place of a rule id
+
+	out, err := sd.cli(0, "attach", "--port", "7800/udp", "--json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var socks []api.SocketInfo
+	if err := json.Unmarshal([]byte(out), &socks); err != nil || len(socks) != 1 || !socks[0].Created || socks[0].PID != uint32(a.cmd.Process.Pid) {
+		t.Fatalf("attach --port: %v %s", err, out)
+	}
+	cookie := socks[0].Cookie
+	rules := filepath.Join(sd.dir, "attach.yaml")
+	writeFile(t, rules, "rules:\n- conditions: [{offset: 0, text: Hello}]\n  processors: [{put: {at: 0, text: Taken}}]\n  reply_len: 5\n")
+	if _, err := sd.cli(0, "rules", "add", "--socket", fmt.Sprint(cookie), rules); err != nil {
+		t.Fatal(err)
+	}
+	if got := exchange(t, tb, server, "Hello"); got != "Taken" {
+		t.Fatalf("Hello to the attached server got %q, want Taken", got)
+	}
+	out, err = sd.cli(0, "attach", "--pid", fmt.Sprint(a.cmd.Process.Pid), "--fd", fmt.Sprint(fd), "--json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var again []api.SocketInfo
+	if err := json.Unmarshal([]byte(out), &again); err != nil || len(again) != 1 || again[0].Cookie != cookie || again[0].Created {
+		t.Fatalf("attach --pid --fd of the same socket: %v %s", err, out)
+	}
+	a.cmd.Process.Kill()
+	a.cmd.Wait()
+	waitGone(t, sd, cookie)
 }
