@@ -349,6 +349,32 @@ func TestMetrics(t *testing.T) {
 	if err == nil {
 		t.Fatalf("removing a rule that does not exist succeeded: %s", out)
 	}
+	// santa top: one refresh, while requests arrive
+	sent := make(chan struct{})
+	go func() {
+		defer close(sent)
+		for i := 0; i < 5; i++ {
+			if got := exchangeOnce(tb, netip.AddrPortFrom(tb.Server.IP4, 7300), "Hello"); got != "COMSYS" {
+				t.Errorf("Hello during santa top got %q", got)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}()
+	out, err = sd.cli(nobody, "top", "--count", "1", "--interval", "400ms", "--json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var frame struct {
+		AnsweredPerSec float64 `json:"answered_per_sec"`
+		Rules          []struct {
+			Socket, ID uint64
+			Hits       uint64
+		} `json:"rules"`
+	}
+	if err := json.Unmarshal([]byte(out), &frame); err != nil || len(frame.Rules) != 1 || frame.Rules[0].ID != a.Rule || frame.AnsweredPerSec <= 0 {
+		t.Fatalf("santa top --json: %v\n%s", err, out)
+	}
+	<-sent
 	var body string
 	if err := tb.Server.Do(func() error {
 		// dial here: the connection must be made inside the server namespace
@@ -372,8 +398,8 @@ func TestMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, want := range []string{
-		fmt.Sprintf(`santa_rule_hits_total{rule="%d",socket="%d"} 1`, a.Rule, a.Cookie),
-		`santa_dataplane_events_total{event="answered"} 1`,
+		fmt.Sprintf(`santa_rule_hits_total{rule="%d",socket="%d"} 6`, a.Rule, a.Cookie),
+		`santa_dataplane_events_total{event="answered"} 6`,
 		`santa_dataplane_events_total{event="pass_no_match"} 1`,
 		`santa_api_errors_total{op="delete",status="not found"} 1`,
 		`santa_rules 1`,

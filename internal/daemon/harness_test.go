@@ -278,22 +278,29 @@ func startApp(t *testing.T, tb *testbed.Testbed, uid int, env []string, argv ...
 // exchange sends payload from the client namespace to server and returns the reply.
 func exchange(t *testing.T, tb *testbed.Testbed, server netip.AddrPort, payload string) string {
 	t.Helper()
+	reply := exchangeOnce(tb, server, payload)
+	if reply == "" {
+		t.Fatalf("no reply from %v to %q", server, payload)
+	}
+	return reply
+}
+
+// exchangeOnce is exchange for any goroutine: it returns "" on failure.
+func exchangeOnce(tb *testbed.Testbed, server netip.AddrPort, payload string) string {
 	c, err := tb.DialUDP(server)
 	if err != nil {
-		t.Fatal(err)
+		return ""
 	}
 	defer c.Close()
 	buf := make([]byte, 2048)
 	for try := 0; try < 3; try++ {
 		if _, err := c.Write([]byte(payload)); err != nil {
-			t.Fatal(err)
+			return ""
 		}
 		c.SetReadDeadline(time.Now().Add(2 * time.Second))
-		n, err := c.Read(buf)
-		if err == nil {
+		if n, err := c.Read(buf); err == nil {
 			return string(buf[:n])
 		}
 	}
-	t.Fatalf("no reply from %v to %q", server, payload)
 	return ""
 }
