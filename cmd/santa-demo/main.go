@@ -1,14 +1,26 @@
-// Command santa-demo shows Santa answering DNS queries in the kernel: it
-// builds a two-namespace testbed, starts a real NSD in the server
-// namespace, attaches Santa's XDP rule processor to the server's veth,
-// installs rules for a couple of names (with the replies NSD itself gives)
-// and runs dig from the client namespace for an offloaded name and for one
-// that is not. It removes everything it made when it ends, also on Ctrl-C.
+// Command santa-demo shows Santa as its users run it. It builds a
+// two-namespace testbed and starts the real daemon, bin/santad, in the
+// server namespace on the server's veth. Then:
 //
-// Needs root, nsd, dig and iproute2 (make demo installs them).
+//   - an operator's view: a real NSD serves a zone; root takes over NSD's
+//     port-53 sockets through santad (the Go client, as `santa attach
+//     --port 53/udp` does) and installs rules whose replies are NSD's own
+//     answers; dig in the client namespace gets offloaded names from the
+//     kernel and the rest from NSD, also while NSD is paused;
+//   - an application's view: the paper's Listing 1 in Python, running as
+//     uid nobody, binds a socket and adds its own rule through the Python
+//     client; the kernel answers it while the application is paused.
+//
+// It removes everything it made when it ends, also on Ctrl-C: santad is
+// stopped and `santad cleanup` detaches XDP and removes its pins.
+//
+// Needs root, bin/santad and bin/santa (make build), the source tree's
+// clients/python, nsd, dig, iproute2, util-linux and Debian's python3 with
+// cbor2 (make demo installs and builds all of it).
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -18,6 +30,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
@@ -25,9 +38,9 @@ import (
 
 	"github.com/miekg/dns"
 
-	"github.com/santa-offload/santa/internal/dataplane"
+	"github.com/santa-offload/santa/api"
+	santa "github.com/santa-offload/santa/clients/go/santa"
 	"github.com/santa-offload/santa/internal/dnsrule"
-	"github.com/santa-offload/santa/internal/sockets"
 	"github.com/santa-offload/santa/internal/testbed"
 )
 
@@ -45,19 +58,26 @@ type question struct{ name, qtype string }
 func (q question) String() string { return q.name + " " + q.qtype }
 
 func main() {
-	verbose := flag.Bool("v", false, "log every testbed setup step")
+	verbose := flag.Bool("v", false, "log every testbed setup step and santad's log")
 	flag.Usage = func() {
 		fmt.Fprintf(flag.CommandLine.Output(), "usage: %s [-v]\n\n"+
-			"Runs NSD behind Santa in a namespace testbed and shows dig getting\n"+
-			"answers from the kernel (XDP) and from NSD. Needs root.\n\n", os.Args[0])
+			"Starts santad in a namespace testbed, offloads names of a real NSD to it and\n"+
+			"shows dig getting answers from the kernel (XDP) and from NSD; then an\n"+
+			"unprivileged application adds its own rule through the Python client.\n"+
+			"Needs root and bin/santad, bin/santa next to this program (make build).\n\n", os.Args[0])
 		flag.PrintDefaults()
 	}
 	flag.Parse()
 
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	// SIGPIPE too (santa-demo | head): stop early and clean up rather than die.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGPIPE)
 	defer stop()
 	err := run(ctx, os.Stdout, *verbose)
 	switch {
+	case err == nil: // finished (a late Ctrl-C found nothing left to stop)
+	case ctx.Err() != nil && strings.Contains(err.Error(), "cleanup:"):
+		fmt.Fprintf(os.Stderr, "santa-demo: interrupted; %v\n", err)
+		os.Exit(130)
 	case ctx.Err() != nil:
 		fmt.Fprintln(os.Stderr, "santa-demo: interrupted; cleaned up")
 		os.Exit(130)
@@ -69,25 +89,41 @@ func main() {
 
 // demo holds what run set up.
 type demo struct {
-	ctx    context.Context
-	out    io.Writer
-	tb     *testbed.Testbed
-	nsd    *testbed.NSD
-	d      *dataplane.Dataplane
-	cookie map[bool]uint64         // NSD's socket by v6
-	server map[bool]netip.AddrPort // NSD's address by v6
-	rules  map[bool]map[question]dataplane.RuleID
-	names  map[dataplane.RuleID]string
+	ctx      context.Context
+	out      io.Writer
+	tb       *testbed.Testbed
+	santad   *santad
+	santaBin string        // the santa CLI, copied where uid nobody can run it
+	c        *santa.Client // root's connection to santad
+	nsd      *testbed.NSD
+	app      *app
+	cookie   map[bool]uint64         // NSD's socket by v6
+	server   map[bool]netip.AddrPort // NSD's address by v6
+	cookies  []uint64                // every socket with a rule set: NSD's, then the app's
+	rules    map[bool]map[question]uint64
+	names    map[uint64]string // rule id → what it answers
 }
+
+// binaries are the programs of the build the demo runs.
+type binaries struct{ santad, santa, python string }
 
 func run(ctx context.Context, out io.Writer, verbose bool) (err error) {
 	if err := preflight(); err != nil {
+		return err
+	}
+	bins, err := findBinaries()
+	if err != nil {
 		return err
 	}
 	if stale, err := testbed.RemoveStale(); err != nil {
 		return fmt.Errorf("remove namespaces left by earlier runs: %w", err)
 	} else if len(stale) > 0 {
 		fmt.Fprintf(out, "(removed namespaces left by an earlier run: %s)\n", strings.Join(stale, " "))
+	}
+	if stale, err := removeStaleSantad(bins.santad); err != nil {
+		return fmt.Errorf("remove santad pins left by earlier runs: %w", err)
+	} else if len(stale) > 0 {
+		fmt.Fprintf(out, "(removed santad pins and state left by an earlier run: %s)\n", strings.Join(stale, " "))
 	}
 
 	var cleanups []func() error
@@ -99,7 +135,8 @@ func run(ctx context.Context, out io.Writer, verbose bool) (err error) {
 		if cerr := errors.Join(errs...); cerr != nil {
 			err = errors.Join(err, fmt.Errorf("cleanup: %w", cerr))
 		} else if err == nil {
-			fmt.Fprintln(out, "\nCleaned up: XDP detached, NSD stopped, namespaces removed.")
+			fmt.Fprintln(out, "\nCleaned up: the app and NSD stopped, santad stopped and `santad cleanup` run"+
+				" (XDP detached, pins removed), namespaces removed.")
 		}
 	}()
 
@@ -115,14 +152,62 @@ func run(ctx context.Context, out io.Writer, verbose bool) (err error) {
 	m := &demo{ctx: ctx, out: out, tb: tb,
 		cookie: map[bool]uint64{},
 		server: map[bool]netip.AddrPort{},
-		rules:  map[bool]map[question]dataplane.RuleID{false: {}, true: {}},
-		names:  map[dataplane.RuleID]string{},
+		rules:  map[bool]map[question]uint64{false: {}, true: {}},
+		names:  map[uint64]string{},
 	}
 
-	fmt.Fprintln(out, "Santa demo: a real NSD serves a zone; Santa answers chosen names in the kernel (XDP).")
+	// santad's socket and state, the CLI and the Python client live here:
+	// mode 0755, so uid nobody reaches the socket (the clone may be closed to it).
+	dir, err := os.MkdirTemp("/run", fmt.Sprintf("santa-demo-%d-", os.Getpid()))
+	if err != nil {
+		return err
+	}
+	cleanups = append(cleanups, func() error { return os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		return err
+	}
+	pyDir := filepath.Join(dir, "python")
+	if err := copyPythonClient(bins.python, pyDir); err != nil {
+		return err
+	}
+	m.santaBin = filepath.Join(dir, "santa")
+	if b, err := os.ReadFile(bins.santa); err != nil {
+		return err
+	} else if err := os.WriteFile(m.santaBin, b, 0o755); err != nil {
+		return err
+	}
+
+	fmt.Fprintln(out, "Santa demo: santad answers chosen requests in the kernel (XDP), for a real NSD")
+	fmt.Fprintln(out, "and for an unprivileged application that adds its own rule.")
 	fmt.Fprintln(out)
 	fmt.Fprintf(out, "  testbed  client %-15s ── veth ──  server %s\n", tb.Client.IP4, tb.Server.IP4)
 	fmt.Fprintf(out, "           client %-15s            server %s\n", tb.Client.IP6, tb.Server.IP6)
+
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	m.santad = newSantad(bins.santad, dir, tb.Server.NS, tb.Server.Dev)
+	cleanups = append(cleanups, m.santad.stop)
+	if err := m.santad.start(ctx, verbose); err != nil {
+		return err
+	}
+	if m.c, err = santa.Dial(m.santad.Socket); err != nil {
+		return err
+	}
+	cleanups = append(cleanups, m.c.Close)
+	info, _, err := m.c.Health()
+	if err != nil {
+		return err
+	}
+	mode := "?"
+	for _, i := range info.Interfaces {
+		if i.Name == tb.Server.Dev {
+			mode = i.Mode
+		}
+	}
+	fmt.Fprintf(out, "  santad   pid %d in the server namespace (%s), XDP rule processor on %s (%s mode)\n",
+		m.santad.PID(), bins.santad, tb.Server.Dev, mode)
+	fmt.Fprintf(out, "           control socket %s, pins %s\n", m.santad.Socket, m.santad.BPFFS)
 
 	if err := ctx.Err(); err != nil {
 		return err
@@ -133,54 +218,13 @@ func run(ctx context.Context, out io.Writer, verbose bool) (err error) {
 	}
 	m.server[false], m.server[true] = m.nsd.Addr4, m.nsd.Addr6
 	fmt.Fprintf(out, "  NSD      pid %d serves %s on port 53\n", m.nsd.PID(), m.nsd.Zone.Origin)
-
-	socks, err := sockets.FindUDPSockets(m.nsd.PID(), 53)
-	if err != nil {
+	if err := m.takeOver(); err != nil {
 		return err
-	}
-	cleanups = append(cleanups, func() error { return sockets.CloseAll(socks) })
-	var found []string
-	for _, s := range socks {
-		for v6, a := range m.server {
-			if s.Local == a {
-				m.cookie[v6] = s.Cookie
-			}
-		}
-		found = append(found, fmt.Sprintf("%v (cookie %#x)", s.Local, s.Cookie))
-	}
-	if len(m.cookie) != 2 {
-		return fmt.Errorf("NSD's UDP sockets: found %v, want %v and %v", found, m.nsd.Addr4, m.nsd.Addr6)
-	}
-	fmt.Fprintf(out, "  sockets  NSD's, taken with pidfd_getfd: %s\n", strings.Join(found, ", "))
-
-	m.d, err = dataplane.Load(dataplane.Config{})
-	if err != nil {
-		return err
-	}
-	cleanups = append(cleanups, m.d.Close)
-	var att *dataplane.Attachment
-	if err := tb.Server.Do(func() error {
-		var err error
-		att, err = m.d.Attach(tb.Server.Dev, dataplane.AttachAuto)
-		return err
-	}); err != nil {
-		return err
-	}
-	cleanups = append(cleanups, att.Close)
-	mode := "native"
-	if !att.Native {
-		mode = "generic"
-	}
-	fmt.Fprintf(out, "  Santa    XDP rule processor on %s (%s mode)\n", tb.Server.Dev, mode)
-	for _, c := range m.cookie {
-		if err := m.d.Bind(c, dataplane.SampleOptions{}); err != nil {
-			return err
-		}
 	}
 
 	// Rules: the exact bytes dig sends, and NSD's own reply to them.
 	fmt.Fprintln(out)
-	fmt.Fprintln(out, "Rules (condition: dig's query after the ID; reply: NSD's answer, ID copied):")
+	fmt.Fprintln(out, "Rules added by root through the Go client (condition: dig's query after the ID; reply: NSD's answer, ID copied):")
 	for _, q := range offload {
 		query, err := m.recordDig(q)
 		if err != nil {
@@ -191,7 +235,7 @@ func run(ctx context.Context, out io.Writer, verbose bool) (err error) {
 			if err != nil {
 				return err
 			}
-			ids, err := m.d.AddRules(m.cookie[v6], []dataplane.Rule{rule})
+			ids, err := m.c.Add(santa.Cookie(m.cookie[v6]), []api.Rule{rule})
 			if err != nil {
 				return err
 			}
@@ -222,23 +266,91 @@ func run(ctx context.Context, out io.Writer, verbose bool) (err error) {
 		return err
 	}
 
-	m.printCounters()
-	return nil
+	// An application's own rule, through the Python client.
+	err = m.listing1(pyDir)
+	if m.app != nil {
+		cleanups = append(cleanups, m.app.stop)
+	}
+	if err != nil {
+		return err
+	}
+
+	return m.printCounters()
 }
 
 func preflight() error {
 	if os.Geteuid() != 0 {
-		return errors.New("must run as root (network namespaces, XDP, pidfd_getfd); try: sudo make demo")
+		return errors.New("must run as root (network namespaces, santad); try: sudo make demo")
 	}
 	var missing []string
-	for _, tool := range []string{testbed.NSDPath, testbed.NSDCheckconfPath, "dig", "ip"} {
+	for _, tool := range []string{testbed.NSDPath, testbed.NSDCheckconfPath, "dig", "ip", "nsenter", "setpriv", python} {
 		if _, err := exec.LookPath(tool); err != nil {
 			missing = append(missing, tool)
 		}
 	}
 	if len(missing) > 0 {
-		return fmt.Errorf("missing %s: run scripts/install-deps.sh (packages nsd, dnsutils, iproute2)", strings.Join(missing, ", "))
+		return fmt.Errorf("missing %s: run scripts/install-deps.sh (packages nsd, dnsutils, iproute2, util-linux, python3-cbor2)",
+			strings.Join(missing, ", "))
 	}
+	if out, err := exec.Command(python, "-c", "import cbor2").CombinedOutput(); err != nil {
+		return fmt.Errorf("%s cannot import cbor2, which the Python client needs (apt-get install python3-cbor2): %s",
+			python, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// findBinaries finds santad and the santa CLI of the build and the Python
+// client of the source tree.
+func findBinaries() (b binaries, err error) {
+	if b.santad, err = findBinary("santad"); err != nil {
+		return b, err
+	}
+	if b.santa, err = findBinary("santa"); err != nil {
+		return b, err
+	}
+	b.python, err = findPythonClient()
+	return b, err
+}
+
+// takeOver has santad bind NSD's UDP sockets on port 53 (root only: santad
+// takes them from NSD with pidfd_getfd). Binding by port finds every
+// process's port-53 sockets on the host; the demo keeps NSD's and hands
+// any other back at once.
+func (m *demo) takeOver() error {
+	pids, err := m.nsd.PIDs()
+	if err != nil {
+		return err
+	}
+	socks, err := m.c.BindPort(53)
+	if err != nil {
+		return fmt.Errorf("bind NSD's sockets: %w", err)
+	}
+	var found []string
+	for _, s := range socks {
+		a, _ := netip.AddrFromSlice(s.Address)
+		ap := netip.AddrPortFrom(a, s.Port)
+		mine := false
+		for v6, want := range m.server {
+			if ap == want && slices.Contains(pids, int(s.PID)) {
+				m.cookie[v6], mine = s.Cookie, true
+			}
+		}
+		if !mine {
+			if err := m.c.Unbind(santa.Cookie(s.Cookie)); err != nil {
+				return fmt.Errorf("release %v (pid %d), not NSD's: %w", ap, s.PID, err)
+			}
+			continue
+		}
+		m.cookies = append(m.cookies, s.Cookie)
+		found = append(found, fmt.Sprintf("%v (cookie %d)", ap, s.Cookie))
+	}
+	if len(m.cookie) != 2 {
+		return fmt.Errorf("NSD's UDP sockets: santad found %v, want %v and %v", found, m.nsd.Addr4, m.nsd.Addr6)
+	}
+	slices.Sort(m.cookies)
+	fmt.Fprintln(m.out, "  sockets  NSD's, taken over by santad for root (Client.BindPort(53), as `santa attach --port 53/udp`;")
+	fmt.Fprintln(m.out, "           NSD itself is unmodified):")
+	fmt.Fprintf(m.out, "           %s\n", strings.Join(found, ", "))
 	return nil
 }
 
@@ -268,13 +380,17 @@ func (m *demo) recordDig(q question) ([]byte, error) {
 }
 
 // ask sends query to NSD from the client namespace and builds the rule.
-func (m *demo) ask(v6 bool, query []byte) (dataplane.Rule, []byte, error) {
+func (m *demo) ask(v6 bool, query []byte) (api.Rule, []byte, error) {
 	c, err := m.tb.DialUDP(m.server[v6])
 	if err != nil {
-		return dataplane.Rule{}, nil, err
+		return api.Rule{}, nil, err
 	}
 	defer c.Close()
-	return dnsrule.FromServer(c, query, 2*time.Second)
+	rule, reply, err := dnsrule.FromServer(c, query, 2*time.Second)
+	if err != nil {
+		return api.Rule{}, nil, err
+	}
+	return dnsrule.APIRule(rule), reply, nil
 }
 
 func (m *demo) digArgs(srv netip.AddrPort, q question) []string {
@@ -303,24 +419,26 @@ type digResult struct {
 	evidence string
 }
 
+// snapshot is santad's view at one moment: the rule processor's counters
+// (health) and every rule's hits (stats of each rule set).
 type snapshot struct {
 	c    map[string]uint64
-	hits map[dataplane.RuleID]uint64
+	hits map[uint64]uint64
 }
 
 func (m *demo) snapshot() (snapshot, error) {
-	c, err := m.d.Counters()
+	_, c, err := m.c.Health()
 	if err != nil {
 		return snapshot{}, err
 	}
-	s := snapshot{c: dataplane.CounterNames(c), hits: map[dataplane.RuleID]uint64{}}
-	for _, cookie := range m.cookie {
-		st, err := m.d.RuleStats(cookie)
+	s := snapshot{c: c, hits: map[uint64]uint64{}}
+	for _, cookie := range m.cookies {
+		st, err := m.c.Stats(santa.Cookie(cookie))
 		if err != nil {
 			return snapshot{}, err
 		}
-		for id, r := range st {
-			s.hits[id] = r.Hits
+		for _, r := range st {
+			s.hits[r.ID] = r.Hits
 		}
 	}
 	return s, nil
@@ -352,12 +470,13 @@ func (m *demo) digCompare(q question, v6 bool) (digResult, error) {
 	if derr != nil {
 		r.answer = "no answer: " + firstLine(out)
 	}
-	r.by, r.evidence = attribute(before, after, m.rules[v6][q])
+	r.by, r.evidence = attribute(before, after, m.rules[v6][q], "NSD")
 	return r, nil
 }
 
-// attribute says who answered, from what moved between two snapshots.
-func attribute(before, after snapshot, rule dataplane.RuleID) (by, evidence string) {
+// attribute says who answered, from what moved between two snapshots:
+// Santa if the rule's hits grew, else server if the request was passed on.
+func attribute(before, after snapshot, rule uint64, server string) (by, evidence string) {
 	answered := after.c["answered"] - before.c["answered"]
 	passed := after.c["pass_no_match"] - before.c["pass_no_match"]
 	if rule != 0 && after.hits[rule] > before.hits[rule] {
@@ -365,7 +484,7 @@ func attribute(before, after snapshot, rule dataplane.RuleID) (by, evidence stri
 			fmt.Sprintf("rule %d hits %d → %d", rule, before.hits[rule], after.hits[rule])
 	}
 	if passed > 0 && answered == 0 {
-		return "NSD (no rule matched, passed on)",
+		return server + " (no rule matched, passed on)",
 			fmt.Sprintf("pass_no_match %d → %d", before.c["pass_no_match"], after.c["pass_no_match"])
 	}
 	return "unclear", fmt.Sprintf("answered +%d, pass_no_match +%d", answered, passed)
@@ -465,16 +584,16 @@ func (m *demo) paused() error {
 	return nil
 }
 
-func (m *demo) printCounters() {
+// printCounters shows what santad reports at the end: the rule
+// processor's counters (health) and every rule's hits (stats).
+func (m *demo) printCounters() error {
 	fmt.Fprintln(m.out)
-	c, err := m.d.Counters()
+	_, c, err := m.c.Health()
 	if err != nil {
-		fmt.Fprintf(m.out, "counters: %v\n", err)
-		return
+		return err
 	}
-	names := dataplane.CounterNames(c)
 	var keys []string
-	for k, v := range names {
+	for k, v := range c {
 		if v != 0 {
 			keys = append(keys, k)
 		}
@@ -490,29 +609,27 @@ func (m *demo) printCounters() {
 	})
 	var parts []string
 	for _, k := range keys {
-		parts = append(parts, fmt.Sprintf("%s %d", k, names[k]))
+		parts = append(parts, fmt.Sprintf("%s %d", k, c[k]))
 	}
-	fmt.Fprintf(m.out, "Santa's counters (all CPUs): %s\n", strings.Join(parts, ", "))
-	fmt.Fprintln(m.out, "Per rule:")
-	var ids []dataplane.RuleID
-	stats := map[dataplane.RuleID]dataplane.RuleStats{}
-	for _, cookie := range m.cookie {
-		st, err := m.d.RuleStats(cookie)
+	fmt.Fprintf(m.out, "Santa's counters (santad health, all CPUs): %s\n", strings.Join(parts, ", "))
+	fmt.Fprintln(m.out, "Per rule (santad stats):")
+	var all []api.RuleStats
+	for _, cookie := range m.cookies {
+		st, err := m.c.Stats(santa.Cookie(cookie))
 		if err != nil {
-			continue
+			return err
 		}
-		for id, s := range st {
-			ids = append(ids, id)
-			stats[id] = s
-		}
+		all = append(all, st...)
 	}
-	slices.Sort(ids)
-	for _, id := range ids {
+	slices.SortFunc(all, func(a, b api.RuleStats) int { return cmp.Compare(a.ID, b.ID) })
+	for _, s := range all {
 		hits := "hits"
-		if stats[id].Hits == 1 {
+		if s.Hits == 1 {
 			hits = "hit "
 		}
-		fmt.Fprintf(m.out, "  rule %d  %s  %3d %s  %5d bytes sent\n", id, m.names[id], stats[id].Hits, hits, stats[id].Bytes)
+		fmt.Fprintf(m.out, "  rule %d  %s  %3d %s  %5d bytes sent\n", s.ID, m.names[s.ID], s.Hits, hits, s.Bytes)
 	}
-	fmt.Fprintln(m.out, "(the other pass reasons count frames that are not DNS queries: IPv6 multicast, ICMP)")
+	fmt.Fprintln(m.out, "(pass_no_match: requests NSD or the app answered, the queries that built the rules included;")
+	fmt.Fprintln(m.out, " the other pass reasons are frames no rule could answer: multicast, not UDP, NSD's start-up probes)")
+	return nil
 }

@@ -183,6 +183,7 @@ func (s *santad) start(ctx context.Context, verbose bool) error {
 	var w io.Writer = s.log
 	if verbose {
 		w = io.MultiWriter(s.log, os.Stderr)
+		fmt.Fprintf(os.Stderr, "  [santad] %s\n", strings.Join(s.cmd.Args, " "))
 	}
 	s.cmd.Stdout, s.cmd.Stderr = w, w
 	// Own process group: Ctrl-C reaches the demo, which stops santad in

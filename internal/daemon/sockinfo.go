@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"os"
 	"os/user"
+	"path/filepath"
 	"strconv"
 
 	"github.com/santa-offload/santa/api"
@@ -71,19 +72,27 @@ func socketOfProcess(pid, fd int) (api.SocketInfo, error) {
 	return info, nil
 }
 
-// socketsOnPort finds every unconnected UDP socket bound to port, in every
-// process (each socket once, however many processes share it).
+// socketsOnPort finds every unconnected UDP socket bound to port by a
+// process in santad's network namespace (the only one its interfaces
+// answer for), each socket once however many processes share it.
 func socketsOnPort(port uint16) ([]api.SocketInfo, error) {
 	procs, err := os.ReadDir("/proc")
 	if err != nil {
 		return nil, err
 	}
 	self := os.Getpid()
+	ourNS, err := os.Stat("/proc/self/ns/net")
+	if err != nil {
+		return nil, err
+	}
 	seen := map[uint64]bool{}
 	var out []api.SocketInfo
 	for _, p := range procs {
 		pid, err := strconv.Atoi(p.Name())
 		if err != nil || pid == self {
+			continue
+		}
+		if ns, err := os.Stat(filepath.Join("/proc", p.Name(), "ns", "net")); err != nil || !os.SameFile(ns, ourNS) {
 			continue
 		}
 		found, err := sockets.FindUDPSockets(pid, port)
@@ -102,7 +111,7 @@ func socketsOnPort(port uint16) ([]api.SocketInfo, error) {
 		sockets.CloseAll(found)
 	}
 	if len(out) == 0 {
-		return nil, fail(api.StatusNotFound, "no process has a UDP socket bound to port %d", port)
+		return nil, fail(api.StatusNotFound, "no process in santad's network namespace has a UDP socket bound to port %d", port)
 	}
 	return out, nil
 }

@@ -6,12 +6,14 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/miekg/dns"
 
+	"github.com/santa-offload/santa/api"
 	"github.com/santa-offload/santa/internal/dataplane"
 	"github.com/santa-offload/santa/internal/testbed"
 )
@@ -132,6 +134,28 @@ func equalRule(a, b dataplane.Rule) bool {
 		}
 	}
 	return true
+}
+
+func TestAPIRule(t *testing.T) {
+	query, reply := pair(t, "www.example.test.", dns.TypeA, 0x1234, true)
+	rule, err := RuleFor(query, reply)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rule.Priority = 3
+	got := APIRule(rule)
+	want := api.Rule{
+		Conditions: []api.Condition{{Offset: 2, Pattern: query[2:]}},
+		Processors: []api.Processor{
+			{Kind: api.KindCopy, ReplyOffset: 0, SrcOffset: 0, Length: 2},
+			{Kind: api.KindPut, ReplyOffset: 2, Template: reply[2:]},
+		},
+		ReplyLen: uint32(len(reply)),
+		Priority: 3,
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("got %+v\nwant %+v", got, want)
+	}
 }
 
 func TestRuleForRefuses(t *testing.T) {
