@@ -67,3 +67,12 @@ func (d *Dataplane) unlinkRetired(gone map[RuleID]bool) {
 	}
 	d.retiring = kept
 }
+
+// drainRetired waits out the grace period of every retired rule and unlinks
+// them all. Callers hold d.mu.
+func (d *Dataplane) drainRetired() {
+	if n := len(d.retiring); n > 0 {
+		time.Sleep(time.Until(d.retiring[n-1].at.Add(retireGrace)))
+		d.reapDue()
+	}
+}

@@ -354,6 +354,16 @@ func (d *Dataplane) newInstalled(rs *ruleset, src []Rule, compiled []*compiledRu
 // place assigns each rule its region, hash and bucket for rule set id under
 // the given regions, checking capacity and chain lengths first.
 func (d *Dataplane) place(id uint32, regions []region, rules []*installed) error {
+	err := d.tryPlace(id, regions, rules)
+	if err != nil && !errors.Is(err, errNoRegion) && len(d.retiring) > 0 {
+		// the room may be held by replaced rules kept for packets in flight
+		d.drainRetired()
+		err = d.tryPlace(id, regions, rules)
+	}
+	return err
+}
+
+func (d *Dataplane) tryPlace(id uint32, regions []region, rules []*installed) error {
 	extra := map[uint32]int{}
 	need := 0
 	for _, r := range rules {
