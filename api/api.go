@@ -4,6 +4,8 @@
 // examples every client library is tested against.
 package api
 
+import "net/netip"
+
 // Version is the protocol version this package speaks.
 const Version = 1
 
@@ -187,4 +189,14 @@ type DaemonInfo struct {
 type Interface struct {
 	Name string `cbor:"0,keyasint,omitempty" json:"name,omitempty"`
 	Mode string `cbor:"1,keyasint,omitempty" json:"mode,omitempty"` // "native" or "generic"
+}
+
+// AddrPort is the socket's bound address and port (the zero AddrPort if the
+// address is not 4 or 16 bytes).
+func (s SocketInfo) AddrPort() netip.AddrPort {
+	a, ok := netip.AddrFromSlice(s.Address)
+	if !ok {
+		return netip.AddrPort{}
+	}
+	return netip.AddrPortFrom(a, s.Port)
 }

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/santa-offload/santa/internal/testbed"
 )
 
 const (
@@ -31,7 +33,7 @@ type app struct {
 	addr   netip.AddrPort
 	cookie uint64
 	rule   uint64
-	out    *syncBuffer
+	out    *testbed.LockedBuffer
 	exited chan error
 }
 
@@ -49,7 +51,7 @@ func asNobody(ns string, argv ...string) []string {
 // nobody in the server namespace, on addr, and waits for its
 // "ready cookie=N rule=ID" line.
 func (m *demo) startApp(pyDir string, addr netip.AddrPort) (*app, error) {
-	a := &app{addr: addr, out: &syncBuffer{}, exited: make(chan error, 1)}
+	a := &app{addr: addr, out: &testbed.LockedBuffer{}, exited: make(chan error, 1)}
 	a.argv = asNobody(m.tb.Server.NS, python, filepath.Join(pyDir, "examples", "listing1.py"),
 		addr.Addr().String(), strconv.Itoa(int(addr.Port())))
 	a.cmd = exec.Command(a.argv[0], a.argv[1:]...)

@@ -92,7 +92,7 @@ type demo struct {
 	ctx      context.Context
 	out      io.Writer
 	tb       *testbed.Testbed
-	santad   *santad
+	santad   *testbed.Santad
 	santaBin string        // the santa CLI, copied where uid nobody can run it
 	c        *santa.Client // root's connection to santad
 	nsd      *testbed.NSD
@@ -187,8 +187,12 @@ func run(ctx context.Context, out io.Writer, verbose bool) (err error) {
 		return err
 	}
 	m.santad = newSantad(bins.santad, dir, tb.Server.NS, tb.Server.Dev)
-	cleanups = append(cleanups, m.santad.stop)
-	if err := m.santad.start(ctx, verbose); err != nil {
+	cleanups = append(cleanups, func() error { return stopSantad(m.santad) })
+	if verbose {
+		m.santad.Out = os.Stderr
+		fmt.Fprintf(os.Stderr, "  [santad] %s %s\n", bins.santad, strings.Join(m.santad.Args, " "))
+	}
+	if err := m.santad.Start(ctx); err != nil {
 		return err
 	}
 	if m.c, err = santa.Dial(m.santad.Socket); err != nil {
@@ -207,7 +211,7 @@ func run(ctx context.Context, out io.Writer, verbose bool) (err error) {
 	}
 	fmt.Fprintf(out, "  santad   pid %d in the server namespace (%s), XDP rule processor on %s (%s mode)\n",
 		m.santad.PID(), bins.santad, tb.Server.Dev, mode)
-	fmt.Fprintf(out, "           control socket %s, pins %s\n", m.santad.Socket, m.santad.BPFFS)
+	fmt.Fprintf(out, "           control socket %s, pins %s%d\n", m.santad.Socket, bpffsPrefix, os.Getpid())
 
 	if err := ctx.Err(); err != nil {
 		return err
@@ -327,8 +331,7 @@ func (m *demo) takeOver() error {
 	}
 	var found []string
 	for _, s := range socks {
-		a, _ := netip.AddrFromSlice(s.Address)
-		ap := netip.AddrPortFrom(a, s.Port)
+		ap := s.AddrPort()
 		mine := false
 		for v6, want := range m.server {
 			if ap == want && slices.Contains(pids, int(s.PID)) {

@@ -1,22 +1,17 @@
 package main
 
 import (
-	"bytes"
-	"context"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
-	"time"
 
-	santa "github.com/santa-offload/santa/clients/go/santa"
+	"github.com/santa-offload/santa/internal/testbed"
 )
 
 // findBinary finds a program of the build: next to this executable first
@@ -105,24 +100,6 @@ func copyPythonClient(src, dst string) error {
 	return nil
 }
 
-// syncBuffer collects a child's output while it runs.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // tail returns the last n lines of s, indented.
 func tail(s string, n int) string {
 	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
@@ -139,107 +116,17 @@ const (
 	runPrefix   = "/run/santa-demo-"
 )
 
-// santad is the daemon as an administrator runs it, but inside the
-// testbed's server namespace and with its own socket, pins and state, so
-// that it leaves a santad of the host alone.
-type santad struct {
-	bin    string
-	args   []string // the flags, shared by santad and santad cleanup
-	Socket string
-	BPFFS  string
-	cmd    *exec.Cmd
-	exited chan error
-	log    *syncBuffer
+// newSantad configures (does not start) a demo's santad for the interface
+// dev of the namespace ns, with its socket and state in dir.
+func newSantad(bin, dir, ns, dev string) *testbed.Santad {
+	return testbed.NewSantad(bin, ns, dir, bpffsPrefix+strconv.Itoa(os.Getpid()), "--interface", dev)
 }
 
-// newSantad configures (does not start) a santad for the interface dev of
-// the namespace ns, with its socket and state in dir.
-func newSantad(bin, dir, ns, dev string) *santad {
-	s := &santad{bin: bin, Socket: filepath.Join(dir, "santa.sock"),
-		BPFFS: bpffsPrefix + strconv.Itoa(os.Getpid()), log: &syncBuffer{}}
-	s.args = santadFlags(s.Socket, s.BPFFS, filepath.Join(dir, "state"))
-	s.args = append(s.args, "--interface", dev)
-	s.cmd = exec.Command("nsenter", append([]string{"--net=/run/netns/" + ns, bin}, s.args...)...)
-	return s
-}
-
-// santadFlags are the flags for a demo's santad. --config /dev/null keeps
-// a host's /etc/santa/santad.yaml out (an empty file means the defaults).
-func santadFlags(socket, bpffs, state string) []string {
-	return []string{
-		"--config", "/dev/null",
-		"--socket", socket,
-		"--bpffs", bpffs,
-		"--state-dir", state,
-		"--metrics", "off",
-		"--log-format", "text",
-	}
-}
-
-// start runs santad and waits until it answers health. nsenter joins only
-// the network namespace, so santad sees the host's bpffs as in production
-// (`ip netns exec` would mount a fresh /sys over it).
-func (s *santad) start(ctx context.Context, verbose bool) error {
-	var w io.Writer = s.log
-	if verbose {
-		w = io.MultiWriter(s.log, os.Stderr)
-		fmt.Fprintf(os.Stderr, "  [santad] %s\n", strings.Join(s.cmd.Args, " "))
-	}
-	s.cmd.Stdout, s.cmd.Stderr = w, w
-	// Own process group: Ctrl-C reaches the demo, which stops santad in
-	// order. Pdeathsig: santad does not outlive a killed demo.
-	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
-	if err := s.cmd.Start(); err != nil {
-		return fmt.Errorf("start santad: %w", err)
-	}
-	s.exited = make(chan error, 1)
-	go func(c *exec.Cmd, ch chan error) { ch <- c.Wait() }(s.cmd, s.exited)
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		select {
-		case err := <-s.exited:
-			s.cmd = nil
-			return fmt.Errorf("santad exited during start (%v):\n%s", err, tail(s.log.String(), 20))
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(50 * time.Millisecond):
-		}
-		if c, err := santa.Dial(s.Socket); err == nil {
-			_, _, err := c.Health()
-			c.Close()
-			if err == nil {
-				return nil
-			}
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("santad did not answer health within 20 s:\n%s", tail(s.log.String(), 20))
-		}
-	}
-}
-
-func (s *santad) PID() int { return s.cmd.Process.Pid }
-
-// stop ends santad (SIGTERM, SIGKILL after 10 s) and then runs
-// `santad cleanup` with the same flags: that detaches XDP and removes the
-// pins and the journal, which a stopped santad keeps on purpose (the next
-// one would take over from them).
-func (s *santad) stop() error {
-	var errs []error
-	if s.cmd != nil && s.exited != nil {
-		_ = s.cmd.Process.Signal(syscall.SIGTERM) // our child, by pid
-		select {
-		case <-s.exited:
-		case <-time.After(10 * time.Second):
-			_ = s.cmd.Process.Kill()
-			<-s.exited
-			errs = append(errs, errors.New("santad ignored SIGTERM for 10 s; killed"))
-		}
-		s.cmd = nil
-	}
-	if out, err := exec.Command(s.bin, append([]string{"cleanup"}, s.args...)...).CombinedOutput(); err != nil {
-		errs = append(errs, fmt.Errorf("santad cleanup: %w: %s", err, bytes.TrimSpace(out)))
-	}
-	return errors.Join(errs...)
+// stopSantad stops santad and then runs `santad cleanup`: that detaches XDP
+// and removes the pins and the journal, which a stopped santad keeps on
+// purpose (the next one would take over from them).
+func stopSantad(s *testbed.Santad) error {
+	return errors.Join(s.Stop(syscall.SIGTERM), s.Cleanup())
 }
 
 // removeStaleSantad cleans up after demos that were killed before they
@@ -272,13 +159,12 @@ func removeStaleSantad(bin string) ([]string, error) {
 		if !ok {
 			continue
 		}
-		state := filepath.Join(os.TempDir(), "santa-demo-no-state")
+		dir := filepath.Join(os.TempDir(), "santa-demo-no-state")
 		if d := runDirs[pid]; len(d) > 0 {
-			state = filepath.Join(d[0], "state")
+			dir = d[0]
 		}
-		args := append([]string{"cleanup"}, santadFlags(filepath.Join(filepath.Dir(state), "santa.sock"), p, state)...)
-		if out, err := exec.Command(bin, args...).CombinedOutput(); err != nil {
-			errs = append(errs, fmt.Errorf("santad cleanup --bpffs %s: %w: %s", p, err, bytes.TrimSpace(out)))
+		if err := testbed.NewSantad(bin, "", dir, p).Cleanup(); err != nil {
+			errs = append(errs, fmt.Errorf("--bpffs %s: %w", p, err))
 			continue
 		}
 		removed = append(removed, p)

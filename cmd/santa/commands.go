@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/netip"
 	"os"
 	"sort"
 	"strconv"
@@ -27,13 +26,7 @@ func printJSON(w io.Writer, v any) error {
 
 func table(w io.Writer) *tabwriter.Writer { return tabwriter.NewWriter(w, 0, 4, 2, ' ', 0) }
 
-func addr(s api.SocketInfo) string {
-	a, ok := netip.AddrFromSlice(s.Address)
-	if !ok {
-		return fmt.Sprintf("?:%d", s.Port)
-	}
-	return netip.AddrPortFrom(a, s.Port).String() + "/udp"
-}
+func addr(s api.SocketInfo) string { return s.AddrPort().String() + "/udp" }
 
 func statusCmd(e env, g *globals) *cobra.Command {
 	return readFlag(&cobra.Command{

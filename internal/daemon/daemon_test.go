@@ -2,8 +2,8 @@ package daemon_test
 
 import (
 	"bufio"
-	"encoding/json"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"

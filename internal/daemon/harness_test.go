@@ -2,8 +2,8 @@ package daemon_test
 
 import (
 	"bufio"
-	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"os"
@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -77,32 +76,11 @@ func buildAll() error {
 // santadProc is a santad running in the server namespace of a testbed, with
 // its own control socket, pin directory and state directory.
 type santadProc struct {
+	*testbed.Santad
 	t       testing.TB
 	tb      *testbed.Testbed
 	dir     string
-	args    []string
-	cmd     *exec.Cmd
-	log     *syncBuffer
-	exited  chan error
-	Socket  string
 	Metrics string
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // newSantad configures (not starts) a santad for tb; extra are more flags.
@@ -112,24 +90,15 @@ func newSantad(t testing.TB, tb *testbed.Testbed, extra ...string) *santadProc {
 		t.Fatal(err)
 	}
 	os.Chmod(dir, 0o755)
-	s := &santadProc{t: t, tb: tb, dir: dir, log: &syncBuffer{},
-		Socket: filepath.Join(dir, "santa.sock"), Metrics: "127.0.0.1:9477"}
-	s.args = append([]string{
-		"--interface", tb.Server.Dev,
-		"--socket", s.Socket,
-		"--bpffs", "/sys/fs/bpf/" + filepath.Base(dir),
-		"--state-dir", filepath.Join(dir, "state"),
-		"--metrics", s.Metrics,
-		"--log-format", "text", "--log-level", "debug",
-	}, extra...)
+	s := &santadProc{t: t, tb: tb, dir: dir, Metrics: "127.0.0.1:9477"}
+	s.Santad = testbed.NewSantad(filepath.Join(work, "santad"), tb.Server.NS, dir, "/sys/fs/bpf/"+filepath.Base(dir),
+		append([]string{"--interface", tb.Server.Dev, "--metrics", s.Metrics, "--log-level", "debug"}, extra...)...)
 	t.Cleanup(func() {
-		s.stop(syscall.SIGKILL)
-		cmd := exec.Command(filepath.Join(work, "santad"), append([]string{"cleanup"}, s.args...)...)
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Errorf("santad cleanup: %v: %s", err, out)
+		if err := errors.Join(s.Stop(syscall.SIGKILL), s.Cleanup()); err != nil {
+			t.Error(err)
 		}
 		if t.Failed() {
-			t.Logf("santad log:\n%s", s.log.String())
+			t.Logf("santad log:\n%s", s.Log())
 		}
 	})
 	return s
@@ -138,51 +107,16 @@ func newSantad(t testing.TB, tb *testbed.Testbed, extra ...string) *santadProc {
 // start runs santad and waits until it answers health.
 func (s *santadProc) start() {
 	s.t.Helper()
-	// nsenter joins only the network namespace: santad sees the host's bpffs,
-	// as it does in production
-	s.cmd = exec.Command("nsenter", append([]string{"--net=/run/netns/" + s.tb.Server.NS, filepath.Join(work, "santad")}, s.args...)...)
-	s.cmd.Stdout, s.cmd.Stderr = s.log, s.log
-	if err := s.cmd.Start(); err != nil {
+	if err := s.Start(context.Background()); err != nil {
 		s.t.Fatal(err)
-	}
-	s.exited = make(chan error, 1)
-	go func(c *exec.Cmd, ch chan error) { ch <- c.Wait() }(s.cmd, s.exited)
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		select {
-		case err := <-s.exited:
-			s.cmd = nil
-			s.t.Fatalf("santad exited during start: %v\n%s", err, s.log.String())
-		default:
-		}
-		if c, err := santa.Dial(s.Socket); err == nil {
-			_, _, err := c.Health()
-			c.Close()
-			if err == nil {
-				return
-			}
-		}
-		if time.Now().After(deadline) {
-			s.t.Fatalf("santad did not come up in 20 s:\n%s", s.log.String())
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
 }
 
 // stop sends sig to santad and waits for it to exit.
 func (s *santadProc) stop(sig syscall.Signal) {
-	if s.cmd == nil {
-		return
+	if err := s.Stop(sig); err != nil {
+		s.t.Error(err)
 	}
-	s.cmd.Process.Signal(sig)
-	select {
-	case <-s.exited:
-	case <-time.After(10 * time.Second):
-		s.cmd.Process.Kill()
-		<-s.exited
-		s.t.Errorf("santad ignored %v for 10 s", sig)
-	}
-	s.cmd = nil
 }
 
 func (s *santadProc) client() *santa.Client {
@@ -225,7 +159,7 @@ type app struct {
 	cmd    *exec.Cmd
 	Cookie uint64
 	Rule   uint64
-	out    *syncBuffer
+	out    *testbed.LockedBuffer
 }
 
 // startApp runs argv as uid and waits for its "ready cookie=N rule=ID" line.
@@ -239,7 +173,7 @@ func startApp(t *testing.T, tb *testbed.Testbed, uid int, env []string, argv ...
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := &app{cmd: cmd, out: &syncBuffer{}}
+	a := &app{cmd: cmd, out: &testbed.LockedBuffer{}}
 	cmd.Stderr = a.out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

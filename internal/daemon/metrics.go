@@ -92,7 +92,7 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 		if err != nil {
 			continue
 		}
-		sock, owner, addr := strconv.FormatUint(cookie, 10), strconv.FormatUint(uint64(rs.info.Owner), 10), addrString(rs.info)
+		sock, owner, addr := strconv.FormatUint(cookie, 10), strconv.FormatUint(uint64(rs.info.Owner), 10), rs.info.AddrPort().String()
 		var hits uint64
 		for id, st := range stats {
 			hits += st.Hits

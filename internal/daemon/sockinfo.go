@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"fmt"
-	"net/netip"
 	"os"
 	"os/user"
 	"path/filepath"
@@ -114,15 +113,6 @@ func socketsOnPort(port uint16) ([]api.SocketInfo, error) {
 		return nil, fail(api.StatusNotFound, "no process in santad's network namespace has a UDP socket bound to port %d", port)
 	}
 	return out, nil
-}
-
-// addrString formats a socket's bound address for logs and the CLI.
-func addrString(info api.SocketInfo) string {
-	a, ok := netip.AddrFromSlice(info.Address)
-	if !ok {
-		return fmt.Sprintf("?:%d", info.Port)
-	}
-	return netip.AddrPortFrom(a, info.Port).String()
 }
 
 func lookupGroup(name string) (int, error) {

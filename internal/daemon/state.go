@@ -129,6 +129,18 @@ func (d *Daemon) add(caller uint32, rs *ruleSet, rules []api.Rule) ([]uint64, er
 	if err != nil {
 		return nil, err
 	}
+	out, rec := newRules(rules, ids)
+	if err := d.record(&api.Message{Op: api.OpAdd, Socket: rs.info.Cookie, Rules: rec},
+		func() { d.dp.DeleteRules(rs.info.Cookie, ids) }); err != nil {
+		return nil, err
+	}
+	rs.addRules(d.usageOf(rs.info.Owner), rec)
+	return out, nil
+}
+
+// newRules pairs new rules with the ids the data plane gave them: the ids
+// for the caller, the rules with id and version 1 for the journal.
+func newRules(rules []api.Rule, ids []dataplane.RuleID) ([]uint64, []api.Rule) {
 	out := make([]uint64, len(ids))
 	rec := make([]api.Rule, len(rules))
 	for i, id := range ids {
@@ -136,12 +148,7 @@ func (d *Daemon) add(caller uint32, rs *ruleSet, rules []api.Rule) ([]uint64, er
 		rec[i] = rules[i]
 		rec[i].ID, rec[i].Version = uint64(id), 1
 	}
-	if err := d.record(&api.Message{Op: api.OpAdd, Socket: rs.info.Cookie, Rules: rec},
-		func() { d.dp.DeleteRules(rs.info.Cookie, ids) }); err != nil {
-		return nil, err
-	}
-	rs.addRules(d.usageOf(rs.info.Owner), rec)
-	return out, nil
+	return out, rec
 }
 
 func (rs *ruleSet) addRules(u *usage, rules []api.Rule) {
@@ -175,13 +182,7 @@ func (d *Daemon) replace(caller uint32, rs *ruleSet, rules []api.Rule) ([]uint64
 	if err != nil {
 		return nil, err
 	}
-	out := make([]uint64, len(ids))
-	rec := make([]api.Rule, len(rules))
-	for i, id := range ids {
-		out[i] = uint64(id)
-		rec[i] = rules[i]
-		rec[i].ID, rec[i].Version = uint64(id), 1
-	}
+	out, rec := newRules(rules, ids)
 	// the old rules are gone from the data plane: there is nothing to roll back to
 	err = d.record(&api.Message{Op: api.OpReplace, Socket: rs.info.Cookie, Rules: rec}, nil)
 	rs.dropRules(d.usageOf(rs.info.Owner), slices.Collect(maps.Keys(rs.rules)))

@@ -140,7 +140,7 @@ type NSD struct {
 
 	tb   *Testbed
 	cmd  *exec.Cmd
-	out  *lockedBuffer
+	out  *LockedBuffer
 	done chan struct{}
 	werr error
 
@@ -185,7 +185,7 @@ func (tb *Testbed) StartNSD(o NSDOptions) (*NSD, error) {
 		Addr6: netip.AddrPortFrom(tb.Server.IP6, uint16(o.Port)),
 		Zone:  zone,
 		tb:    tb,
-		out:   &lockedBuffer{},
+		out:   &LockedBuffer{},
 		done:  make(chan struct{}),
 	}
 	fail := func(err error) (*NSD, error) {
@@ -404,12 +404,14 @@ func Descendants(pid int) ([]int, error) {
 	return out, nil
 }
 
-type lockedBuffer struct {
+// LockedBuffer collects a child process's output while it runs; it keeps
+// the first MiB.
+type LockedBuffer struct {
 	mu sync.Mutex
 	b  bytes.Buffer
 }
 
-func (l *lockedBuffer) Write(p []byte) (int, error) {
+func (l *LockedBuffer) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.b.Len() > 1<<20 {
@@ -418,7 +420,7 @@ func (l *lockedBuffer) Write(p []byte) (int, error) {
 	return l.b.Write(p)
 }
 
-func (l *lockedBuffer) String() string {
+func (l *LockedBuffer) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()
