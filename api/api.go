@@ -121,12 +121,16 @@ type Rule struct {
 	Processors []Processor `cbor:"3,keyasint,omitempty" json:"processors,omitempty"`
 	ReplyLen   uint32      `cbor:"4,keyasint,omitempty" json:"reply_len,omitempty"`
 	Priority   uint32      `cbor:"5,keyasint,omitempty" json:"priority,omitempty"`
+	MinLen     uint32      `cbor:"6,keyasint,omitempty" json:"min_len,omitempty"` // shortest request payload answered, 0 = no bound
+	MaxLen     uint32      `cbor:"7,keyasint,omitempty" json:"max_len,omitempty"` // longest request payload answered, 0 = no bound
 }
 
-// Condition holds when the request payload carries Pattern at Offset.
+// Condition holds when the request payload carries Pattern at Offset, in the
+// bits set in Mask if it has one (one byte per pattern byte).
 type Condition struct {
 	Offset  uint32 `cbor:"0,keyasint,omitempty" json:"offset,omitempty"`
 	Pattern Bytes  `cbor:"1,keyasint,omitempty" json:"pattern,omitempty"`
+	Mask    Bytes  `cbor:"2,keyasint,omitempty" json:"mask,omitempty"`
 }
 
 // Processor kinds.
@@ -142,6 +146,7 @@ type Processor struct {
 	Template    Bytes  `cbor:"2,keyasint,omitempty" json:"template,omitempty"`
 	SrcOffset   uint32 `cbor:"3,keyasint,omitempty" json:"src_offset,omitempty"`
 	Length      uint32 `cbor:"4,keyasint,omitempty" json:"length,omitempty"`
+	Mask        Bytes  `cbor:"5,keyasint,omitempty" json:"mask,omitempty"` // copy: only these bits, one byte per copied byte
 }
 
 // SocketInfo describes a socket that has a rule set.

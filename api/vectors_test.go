@@ -50,6 +50,15 @@ var vectorMessages = []Vector{
 			{Kind: KindPut, ReplyOffset: 2, Template: Bytes{0x81, 0x80, 0, 1, 0, 1}},
 			{Kind: KindCopy, ReplyOffset: 0, SrcOffset: 0, Length: 2}},
 		ReplyLen: 300, Priority: 10}}}},
+	{Name: "add a rule with masked condition and copy and request length bounds", Message: Message{V: 1, Op: OpAdd, Seq: 15, Socket: 4097, Rules: []Rule{{
+		Conditions: []Condition{
+			{Offset: 2, Pattern: Bytes{0x00, 0x00}, Mask: Bytes{0x78, 0x4f}},
+			{Offset: 4, Pattern: Bytes{0, 1, 0, 0, 0, 0, 0, 0, 3, 'w', 'w', 'w', 0, 0, 1, 0, 1}}},
+		Processors: []Processor{
+			{Kind: KindCopy, ReplyOffset: 0, SrcOffset: 0, Length: 2},
+			{Kind: KindPut, ReplyOffset: 2, Template: Bytes{0x84, 0x00, 0, 1, 0, 1}},
+			{Kind: KindCopy, ReplyOffset: 2, SrcOffset: 2, Length: 2, Mask: Bytes{0x01, 0x10}}},
+		ReplyLen: 40, MinLen: 21, MaxLen: 300}}}},
 	{Name: "add response", Message: Message{V: 1, Op: OpAdd, Seq: 6, IDs: []uint64{1, 2, 255, 256, 65536, 1 << 32}}},
 	{Name: "replace all rules", Message: Message{V: 1, Op: OpReplace, Seq: 7, Socket: 4097, Rules: []Rule{{
 		Conditions: []Condition{{Offset: 0, Pattern: Bytes("ping")}},

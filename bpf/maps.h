@@ -51,7 +51,7 @@ struct {
 	__uint(map_flags, BPF_F_MMAPABLE); /* user space writes in place, publishes atomically */
 } santa_rules SEC(".maps");
 
-/* Page -> pattern and template bytes of the rules placed in it. */
+/* Page -> pattern, mask and template bytes of the rules placed in it. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__type(key, __u32);

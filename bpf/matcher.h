@@ -29,30 +29,53 @@ static __always_inline __u32 bucket_of(__u32 ruleset, struct santa_region r, __u
 	return x & bucket_mask;
 }
 
-/* The len pattern bytes at data in page equal the request bytes at off.
- * A global function, so the verifier checks its loop once rather than for
- * every condition of every candidate of every region. */
-__noinline int santa_pattern_equal(const struct santa_scratch *s, __u32 off,
-				   const struct santa_page *page, __u32 data, __u32 len)
+/* The len pattern bytes at data in page equal the request bytes at off;
+ * with masked, only in the bits set in the mask that follows the pattern at
+ * the next 8-byte boundary. Inlined into one global function per case, so
+ * unmasked patterns pay nothing for masks. */
+static __always_inline int pattern_equal(const struct santa_scratch *s, __u32 off,
+					 const struct santa_page *page, __u32 data, __u32 len,
+					 const int masked)
 {
 	if (!s || !page || len > SANTA_MAX_PATTERN)
 		return 0;
+	data &= SANTA_PAGE_DATA - 1;
 	const __u8 *a = s->req + (off & SANTA_OFF_MASK);
-	const __u8 *b = page->b + (data & (SANTA_PAGE_DATA - 1));
+	const __u8 *b = page->b + data;
+	const __u8 *m = page->b + ((data + ((len + 7) & ~7u)) & (SANTA_PAGE_DATA - 1));
 	__u32 i;
 	for (i = 0; i < SANTA_MAX_PATTERN / 8; i++) {
 		if (i * 8 + 8 > len)
 			break;
-		if (*(const __u64 *)(a + i * 8) != *(const __u64 *)(b + i * 8))
+		__u64 diff = *(const __u64 *)(a + i * 8) ^ *(const __u64 *)(b + i * 8);
+		if (masked)
+			diff &= *(const __u64 *)(m + i * 8);
+		if (diff)
 			return 0;
 	}
 	__u32 rest = len - i * 8;
 	if (rest == 0)
 		return 1;
-	/* compare the last 1..7 bytes; both buffers have slack to read 8 */
-	__u64 mask = (1ull << ((rest & 7) * 8)) - 1;
+	/* compare the last 1..7 bytes; the buffers have slack to read 8 */
+	__u64 tail = (1ull << ((rest & 7) * 8)) - 1;
 	i &= SANTA_MAX_PATTERN / 8 - 1;
-	return ((*(const __u64 *)(a + i * 8) ^ *(const __u64 *)(b + i * 8)) & mask) == 0;
+	if (masked)
+		tail &= *(const __u64 *)(m + i * 8);
+	return ((*(const __u64 *)(a + i * 8) ^ *(const __u64 *)(b + i * 8)) & tail) == 0;
+}
+
+/* Global functions, so the verifier checks each loop once rather than for
+ * every condition of every candidate of every region. */
+__noinline int santa_pattern_equal(const struct santa_scratch *s, __u32 off,
+				   const struct santa_page *page, __u32 data, __u32 len)
+{
+	return pattern_equal(s, off, page, data, len, 0);
+}
+
+__noinline int santa_pattern_equal_masked(const struct santa_scratch *s, __u32 off,
+					  const struct santa_page *page, __u32 data, __u32 len)
+{
+	return pattern_equal(s, off, page, data, len, 1);
 }
 
 /* FNV-1a 32 of request bytes [pos, end), continuing from h. A global
@@ -99,7 +122,7 @@ struct chain_walk {
 static __always_inline int rule_matches(const struct santa_rule *r, const struct santa_scratch *s,
 					__u32 payload_len)
 {
-	if (payload_len < r->min_len)
+	if (payload_len < r->min_len || payload_len > r->max_len)
 		return 0;
 	__u32 page_id = r->page;
 	const struct santa_page *page = bpf_map_lookup_elem(&santa_pages, &page_id);
@@ -112,7 +135,10 @@ static __always_inline int rule_matches(const struct santa_rule *r, const struct
 		__u32 off = c->off, len = c->len;
 		if (off + len > payload_len || len > SANTA_MAX_PATTERN)
 			return 0;
-		if (!santa_pattern_equal(s, off, page, c->data, len))
+		int equal = c->data & SANTA_COND_MASKED ?
+				    santa_pattern_equal_masked(s, off, page, c->data, len) :
+				    santa_pattern_equal(s, off, page, c->data, len);
+		if (!equal)
 			return 0;
 	}
 	return 1;

@@ -7,6 +7,7 @@ enum santa_limit {
 	SANTA_MAX_REGIONS = 8,       /* regions hashed per rule set and packet */
 	SANTA_MAX_CONDS = 4,         /* conditions per rule */
 	SANTA_MAX_COPIES = 8,        /* copy segments per rule (after flattening) */
+	SANTA_MAX_COPY_MASK = 8,     /* bytes of one masked copy */
 	SANTA_MAX_CHAIN = 16,        /* rules walked per bucket */
 	SANTA_REQ_WINDOW = 1472,     /* request bytes the matcher sees: a full 1500-byte MTU */
 	SANTA_MAX_PATTERN = 1024,    /* bytes in one condition pattern */
@@ -20,6 +21,7 @@ enum santa_limit {
 	SANTA_RULESET_DISJOINT = 1,  /* rule set flag: at most one rule can match a packet */
 	SANTA_ADDR_LOCAL = 1,        /* santa_local_addrs: an address of this host */
 	SANTA_ADDR_BROADCAST = 2,    /* santa_local_addrs: a subnet broadcast address */
+	SANTA_COND_MASKED = 1u << 31, /* santa_cond.data flag: the pattern has a mask */
 };
 
 /* n in [1, mask + 1] for the verifier, where the caller knows 1 <= n <= mask + 1. */
@@ -43,19 +45,25 @@ struct santa_ruleset {
 	__u32 sample_per_sec;   /* miss samples per second and CPU */
 };
 
-/* A condition: len bytes at off in the payload equal the pattern at data in the rule's page. */
+/* A condition: len bytes at off in the payload equal the pattern at data in
+ * the rule's page. With SANTA_COND_MASKED set in data, only the bits set in
+ * the len-byte mask that follows the pattern (at the next 8-byte boundary)
+ * are compared; the pattern has no bits outside its mask. */
 struct santa_cond {
 	__u16 off;
 	__u16 len;
 	__u32 data;
 };
 
-/* Copy len request bytes from payload offset src to reply offset dst. */
+/* Copy len request bytes from payload offset src to reply offset dst.
+ * A masked copy (mask != 0, len <= SANTA_MAX_COPY_MASK) copies only the bits
+ * set in the 8 bytes at tpl + mask in the rule's page (zero past len); the
+ * template holds the reply's other bits there. */
 struct santa_copy {
 	__u16 src;
 	__u16 dst;
 	__u16 len;
-	__u16 pad;
+	__u16 mask;
 };
 
 struct santa_rule {
@@ -70,7 +78,8 @@ struct santa_rule {
 	__u32 tpl;              /* template offset in the page */
 	__u32 tpl_csum;         /* folded 16-bit ones' complement sum of the template */
 	__u16 reply_len;
-	__u16 min_len;          /* shortest request the conditions and copies fit in */
+	__u16 min_len;          /* shortest request: the rule's bound, and what its conditions and copies read */
+	__u16 max_len;          /* longest request the rule answers */
 	__u8 nconds;
 	__u8 ncopies;
 	struct santa_cond conds[SANTA_MAX_CONDS];

@@ -135,10 +135,21 @@ static __always_inline int request_checksum_ok(struct xdp_md *ctx, struct udp_re
 	return csum_fold64(sum) == 0xffff;
 }
 
+/* The request bits masked copy cp of rule r puts into the reply: its 8
+ * request bytes under its mask (zero past cp->len). */
+static __always_inline __u64 masked_copy_bits(const struct santa_scratch *s, const struct santa_page *page,
+					      const struct santa_rule *r, const struct santa_copy *cp)
+{
+	__u64 mask = *(const __u64 *)(page->b + ((r->tpl + cp->mask) & (SANTA_PAGE_DATA - 1)));
+	return *(const __u64 *)(s->req + (cp->src & SANTA_OFF_MASK)) & mask;
+}
+
 /* Write the reply headers into s->hdr: addresses and ports swapped, lengths
- * and checksums for a reply of rule r. Returns the header length or 0. */
+ * and checksums for a reply of rule r (data in page). Returns the header
+ * length or 0. */
 static __always_inline __u32 build_headers(struct xdp_md *ctx, struct udp_request *req,
-					   struct santa_scratch *s, const struct santa_rule *r)
+					   struct santa_scratch *s, const struct santa_rule *r,
+					   const struct santa_page *page)
 {
 	__u32 hdr_len = req->payload_off;
 	if (hdr_len > 66 || bpf_xdp_load_bytes(ctx, 0, s->hdr, NONZERO(hdr_len, 127)))
@@ -181,16 +192,18 @@ static __always_inline __u32 build_headers(struct xdp_md *ctx, struct udp_reques
 	udp->len = bpf_htons(l4_len);
 	udp->check = 0;
 
-	/* The reply is the template with the copies in its zeroed gaps, so its
-	 * sum is the template's plus the copies', each at its offset's parity. */
+	/* The reply is the template with the copies in its zeroed gaps (a
+	 * masked copy's bits in its zeroed bits), so its sum is the template's
+	 * plus the copies', each at its offset's parity. */
 	__u64 sum = csum_pseudo(&req->tuple, req->family, l4_len) + udp->source + udp->dest +
 		    udp->len + r->tpl_csum;
 	for (__u32 k = 0; k < SANTA_MAX_COPIES; k++) {
 		if (k >= r->ncopies)
 			break;
 		const struct santa_copy *cp = &r->copies[k];
-		__u16 part = csum_fold64(csum_bytes(s->req + (cp->src & SANTA_OFF_MASK),
-						   cp->len & SANTA_OFF_MASK));
+		__u16 part = cp->mask ? csum_fold64(masked_copy_bits(s, page, r, cp)) :
+					csum_fold64(csum_bytes(s->req + (cp->src & SANTA_OFF_MASK),
+							       cp->len & SANTA_OFF_MASK));
 		sum += (cp->dst & 1) ? csum_swap(part) : part;
 	}
 	__u16 check = ~csum_fold64(sum);
@@ -228,7 +241,7 @@ static __always_inline int answer(struct xdp_md *ctx, struct udp_request *req,
 		COUNT(pass_error);
 		return XDP_PASS;
 	}
-	__u32 hdr_len = build_headers(ctx, req, s, r);
+	__u32 hdr_len = build_headers(ctx, req, s, r, page);
 	if (!hdr_len) {
 		COUNT(pass_error);
 		return XDP_PASS;
@@ -246,9 +259,15 @@ static __always_inline int answer(struct xdp_md *ctx, struct udp_request *req,
 		if (k >= r->ncopies)
 			break;
 		const struct santa_copy *cp = &r->copies[k];
-		if (bpf_xdp_store_bytes(ctx, hdr_len + cp->dst, s->req + (cp->src & SANTA_OFF_MASK),
-					NONZERO(cp->len, SANTA_OFF_MASK)))
+		if (cp->mask) {
+			__u64 v = masked_copy_bits(s, page, r, cp) |
+				  *(const __u64 *)(page->b + ((r->tpl + cp->dst) & (SANTA_PAGE_DATA - 1)));
+			if (bpf_xdp_store_bytes(ctx, hdr_len + cp->dst, &v, NONZERO(cp->len, SANTA_MAX_COPY_MASK - 1)))
+				goto fail;
+		} else if (bpf_xdp_store_bytes(ctx, hdr_len + cp->dst, s->req + (cp->src & SANTA_OFF_MASK),
+					       NONZERO(cp->len, SANTA_OFF_MASK))) {
 			goto fail;
+		}
 	}
 	struct santa_rule_counters *st = bpf_map_lookup_elem(&santa_rule_stats, &slot);
 	if (st) {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -252,13 +253,33 @@ func listRules(e env, g *globals, c *santa.Client, cookie uint64) error {
 	w := table(e.stdout)
 	fmt.Fprintln(w, "ID\tVERSION\tPRIORITY\tCONDITIONS\tREPLY\tHITS")
 	for _, r := range rules {
-		var conds []string
-		for _, cd := range r.Conditions {
-			conds = append(conds, fmt.Sprintf("@%d=%s", cd.Offset, short(cd.Pattern)))
-		}
-		fmt.Fprintf(w, "%d\t%d\t%d\t%s\t%d B\t%d\n", r.ID, r.Version, r.Priority, strings.Join(conds, " "), r.ReplyLen, hits[r.ID])
+		fmt.Fprintf(w, "%d\t%d\t%d\t%s\t%d B\t%d\n", r.ID, r.Version, r.Priority, matches(r), r.ReplyLen, hits[r.ID])
 	}
 	return w.Flush()
+}
+
+// matches shows what a rule matches: its conditions (@offset="pattern", a
+// mask in hex after a slash) and its request length bounds (len=N, len>=N, len<=N).
+func matches(r api.Rule) string {
+	var out []string
+	for _, cd := range r.Conditions {
+		c := fmt.Sprintf("@%d=%s", cd.Offset, short(cd.Pattern))
+		if len(cd.Mask) > 0 {
+			c += "/" + hex.EncodeToString(cd.Mask)
+		}
+		out = append(out, c)
+	}
+	if r.MinLen > 0 && r.MinLen == r.MaxLen {
+		out = append(out, fmt.Sprintf("len=%d", r.MinLen))
+	} else {
+		if r.MinLen > 0 {
+			out = append(out, fmt.Sprintf("len>=%d", r.MinLen))
+		}
+		if r.MaxLen > 0 {
+			out = append(out, fmt.Sprintf("len<=%d", r.MaxLen))
+		}
+	}
+	return strings.Join(out, " ")
 }
 
 // short shows a pattern as quoted text, cut to a table column.

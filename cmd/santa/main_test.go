@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/spf13/cobra"
+
+	"github.com/santa-offload/santa/api"
 )
 
 // TestHelp runs --help of every command: each must explain itself.
@@ -51,6 +53,23 @@ func TestErrorsSayWhatToDo(t *testing.T) {
 		err := root.Execute()
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("santa %s: %v, want an error saying %q", args, err, want)
+		}
+	}
+}
+
+// TestMatches checks how rules ls shows conditions, masks and length bounds.
+func TestMatches(t *testing.T) {
+	for want, r := range map[string]api.Rule{
+		`@0="Hello"`: {Conditions: []api.Condition{{Pattern: api.Bytes("Hello")}}},
+		`@2="\x00\x80"/0fc0 @4="www" len=21`: {Conditions: []api.Condition{
+			{Offset: 2, Pattern: api.Bytes{0, 0x80}, Mask: api.Bytes{0x0f, 0xc0}}, {Offset: 4, Pattern: api.Bytes("www")}},
+			MinLen: 21, MaxLen: 21},
+		`@0="a" len>=3`:          {Conditions: []api.Condition{{Pattern: api.Bytes("a")}}, MinLen: 3},
+		`@0="a" len>=3 len<=512`: {Conditions: []api.Condition{{Pattern: api.Bytes("a")}}, MinLen: 3, MaxLen: 512},
+		`@0="a" len<=512`:        {Conditions: []api.Condition{{Pattern: api.Bytes("a")}}, MaxLen: 512},
+	} {
+		if got := matches(r); got != want {
+			t.Errorf("matches(%+v) = %s, want %s", r, got, want)
 		}
 	}
 }

@@ -55,6 +55,16 @@ func TestBadInput(t *testing.T) {
 		"no processors":                  {Conditions: good[0].Conditions, ReplyLen: 1},
 		"five conditions": {Conditions: []api.Condition{santa.Match(0, []byte("a")), santa.Match(1, []byte("b")),
 			santa.Match(2, []byte("c")), santa.Match(3, []byte("d")), santa.Match(4, []byte("e"))}, Processors: good[0].Processors, ReplyLen: 1},
+		"mask longer than its pattern": {Conditions: []api.Condition{{Pattern: api.Bytes("a"), Mask: api.Bytes{0xff, 0xff}}},
+			Processors: good[0].Processors, ReplyLen: 1},
+		"pattern bits outside its mask": {Conditions: []api.Condition{{Pattern: api.Bytes("ab"), Mask: api.Bytes{0xff, 0x0f}}},
+			Processors: good[0].Processors, ReplyLen: 1},
+		"no fully compared first byte": {Conditions: []api.Condition{{Pattern: api.Bytes{1}, Mask: api.Bytes{0x0f}}},
+			Processors: good[0].Processors, ReplyLen: 1},
+		"masked copy of 9 bytes": {Conditions: good[0].Conditions, ReplyLen: 9,
+			Processors: []api.Processor{{Kind: api.KindCopy, Length: 9, Mask: api.Bytes("\x01\x01\x01\x01\x01\x01\x01\x01\x01")}}},
+		"max length below a condition": {Conditions: good[0].Conditions, Processors: good[0].Processors, ReplyLen: 1, MaxLen: 2},
+		"min length above max length":  {Conditions: good[0].Conditions, Processors: good[0].Processors, ReplyLen: 1, MinLen: 9, MaxLen: 8},
 	}
 	for name, r := range invalid {
 		// the invalid rule comes last in a batch of valid ones: none may stay

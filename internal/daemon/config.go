@@ -51,7 +51,7 @@ type Config struct {
 // Quota bounds what one uid may install; zero means unlimited.
 type Quota struct {
 	Rules         uint64 `yaml:"rules"`
-	TemplateBytes uint64 `yaml:"template_bytes"` // patterns plus reply templates
+	TemplateBytes uint64 `yaml:"template_bytes"` // patterns, masks and reply templates
 }
 
 // DataplaneConfig mirrors dataplane.Config in the file.

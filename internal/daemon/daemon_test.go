@@ -216,18 +216,26 @@ func TestRestartUnderLoad(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// the answering rule echoes an 8-byte sequence number; 2000 more rules make the restore real work
+	// the answering rule echoes an 8-byte sequence number (whose top bits
+	// its masked condition checks, and whose length its bounds fix); 2000
+	// more rules, some with masks, make the restore real work
 	rules := []api.Rule{{
-		Conditions: []api.Condition{santa.Match(0, []byte("Hello"))},
+		Conditions: []api.Condition{santa.Match(0, []byte("Hello")), {Offset: 5, Pattern: api.Bytes{0}, Mask: api.Bytes{0xf0}}},
 		Processors: []api.Processor{santa.Put(0, []byte("COMSYS")), santa.Copy(6, 5, 8)},
 		ReplyLen:   14,
+		MinLen:     13,
+		MaxLen:     13,
 	}}
 	for i := 0; i < 2000; i++ {
-		rules = append(rules, api.Rule{
+		r := api.Rule{
 			Conditions: []api.Condition{santa.Match(0, []byte(fmt.Sprintf("other-%05d", i)))},
 			Processors: []api.Processor{santa.Put(0, []byte(fmt.Sprintf("reply-%05d", i)))},
 			ReplyLen:   11,
-		})
+		}
+		if i%100 == 0 {
+			r.Processors = append(r.Processors, api.Processor{Kind: api.KindCopy, ReplyOffset: 10, SrcOffset: 11, Length: 1, Mask: api.Bytes{0x0f}})
+		}
+		rules = append(rules, r)
 	}
 	ids, err := c.Add(target, rules)
 	if err != nil {

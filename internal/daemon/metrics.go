@@ -46,9 +46,9 @@ func newMetrics(d *Daemon) *metrics {
 		socketRules: prometheus.NewDesc("santa_socket_rules", "Rules of a socket.", []string{"socket", "owner", "address"}, nil),
 		rules:       prometheus.NewDesc("santa_rules", "Rules installed.", nil, nil),
 		sockets:     prometheus.NewDesc("santa_sockets", "Sockets with rule sets.", nil, nil),
-		dataBytes:   prometheus.NewDesc("santa_rule_data_bytes", "Bytes of patterns and templates in use.", nil, nil),
+		dataBytes:   prometheus.NewDesc("santa_rule_data_bytes", "Bytes of patterns, masks and templates in use.", nil, nil),
 		maxRules:    prometheus.NewDesc("santa_rule_capacity", "Rules the data plane can hold.", nil, nil),
-		maxData:     prometheus.NewDesc("santa_rule_data_capacity_bytes", "Bytes of patterns and templates the data plane can hold.", nil, nil),
+		maxData:     prometheus.NewDesc("santa_rule_data_capacity_bytes", "Bytes of patterns, masks and templates the data plane can hold.", nil, nil),
 	}
 	m.reg.MustRegister(m.requests, m.errors, m.samplesDropped, m, prometheus.NewGoCollector())
 	return m

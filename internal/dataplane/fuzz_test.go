@@ -34,6 +34,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -288,6 +289,11 @@ func (fx *fzFixture) run(frame []byte) (uint32, []byte, error) {
 
 // fzReader hands out the input's bytes; past the end it returns zeros, so
 // short inputs decode to the common case (choice 0 everywhere).
+//
+// An input is read by two readers: the main one front to back, and one back
+// to front for the choices added later (masks, request length bounds). So an
+// input that ext answers "no" to (as the stored corpus mostly is) still
+// decodes to the rules and packets it was found with.
 type fzReader struct {
 	b []byte
 	i int
@@ -371,10 +377,12 @@ type fzPacket struct {
 
 func (fx *fzFixture) decode(data []byte) *fzCase {
 	r := &fzReader{b: data}
+	ext := &fzReader{b: slices.Clone(data)}
+	slices.Reverse(ext.b)
 	c := &fzCase{}
 	nrules := 1 + r.intn(6)
 	for i := 0; i < nrules; i++ {
-		c.rules = append(c.rules, fzGenRule(r, c.rules))
+		c.rules = append(c.rules, fzGenRule(r, ext, c.rules))
 	}
 	for _, fr := range c.rules {
 		fr.valid = fzValid(&fr.rule)
@@ -386,7 +394,7 @@ func (fx *fzFixture) decode(data []byte) *fzCase {
 		b := orig.rule
 		b.Conditions = append([]Condition(nil), b.Conditions...)
 		b.Processors = append([]Processor(nil), b.Processors...)
-		fzBreak(r, &b)
+		fzBreak(r, ext, &b)
 		c.broken = &fzRule{set: orig.set, rule: b, valid: fzValid(&b)}
 		// the valid companion: the original with a reply of its own, so that
 		// packets tell if it was installed after all
@@ -396,12 +404,12 @@ func (fx *fzFixture) decode(data []byte) *fzCase {
 	}
 	npk := 1 + r.intn(3)
 	for i := 0; i < npk; i++ {
-		c.packets = append(c.packets, fx.genPacket(r, c.rules))
+		c.packets = append(c.packets, fx.genPacket(r, ext, c.rules))
 	}
 	return c
 }
 
-func fzGenRule(r *fzReader, prev []*fzRule) *fzRule {
+func fzGenRule(r, ext *fzReader, prev []*fzRule) *fzRule {
 	fr := &fzRule{}
 	switch v := r.intn(16); {
 	case v < 9:
@@ -448,7 +456,7 @@ func fzGenRule(r *fzReader, prev []*fzRule) *fzRule {
 				break
 			}
 			o := pool[r.intn(len(pool))]
-			cd = Condition{Offset: o.Offset, Pattern: append([]byte(nil), o.Pattern...)}
+			cd = Condition{Offset: o.Offset, Pattern: append([]byte(nil), o.Pattern...), Mask: o.Mask}
 		case 7: // one half of an FNV-1a collision, maybe with a suffix
 			pair := fzCollisions[r.intn(len(fzCollisions))]
 			cd = Condition{Offset: fzOffset(r) % 4, Pattern: append([]byte(pair[r.intn(2)]), r.alpha(r.intn(4))...)}
@@ -469,6 +477,15 @@ func fzGenRule(r *fzReader, prev []*fzRule) *fzRule {
 			cd = Condition{Offset: fzOffset(r), Pattern: r.alpha(1 + r.intn(12))}
 			if r.chance(10) {
 				cd.Pattern = r.alpha(200 + r.intn(100))
+			}
+		}
+		if ext.chance(20) { // compare only some bits, mostly with a full first byte
+			cd.Mask = fzMask(ext, len(cd.Pattern))
+			if ext.chance(75) {
+				cd.Mask[0] = 0xff
+			}
+			for j := range cd.Pattern {
+				cd.Pattern[j] &= cd.Mask[j]
 			}
 		}
 		ru.Conditions = append(ru.Conditions, cd)
@@ -501,14 +518,54 @@ func fzGenRule(r *fzReader, prev []*fzRule) *fzRule {
 				src = 100 + r.intn(300)
 			}
 			p = Processor{Kind: Copy, ReplyOffset: dst, SrcOffset: src, Length: n}
+			if n <= MaxCopyMask && ext.chance(25) {
+				p.Mask = fzMask(ext, n)
+			}
 		}
 		ru.Processors = append(ru.Processors, p)
+	}
+	// request length bounds near what the rule reads (now and then invalid)
+	if ext.chance(15) {
+		ru.MinLen = max(0, fzNeed(ru)+ext.intn(12)-4)
+	}
+	if ext.chance(15) {
+		ru.MaxLen = fzNeed(ru) + ext.intn(12)
 	}
 	return fr
 }
 
+// fzMask is n mask bytes: all ones, zero or any bits.
+func fzMask(ext *fzReader, n int) []byte {
+	m := make([]byte, n)
+	for i := range m {
+		switch ext.intn(4) {
+		case 0, 1:
+			m[i] = 0xff
+		case 2:
+			m[i] = 0
+		default:
+			m[i] = ext.byte()
+		}
+	}
+	return m
+}
+
+// fzNeed is how many request bytes the rule's conditions and copies read.
+func fzNeed(r *Rule) int {
+	need := 0
+	for _, c := range r.Conditions {
+		need = max(need, c.Offset+len(c.Pattern))
+	}
+	for _, p := range r.Processors {
+		if p.Kind == Copy {
+			need = max(need, p.SrcOffset+p.Length)
+		}
+	}
+	return need
+}
+
 // fzBreak makes a rule invalid in one of the ways the API documents.
-func fzBreak(r *fzReader, ru *Rule) {
+func fzBreak(r, ext *fzReader, ru *Rule) {
 	c := &ru.Conditions[r.intn(len(ru.Conditions))]
 	p := &ru.Processors[r.intn(len(ru.Processors))]
 	switch r.intn(18) {
@@ -554,6 +611,62 @@ func fzBreak(r *fzReader, ru *Rule) {
 	case 17:
 		ru.ReplyLen = -1
 	}
+	if ext.chance(25) {
+		fzBreakMasks(ext, ru)
+	}
+}
+
+// fzBreakMasks makes a rule invalid in one of the ways the API documents
+// for masks and request length bounds.
+func fzBreakMasks(ext *fzReader, ru *Rule) {
+	need := fzNeed(ru)
+	switch ext.intn(10) {
+	case 0, 1, 2:
+		if len(ru.Conditions) == 0 {
+			return
+		}
+		c := &ru.Conditions[ext.intn(len(ru.Conditions))]
+		if len(c.Pattern) == 0 {
+			return
+		}
+		c.Pattern = bytes.Clone(c.Pattern)
+		switch ext.intn(3) {
+		case 0: // a mask longer than the pattern
+			c.Mask = bytes.Repeat([]byte{0xff}, len(c.Pattern)+1)
+		case 1: // a pattern bit outside the mask
+			c.Mask = bytes.Repeat([]byte{0xff}, len(c.Pattern))
+			c.Mask[len(c.Mask)-1] = 0x7f
+			c.Pattern[len(c.Pattern)-1] |= 0x80
+		default: // no condition compares its first byte in full
+			for i := range ru.Conditions {
+				c := &ru.Conditions[i]
+				if len(c.Pattern) == 0 {
+					continue
+				}
+				c.Pattern = bytes.Clone(c.Pattern)
+				c.Pattern[0] &= 0x7f
+				c.Mask = append([]byte{0x7f}, bytes.Repeat([]byte{0xff}, len(c.Pattern)-1)...)
+			}
+		}
+	case 3:
+		ru.ReplyLen = max(ru.ReplyLen, MaxCopyMask+1)
+		ru.Processors = append(ru.Processors, Processor{Kind: Copy, Length: MaxCopyMask + 1,
+			Mask: bytes.Repeat([]byte{0x0f}, MaxCopyMask+1)})
+	case 4:
+		ru.ReplyLen = max(ru.ReplyLen, 2)
+		ru.Processors = append(ru.Processors, Processor{Kind: Copy, Length: 2, Mask: []byte{0x0f}})
+	case 5:
+		ru.Processors = append(ru.Processors, Processor{Kind: Put, Template: []byte("x"), Mask: []byte{0xff}})
+	case 6: // a masked copy mixing its bits into a copied byte
+		ru.Processors = append(ru.Processors, Processor{Kind: Copy, Length: 1},
+			Processor{Kind: Copy, SrcOffset: 1, Length: 1, Mask: []byte{0x0f}})
+	case 7:
+		ru.MaxLen = need - 1
+	case 8:
+		ru.MaxLen, ru.MinLen = need+2, need+3
+	case 9:
+		ru.MaxLen = ReqWindow + 1
+	}
 }
 
 func fzOffset(r *fzReader) int {
@@ -574,23 +687,39 @@ func fzValid(r *Rule) bool {
 	if len(r.Conditions) < 1 || len(r.Conditions) > 4 {
 		return false
 	}
+	anchorable := false
 	for _, c := range r.Conditions {
 		if len(c.Pattern) < 1 || len(c.Pattern) > 1024 || c.Offset < 0 || c.Offset+len(c.Pattern) > 1472 {
 			return false
 		}
+		if len(c.Mask) > 0 && len(c.Mask) != len(c.Pattern) {
+			return false
+		}
+		for i := range c.Mask {
+			if c.Pattern[i]&^c.Mask[i] != 0 {
+				return false
+			}
+		}
+		// the matcher hashes bytes compared in full
+		anchorable = anchorable || len(c.Mask) == 0 || c.Mask[0] == 0xff
+	}
+	if !anchorable {
+		return false
 	}
 	if r.ReplyLen < 1 || r.ReplyLen > 1472 || len(r.Processors) == 0 {
 		return false
 	}
-	// which request byte each reply byte comes from at the end, -1 for none
+	// which request byte each reply byte comes from at the end, -1 for
+	// none, and which masked copy takes bits of it (-1: a plain copy)
 	from := make([]int, r.ReplyLen)
+	by := make([]int, r.ReplyLen)
 	for i := range from {
 		from[i] = -1
 	}
-	for _, p := range r.Processors {
+	for k, p := range r.Processors {
 		switch p.Kind {
 		case Put:
-			if len(p.Template) == 0 || p.ReplyOffset < 0 || p.ReplyOffset+len(p.Template) > r.ReplyLen {
+			if len(p.Template) == 0 || len(p.Mask) > 0 || p.ReplyOffset < 0 || p.ReplyOffset+len(p.Template) > r.ReplyLen {
 				return false
 			}
 			for i := range p.Template {
@@ -601,29 +730,61 @@ func fzValid(r *Rule) bool {
 				p.SrcOffset < 0 || p.SrcOffset+p.Length > 1472 {
 				return false
 			}
+			if len(p.Mask) > 0 && (p.Length > 8 || len(p.Mask) != p.Length) {
+				return false
+			}
+			plain := !slices.ContainsFunc(p.Mask, func(b byte) bool { return b != 0xff }) // all ones: a plain copy
 			for i := 0; i < p.Length; i++ {
-				from[p.ReplyOffset+i] = p.SrcOffset + i
+				d := p.ReplyOffset + i
+				switch {
+				case plain:
+					by[d] = -1
+				case p.Mask[i] != 0xff && from[d] >= 0:
+					return false // would mix its bits into an earlier copy's byte
+				default:
+					by[d] = k
+				}
+				from[d] = p.SrcOffset + i
 			}
 		default:
 			return false
 		}
 	}
 	// at most 8 runs of reply bytes copied from consecutive request bytes
+	// (by one masked copy, or by plain copies)
 	segs := 0
 	for i := range from {
-		if from[i] >= 0 && (i == 0 || from[i-1] < 0 || from[i-1]+1 != from[i]) {
+		if from[i] >= 0 && (i == 0 || from[i-1] < 0 || from[i-1]+1 != from[i] || by[i-1] != by[i]) {
 			segs++
 		}
 	}
-	return segs <= 8
+	if segs > 8 {
+		return false
+	}
+	need := fzNeed(r)
+	return r.MinLen >= 0 && r.MinLen <= 1472 && r.MaxLen >= 0 && r.MaxLen <= 1472 &&
+		(r.MaxLen == 0 || r.MaxLen >= need && r.MaxLen >= r.MinLen)
 }
 
-// fzHolds: every condition holds on the payload, and every byte a copy reads
-// lies in it (a rule whose copy would read past the request does not match).
+// fzHolds: the payload's length is within the rule's bounds, every
+// condition holds on it (in the bits of its mask), and every byte a copy
+// reads lies in it (a rule whose copy would read past the request does not match).
 func fzHolds(r *Rule, payload []byte) bool {
+	if len(payload) < r.MinLen || r.MaxLen > 0 && len(payload) > r.MaxLen {
+		return false
+	}
 	for _, c := range r.Conditions {
-		if c.Offset+len(c.Pattern) > len(payload) || !bytes.Equal(payload[c.Offset:c.Offset+len(c.Pattern)], c.Pattern) {
+		if c.Offset+len(c.Pattern) > len(payload) {
 			return false
+		}
+		for i, b := range c.Pattern {
+			m := byte(0xff)
+			if len(c.Mask) > 0 {
+				m = c.Mask[i]
+			}
+			if payload[c.Offset+i]&m != b {
+				return false
+			}
 		}
 	}
 	for _, p := range r.Processors {
@@ -634,14 +795,20 @@ func fzHolds(r *Rule, payload []byte) bool {
 	return true
 }
 
-// fzReply is the rule's reply to payload: processors in order over zeros.
+// fzReply is the rule's reply to payload: processors in order over zeros, a
+// masked copy replacing the bits of its mask only.
 func fzReply(r *Rule, payload []byte) []byte {
 	out := make([]byte, r.ReplyLen)
 	for _, p := range r.Processors {
-		switch p.Kind {
-		case Put:
+		switch {
+		case p.Kind == Put:
 			copy(out[p.ReplyOffset:], p.Template)
-		case Copy:
+		case len(p.Mask) > 0:
+			for i, m := range p.Mask {
+				d := p.ReplyOffset + i
+				out[d] = out[d]&^m | payload[p.SrcOffset+i]&m
+			}
+		default:
 			copy(out[p.ReplyOffset:p.ReplyOffset+p.Length], payload[p.SrcOffset:p.SrcOffset+p.Length])
 		}
 	}
@@ -670,7 +837,7 @@ const (
 	mutCount
 )
 
-func (fx *fzFixture) genPacket(r *fzReader, rules []*fzRule) fzPacket {
+func (fx *fzFixture) genPacket(r, ext *fzReader, rules []*fzRule) fzPacket {
 	// the rule the packet is built to satisfy (or none)
 	target := rules[r.intn(len(rules))]
 	if r.chance(8) {
@@ -729,15 +896,7 @@ func (fx *fzFixture) genPacket(r *fzReader, rules []*fzRule) fzPacket {
 		if fr == nil {
 			return
 		}
-		need := 0
-		for _, c := range fr.rule.Conditions {
-			need = max(need, c.Offset+len(c.Pattern))
-		}
-		for _, p := range fr.rule.Processors {
-			if p.Kind == Copy {
-				need = max(need, p.SrcOffset+p.Length)
-			}
-		}
+		need := max(fzNeed(&fr.rule), fr.rule.MinLen)
 		if need > 1600 || need < 0 {
 			return
 		}
@@ -749,14 +908,34 @@ func (fx *fzFixture) genPacket(r *fzReader, rules []*fzRule) fzPacket {
 		second = rules[r.intn(len(rules))]
 		satisfy(second)
 	}
+	if target != nil && ext.chance(25) { // at or just past a length bound of the target
+		var at []int
+		if b := target.rule.MinLen; b > 0 {
+			at = append(at, b-1, b)
+		}
+		if b := target.rule.MaxLen; b > 0 {
+			at = append(at, b, b+1)
+		}
+		if len(at) > 0 {
+			n = max(0, at[ext.intn(len(at))])
+		}
+	}
 	payload := r.alpha(n)
 	write := func(fr *fzRule) {
 		if fr == nil {
 			return
 		}
 		for _, c := range fr.rule.Conditions {
-			if c.Offset >= 0 && c.Offset+len(c.Pattern) <= len(payload) {
+			if c.Offset < 0 || c.Offset+len(c.Pattern) > len(payload) {
+				continue
+			}
+			if len(c.Mask) != len(c.Pattern) {
 				copy(payload[c.Offset:], c.Pattern)
+				continue
+			}
+			for i, m := range c.Mask { // the bits outside the mask stay random
+				q := &payload[c.Offset+i]
+				*q = *q&^m | c.Pattern[i]&m
 			}
 		}
 	}
@@ -1522,18 +1701,26 @@ func (fx *fzFixture) check(t *testing.T, data []byte) {
 func fzRuleString(r *Rule) string {
 	var b strings.Builder
 	for _, c := range r.Conditions {
-		fmt.Fprintf(&b, "cond(%d,%q) ", c.Offset, c.Pattern)
+		fmt.Fprintf(&b, "cond(%d,%q", c.Offset, c.Pattern)
+		if c.Mask != nil {
+			fmt.Fprintf(&b, " mask %x", c.Mask)
+		}
+		b.WriteString(") ")
 	}
 	for _, p := range r.Processors {
 		switch p.Kind {
 		case Put:
 			fmt.Fprintf(&b, "put(%d,%q) ", p.ReplyOffset, p.Template)
 		case Copy:
-			fmt.Fprintf(&b, "copy(dst %d,src %d,len %d) ", p.ReplyOffset, p.SrcOffset, p.Length)
+			fmt.Fprintf(&b, "copy(dst %d,src %d,len %d", p.ReplyOffset, p.SrcOffset, p.Length)
+			if p.Mask != nil {
+				fmt.Fprintf(&b, " mask %x", p.Mask)
+			}
+			b.WriteString(") ")
 		default:
 			fmt.Fprintf(&b, "kind%d ", p.Kind)
 		}
 	}
-	fmt.Fprintf(&b, "len %d prio %d", r.ReplyLen, r.Priority)
+	fmt.Fprintf(&b, "len %d prio %d min %d max %d", r.ReplyLen, r.Priority, r.MinLen, r.MaxLen)
 	return b.String()
 }

@@ -5,6 +5,7 @@ const (
 	MaxRegions   = int(santaSantaLimitSANTA_MAX_REGIONS)    // regions hashed per rule set
 	MaxConds     = int(santaSantaLimitSANTA_MAX_CONDS)      // conditions per rule
 	MaxCopies    = int(santaSantaLimitSANTA_MAX_COPIES)     // copy segments per rule, after flattening
+	MaxCopyMask  = int(santaSantaLimitSANTA_MAX_COPY_MASK)  // bytes of one masked copy
 	MaxChain     = int(santaSantaLimitSANTA_MAX_CHAIN)      // rules per bucket chain
 	ReqWindow    = int(santaSantaLimitSANTA_REQ_WINDOW)     // request bytes the matcher sees
 	MaxPattern   = int(santaSantaLimitSANTA_MAX_PATTERN)    // bytes in one condition pattern
@@ -15,4 +16,5 @@ const (
 	pageData     = int(santaSantaLimitSANTA_PAGE_DATA)
 	pageSlack    = int(santaSantaLimitSANTA_PAGE_SLACK)
 	flagDisjoint = uint32(santaSantaLimitSANTA_RULESET_DISJOINT)
+	condMasked   = uint32(santaSantaLimitSANTA_COND_MASKED)
 )

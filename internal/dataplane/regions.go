@@ -7,10 +7,10 @@ import (
 	"sort"
 )
 
-// anchorOf is the window of rule c's anchor condition the matcher can hash.
+// anchorOf is the window of rule c's anchor condition the matcher can hash:
+// bytes the condition compares in full.
 func anchorOf(c *compiledRule) region {
-	a := c.conds[c.anchor]
-	return region{a.Offset, min(len(a.Pattern), MaxRegionLen)}
+	return region{c.conds[c.anchor].Offset, min(c.anchorLen, MaxRegionLen)}
 }
 
 // deriveRegions picks at most MaxRegions regions for a set of rules (paper
@@ -89,8 +89,9 @@ func regionFor(regions []region, c *compiledRule) (region, bool) {
 }
 
 // disjointOffset reports an offset at which every rule has a condition and
-// no rule's pattern there is a prefix of another's: then no two rules can
-// match the same request, and the matcher may stop at the first match.
+// no rule's bytes compared in full there are a prefix of another's: then no
+// two rules can match the same request, and the matcher may stop at the
+// first match.
 func disjointOffset(rules []*compiledRule) (int, bool) {
 	if len(rules) == 0 {
 		return 0, false
@@ -113,13 +114,16 @@ func disjointOffset(rules []*compiledRule) (int, bool) {
 	return off, true
 }
 
+// patternAt is the longest run of bytes at off that rule c compares in
+// full, nil if none.
 func patternAt(c *compiledRule, off int) []byte {
+	var p []byte
 	for _, cond := range c.conds {
-		if cond.Offset == off {
-			return cond.Pattern
+		if n := fullLen(cond); cond.Offset == off && n > len(p) {
+			p = cond.Pattern[:n]
 		}
 	}
-	return nil
+	return p
 }
 
 func (r region) String() string { return fmt.Sprintf("[%d,+%d)", r.off, r.len) }

@@ -57,12 +57,14 @@ func TestRestartTakesOver(t *testing.T) {
 		t.Fatal(err)
 	}
 	answers(a, "key-b", "B2")
-	deep := Rule{Conditions: []Condition{cond(4, "DEEP")}, Processors: []Processor{put(0, "D")}, ReplyLen: 1}
+	// with a mask and length bounds, which the successor must restore too
+	deep := Rule{Conditions: []Condition{cond(4, "DEEP"), masked(8, "\x40", "\xf0")}, ReplyLen: 2,
+		Processors: []Processor{put(0, "D"), copyMasked(1, 8, "\x0f")}, MinLen: 9, MaxLen: 16}
 	if _, err := a.AddRules(sock, []Rule{deep}); err != nil { // a rebuild
 		t.Fatal(err)
 	}
 	answers(a, "key-a", "A")
-	answers(a, "....DEEP", "D")
+	answers(a, "....DEEP\x4f", "D\x0f")
 	wantStats, _ := a.RuleStats(sock)
 	wantRules, _ := a.ListRules(sock)
 
@@ -123,6 +125,7 @@ func TestRestartTakesOver(t *testing.T) {
 	}
 	answers(b, "key-a", "A")
 	answers(b, "key-b", "B2")
+	answers(b, "....DEEP\x45", "D\x05")
 	if got, _ := b.RuleStats(sock); got[ids[0]].Hits != wantStats[ids[0]].Hits+1 {
 		t.Errorf("rule %d counted %d hits after the restore, want %d", ids[0], got[ids[0]].Hits, wantStats[ids[0]].Hits+1)
 	}

@@ -1,14 +1,20 @@
 package dataplane
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 )
 
 // Condition holds when the request's UDP payload carries Pattern at Offset.
+// With a Mask (one byte per pattern byte) only the request bits where the
+// mask has a 1 are compared; the pattern must have no bits outside the mask.
+// Rules are found by hashing request bytes a condition compares in full: a
+// rule needs a condition whose first mask byte is 0xff (or that has no mask).
 type Condition struct {
 	Offset  int    `json:"offset" yaml:"offset"`
 	Pattern []byte `json:"pattern" yaml:"pattern"`
+	Mask    []byte `json:"mask,omitempty" yaml:"mask,omitempty"`
 }
 
 // ProcessorKind says what a processor writes into the reply.
@@ -32,24 +38,32 @@ func (k ProcessorKind) String() string {
 }
 
 // Processor is one step that writes part of the reply. Processors run in
-// order; a later one overwrites what an earlier one wrote.
+// order; a later one overwrites what an earlier one wrote. A Copy with a Mask
+// (one byte per copied byte, at most MaxCopyMask) copies only the request
+// bits where the mask has a 1; the reply's other bits keep what earlier puts
+// wrote (or zero). It may not mix its bits into reply bytes an earlier copy
+// wrote, except by overwriting them whole (mask byte 0xff).
 type Processor struct {
 	Kind        ProcessorKind `json:"kind" yaml:"kind"`
 	ReplyOffset int           `json:"reply_offset" yaml:"reply_offset"`
 	Template    []byte        `json:"template,omitempty" yaml:"template,omitempty"`     // Put
 	SrcOffset   int           `json:"src_offset,omitempty" yaml:"src_offset,omitempty"` // Copy
 	Length      int           `json:"length,omitempty" yaml:"length,omitempty"`         // Copy
+	Mask        []byte        `json:"mask,omitempty" yaml:"mask,omitempty"`             // Copy, optional
 }
 
 // Rule answers requests that satisfy all its Conditions with a reply of
 // ReplyLen bytes written by its Processors; reply bytes no processor writes are zero.
-// Of several matching rules the one with the lowest Priority wins, then the
-// one added first.
+// A request (UDP payload) shorter than MinLen or longer than MaxLen does not
+// match; 0 is no bound. Of several matching rules the one with the lowest
+// Priority wins, then the one added first.
 type Rule struct {
 	Conditions []Condition `json:"conditions" yaml:"conditions"`
 	Processors []Processor `json:"processors" yaml:"processors"`
 	ReplyLen   int         `json:"reply_len" yaml:"reply_len"`
 	Priority   uint32      `json:"priority,omitempty" yaml:"priority,omitempty"`
+	MinLen     int         `json:"min_len,omitempty" yaml:"min_len,omitempty"`
+	MaxLen     int         `json:"max_len,omitempty" yaml:"max_len,omitempty"`
 }
 
 // ErrInvalidRule wraps every reason a rule is refused.
@@ -62,13 +76,36 @@ func invalid(format string, args ...any) error {
 // compiledRule is a validated rule in the data plane's terms: the reply
 // flattened into a template with zeroed gaps plus disjoint copy segments.
 type compiledRule struct {
-	conds    []Condition
-	anchor   int // index of the condition that hangs the rule on a region
-	template []byte
-	copies   []santaSantaCopy
-	minLen   int
-	tplCsum  uint16
-	priority uint32
+	conds     []Condition // Mask nil where every bit is compared
+	anchor    int         // index of the condition that hangs the rule on a region
+	anchorLen int         // bytes at the anchor's start it compares in full
+	template  []byte
+	copies    []santaSantaCopy
+	copyMasks [][MaxCopyMask]byte // of the masked copies, in order; after the template in the page
+	minLen    int
+	maxLen    int
+	tplCsum   uint16
+	priority  uint32
+}
+
+// fullLen is how many bytes at the start of cond are compared in full.
+func fullLen(cond Condition) int {
+	if cond.Mask == nil {
+		return len(cond.Pattern)
+	}
+	n := 0
+	for n < len(cond.Mask) && cond.Mask[n] == 0xff {
+		n++
+	}
+	return n
+}
+
+// storedMask is mask as the data plane stores it: nil for none or all ones.
+func storedMask(mask []byte) []byte {
+	if len(mask) == 0 || bytes.Count(mask, []byte{0xff}) == len(mask) {
+		return nil
+	}
+	return bytes.Clone(mask)
 }
 
 func compileRule(r Rule) (*compiledRule, error) {
@@ -88,13 +125,28 @@ func compileRule(r Rule) (*compiledRule, error) {
 		case cond.Offset < 0 || cond.Offset+len(cond.Pattern) > ReqWindow:
 			return nil, invalid("condition %d: bytes %d..%d lie outside the first %d bytes of the request the matcher sees",
 				i, cond.Offset, cond.Offset+len(cond.Pattern), ReqWindow)
+		case len(cond.Mask) > 0 && len(cond.Mask) != len(cond.Pattern):
+			return nil, invalid("condition %d: mask of %d bytes for a pattern of %d: give one mask byte per pattern byte",
+				i, len(cond.Mask), len(cond.Pattern))
 		}
-		c.conds = append(c.conds, Condition{Offset: cond.Offset, Pattern: append([]byte(nil), cond.Pattern...)})
+		for j := range cond.Mask {
+			if extra := cond.Pattern[j] &^ cond.Mask[j]; extra != 0 {
+				return nil, invalid("condition %d: pattern byte %d (%#02x) has bits %#02x outside its mask (%#02x): clear them",
+					i, j, cond.Pattern[j], extra, cond.Mask[j])
+			}
+		}
+		cond = Condition{Offset: cond.Offset, Pattern: bytes.Clone(cond.Pattern), Mask: storedMask(cond.Mask)}
+		c.conds = append(c.conds, cond)
 		c.minLen = max(c.minLen, cond.Offset+len(cond.Pattern))
-		// anchor on the longest condition: its region tells rules apart best
-		if len(cond.Pattern) > len(c.conds[c.anchor].Pattern) {
-			c.anchor = i
+		// anchor on the longest run of bytes compared in full: its region
+		// tells rules apart best
+		if n := fullLen(cond); n > c.anchorLen {
+			c.anchor, c.anchorLen = i, n
 		}
+	}
+	if c.anchorLen == 0 {
+		return nil, invalid("no condition compares its first byte in full (mask 0xff): " +
+			"the matcher finds rules by hashing such bytes")
 	}
 	if r.ReplyLen < 1 || r.ReplyLen > MaxReply {
 		return nil, invalid("reply length %d: must be between 1 and %d", r.ReplyLen, MaxReply)
@@ -104,15 +156,20 @@ func compileRule(r Rule) (*compiledRule, error) {
 	}
 
 	// Flatten: which source every reply byte ends up with.
-	const fromZero, fromTemplate, fromRequest = 0, 1, 2
+	const fromZero, fromTemplate, fromRequest, fromMasked = 0, 1, 2, 3
 	kind := make([]byte, r.ReplyLen)
 	src := make([]int, r.ReplyLen)
+	by := make([]int, r.ReplyLen)    // fromMasked: the processor
+	mask := make([]byte, r.ReplyLen) // fromMasked: the bits from the request
 	c.template = make([]byte, r.ReplyLen)
 	for i, p := range r.Processors {
 		switch p.Kind {
 		case Put:
 			if len(p.Template) == 0 {
 				return nil, invalid("processor %d (put): empty template", i)
+			}
+			if len(p.Mask) > 0 {
+				return nil, invalid("processor %d (put): only copies take a mask", i)
 			}
 			if p.ReplyOffset < 0 || p.ReplyOffset+len(p.Template) > r.ReplyLen {
 				return nil, invalid("processor %d (put): writes reply bytes %d..%d of a %d-byte reply",
@@ -133,39 +190,92 @@ func compileRule(r Rule) (*compiledRule, error) {
 				return nil, invalid("processor %d (copy): request bytes %d..%d lie outside the first %d bytes",
 					i, p.SrcOffset, p.SrcOffset+p.Length, ReqWindow)
 			}
+			if len(p.Mask) > 0 && p.Length > MaxCopyMask {
+				return nil, invalid("processor %d (copy): a masked copy of %d bytes: masked copies hold at most %d",
+					i, p.Length, MaxCopyMask)
+			}
+			if len(p.Mask) > 0 && len(p.Mask) != p.Length {
+				return nil, invalid("processor %d (copy): mask of %d bytes for a copy of %d: give one mask byte per copied byte",
+					i, len(p.Mask), p.Length)
+			}
+			m := storedMask(p.Mask)
 			for j := 0; j < p.Length; j++ {
-				kind[p.ReplyOffset+j], src[p.ReplyOffset+j] = fromRequest, p.SrcOffset+j
-				c.template[p.ReplyOffset+j] = 0
+				d := p.ReplyOffset + j
+				if m == nil {
+					kind[d], src[d], c.template[d] = fromRequest, p.SrcOffset+j, 0
+					continue
+				}
+				if (kind[d] == fromRequest || kind[d] == fromMasked) && m[j] != 0xff {
+					return nil, invalid("processor %d (copy): mask byte %d (%#02x) would mix request bits into reply byte %d, "+
+						"which an earlier copy wrote; a masked copy keeps only bits a put wrote (or zero)", i, j, m[j], d)
+				}
+				kind[d], src[d], by[d], mask[d] = fromMasked, p.SrcOffset+j, i, m[j]
+				c.template[d] &^= m[j]
 			}
 			c.minLen = max(c.minLen, p.SrcOffset+p.Length)
 		default:
 			return nil, invalid("processor %d: unknown kind %d (want put or copy)", i, p.Kind)
 		}
 	}
+	// Segments: runs of reply bytes from consecutive request bytes; a masked
+	// copy's run stays a segment of its own, its mask stored after the template.
 	for i := 0; i < r.ReplyLen; {
-		if kind[i] != fromRequest {
+		if kind[i] != fromRequest && kind[i] != fromMasked {
 			i++
 			continue
 		}
 		j := i + 1
-		for j < r.ReplyLen && kind[j] == fromRequest && src[j] == src[j-1]+1 {
+		for j < r.ReplyLen && kind[j] == kind[i] && src[j] == src[j-1]+1 && (kind[i] == fromRequest || by[j] == by[i]) {
 			j++
 		}
-		c.copies = append(c.copies, santaSantaCopy{Src: uint16(src[i]), Dst: uint16(i), Len: uint16(j - i)})
+		seg := santaSantaCopy{Src: uint16(src[i]), Dst: uint16(i), Len: uint16(j - i)}
+		if kind[i] == fromMasked {
+			var m [MaxCopyMask]byte
+			copy(m[:], mask[i:j])
+			seg.Mask = uint16(align8(r.ReplyLen) + MaxCopyMask*len(c.copyMasks))
+			c.copyMasks = append(c.copyMasks, m)
+		}
+		c.copies = append(c.copies, seg)
 		i = j
 	}
 	if len(c.copies) > MaxCopies {
 		return nil, invalid("the copies form %d separate segments of the reply: at most %d", len(c.copies), MaxCopies)
 	}
+	if err := c.lengthBounds(r); err != nil {
+		return nil, err
+	}
 	c.tplCsum = csumLE(c.template)
 	return c, nil
 }
 
-// dataLen is the rule's bytes in a data page: patterns and template, each 8-aligned.
+// lengthBounds checks the rule's request length bounds against what its
+// conditions and copies read (c.minLen so far) and sets c.minLen and c.maxLen.
+func (c *compiledRule) lengthBounds(r Rule) error {
+	switch {
+	case r.MinLen < 0 || r.MinLen > ReqWindow:
+		return invalid("min length %d: must be between 0 and %d (the request bytes the matcher sees)", r.MinLen, ReqWindow)
+	case r.MaxLen < 0 || r.MaxLen > ReqWindow:
+		return invalid("max length %d: must be between 0 and %d (the request bytes the matcher sees)", r.MaxLen, ReqWindow)
+	case r.MaxLen > 0 && r.MaxLen < c.minLen:
+		return invalid("max length %d: the conditions and copies read %d request bytes, so the rule could never match",
+			r.MaxLen, c.minLen)
+	case r.MaxLen > 0 && r.MinLen > r.MaxLen:
+		return invalid("min length %d exceeds max length %d", r.MinLen, r.MaxLen)
+	}
+	c.minLen = max(c.minLen, r.MinLen)
+	c.maxLen = ReqWindow
+	if r.MaxLen > 0 {
+		c.maxLen = r.MaxLen
+	}
+	return nil
+}
+
+// dataLen is the rule's bytes in a data page: patterns, their masks and the
+// template, each 8-aligned, then the copies' masks (install lays them out).
 func (c *compiledRule) dataLen() int {
-	n := align8(len(c.template))
+	n := align8(len(c.template)) + MaxCopyMask*len(c.copyMasks)
 	for _, cond := range c.conds {
-		n += align8(len(cond.Pattern))
+		n += align8(len(cond.Pattern)) + align8(len(cond.Mask))
 	}
 	return n
 }

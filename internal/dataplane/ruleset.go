@@ -555,17 +555,25 @@ func (d *Dataplane) install(id, gen uint32, r *installed) error {
 		TplCsum:    uint32(c.tplCsum),
 		ReplyLen:   uint16(len(c.template)),
 		MinLen:     uint16(c.minLen),
+		MaxLen:     uint16(c.maxLen),
 		Nconds:     uint8(len(c.conds)),
 		Ncopies:    uint8(len(c.copies)),
 	}
+	// the layout dataLen counts and compileRule's copy mask offsets assume
 	at := int(ref.off)
 	for i, cond := range c.conds {
 		v.Conds[i] = santaSantaCond{Off: uint16(cond.Offset), Len: uint16(len(cond.Pattern)), Data: uint32(at)}
-		at += copy(page[at:], cond.Pattern)
-		at = align8(at)
+		at = align8(at + copy(page[at:], cond.Pattern))
+		if cond.Mask != nil {
+			v.Conds[i].Data |= condMasked
+			at = align8(at + copy(page[at:], cond.Mask))
+		}
 	}
 	v.Tpl = uint32(at)
-	copy(page[at:], c.template)
+	at = align8(at + copy(page[at:], c.template))
+	for _, m := range c.copyMasks {
+		at += copy(page[at:], m[:])
+	}
 	copy(v.Copies[:], c.copies)
 	if reused { // a fresh slot's counters are still zero from load
 		if err := d.resetSlotStats(slot); err != nil {

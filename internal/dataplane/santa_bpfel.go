@@ -21,11 +21,11 @@ type santaSantaCond struct {
 }
 
 type santaSantaCopy struct {
-	_   structs.HostLayout
-	Src uint16
-	Dst uint16
-	Len uint16
-	Pad uint16
+	_    structs.HostLayout
+	Src  uint16
+	Dst  uint16
+	Len  uint16
+	Mask uint16
 }
 
 type santaSantaLimit uint32
@@ -34,6 +34,7 @@ const (
 	santaSantaLimitSANTA_MAX_REGIONS      santaSantaLimit = 8
 	santaSantaLimitSANTA_MAX_CONDS        santaSantaLimit = 4
 	santaSantaLimitSANTA_MAX_COPIES       santaSantaLimit = 8
+	santaSantaLimitSANTA_MAX_COPY_MASK    santaSantaLimit = 8
 	santaSantaLimitSANTA_MAX_CHAIN        santaSantaLimit = 16
 	santaSantaLimitSANTA_REQ_WINDOW       santaSantaLimit = 1472
 	santaSantaLimitSANTA_MAX_PATTERN      santaSantaLimit = 1024
@@ -47,6 +48,7 @@ const (
 	santaSantaLimitSANTA_RULESET_DISJOINT santaSantaLimit = 1
 	santaSantaLimitSANTA_ADDR_LOCAL       santaSantaLimit = 1
 	santaSantaLimitSANTA_ADDR_BROADCAST   santaSantaLimit = 2
+	santaSantaLimitSANTA_COND_MASKED      santaSantaLimit = 2147483648
 )
 
 type santaSantaLocalAddr struct {
@@ -120,9 +122,9 @@ type santaSantaRule struct {
 	TplCsum    uint32
 	ReplyLen   uint16
 	MinLen     uint16
+	MaxLen     uint16
 	Nconds     uint8
 	Ncopies    uint8
-	_          [2]byte
 	Conds      [4]santaSantaCond
 	Copies     [8]santaSantaCopy
 	Id         uint64

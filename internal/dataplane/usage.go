@@ -6,7 +6,7 @@ import "errors"
 type Usage struct {
 	Rules        int // installed rules
 	Rulesets     int // sockets with rule sets
-	DataBytes    int // bytes of patterns and templates in data pages
+	DataBytes    int // bytes of patterns, masks and templates in data pages
 	MaxDataBytes int
 }
 

@@ -31,6 +31,7 @@ import (
 
 	"github.com/santa-offload/santa/api"
 	"github.com/santa-offload/santa/internal/dataplane"
+	"github.com/santa-offload/santa/internal/ruleconv"
 )
 
 const headerLen = 12
@@ -53,17 +54,7 @@ func RuleFor(query, reply []byte) (dataplane.Rule, error) {
 
 // APIRule is r in the form santad's clients send it (package api), e.g.
 // to install a rule from RuleFor or FromServer with santa.Client.Add.
-func APIRule(r dataplane.Rule) api.Rule {
-	out := api.Rule{ReplyLen: uint32(r.ReplyLen), Priority: r.Priority}
-	for _, c := range r.Conditions {
-		out.Conditions = append(out.Conditions, api.Condition{Offset: uint32(c.Offset), Pattern: bytes.Clone(c.Pattern)})
-	}
-	for _, p := range r.Processors {
-		out.Processors = append(out.Processors, api.Processor{Kind: uint32(p.Kind), ReplyOffset: uint32(p.ReplyOffset),
-			Template: bytes.Clone(p.Template), SrcOffset: uint32(p.SrcOffset), Length: uint32(p.Length)})
-	}
-	return out
-}
+func APIRule(r dataplane.Rule) api.Rule { return ruleconv.ToAPI(r) }
 
 // ErrNotAnswer wraps every reason a query/reply pair cannot become a rule.
 var ErrNotAnswer = errors.New("dnsrule")

@@ -29,6 +29,8 @@ type Rule struct {
 	Conditions []Condition `json:"conditions" yaml:"conditions"`
 	Processors []Processor `json:"processors" yaml:"processors"`
 	ReplyLen   uint32      `json:"reply_len" yaml:"reply_len"`
+	MinLen     uint32      `json:"min_len,omitempty" yaml:"min_len,omitempty"` // shortest request answered, 0 = no bound
+	MaxLen     uint32      `json:"max_len,omitempty" yaml:"max_len,omitempty"` // longest request answered, 0 = no bound
 }
 
 // Data is a byte string written as exactly one of text, hex or base64.
@@ -38,10 +40,12 @@ type Data struct {
 	Base64 *string `json:"base64,omitempty" yaml:"base64,omitempty"`
 }
 
-// Condition holds when the request carries the data at Offset.
+// Condition holds when the request carries the data at Offset, in the bits
+// set in Mask if given (as many bytes as the data).
 type Condition struct {
 	Offset uint32 `json:"offset" yaml:"offset"`
 	Data   `json:",inline" yaml:",inline"`
+	Mask   *Data `json:"mask,omitempty" yaml:"mask,omitempty"`
 }
 
 // Processor is exactly one of Put or Copy.
@@ -56,11 +60,13 @@ type Put struct {
 	Data `json:",inline" yaml:",inline"`
 }
 
-// Copy writes Length request bytes from offset From at reply offset At.
+// Copy writes Length request bytes from offset From at reply offset At; with
+// a Mask (Length bytes) only the request bits set in it.
 type Copy struct {
 	At     uint32 `json:"at" yaml:"at"`
 	From   uint32 `json:"from" yaml:"from"`
 	Length uint32 `json:"length" yaml:"length"`
+	Mask   *Data  `json:"mask,omitempty" yaml:"mask,omitempty"`
 }
 
 func (d Data) bytes() ([]byte, error) {
@@ -88,6 +94,27 @@ func (d Data) bytes() ([]byte, error) {
 		return nil, fmt.Errorf("base64: %w", err)
 	}
 	return b, nil
+}
+
+// mask is the bytes of an optional mask, nil without one.
+func mask(d *Data) ([]byte, error) {
+	if d == nil {
+		return nil, nil
+	}
+	b, err := d.bytes()
+	if err != nil {
+		return nil, fmt.Errorf("mask: %w", err)
+	}
+	return b, nil
+}
+
+// maskOf writes a mask as hex, nil for none.
+func maskOf(b []byte) *Data {
+	if len(b) == 0 {
+		return nil
+	}
+	h := hex.EncodeToString(b)
+	return &Data{Hex: &h}
 }
 
 // dataOf writes b as text if it is printable UTF-8, else as hex.
@@ -135,13 +162,17 @@ func Parse(data []byte) ([]api.Rule, error) {
 }
 
 func (r Rule) toAPI() (api.Rule, error) {
-	out := api.Rule{ID: r.ID, ReplyLen: r.ReplyLen, Priority: r.Priority}
+	out := api.Rule{ID: r.ID, ReplyLen: r.ReplyLen, Priority: r.Priority, MinLen: r.MinLen, MaxLen: r.MaxLen}
 	for i, c := range r.Conditions {
 		b, err := c.bytes()
 		if err != nil {
 			return out, fmt.Errorf("condition %d: %w", i, err)
 		}
-		out.Conditions = append(out.Conditions, api.Condition{Offset: c.Offset, Pattern: b})
+		m, err := mask(c.Mask)
+		if err != nil {
+			return out, fmt.Errorf("condition %d: %w", i, err)
+		}
+		out.Conditions = append(out.Conditions, api.Condition{Offset: c.Offset, Pattern: b, Mask: m})
 	}
 	for i, p := range r.Processors {
 		switch {
@@ -152,8 +183,12 @@ func (r Rule) toAPI() (api.Rule, error) {
 			}
 			out.Processors = append(out.Processors, api.Processor{Kind: api.KindPut, ReplyOffset: p.Put.At, Template: b})
 		case p.Copy != nil && p.Put == nil:
+			m, err := mask(p.Copy.Mask)
+			if err != nil {
+				return out, fmt.Errorf("processor %d (copy): %w", i, err)
+			}
 			out.Processors = append(out.Processors, api.Processor{Kind: api.KindCopy, ReplyOffset: p.Copy.At,
-				SrcOffset: p.Copy.From, Length: p.Copy.Length})
+				SrcOffset: p.Copy.From, Length: p.Copy.Length, Mask: m})
 		default:
 			return out, fmt.Errorf("processor %d: give exactly one of put or copy", i)
 		}
@@ -165,15 +200,16 @@ func (r Rule) toAPI() (api.Rule, error) {
 func FromAPI(rules []api.Rule) File {
 	f := File{Rules: make([]Rule, len(rules))}
 	for i, r := range rules {
-		fr := Rule{ID: r.ID, Version: r.Version, Priority: r.Priority, ReplyLen: r.ReplyLen}
+		fr := Rule{ID: r.ID, Version: r.Version, Priority: r.Priority, ReplyLen: r.ReplyLen, MinLen: r.MinLen, MaxLen: r.MaxLen}
 		for _, c := range r.Conditions {
-			fr.Conditions = append(fr.Conditions, Condition{Offset: c.Offset, Data: dataOf(c.Pattern)})
+			fr.Conditions = append(fr.Conditions, Condition{Offset: c.Offset, Data: dataOf(c.Pattern), Mask: maskOf(c.Mask)})
 		}
 		for _, p := range r.Processors {
 			if p.Kind == api.KindPut {
 				fr.Processors = append(fr.Processors, Processor{Put: &Put{At: p.ReplyOffset, Data: dataOf(p.Template)}})
 			} else {
-				fr.Processors = append(fr.Processors, Processor{Copy: &Copy{At: p.ReplyOffset, From: p.SrcOffset, Length: p.Length}})
+				fr.Processors = append(fr.Processors, Processor{Copy: &Copy{At: p.ReplyOffset, From: p.SrcOffset,
+					Length: p.Length, Mask: maskOf(p.Mask)}})
 			}
 		}
 		f.Rules[i] = fr

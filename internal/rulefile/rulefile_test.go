@@ -15,18 +15,26 @@ rules:
     conditions:
       - {offset: 0, text: Hello}
       - {offset: 8, hex: "00ff"}
+      - {offset: 10, hex: "0080", mask: {hex: "0f80"}}
     processors:
       - put: {at: 0, base64: Q09NU1lT}
       - copy: {at: 6, from: 5, length: 2}
+      - copy: {at: 7, from: 11, length: 1, mask: {base64: AQ==}}
     reply_len: 8
+    min_len: 12
+    max_len: 512
 `
 
 var want = []api.Rule{{
-	Priority:   3,
-	Conditions: []api.Condition{{Offset: 0, Pattern: api.Bytes("Hello")}, {Offset: 8, Pattern: api.Bytes{0, 0xff}}},
+	Priority: 3,
+	Conditions: []api.Condition{{Offset: 0, Pattern: api.Bytes("Hello")}, {Offset: 8, Pattern: api.Bytes{0, 0xff}},
+		{Offset: 10, Pattern: api.Bytes{0, 0x80}, Mask: api.Bytes{0x0f, 0x80}}},
 	Processors: []api.Processor{{Kind: api.KindPut, Template: api.Bytes("COMSYS")},
-		{Kind: api.KindCopy, ReplyOffset: 6, SrcOffset: 5, Length: 2}},
+		{Kind: api.KindCopy, ReplyOffset: 6, SrcOffset: 5, Length: 2},
+		{Kind: api.KindCopy, ReplyOffset: 7, SrcOffset: 11, Length: 1, Mask: api.Bytes{1}}},
 	ReplyLen: 8,
+	MinLen:   12,
+	MaxLen:   512,
 }}
 
 func TestParseYAMLAndJSONRoundTrip(t *testing.T) {
@@ -51,6 +59,9 @@ func TestParseYAMLAndJSONRoundTrip(t *testing.T) {
 	if !strings.Contains(string(js), `"text":"Hello"`) || !strings.Contains(string(js), `"hex":"00ff"`) {
 		t.Errorf("printable bytes should print as text, others as hex: %s", js)
 	}
+	if !strings.Contains(string(js), `"mask":{"hex":"0f80"}`) || !strings.Contains(string(js), `"mask":{"hex":"01"}`) {
+		t.Errorf("masks should print as hex: %s", js)
+	}
 }
 
 func TestParseErrors(t *testing.T) {
@@ -58,6 +69,9 @@ func TestParseErrors(t *testing.T) {
 		"rules:\n- conditions: [{offset: 0}]\n":                                        "condition 0: give the bytes as exactly one of",
 		"rules:\n- conditions: [{offset: 0, text: a, hex: '61'}]\n":                    "exactly one of",
 		"rules:\n- conditions: [{offset: 0, hex: 'zz'}]\n":                             "hex",
+		"rules:\n- conditions: [{offset: 0, hex: '00', mask: {}}]\n":                   "condition 0: mask: give the bytes as exactly one of",
+		"rules:\n- conditions: [{offset: 0, hex: '00', mask: {hex: 'f'}}]\n":           "condition 0: mask: hex",
+		"rules:\n- processors: [{copy: {at: 0, from: 0, length: 1, mask: {}}}]\n":      "processor 0 (copy): mask: give the bytes",
 		"rules:\n- processors: [{put: {at: 0, text: a}, copy: {at: 0}}]\n":             "processor 0: give exactly one of put or copy",
 		"rules:\n- processors: [{}]\n":                                                 "exactly one of put or copy",
 		"rules:\n- reply: 5\n":                                                         "field reply not found",

@@ -54,6 +54,8 @@ extern "C" {
 #define SANTA_MAX_PATTERN 1024
 /** Request payload bytes the rule processor sees: conditions and copies must lie within them. */
 #define SANTA_REQUEST_WINDOW 1472
+/** Bytes of one masked copy (santa_rule_copy_masked()). */
+#define SANTA_MAX_COPY_MASK 8
 /** Largest reply payload over IPv4 (santad allows 20 bytes less over IPv6). */
 #define SANTA_MAX_REPLY 1472
 /** Largest miss sample santad sends. */
@@ -91,12 +93,12 @@ struct santa_health {
 	uint64_t sockets;        /**< rule sets (bound sockets), all users */
 	uint64_t rules;          /**< rules installed, all users */
 	uint64_t max_rules;      /**< rules the data plane can hold */
-	uint64_t data_bytes;     /**< pattern and template bytes in use, all users */
-	uint64_t max_data_bytes; /**< pattern and template bytes the data plane can hold */
+	uint64_t data_bytes;     /**< pattern, mask and template bytes in use, all users */
+	uint64_t max_data_bytes; /**< pattern, mask and template bytes the data plane can hold */
 	uint64_t quota_rules;    /**< the caller's rule quota (0 = unlimited) */
-	uint64_t quota_bytes;    /**< the caller's pattern and template byte quota (0 = unlimited) */
+	uint64_t quota_bytes;    /**< the caller's pattern, mask and template byte quota (0 = unlimited) */
 	uint64_t used_rules;     /**< rules the caller holds */
-	uint64_t used_bytes;     /**< pattern and template bytes the caller holds */
+	uint64_t used_bytes;     /**< pattern, mask and template bytes the caller holds */
 };
 
 /** One rule of a rule set, as santa_list_rules() reports it. */
@@ -182,6 +184,20 @@ SANTA_API struct santa_rule *santa_rule_new(uint32_t reply_len);
 SANTA_API int santa_rule_match(struct santa_rule *rule, uint32_t offset, const void *pattern, size_t len);
 
 /**
+ * Adds a masked condition: like santa_rule_match(), but only the request bits
+ * set in @p mask are compared (e.g. to ignore some flag bits). The pattern
+ * must have no bits outside the mask. santad finds rules by hashing request
+ * bytes a condition compares in full: a rule needs a condition whose first
+ * byte is compared in full (mask byte 0xff, or a santa_rule_match()), and
+ * it hangs on the longest such run of bytes.
+ *
+ * @param mask @p len bytes, one per pattern byte.
+ * @return 0, or -1 (see santa_rule_new()).
+ */
+SANTA_API int santa_rule_match_masked(struct santa_rule *rule, uint32_t offset, const void *pattern,
+                                      const void *mask, size_t len);
+
+/**
  * Adds a put processor: writes @p tpl at @p reply_offset of the reply.
  * Processors run in the order added; a later one overwrites an earlier one.
  *
@@ -202,12 +218,40 @@ SANTA_API int santa_rule_put(struct santa_rule *rule, uint32_t reply_offset, con
 SANTA_API int santa_rule_copy(struct santa_rule *rule, uint32_t reply_offset, uint32_t src_offset, uint32_t len);
 
 /**
+ * Adds a masked copy processor: like santa_rule_copy(), but only the request
+ * bits set in @p mask are copied (e.g. to echo some flag bits); the reply's
+ * other bits keep what earlier puts wrote there (or zero). santad refuses a
+ * masked copy that would mix its bits into reply bytes an earlier copy wrote
+ * (mask bytes 0xff overwrite such bytes whole).
+ *
+ * @param mask @p len bytes, one per copied byte.
+ * @param len 1 to SANTA_MAX_COPY_MASK; otherwise as for santa_rule_copy().
+ * @return 0, or -1 (see santa_rule_new()).
+ */
+SANTA_API int santa_rule_copy_masked(struct santa_rule *rule, uint32_t reply_offset, uint32_t src_offset,
+                                     const void *mask, uint32_t len);
+
+/**
  * Sets the rule's priority (default 0): of several matching rules the lowest
  * priority wins, then the oldest.
  *
  * @return 0, or -1 with errno EINVAL if @p rule is NULL.
  */
 SANTA_API int santa_rule_priority(struct santa_rule *rule, uint32_t priority);
+
+/**
+ * Bounds the length of the requests (UDP payload bytes) the rule answers: a
+ * request shorter than @p min_len or longer than @p max_len does not match
+ * it (another rule or the application may still answer it). 0 is no bound;
+ * by default there is none. A rule never matches requests shorter than its
+ * conditions and copies read; a @p max_len below that is refused when the
+ * rule is sent.
+ *
+ * @param min_len 0 to SANTA_REQUEST_WINDOW.
+ * @param max_len 0, or @p min_len to SANTA_REQUEST_WINDOW.
+ * @return 0, or -1 (see santa_rule_new()).
+ */
+SANTA_API int santa_rule_length(struct santa_rule *rule, uint32_t min_len, uint32_t max_len);
 
 /** Why a builder call on @p rule failed, or NULL if none did. */
 SANTA_API const char *santa_rule_error(const struct santa_rule *rule);

@@ -32,6 +32,7 @@
 static const struct sp_field condition_fields[] = {
 	F_UINT(0, struct sp_condition, offset),
 	F_BYTES(1, struct sp_condition, pattern),
+	F_BYTES(2, struct sp_condition, mask),
 };
 static const struct sp_schema condition_schema = SCHEMA(struct sp_condition, "condition", condition_fields);
 
@@ -41,6 +42,7 @@ static const struct sp_field processor_fields[] = {
 	F_BYTES(2, struct sp_processor, template),
 	F_UINT(3, struct sp_processor, src_offset),
 	F_UINT(4, struct sp_processor, length),
+	F_BYTES(5, struct sp_processor, mask),
 };
 static const struct sp_schema processor_schema = SCHEMA(struct sp_processor, "processor", processor_fields);
 
@@ -51,6 +53,8 @@ static const struct sp_field rule_fields[] = {
 	F_ARRAY(3, struct sp_rule, processors, processor_schema),
 	F_UINT(4, struct sp_rule, reply_len),
 	F_UINT(5, struct sp_rule, priority),
+	F_UINT(6, struct sp_rule, min_len),
+	F_UINT(7, struct sp_rule, max_len),
 };
 static const struct sp_schema rule_schema = SCHEMA(struct sp_rule, "rule", rule_fields);
 

@@ -45,6 +45,7 @@ struct sp_bytes {
 struct sp_condition {
 	uint32_t offset;
 	struct sp_bytes pattern;
+	struct sp_bytes mask; /* empty: every bit compared */
 };
 
 struct sp_processor {
@@ -53,6 +54,7 @@ struct sp_processor {
 	struct sp_bytes template;
 	uint32_t src_offset;
 	uint32_t length;
+	struct sp_bytes mask; /* copy; empty: every bit copied */
 };
 
 struct sp_rule {
@@ -64,6 +66,8 @@ struct sp_rule {
 	size_t nprocessors;
 	uint32_t reply_len;
 	uint32_t priority;
+	uint32_t min_len; /* 0: no bound */
+	uint32_t max_len; /* 0: no bound */
 };
 
 struct sp_socket_info {

@@ -54,10 +54,14 @@ void santa_rule_free(struct santa_rule *rule)
 {
 	if (!rule)
 		return;
-	for (size_t i = 0; i < rule->r.nconditions; i++)
+	for (size_t i = 0; i < rule->r.nconditions; i++) {
 		free(rule->conds[i].pattern.data);
-	for (size_t i = 0; i < rule->r.nprocessors; i++)
+		free(rule->conds[i].mask.data);
+	}
+	for (size_t i = 0; i < rule->r.nprocessors; i++) {
 		free(rule->r.processors[i].template.data);
+		free(rule->r.processors[i].mask.data);
+	}
 	free(rule->r.processors);
 	free(rule);
 }
@@ -75,9 +79,25 @@ int santa_rule_priority(struct santa_rule *rule, uint32_t priority)
 	return 0;
 }
 
-int santa_rule_match(struct santa_rule *rule, uint32_t offset, const void *pattern, size_t len)
+int santa_rule_length(struct santa_rule *rule, uint32_t min_len, uint32_t max_len)
+{
+	if (!rule)
+		return rule_fail(NULL, EINVAL, "no rule");
+	if (min_len > SANTA_REQUEST_WINDOW || max_len > SANTA_REQUEST_WINDOW)
+		return rule_fail(rule, EINVAL, "length bounds %u..%u: at most %d (the request bytes the matcher sees)",
+		                 min_len, max_len, SANTA_REQUEST_WINDOW);
+	if (max_len && min_len > max_len)
+		return rule_fail(rule, EINVAL, "min length %u exceeds max length %u", min_len, max_len);
+	rule->r.min_len = min_len;
+	rule->r.max_len = max_len;
+	return 0;
+}
+
+/* Adds a condition; mask is NULL or has len bytes. */
+static int add_condition(struct santa_rule *rule, uint32_t offset, const void *pattern, const void *mask, size_t len)
 {
 	size_t i = rule ? rule->r.nconditions : 0;
+	const uint8_t *p = pattern, *m = mask;
 
 	if (!rule)
 		return rule_fail(NULL, EINVAL, "no rule");
@@ -91,12 +111,34 @@ int santa_rule_match(struct santa_rule *rule, uint32_t offset, const void *patte
 		return rule_fail(rule, EINVAL,
 		                 "condition %zu: bytes %u..%llu lie outside the first %d bytes of the request the matcher sees",
 		                 i, offset, (unsigned long long)offset + len, SANTA_REQUEST_WINDOW);
-	if (!(rule->conds[i].pattern.data = dup_bytes(pattern, len)))
+	for (size_t j = 0; m && j < len; j++)
+		if (p[j] & ~m[j])
+			return rule_fail(rule, EINVAL,
+			                 "condition %zu: pattern byte %zu (0x%02x) has bits 0x%02x outside its mask (0x%02x): clear them",
+			                 i, j, p[j], p[j] & ~m[j] & 0xff, m[j]);
+	if (!(rule->conds[i].pattern.data = dup_bytes(pattern, len)) || (m && !(rule->conds[i].mask.data = dup_bytes(m, len)))) {
+		free(rule->conds[i].pattern.data);
+		rule->conds[i].pattern.data = NULL;
 		return rule_fail(rule, ENOMEM, "condition %zu: out of memory", i);
+	}
 	rule->conds[i].pattern.len = len;
+	rule->conds[i].mask.len = m ? len : 0;
 	rule->conds[i].offset = offset;
 	rule->r.nconditions++;
 	return 0;
+}
+
+int santa_rule_match(struct santa_rule *rule, uint32_t offset, const void *pattern, size_t len)
+{
+	return add_condition(rule, offset, pattern, NULL, len);
+}
+
+int santa_rule_match_masked(struct santa_rule *rule, uint32_t offset, const void *pattern, const void *mask,
+                            size_t len)
+{
+	if (rule && !mask)
+		return rule_fail(rule, EINVAL, "condition %zu: no mask", rule->r.nconditions);
+	return add_condition(rule, offset, pattern, mask, len);
 }
 
 /* Refuses a processor writing reply bytes beyond the rule's reply_len. */
@@ -146,7 +188,8 @@ int santa_rule_put(struct santa_rule *rule, uint32_t reply_offset, const void *t
 	return 0;
 }
 
-int santa_rule_copy(struct santa_rule *rule, uint32_t reply_offset, uint32_t src_offset, uint32_t len)
+/* Adds a copy processor; mask is NULL or has len bytes. */
+static int add_copy(struct santa_rule *rule, uint32_t reply_offset, uint32_t src_offset, const void *mask, uint32_t len)
 {
 	struct sp_processor p = { .kind = SP_COPY, .reply_offset = reply_offset, .src_offset = src_offset, .length = len };
 
@@ -159,7 +202,56 @@ int santa_rule_copy(struct santa_rule *rule, uint32_t reply_offset, uint32_t src
 	if ((uint64_t)src_offset + len > SANTA_REQUEST_WINDOW)
 		return rule_fail(rule, EINVAL, "processor %zu (copy): request bytes %u..%llu lie outside the first %d bytes",
 		                 rule->r.nprocessors, src_offset, (unsigned long long)src_offset + len, SANTA_REQUEST_WINDOW);
-	return append_processor(rule, &p);
+	if (mask && len > SANTA_MAX_COPY_MASK)
+		return rule_fail(rule, EINVAL, "processor %zu (copy): a masked copy of %u bytes: masked copies hold at most %d",
+		                 rule->r.nprocessors, len, SANTA_MAX_COPY_MASK);
+	if (mask) {
+		if (!(p.mask.data = dup_bytes(mask, len)))
+			return rule_fail(rule, ENOMEM, "processor %zu (copy): out of memory", rule->r.nprocessors);
+		p.mask.len = len;
+	}
+	if (append_processor(rule, &p) < 0) {
+		free(p.mask.data);
+		return -1;
+	}
+	return 0;
+}
+
+int santa_rule_copy(struct santa_rule *rule, uint32_t reply_offset, uint32_t src_offset, uint32_t len)
+{
+	return add_copy(rule, reply_offset, src_offset, NULL, len);
+}
+
+int santa_rule_copy_masked(struct santa_rule *rule, uint32_t reply_offset, uint32_t src_offset, const void *mask,
+                           uint32_t len)
+{
+	if (rule && !mask)
+		return rule_fail(rule, EINVAL, "processor %zu (copy): no mask", rule->r.nprocessors);
+	return add_copy(rule, reply_offset, src_offset, mask, len);
+}
+
+/* A condition whose first byte is compared in full, which the matcher hashes to find the rule. */
+static int anchorable(const struct sp_rule *r)
+{
+	for (size_t i = 0; i < r->nconditions; i++)
+		if (!r->conditions[i].mask.len || r->conditions[i].mask.data[0] == 0xff)
+			return 1;
+	return 0;
+}
+
+/* The request bytes the rule's conditions and copies read. */
+static uint64_t bytes_read(const struct sp_rule *r)
+{
+	uint64_t need = 0, end;
+
+	for (size_t i = 0; i < r->nconditions; i++)
+		if ((end = (uint64_t)r->conditions[i].offset + r->conditions[i].pattern.len) > need)
+			need = end;
+	for (size_t i = 0; i < r->nprocessors; i++)
+		if (r->processors[i].kind == SP_COPY &&
+		    (end = (uint64_t)r->processors[i].src_offset + r->processors[i].length) > need)
+			need = end;
+	return need;
 }
 
 int santa_proto_rule_check(const struct santa_rule *rule, char *err, size_t errlen)
@@ -168,10 +260,16 @@ int santa_proto_rule_check(const struct santa_rule *rule, char *err, size_t errl
 	                  : rule->err[0]              ? rule->err
 	                  : !rule->r.nconditions      ? "a rule needs at least one condition"
 	                  : !rule->r.nprocessors      ? "a rule needs at least one processor"
+	                  : !anchorable(&rule->r)     ? "no condition compares its first byte in full (mask 0xff): "
+	                                                "the matcher finds rules by hashing such bytes"
 	                                              : NULL;
-	if (!why)
+	if (why)
+		snprintf(err, errlen, "%s", why);
+	else if (rule->r.max_len && bytes_read(&rule->r) > rule->r.max_len)
+		snprintf(err, errlen, "max length %u: the conditions and copies read %llu request bytes, so the rule could never match",
+		         rule->r.max_len, (unsigned long long)bytes_read(&rule->r));
+	else
 		return 0;
-	snprintf(err, errlen, "%s", why);
 	errno = EINVAL;
 	return -1;
 }

@@ -361,6 +361,19 @@ static struct santa_rule *rule_ping(void)
 	return built(r, rc, "ping");
 }
 
+/* Masks and length bounds: exactly 7-byte requests <id:2><flags:2>"MSK" whose
+ * flags have bit 0x80 of the first byte clear are answered <id>"\x84"<bit
+ * 0x01 of the request's second flags byte>"OK". */
+static struct santa_rule *rule_masked(void)
+{
+	struct santa_rule *r = santa_rule_new(6);
+	int rc = r ? santa_rule_match_masked(r, 2, "\0", "\x80", 1) | santa_rule_match(r, 4, "MSK", 3) |
+	                 santa_rule_copy(r, 0, 0, 2) | santa_rule_put(r, 2, "\x84\0OK", 4) |
+	                 santa_rule_copy_masked(r, 3, 3, "\x01", 1) | santa_rule_length(r, 7, 7)
+	           : -1;
+	return built(r, rc, "masked");
+}
+
 /* Valid for the builder, refused by santad: its copies form 9 separate
  * segments of the reply (santad allows 8). */
 static struct santa_rule *rule_too_many_copies(void)
@@ -497,14 +510,15 @@ static void test_family(struct santa_client *c, struct fam *f)
 {
 	struct santa_rule *hello = rule_hello("COMSYS"), *query = rule_query(), *ping = rule_ping();
 	struct santa_rule *modified = rule_hello("MODIFIED"), *again = rule_hello("AGAIN"), *bad = rule_too_many_copies();
+	struct santa_rule *masked = rule_masked();
 	struct santa_client *sub = NULL;
-	uint64_t so_cookie = 0, cookie2 = 0, ids[2] = { 0, 0 }, new_ids[2] = { 0, 0 }, id3 = 0;
+	uint64_t so_cookie = 0, cookie2 = 0, ids[2] = { 0, 0 }, new_ids[2] = { 0, 0 }, id3 = 0, id_masked = 0;
 	uint64_t hits_hello = 0, bytes_hello = 0, hits_query = 0, bytes_query = 0;
 	uint64_t base_rules = health_rules(c);
 	socklen_t len = sizeof so_cookie;
 	int rc, e;
 
-	if (!hello || !query || !ping || !modified || !again || !bad)
+	if (!hello || !query || !ping || !modified || !again || !bad || !masked)
 		goto out;
 	f->srv = server_socket(f);
 	if (!check(f->srv >= 0, "%s: application socket bound to %s %s", f->name, addr_text(&f->addr),
@@ -633,6 +647,20 @@ static void test_family(struct santa_client *c, struct fam *f)
 	expect_stats(c, f, "Ping rule", new_ids[0], 1, f->hdr + 4);
 	expect_stats(c, f, "rule set total after replace", 0, 2, 2 * f->hdr + 4 + 5);
 
+	/* a masked condition, a masked copy and length bounds, added and deleted again */
+	const struct santa_rule *one_masked[] = { masked };
+	rc = santa_add(c, -1, f->cookie, one_masked, 1, &id_masked);
+	check(rc == 0 && id_masked != 0, "%s: santa_add(masked rule): rc=%d id %" PRIu64 " %s", f->name, rc, id_masked,
+	      why(c, rc));
+	expect_reply(f, "masked rule, ignored bits set", "\x12\x34\x7f\xffMSK", 7, "\x12\x34\x84\x01OK", 6);
+	expect_reply(f, "masked rule, ignored bits clear", "\x56\x78\x00\x00MSK", 7, "\x56\x78\x84\x00OK", 6);
+	expect_quiet(f, "masked rule");
+	expect_app(f, "masked rule, a compared bit differs", "\x12\x34\x80\x00MSK", 7);
+	expect_app(f, "masked rule, a request over max_len", "\x12\x34\x00\x00MSK!", 8);
+	rc = santa_delete(c, -1, f->cookie, &id_masked, 1);
+	check(rc == 0, "%s: santa_delete(masked rule %" PRIu64 "): rc=%d %s", f->name, id_masked, rc, why(c, rc));
+	expect_rules(c, f, "after the masked rule's delete", replaced, 2);
+
 	/* miss samples: 64 bytes of every request no rule answers */
 	sub = santa_connect(NULL);
 	if (!check(sub != NULL, "%s: santa_connect for the subscription %s", f->name, sub ? "" : santa_error(NULL)))
@@ -744,6 +772,7 @@ out:
 	santa_rule_free(modified);
 	santa_rule_free(again);
 	santa_rule_free(bad);
+	santa_rule_free(masked);
 }
 
 /* ---- main ------------------------------------------------------------------- */

@@ -10,6 +10,10 @@
 
 /* vectors.json, "add the paper's Listing 1 rule to the passed socket" */
 static const char listing1_hex[] = "a40001010402050981a30281a1014548656c6c6f0381a200010246434f4d5359530406";
+/* vectors.json, "add a rule with masked condition and copy and request length bounds" */
+static const char masked_hex[] =
+	"a500010104020f051910010981a50282a30002014200000242784fa20004015100010000000000000377777700000100010383a2000204"
+	"02a3000101020246840000010001a500020102030204020542011004182806150719012c";
 
 /* Checks that a builder call failed with EINVAL and recorded why. */
 #define REFUSED(rule, call, text)                                                                          \
@@ -107,6 +111,34 @@ static void test_sticky(void)
 	CHECK(santa_proto_rule_check(NULL, err, sizeof err) == -1, "NULL rule accepted");
 }
 
+static void test_masks_and_bounds(void)
+{
+	static const uint8_t nine[9] = { 1, 1, 1, 1, 1, 1, 1, 1, 1 };
+	char err[256];
+
+	REFUSED_NEW(6, santa_rule_match_masked(r, 0, "ab", "\xff\x0f", 2),
+	            "condition 0: pattern byte 1 (0x62) has bits 0x60 outside its mask (0x0f)");
+	REFUSED_NEW(6, santa_rule_match_masked(r, 0, "a", NULL, 1), "condition 0: no mask");
+	REFUSED_NEW(9, santa_rule_copy_masked(r, 0, 0, nine, 9), "processor 0 (copy): a masked copy of 9 bytes: masked copies hold at most 8");
+	REFUSED_NEW(6, santa_rule_copy_masked(r, 0, 0, NULL, 1), "processor 0 (copy): no mask");
+	REFUSED_NEW(6, santa_rule_length(r, 7, 6), "min length 7 exceeds max length 6");
+	REFUSED_NEW(6, santa_rule_length(r, 0, SANTA_REQUEST_WINDOW + 1), "at most 1472");
+
+	/* a rule needs a condition whose first byte is compared in full */
+	struct santa_rule *r = fresh(6);
+	CHECK(santa_rule_match_masked(r, 0, "\x01", "\x0f", 1) == 0 && santa_rule_put(r, 0, "x", 1) == 0, "masked rule");
+	CHECK(santa_proto_rule_check(r, err, sizeof err) == -1 && strstr(err, "no condition compares its first byte in full"),
+	      "unanchored rule: %s", err);
+	CHECK(santa_rule_match_masked(r, 4, "a\0", "\xff\x00", 2) == 0, "anchorable masked condition refused");
+	CHECK(santa_proto_rule_check(r, err, sizeof err) == 0, "anchored rule refused: %s", err);
+	/* bounds below what the rule reads */
+	CHECK(santa_rule_copy(r, 1, 9, 2) == 0 && santa_rule_length(r, 0, 10) == 0, "bounds refused");
+	CHECK(santa_proto_rule_check(r, err, sizeof err) == -1 && strstr(err, "max length 10: the conditions and copies read 11"),
+	      "max length below a copy: %s", err);
+	CHECK(santa_rule_length(r, 11, 0) == 0 && santa_proto_rule_check(r, err, sizeof err) == 0, "min length only: %s", err);
+	santa_rule_free(r);
+}
+
 static void test_null(void)
 {
 	errno = 0;
@@ -114,6 +146,9 @@ static void test_null(void)
 	CHECK(santa_rule_put(NULL, 0, "a", 1) == -1, "put on NULL");
 	CHECK(santa_rule_copy(NULL, 0, 0, 1) == -1, "copy on NULL");
 	CHECK(santa_rule_priority(NULL, 1) == -1, "priority on NULL");
+	CHECK(santa_rule_match_masked(NULL, 0, "a", "a", 1) == -1, "masked match on NULL");
+	CHECK(santa_rule_copy_masked(NULL, 0, 0, "a", 1) == -1, "masked copy on NULL");
+	CHECK(santa_rule_length(NULL, 1, 2) == -1, "length on NULL");
 	CHECK(santa_rule_error(NULL) == NULL, "error of NULL");
 	santa_rule_free(NULL);
 }
@@ -143,6 +178,21 @@ static void test_wire(void)
 	free(enc);
 	free(want);
 	santa_rule_free(r);
+
+	/* masks and length bounds */
+	static const uint8_t name[] = { 0, 1, 0, 0, 0, 0, 0, 0, 3, 'w', 'w', 'w', 0, 0, 1, 0, 1 };
+	r = fresh(40);
+	m = (struct sp_msg){ .v = 1, .op = SP_OP_ADD, .seq = 15, .socket = 4097, .nrules = 1, .rules = &r->r };
+	want = unhex(masked_hex, &want_len);
+	CHECK(santa_rule_match_masked(r, 2, "\0\0", "\x78\x4f", 2) == 0 && santa_rule_match(r, 4, name, sizeof name) == 0 &&
+	      santa_rule_copy(r, 0, 0, 2) == 0 && santa_rule_put(r, 2, "\x84\0\0\1\0\1", 6) == 0 &&
+	      santa_rule_copy_masked(r, 2, 2, "\x01\x10", 2) == 0 && santa_rule_length(r, 21, 300) == 0,
+	      "masked rule: %s", santa_rule_error(r));
+	CHECK(santa_proto_encode(&m, &enc, &len, err, sizeof err) == 0, "encode: %s", err);
+	CHECK(len == want_len && memcmp(enc, want, len) == 0, "masked rule encodes differently");
+	free(enc);
+	free(want);
+	santa_rule_free(r);
 }
 
 int main(void)
@@ -151,6 +201,7 @@ int main(void)
 	test_conditions();
 	test_processors();
 	test_sticky();
+	test_masks_and_bounds();
 	test_null();
 	test_wire();
 	return check_done("test_rule");

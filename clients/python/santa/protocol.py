@@ -274,10 +274,17 @@ def _key(key: int, codec: _Codec, default: Any = None, *, factory: Any = None) -
 
 @dataclass
 class Condition:
-    """Holds when the request payload carries ``pattern`` at ``offset``."""
+    """Holds when the request payload carries ``pattern`` at ``offset``.
+
+    With a ``mask`` (one byte per pattern byte) only the request bits set in
+    it are compared; the pattern must have no bits outside it. A rule needs a
+    condition whose first byte is compared in full (no mask, or mask byte
+    0xff): santad finds rules by hashing such bytes.
+    """
 
     offset: int = _key(0, _U32, 0)
     pattern: bytes = _key(1, _BYTES, b"")
+    mask: bytes = _key(2, _BYTES, b"")
 
 
 @dataclass
@@ -291,12 +298,19 @@ class Put:
 
 @dataclass
 class Copy:
-    """A processor that copies ``length`` request bytes from ``src_offset`` to ``reply_offset``."""
+    """A processor that copies ``length`` request bytes from ``src_offset`` to ``reply_offset``.
+
+    With a ``mask`` (``length`` bytes, at most 8) only the request bits set in
+    it are copied; the reply's other bits keep what earlier puts wrote (or
+    zero). santad refuses a masked copy that would mix its bits into reply
+    bytes an earlier copy wrote (mask bytes 0xff overwrite them whole).
+    """
 
     KIND: ClassVar[int] = 2
     reply_offset: int = _key(1, _U32, 0)
     src_offset: int = _key(3, _U32, 0)
     length: int = _key(4, _U32, 0)
+    mask: bytes = _key(5, _BYTES, b"")
 
 
 #: A processor: one step that writes part of the reply.
@@ -310,7 +324,9 @@ class Rule:
 
     Of several matching rules the lowest ``priority`` wins, then the oldest.
     ``id`` names the rule in modify requests and in responses; ``version`` is
-    set by santad (1 when added, +1 per modify).
+    set by santad (1 when added, +1 per modify). A request (UDP payload)
+    shorter than ``min_len`` or longer than ``max_len`` does not match the
+    rule; 0 is no bound.
     """
 
     conditions: list[Condition] = _key(2, _List(_Struct(Condition)), factory=list)
@@ -319,6 +335,8 @@ class Rule:
     priority: int = _key(5, _U32, 0)
     id: int = _key(0, _U64, 0)
     version: int = _key(1, _U32, 0)
+    min_len: int = _key(6, _U32, 0)
+    max_len: int = _key(7, _U32, 0)
 
 
 @dataclass

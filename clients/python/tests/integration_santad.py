@@ -333,6 +333,26 @@ def test_rules_answered_by_the_kernel(client: santa.Client, open_server: Callabl
     assert e.value.status == Status.NOT_FOUND
 
 
+@FAMILIES
+def test_masks_and_length_bounds(client: santa.Client, open_server: Callable[[int, int], socket.socket],
+                                 open_peer: Callable[[int, int], Peer], family: int, port: int) -> None:
+    server = open_server(family, port)
+    peer = open_peer(family, port)
+    # exactly 7-byte requests <id:2><flags:2>b"MSK" with bit 0x80 of the first
+    # flags byte clear; the reply echoes bit 0x01 of the second into its flags
+    rule = Rule(conditions=[Condition(2, b"\x00", mask=b"\x80"), Condition(4, b"MSK")],
+                processors=[Copy(0, 0, 2), Put(2, b"\x84\x00OK"), Copy(3, 3, 1, mask=b"\x01")],
+                reply_len=6, min_len=7, max_len=7)
+    [rule_id] = client.add(server, [rule])
+    assert client.list_rules(server) == [installed(rule, rule_id)]
+    assert peer.ask(b"\x12\x34\x7f\xffMSK") == b"\x12\x34\x84\x01OK"
+    assert peer.ask(b"\x56\x78\x00\x00MSK") == b"\x56\x78\x84\x00OK"
+    assert_unread(server)
+    for missed in (b"\x12\x34\x80\x00MSK", b"\x12\x34\x00\x00MSK!"):  # a compared bit differs; too long
+        peer.send(missed)
+        app_receives(server, peer, missed)
+
+
 def test_replace_is_atomic(client: santa.Client, open_server: Callable[[int, int], socket.socket],
                            open_peer: Callable[[int, int], Peer], port: int) -> None:
     server = open_server(4, port)

@@ -79,7 +79,7 @@ def test_vectors_cover_every_op() -> None:
     ("a2000101", "truncated message"),  # truncated
     ("", "truncated message"),  # empty
     # and more
-    ("a10981a10601", "unknown key 6"),  # unknown key in a nested map: rules[0] = {6: 1}
+    ("a10981a10801", "unknown key 8"),  # unknown key in a nested map: rules[0] = {8: 1}
     ("a20001180001", "duplicate map key 0"),  # duplicate key in a non-shortest encoding: {0:1, 0:1}
     ("a100f5", "want an unsigned integer, got bool"),  # bool where uint: {0: true}
     ("a10b81a10901", "want bool, got integer"),  # uint where bool: sockets[0].created = 1
@@ -103,6 +103,7 @@ def test_vectors_cover_every_op() -> None:
     ("a10981a10381a10003", "unknown processor kind 3"),  # processor kind 3
     ("a10981a10381a200010301", "unknown key 3"),  # put with a src_offset
     ("a10981a10381a200020241ff", "unknown key 2"),  # copy with a template
+    ("a10981a10381a200010541ff", "unknown key 5"),  # put with a mask
     ("a1118101", "want a map, got array"),  # counters is an array
     ("a111a1016100", "want text, got integer"),  # counters keyed by uint
     ("a111a2616100616100", "duplicate map key b'a'"),  # counters with a duplicate text key
