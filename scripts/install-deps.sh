@@ -19,6 +19,9 @@ PACKAGES=(
 	clang-16 llvm-16 libbpf-dev bpftool
 	iproute2 ethtool tcpdump xdp-tools
 	dnsutils knot-dnsutils nsd
+	# the other authoritative servers the DNS controller must work with, and
+	# a query generator: knotd (knot), named (bind9), dnsperf
+	knot bind9 dnsperf
 	python3-dnspython python3-pip
 	python3-cbor2 python3-pytest python3-setuptools python3-wheel python3-venv
 	valgrind gnuplot-nox
@@ -86,6 +89,26 @@ if ((${#missing[@]})); then
 		log "installing: ${want[*]}"
 		out=$(apt-get "${APT_OPTS[@]}" install -y --no-install-recommends "${want[@]}" 2>&1) ||
 			{ printf '%s\n' "$out" >&2; die "apt-get install failed"; }
+
+		# Debian starts the DNS servers it installs. Tests start their own
+		# inside network namespaces; stop and disable the services of the
+		# packages installed just now, so they do not hold port 53 on the
+		# host (a server that was there before is left alone).
+		if [[ -d /run/systemd/system ]]; then
+			services=()
+			for p in "${want[@]}"; do
+				case $p in
+				nsd) services+=(nsd) ;;
+				knot) services+=(knot) ;;
+				bind9) services+=(named) ;;
+				esac
+			done
+			if ((${#services[@]})); then
+				systemctl disable --now --quiet "${services[@]}" 2>/dev/null ||
+					die "could not stop/disable the services ${services[*]}"
+				log "stopped and disabled the newly installed services: ${services[*]}"
+			fi
+		fi
 	fi
 fi
 
