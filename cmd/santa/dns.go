@@ -1,0 +1,211 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/santa-offload/santa/integrations/dnsctl"
+)
+
+// dnsFlags are the options every `santa dns` mode takes.
+type dnsFlags struct {
+	port     string
+	pid, fd  int
+	server   string
+	shapes   []string
+	zones    []string
+	duration time.Duration
+	verbose  bool
+	cfg      dnsctl.Config
+}
+
+func dnsCmd(e env, g *globals) *cobra.Command {
+	f := &dnsFlags{cfg: dnsctl.DefaultConfig}
+	cmd := &cobra.Command{
+		Use:   "dns",
+		Short: "Offload the hot answers of an unmodified DNS server (root)",
+		Long: `santa dns attaches to the UDP sockets of a running authoritative DNS server
+(NSD, Knot, BIND, ...) through santad and offloads its answers: it asks the
+server itself for every answer and installs a rule that sends the same reply,
+byte for byte, with the query's ID. It keeps running: it asks again before an
+answer's TTL runs out, polls the zones' SOA serials (and accepts NOTIFY) to
+follow zone changes, and deletes its rules when it stops (SIGINT, SIGTERM or
+--duration). It must run in the server's network namespace. See docs/dns.md.
+
+Modes:
+  static    the questions of a names file or a zone file
+  top       the N most popular questions of a query list (a priori top-N)
+  adaptive  the questions that miss most often, learned from miss samples`,
+	}
+	pf := cmd.PersistentFlags()
+	pf.StringVar(&f.port, "port", "", "attach to every UDP socket bound to this port, e.g. 53/udp")
+	pf.IntVar(&f.pid, "pid", 0, "attach to one socket of this process (with --fd)")
+	pf.IntVar(&f.fd, "fd", 0, "the socket's fd number in --pid")
+	pf.StringVar(&f.server, "server", "", "ask this address for answers (default: each socket's bound address, loopback for a wildcard)")
+	pf.StringArrayVar(&f.shapes, "shape", []string{"plain", "edns"},
+		"query shape to install for every question (repeatable): plain, or a list of rd, ad, cd, edns[=SIZE], do, cookie, nsid")
+	pf.BoolVar(&f.cfg.LearnShapes, "learn-shapes", f.cfg.LearnShapes, "also install a question's rule for further shapes that clients send (seen in misses)")
+	pf.StringArrayVar(&f.zones, "zone", nil, "a zone the server serves, for SOA polling (repeatable; default: ask the server for each name's zone)")
+	pf.DurationVar(&f.cfg.Poll, "poll", f.cfg.Poll, "SOA serial poll interval (0: no polling; rules still follow their TTLs)")
+	pf.StringVar(&f.cfg.Notify, "notify", "", "accept DNS NOTIFY on this address, e.g. 127.0.0.1:5354 (point the server's notify at it)")
+	pf.IntVar(&f.cfg.Parallel, "parallel", f.cfg.Parallel, "questions in flight to the server")
+	pf.DurationVar(&f.cfg.Timeout, "timeout", f.cfg.Timeout, "wait for each answer (3 tries)")
+	pf.IntVar(&f.cfg.MaxRules, "max-rules", f.cfg.MaxRules, "adaptive: rules per server address; static and top: rules for learned shapes")
+	pf.DurationVar(&f.duration, "duration", 0, "stop after this long (0: run until SIGINT or SIGTERM)")
+	pf.BoolVar(&f.verbose, "verbose", false, "log every refresh and sample decision")
+
+	var namesFile, zoneFile, origin, types string
+	static := &cobra.Command{
+		Use:   "static (--names FILE | --zone-file FILE [--origin ZONE])",
+		Short: "Offload the questions of a names file or a zone file",
+		Long: `--names reads lines "NAME [TYPE ...]" (types default to --types); --zone-file
+offloads every name and type in a zone file (except RRSIG, NSEC, NSEC3).`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if (namesFile == "") == (zoneFile == "") {
+				return errors.New("give --names FILE or --zone-file FILE")
+			}
+			defTypes, err := parseTypes(types)
+			if err != nil {
+				return err
+			}
+			qs, err := dnsctl.LoadQuestions(namesFile, zoneFile, origin, "", 0, defTypes)
+			if err != nil {
+				return err
+			}
+			return f.run(e, g, dnsctl.Static, qs)
+		},
+	}
+	static.Flags().StringVar(&namesFile, "names", "", "file of questions, one per line: NAME [TYPE ...] (- for stdin)")
+	static.Flags().StringVar(&zoneFile, "zone-file", "", "zone file whose names and types to offload")
+	static.Flags().StringVar(&origin, "origin", ".", "origin of --zone-file if it has no $ORIGIN")
+	static.Flags().StringVar(&types, "types", "A,AAAA", "types asked for names listed without one")
+
+	var topFile string
+	var topN int
+	top := &cobra.Command{
+		Use:   "top --queries FILE --count N",
+		Short: "Offload the N most popular questions of a query list",
+		Long: `--queries reads lines "NAME TYPE [COUNT]", e.g. from a query log: with counts
+the list is ranked by count, without them by order. The N first are offloaded
+(the strategy of the Santa paper, §5.5).`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if topFile == "" || topN <= 0 {
+				return errors.New("give --queries FILE and --count N (N > 0)")
+			}
+			qs, err := dnsctl.LoadQuestions("", "", "", topFile, topN, nil)
+			if err != nil {
+				return err
+			}
+			return f.run(e, g, dnsctl.Top, qs)
+		},
+	}
+	top.Flags().StringVar(&topFile, "queries", "", "query list: NAME TYPE [COUNT] per line (- for stdin)")
+	top.Flags().IntVar(&topN, "count", 0, "how many of the most popular questions to offload")
+
+	adaptive := &cobra.Command{
+		Use:   "adaptive",
+		Short: "Offload the questions that miss most often, learned from miss samples",
+		Long: `adaptive subscribes to the sockets' miss samples, counts questions (in the
+form clients send them) in a heavy-hitter sketch (Space-Saving), offloads those
+seen at least --min-samples times in a decaying window, up to --max-rules, and
+removes rules without hits for --idle.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error { return f.run(e, g, dnsctl.Adaptive, nil) },
+	}
+	adaptive.Flags().Uint64Var(&f.cfg.MinSamples, "min-samples", f.cfg.MinSamples, "sampled misses a question needs to be offloaded")
+	adaptive.Flags().DurationVar(&f.cfg.Interval, "interval", f.cfg.Interval, "how often to decide (and halve the counts)")
+	adaptive.Flags().DurationVar(&f.cfg.Idle, "idle", f.cfg.Idle, "remove a rule after this long without hits")
+	adaptive.Flags().Uint32Var(&f.cfg.SampleRate, "sample-rate", f.cfg.SampleRate, "miss samples per second and CPU")
+
+	cmd.AddCommand(static, top, adaptive)
+	return cmd
+}
+
+func parseTypes(s string) ([]uint16, error) {
+	var out []uint16
+	for _, t := range strings.FieldsFunc(s, func(r rune) bool { return r == ',' || r == ' ' }) {
+		v, err := dnsctl.ParseType(t)
+		if err != nil {
+			return nil, fmt.Errorf("--types: %w", err)
+		}
+		out = append(out, v)
+	}
+	return out, nil
+}
+
+// run starts the controller and waits for a signal or --duration.
+func (f *dnsFlags) run(e env, g *globals, mode dnsctl.Mode, qs []dnsctl.Question) error {
+	cfg := f.cfg
+	cfg.Socket = g.socketPath
+	cfg.Mode, cfg.Questions, cfg.Zones = mode, qs, f.zones
+	switch {
+	case f.port != "" && f.pid == 0:
+		p, err := parsePort(f.port)
+		if err != nil {
+			return err
+		}
+		cfg.Port = p
+	case f.port == "" && f.pid != 0:
+		cfg.PID, cfg.FD = f.pid, f.fd
+	default:
+		return errors.New("give --port PORT/udp, or --pid PID --fd FD")
+	}
+	if f.server != "" {
+		a, err := netip.ParseAddr(f.server)
+		if err != nil {
+			return fmt.Errorf("--server: %w", err)
+		}
+		cfg.Server = a
+	}
+	for _, s := range f.shapes {
+		shape, err := dnsctl.ParseShape(s)
+		if err != nil {
+			return fmt.Errorf("--shape: %w", err)
+		}
+		cfg.Shapes = append(cfg.Shapes, shape)
+	}
+	level := slog.LevelInfo
+	if f.verbose {
+		level = slog.LevelDebug
+	}
+	cfg.Log = slog.New(slog.NewTextHandler(e.stderr, &slog.HandlerOptions{Level: level}))
+	cfg.Ready = func(r dnsctl.Report) {
+		fmt.Fprintf(e.stdout, "ready: %d rules on %d sockets (%d questions not offloaded)\n", r.Rules, r.Sockets, sum(r.Skipped))
+	}
+	ctl, err := dnsctl.New(cfg)
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if f.duration > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, f.duration)
+		defer cancel()
+	}
+	err = ctl.Run(ctx)
+	r := ctl.Report()
+	fmt.Fprintf(e.stdout, "done: installed %d, refreshed %d, changed %d, removed %d rules\n",
+		r.Installed, r.Refreshed, r.Changed, r.Removed)
+	return err
+}
+
+func sum(m map[string]int) int {
+	n := 0
+	for _, v := range m {
+		n += v
+	}
+	return n
+}

@@ -1,0 +1,896 @@
+package dnsctl
+
+import (
+	"container/heap"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/santa-offload/santa/api"
+	"github.com/santa-offload/santa/clients/go/santa"
+)
+
+// Mode says which questions the controller offloads.
+type Mode int
+
+const (
+	// Static offloads a given list of questions (a names file or a zone file).
+	Static Mode = iota + 1
+	// Top offloads the n most popular questions of a popularity list.
+	Top
+	// Adaptive learns the hot questions from miss samples.
+	Adaptive
+)
+
+func (m Mode) String() string {
+	return map[Mode]string{Static: "static", Top: "top", Adaptive: "adaptive"}[m]
+}
+
+// Config configures a controller. Zero fields take the defaults in
+// DefaultConfig.
+type Config struct {
+	Socket string // santad's socket ("" = $SANTA_SOCKET or the default)
+	// Attach: Port binds every UDP socket on that port (root); PID and FD
+	// bind one socket of a process (root).
+	Port    uint16
+	PID, FD int
+	// Server overrides where the controller asks for answers (default:
+	// each socket's bound address, or loopback for a wildcard address).
+	Server netip.Addr
+
+	Mode      Mode
+	Questions []Question // Static and Top
+	// Shapes are installed up front for every question (Static and Top).
+	Shapes []Shape
+	// LearnShapes installs a question's rule for further query shapes
+	// (EDNS sizes, DO, cookies, flags) as misses show clients using them.
+	LearnShapes bool
+	// Zones are the zones the server serves, for SOA polling; empty: each
+	// question's zone is found by asking the server for its SOA.
+	Zones []string
+
+	MaxRules   int           // per socket; Adaptive evicts the coldest beyond it
+	MinSamples uint64        // Adaptive: sampled misses a question needs to be offloaded
+	Interval   time.Duration // Adaptive decisions, statistics
+	Idle       time.Duration // Adaptive: a rule without hits for this long is removed
+	SampleRate uint32        // miss samples per second and CPU
+	Poll       time.Duration // SOA serial poll interval; 0: no polling
+	Notify     string        // address to accept NOTIFY on ("" = off)
+	Parallel   int           // questions in flight to the server
+	Timeout    time.Duration // per question
+	Batch      int           // rules per santad request
+
+	Log *slog.Logger
+	// Ready, if set, is called once the initial rules are installed.
+	Ready func(Report)
+}
+
+// DefaultConfig holds the defaults.
+var DefaultConfig = Config{
+	MaxRules:    100000,
+	MinSamples:  4,
+	Interval:    time.Second,
+	Idle:        60 * time.Second,
+	SampleRate:  5000,
+	Poll:        time.Second,
+	Parallel:    32,
+	Timeout:     time.Second,
+	Batch:       1024,
+	LearnShapes: true,
+}
+
+// Report counts what the controller has done.
+type Report struct {
+	Sockets     int
+	Rules       int            // installed now, over all sockets' endpoints
+	Installed   uint64         // rules added
+	Refreshed   uint64         // answers asked again before their TTL ran out
+	Changed     uint64         // rules modified after their answer changed
+	Removed     uint64         // rules deleted (answer no longer offloadable, expired, evicted)
+	Skipped     map[string]int // questions not offloaded, by reason
+	Behaviour   []string       // per endpoint: what probing found
+	SerialsSeen map[string]uint32
+}
+
+// Controller runs one DNS offload.
+type Controller struct {
+	cfg    Config
+	log    *slog.Logger
+	client *santa.Client
+	eps    []*endpoint
+
+	allowed map[Question]bool // Static and Top: the questions that may be offloaded
+	zones   map[string]*zone  // apex -> zone
+	zoneOf  map[string]string // question name -> apex
+
+	rep   Report
+	repMu sync.Mutex
+	// created are the sockets whose rule set this controller's attach
+	// made: it removes them again on exit if no one else added rules.
+	created []uint64
+
+	// mu guards the endpoints' entries, the wheels, the zones and the santad
+	// connection. The main loop holds it except while it asks the server;
+	// expireLoop takes it to delete rules whose TTL is running out.
+	mu      sync.Mutex
+	wheel   map[int64][]*entry // refresh second -> entries due then
+	expiry  expiryHeap         // every entry by the time its rule must be gone
+	samples chan sampleEvent
+}
+
+// expiryMargin is how long before its answer's TTL runs out a rule that
+// could not be refreshed is deleted: more than expireLoop's period plus a
+// santad delete.
+const expiryMargin = 300 * time.Millisecond
+
+// endpoint is one address the server listens on: the sockets bound there
+// (several with SO_REUSEPORT) share the rules.
+type endpoint struct {
+	family  int
+	addr    netip.AddrPort // where the controller asks
+	cookies []uint64
+	asker   *Asker
+	b       Behaviour
+	probed  bool
+	entries map[string]*entry // match key -> entry
+	pending map[string]bool   // form keys (see formKey) installed or tried
+	learned int               // rules installed for shapes learned from misses
+	sketch  *Sketch           // Adaptive: hot form keys
+	// samplesOf is a recent sample of each form key the sketch counts.
+	samplesOf map[string]*Query
+}
+
+// entry is one installed rule (on every socket of its endpoint).
+type entry struct {
+	key      string
+	question Question
+	query    *Query
+	answer   Answer
+	ids      []uint64  // one per endpoint cookie
+	fetched  time.Time // when the answer was asked for: its TTL runs from here
+	ep       *endpoint
+	dead     bool
+	lastHits uint64
+	lastHit  time.Time
+}
+
+type zone struct {
+	apex   string
+	serial uint32
+	known  bool
+}
+
+type sampleEvent struct {
+	ep     *endpoint
+	sample santa.Sample
+}
+
+// New checks cfg and fills in defaults.
+func New(cfg Config) (*Controller, error) {
+	d := DefaultConfig
+	setDefault(&cfg.MaxRules, d.MaxRules)
+	setDefault(&cfg.MinSamples, d.MinSamples)
+	setDefault(&cfg.Interval, d.Interval)
+	setDefault(&cfg.Idle, d.Idle)
+	setDefault(&cfg.SampleRate, d.SampleRate)
+	setDefault(&cfg.Parallel, d.Parallel)
+	setDefault(&cfg.Timeout, d.Timeout)
+	setDefault(&cfg.Batch, d.Batch)
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	switch {
+	case cfg.Port == 0 && cfg.PID == 0:
+		return nil, errors.New("say which server socket to attach to: a port, or a pid and fd")
+	case cfg.Port != 0 && cfg.PID != 0:
+		return nil, errors.New("attach by port or by pid and fd, not both")
+	case cfg.Mode != Static && cfg.Mode != Top && cfg.Mode != Adaptive:
+		return nil, fmt.Errorf("unknown mode %d", cfg.Mode)
+	case cfg.Mode != Adaptive && len(cfg.Questions) == 0:
+		return nil, fmt.Errorf("%s mode needs questions to offload (none were given)", cfg.Mode)
+	case cfg.Mode != Adaptive && len(cfg.Shapes) == 0:
+		return nil, fmt.Errorf("%s mode needs at least one query shape", cfg.Mode)
+	}
+	c := &Controller{
+		cfg: cfg, log: cfg.Log,
+		allowed: map[Question]bool{},
+		zones:   map[string]*zone{},
+		zoneOf:  map[string]string{},
+		wheel:   map[int64][]*entry{},
+		samples: make(chan sampleEvent, 4096),
+		rep:     Report{Skipped: map[string]int{}, SerialsSeen: map[string]uint32{}},
+	}
+	for _, q := range cfg.Questions {
+		c.allowed[q] = true
+	}
+	for _, z := range cfg.Zones {
+		apex := canonical(z)
+		c.zones[apex] = &zone{apex: apex}
+	}
+	return c, nil
+}
+
+func setDefault[T comparable](v *T, d T) {
+	var zero T
+	if *v == zero {
+		*v = d
+	}
+}
+
+// Report returns a copy of the counters.
+func (c *Controller) Report() Report {
+	c.repMu.Lock()
+	defer c.repMu.Unlock()
+	r := c.rep
+	r.Skipped = map[string]int{}
+	for k, v := range c.rep.Skipped {
+		r.Skipped[k] = v
+	}
+	r.SerialsSeen = map[string]uint32{}
+	for k, v := range c.rep.SerialsSeen {
+		r.SerialsSeen[k] = v
+	}
+	r.Rules = 0
+	for _, ep := range c.eps {
+		r.Rules += len(ep.entries)
+	}
+	return r
+}
+
+func (c *Controller) count(f func(r *Report)) {
+	c.repMu.Lock()
+	f(&c.rep)
+	c.repMu.Unlock()
+}
+
+// Run attaches, installs the initial rules and keeps them fresh until ctx
+// ends; then it deletes every rule it installed.
+func (c *Controller) Run(ctx context.Context) error {
+	client, err := santa.Dial(c.cfg.Socket)
+	if err != nil {
+		return err
+	}
+	c.client = client
+	defer client.Close()
+	if err := c.attach(); err != nil {
+		return err
+	}
+	defer func() {
+		for _, ep := range c.eps {
+			ep.asker.Close()
+		}
+	}()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	defer c.removeAll()
+	expireCtx, stopExpire := context.WithCancel(ctx)
+	defer stopExpire()
+	go c.expireLoop(expireCtx)
+
+	if c.cfg.Mode != Adaptive {
+		if err := c.installInitial(ctx); err != nil {
+			return err
+		}
+	}
+	if c.cfg.Ready != nil {
+		c.cfg.Ready(c.Report())
+	}
+	subCtx, stopSubs := context.WithCancel(ctx)
+	defer stopSubs()
+	if c.cfg.Mode == Adaptive || c.cfg.LearnShapes {
+		if err := c.subscribe(subCtx); err != nil {
+			return err
+		}
+	}
+	notified := make(chan string, 16)
+	if c.cfg.Notify != "" {
+		stop, err := listenNotify(c.cfg.Notify, notified, c.log)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
+	return c.loop(ctx, notified)
+}
+
+// attach binds the server's sockets and groups them by address.
+func (c *Controller) attach() error {
+	var socks []api.SocketInfo
+	if c.cfg.Port != 0 {
+		s, err := c.client.BindPort(c.cfg.Port)
+		if err != nil {
+			return fmt.Errorf("attach to UDP port %d: %w", c.cfg.Port, err)
+		}
+		socks = s
+	} else {
+		s, err := c.client.BindPID(c.cfg.PID, c.cfg.FD)
+		if err != nil {
+			return fmt.Errorf("attach to fd %d of pid %d: %w", c.cfg.FD, c.cfg.PID, err)
+		}
+		socks = []api.SocketInfo{s}
+	}
+	byAddr := map[netip.AddrPort]*endpoint{}
+	for _, s := range socks {
+		if s.Protocol != 17 {
+			continue
+		}
+		bound := s.AddrPort()
+		ep := byAddr[bound]
+		if ep == nil {
+			ask := bound
+			if c.cfg.Server.IsValid() {
+				ask = netip.AddrPortFrom(c.cfg.Server, bound.Port())
+			} else if bound.Addr().IsUnspecified() {
+				lo := netip.MustParseAddr("127.0.0.1")
+				if s.Family == 6 {
+					lo = netip.IPv6Loopback()
+				}
+				ask = netip.AddrPortFrom(lo, bound.Port())
+			}
+			asker, err := NewAsker(ask, c.cfg.Parallel, c.cfg.Timeout, 3)
+			if err != nil {
+				return err
+			}
+			ep = &endpoint{family: int(s.Family), addr: ask, asker: asker,
+				entries: map[string]*entry{}, pending: map[string]bool{}, samplesOf: map[string]*Query{},
+				sketch: NewSketch(4 * min(c.cfg.MaxRules, 16384))}
+			byAddr[bound] = ep
+			c.eps = append(c.eps, ep)
+		}
+		ep.cookies = append(ep.cookies, s.Cookie)
+		if s.Created {
+			c.created = append(c.created, s.Cookie)
+		}
+	}
+	if len(c.eps) == 0 {
+		return fmt.Errorf("no UDP socket found to attach to")
+	}
+	sort.Slice(c.eps, func(i, j int) bool { return c.eps[i].addr.String() < c.eps[j].addr.String() })
+	c.count(func(r *Report) { r.Sockets = len(socks) })
+	for _, ep := range c.eps {
+		c.log.Info("attached", "server", ep.addr, "family", ep.family, "sockets", len(ep.cookies))
+	}
+	return nil
+}
+
+// probe finds out the endpoint's behaviour from the first questions.
+func (c *Controller) probe(ep *endpoint, questions []Question) {
+	if ep.probed {
+		return
+	}
+	ep.probed = true
+	c.mu.Unlock()
+	b, n, err := Probe(ep.asker, questions[:min(len(questions), 16)])
+	c.mu.Lock()
+	if err != nil {
+		c.log.Warn("probing the server failed", "server", ep.addr, "error", err)
+	}
+	ep.b = b
+	c.count(func(r *Report) { r.Behaviour = append(r.Behaviour, fmt.Sprintf("%v: %v", ep.addr, b)) })
+	c.log.Info("probed the server", "server", ep.addr, "questions", n, "behaviour", b.String())
+}
+
+// installInitial installs every question in every shape on every endpoint.
+func (c *Controller) installInitial(ctx context.Context) error {
+	var queries []*Query
+	var questions []Question
+	for _, q := range c.cfg.Questions {
+		for _, s := range c.cfg.Shapes {
+			wire, err := s.Query(0, q.Name, q.Type)
+			if err != nil {
+				c.skip(err)
+				continue
+			}
+			pq, err := ParseQuery(wire)
+			if err != nil {
+				c.skip(err)
+				continue
+			}
+			queries = append(queries, pq)
+			questions = append(questions, q)
+		}
+	}
+	for _, ep := range c.eps {
+		c.probe(ep, c.cfg.Questions)
+		start := time.Now()
+		for i := 0; i < len(queries); i += 16 * c.cfg.Batch {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			j := min(i+16*c.cfg.Batch, len(queries))
+			if err := c.install(ep, queries[i:j], questions[i:j]); err != nil {
+				return err
+			}
+			if len(queries) > 16*c.cfg.Batch {
+				c.log.Info("installing", "server", ep.addr, "done", j, "of", len(queries),
+					"rules", len(ep.entries), "elapsed", time.Since(start).Round(time.Millisecond))
+			}
+		}
+		c.log.Info("installed", "server", ep.addr, "rules", len(ep.entries), "queries", len(queries),
+			"elapsed", time.Since(start).Round(time.Millisecond))
+	}
+	if len(c.rep.Skipped) > 0 {
+		c.log.Info("not offloaded (they stay with the server)", "reasons", c.Report().Skipped)
+	}
+	return nil
+}
+
+// skip counts a question that is not offloaded, by the kind of reason.
+func (c *Controller) skip(err error) {
+	reason := err.Error()
+	if i := strings.IndexAny(reason, "0123456789"); i > 0 && errors.Is(err, ErrNotOffloadable) {
+		reason = strings.TrimSpace(reason[:i])
+	}
+	c.count(func(r *Report) { r.Skipped[reason]++ })
+}
+
+// ask asks ep's server one query without holding c.mu.
+func (c *Controller) ask(ep *endpoint, wire []byte) ([]byte, error) {
+	c.mu.Unlock()
+	defer c.mu.Lock()
+	return ep.asker.Ask(wire)
+}
+
+// askAll asks ep's server every wire query without holding c.mu.
+func (c *Controller) askAll(ep *endpoint, wires [][]byte, done func(i int, reply []byte, err error)) {
+	c.mu.Unlock()
+	defer c.mu.Lock()
+	ep.asker.AskAll(wires, done)
+}
+
+// install asks the server for every query, makes rules of the answers and
+// adds those not installed yet.
+func (c *Controller) install(ep *endpoint, queries []*Query, questions []Question) error {
+	answers := make([]Answer, len(queries))
+	errs := make([]error, len(queries))
+	wires := make([][]byte, len(queries))
+	for i, q := range queries {
+		wires[i] = q.Wire
+	}
+	asked := time.Now()
+	c.askAll(ep, wires, func(i int, reply []byte, err error) {
+		if err == nil {
+			answers[i], err = CheckReply(queries[i], reply, ep.family)
+		}
+		errs[i] = err
+	})
+	var fresh []*entry
+	var rules []api.Rule
+	for i, q := range queries {
+		if errs[i] != nil {
+			c.skip(errs[i])
+			continue
+		}
+		r := Rule(q, answers[i], ep.b)
+		key := matchKey(r)
+		if ep.entries[key] != nil {
+			continue
+		}
+		e := &entry{key: key, question: questions[i], query: q, answer: answers[i], fetched: asked, lastHit: asked, ep: ep}
+		ep.entries[key] = e
+		fresh = append(fresh, e)
+		rules = append(rules, r)
+	}
+	if err := c.zonesFor(ep, fresh); err != nil {
+		return err
+	}
+	for i := 0; i < len(rules); i += c.cfg.Batch {
+		j := min(i+c.cfg.Batch, len(rules))
+		added := c.add(ep, fresh[i:j], rules[i:j])
+		for _, e := range fresh[i:j] {
+			if e.dead {
+				delete(ep.entries, e.key)
+			} else {
+				c.schedule(e)
+			}
+		}
+		c.count(func(r *Report) { r.Installed += uint64(added) })
+	}
+	return nil
+}
+
+// add installs rules (one per entry) on every socket of ep. A batch santad
+// refuses is retried rule by rule: a rule santad refuses (e.g. more rules
+// share the bytes the matcher hashes than a bucket chain takes) or has no
+// room for is left to the server, counted and logged, and its entry marked
+// dead. It returns how many were added.
+func (c *Controller) add(ep *endpoint, es []*entry, rules []api.Rule) int {
+	if ids, err := c.addEverywhere(ep, rules); err == nil {
+		for k, e := range es {
+			e.ids = ids[k]
+		}
+		return len(es)
+	}
+	added := 0
+	for k, e := range es {
+		ids, err := c.addEverywhere(ep, rules[k:k+1])
+		if err != nil {
+			e.dead = true
+			c.skip(fmt.Errorf("%w: santad refused the rule: %v", ErrNotOffloadable, err))
+			c.log.Debug("santad refused a rule", "question", e.query, "error", err)
+			continue
+		}
+		e.ids = ids[0]
+		added++
+	}
+	return added
+}
+
+// addEverywhere adds rules to every socket of ep, all or none; ids[k] are
+// rule k's ids in socket order.
+func (c *Controller) addEverywhere(ep *endpoint, rules []api.Rule) ([][]uint64, error) {
+	ids := make([][]uint64, len(rules))
+	for ci, cookie := range ep.cookies {
+		got, err := c.client.Add(santa.Cookie(cookie), rules)
+		if err != nil {
+			for undo := 0; undo < ci; undo++ { // keep the sockets alike
+				del := make([]uint64, len(rules))
+				for k := range rules {
+					del[k] = ids[k][undo]
+				}
+				if derr := c.client.Delete(santa.Cookie(ep.cookies[undo]), del); derr != nil {
+					c.log.Error("undoing a partial add failed", "socket", ep.cookies[undo], "error", derr)
+				}
+			}
+			return nil, err
+		}
+		for k, id := range got {
+			ids[k] = append(ids[k], id)
+		}
+	}
+	return ids, nil
+}
+
+// schedule puts e in the refresh wheel at half its TTL (at least a second
+// before the TTL runs out, and no earlier than a second from now) and in
+// the expiry heap at the end of its TTL.
+func (c *Controller) schedule(e *entry) {
+	at := e.fetched.Add(e.answer.TTL / 2)
+	if latest := e.fetched.Add(e.answer.TTL - time.Second); at.After(latest) {
+		at = latest
+	}
+	c.retryAt(e, max(at.Unix(), time.Now().Unix()+1))
+	heap.Push(&c.expiry, expiryItem{e, e.fetched})
+}
+
+func (c *Controller) retryAt(e *entry, sec int64) { c.wheel[sec] = append(c.wheel[sec], e) }
+
+// expireLoop deletes, ten times a second, the rules whose answer's TTL is
+// about to run out because no refresh succeeded in time (the server does
+// not answer, or the main loop is busy asking it).
+func (c *Controller) expireLoop(ctx context.Context) {
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			c.mu.Lock()
+			if ctx.Err() != nil { // Run is removing every rule
+				c.mu.Unlock()
+				return
+			}
+			byEP := map[*endpoint][]*entry{}
+			for len(c.expiry) > 0 {
+				it := c.expiry[0]
+				if it.e.fetched.Add(it.e.answer.TTL-expiryMargin).After(now) && it.fetched == it.e.fetched {
+					break
+				}
+				heap.Pop(&c.expiry)
+				if it.fetched == it.e.fetched && !it.e.dead { // not refreshed since
+					byEP[it.e.ep] = append(byEP[it.e.ep], it.e)
+				}
+			}
+			for ep, es := range byEP {
+				c.log.Info("answers not refreshed in time: removing their rules", "server", ep.addr, "rules", len(es))
+				if err := c.remove(ep, es); err != nil {
+					c.log.Error("removing expired rules failed", "error", err)
+				}
+			}
+			c.mu.Unlock()
+		}
+	}
+}
+
+// expiryItem is an entry as of one fetch: stale once the entry is refreshed.
+type expiryItem struct {
+	e       *entry
+	fetched time.Time
+}
+
+// expiryHeap orders items by the end of their TTL.
+type expiryHeap []expiryItem
+
+func (h expiryHeap) Len() int { return len(h) }
+func (h expiryHeap) Less(i, j int) bool {
+	return h[i].fetched.Add(h[i].e.answer.TTL).Before(h[j].fetched.Add(h[j].e.answer.TTL))
+}
+func (h expiryHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *expiryHeap) Push(x any)   { *h = append(*h, x.(expiryItem)) }
+func (h *expiryHeap) Pop() any {
+	old := *h
+	it := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return it
+}
+
+// zonesFor finds the zone of each new entry's name (asking the server for
+// the SOA of names outside the configured zones) and learns new zones'
+// serials.
+func (c *Controller) zonesFor(ep *endpoint, fresh []*entry) error {
+	if c.cfg.Poll == 0 {
+		return nil
+	}
+	var unknown []string
+	seen := map[string]bool{}
+	for _, e := range fresh {
+		name := canonical(e.question.Name)
+		if _, ok := c.zoneOf[name]; ok || seen[name] {
+			continue
+		}
+		if apex := c.configuredZone(name); apex != "" {
+			c.zoneOf[name] = apex
+			continue
+		}
+		seen[name] = true
+		unknown = append(unknown, name)
+	}
+	if len(unknown) > 0 {
+		wires := make([][]byte, len(unknown))
+		for i, n := range unknown {
+			wires[i], _ = Shape{}.Query(0, n, soaType)
+		}
+		apexes := make([]string, len(unknown))
+		c.askAll(ep, wires, func(i int, reply []byte, err error) {
+			if err == nil {
+				apexes[i], _, err = soaOf(reply)
+			}
+			if err != nil {
+				c.log.Debug("no zone found", "name", unknown[i], "error", err)
+			}
+		})
+		for i, n := range unknown {
+			if apexes[i] == "" {
+				continue
+			}
+			c.zoneOf[n] = apexes[i]
+			if c.zones[apexes[i]] == nil {
+				c.zones[apexes[i]] = &zone{apex: apexes[i]}
+			}
+		}
+	}
+	for _, z := range c.zones {
+		if !z.known {
+			c.pollZone(ep, z)
+		}
+	}
+	return nil
+}
+
+// configuredZone is the longest configured zone that contains name.
+func (c *Controller) configuredZone(name string) string {
+	best := ""
+	for _, z := range c.cfg.Zones {
+		apex := canonical(z)
+		if inZone(name, apex) && len(apex) > len(best) {
+			best = apex
+		}
+	}
+	return best
+}
+
+// loop refreshes rules, polls serials, learns from samples and handles
+// NOTIFY until ctx ends.
+func (c *Controller) loop(ctx context.Context, notified <-chan string) error {
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	var poll <-chan time.Time
+	if c.cfg.Poll > 0 {
+		t := time.NewTicker(c.cfg.Poll)
+		defer t.Stop()
+		poll = t.C
+	}
+	decide := time.NewTicker(c.cfg.Interval)
+	defer decide.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case now := <-tick.C:
+			if err := c.refreshDue(now); err != nil {
+				return err
+			}
+		case <-poll:
+			if err := c.pollAll(); err != nil {
+				return err
+			}
+		case apex := <-notified:
+			z := c.zones[canonical(apex)]
+			if z == nil {
+				c.log.Info("NOTIFY for a zone no rule is in", "zone", apex)
+				continue
+			}
+			if err := c.checkZone(z); err != nil {
+				return err
+			}
+		case ev := <-c.samples:
+			if err := c.learn(ev); err != nil {
+				return err
+			}
+		case <-decide.C:
+			if c.cfg.Mode == Adaptive {
+				if err := c.adapt(); err != nil {
+					return err
+				}
+			}
+		}
+	}
+}
+
+// refreshDue asks again for every answer due for refresh and updates,
+// keeps or removes its rule.
+func (c *Controller) refreshDue(now time.Time) error {
+	var due []*entry
+	for sec, es := range c.wheel {
+		if sec <= now.Unix() {
+			due = append(due, es...)
+			delete(c.wheel, sec)
+		}
+	}
+	return c.refresh(due)
+}
+
+// refresh re-asks the answers of entries and applies what changed.
+func (c *Controller) refresh(entries []*entry) error {
+	byEP := map[*endpoint][]*entry{}
+	for _, e := range entries {
+		if e.dead {
+			continue
+		}
+		for _, ep := range c.eps {
+			if ep.entries[e.key] == e {
+				byEP[ep] = append(byEP[ep], e)
+			}
+		}
+	}
+	for _, ep := range c.eps {
+		if err := c.refreshEndpoint(ep, byEP[ep]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (c *Controller) refreshEndpoint(ep *endpoint, es []*entry) error {
+	if len(es) == 0 {
+		return nil
+	}
+	wires := make([][]byte, len(es))
+	for i, e := range es {
+		wires[i] = e.query.Wire
+	}
+	answers := make([]Answer, len(es))
+	errs := make([]error, len(es))
+	asked := time.Now()
+	c.askAll(ep, wires, func(i int, reply []byte, err error) {
+		if err == nil {
+			answers[i], err = CheckReply(es[i].query, reply, ep.family)
+		}
+		errs[i] = err
+	})
+	var changed, gone []*entry
+	var rules []api.Rule
+	for i, e := range es {
+		switch {
+		case e.dead:
+			continue // expired while asking
+		case errs[i] != nil && !errors.Is(errs[i], ErrNotOffloadable):
+			// no answer for now: keep the rule while its TTL allows (expireLoop
+			// removes it in time) and ask again in a second
+			c.log.Debug("refresh failed, retrying", "question", e.query, "error", errs[i])
+			c.retryAt(e, time.Now().Unix()+1)
+			continue
+		case errs[i] != nil:
+			c.log.Info("removing rule", "question", e.query, "reason", errs[i])
+			gone = append(gone, e)
+			continue
+		}
+		newRule := Rule(e.query, answers[i], ep.b)
+		if matchKey(newRule) != e.key {
+			// e.g. the reply grew past 512 bytes: the rule now matches less
+			gone = append(gone, e)
+			continue
+		}
+		sameReply := string(answers[i].Reply[2:]) == string(e.answer.Reply[2:])
+		e.answer, e.fetched = answers[i], asked
+		c.count(func(r *Report) { r.Refreshed++ })
+		if !sameReply {
+			changed = append(changed, e)
+			rules = append(rules, newRule)
+		}
+		c.schedule(e)
+	}
+	for i := 0; i < len(rules); i += c.cfg.Batch {
+		j := min(i+c.cfg.Batch, len(rules))
+		for ci, cookie := range ep.cookies {
+			batch := slices.Clone(rules[i:j])
+			for k := range batch {
+				batch[k].ID = changed[i+k].ids[ci]
+			}
+			if err := c.client.Modify(santa.Cookie(cookie), batch); err != nil {
+				// the new answer cannot be offloaded as it is: drop the old one
+				c.log.Warn("santad refused updated rules: removing them", "rules", len(batch), "error", err)
+				gone = append(gone, changed[i:j]...)
+				break
+			}
+		}
+		c.count(func(r *Report) { r.Changed += uint64(j - i) })
+	}
+	if len(changed) > 0 {
+		c.log.Info("answers changed", "server", ep.addr, "rules", len(changed))
+	}
+	return c.remove(ep, gone)
+}
+
+// remove deletes entries' rules.
+func (c *Controller) remove(ep *endpoint, es []*entry) error {
+	for i := 0; i < len(es); i += c.cfg.Batch {
+		batch := es[i:min(i+c.cfg.Batch, len(es))]
+		for ci, cookie := range ep.cookies {
+			ids := make([]uint64, len(batch))
+			for k, e := range batch {
+				ids[k] = e.ids[ci]
+			}
+			if err := c.client.Delete(santa.Cookie(cookie), ids); err != nil {
+				return fmt.Errorf("delete %d rules of socket %d: %w", len(ids), cookie, err)
+			}
+		}
+		for _, e := range batch {
+			e.dead = true
+			delete(ep.entries, e.key)
+			// a later miss of this form may install it again
+			delete(ep.pending, formKey(e.query, ep.b))
+		}
+		c.count(func(r *Report) { r.Removed += uint64(len(batch)) })
+	}
+	return nil
+}
+
+// removeAll deletes every rule the controller installed (on exit).
+func (c *Controller) removeAll() {
+	for _, ep := range c.eps {
+		all := make([]*entry, 0, len(ep.entries))
+		for _, e := range ep.entries {
+			all = append(all, e)
+		}
+		if err := c.remove(ep, all); err != nil {
+			c.log.Warn("removing the rules on exit failed", "server", ep.addr, "error", err)
+			continue
+		}
+		c.log.Info("removed the controller's rules", "server", ep.addr, "rules", len(all))
+	}
+	for _, cookie := range c.created {
+		if rules, err := c.client.ListRules(santa.Cookie(cookie)); err != nil || len(rules) > 0 {
+			continue // gone with its socket, or somebody else's rules are in it
+		}
+		if err := c.client.Unbind(santa.Cookie(cookie)); err != nil {
+			c.log.Warn("detaching a socket failed", "socket", cookie, "error", err)
+		}
+	}
+}
+
+// canonical is name in lower case, fully qualified: how zones are compared.
+func canonical(name string) string { return strings.ToLower(dnsFqdn(name)) }
+
+// inZone reports whether name (canonical) is apex (canonical) or below it.
+func inZone(name, apex string) bool {
+	return apex == "." || name == apex || strings.HasSuffix(name, "."+apex)
+}

@@ -1,0 +1,112 @@
+package dnsctl
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/netip"
+	"os"
+	"sync"
+	"time"
+)
+
+// Asker asks a DNS server over UDP, from a pool of connected sockets so
+// that many questions can be in flight at once.
+type Asker struct {
+	Server  netip.AddrPort
+	Timeout time.Duration // per try
+	Tries   int
+
+	pool chan *net.UDPConn
+}
+
+// NewAsker opens parallel sockets connected to server.
+func NewAsker(server netip.AddrPort, parallel int, timeout time.Duration, tries int) (*Asker, error) {
+	a := &Asker{Server: server, Timeout: timeout, Tries: tries, pool: make(chan *net.UDPConn, parallel)}
+	for i := 0; i < parallel; i++ {
+		c, err := net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(server))
+		if err != nil {
+			a.Close()
+			return nil, fmt.Errorf("open a socket to ask %v: %w", server, err)
+		}
+		a.pool <- c
+	}
+	return a, nil
+}
+
+// Close closes the sockets; no Ask may be running.
+func (a *Asker) Close() {
+	for {
+		select {
+		case c := <-a.pool:
+			c.Close()
+		default:
+			return
+		}
+	}
+}
+
+// Ask sends query with a fresh random ID and returns the server's reply,
+// its ID set back to the query's. Replies with another ID (late answers to
+// an earlier try) are skipped.
+func (a *Asker) Ask(query []byte) ([]byte, error) {
+	if len(query) < headerLen {
+		return nil, fmt.Errorf("query of %d bytes", len(query))
+	}
+	c := <-a.pool
+	defer func() { a.pool <- c }()
+	q := bytes.Clone(query)
+	buf := make([]byte, 65535)
+	var err error
+	for try := 0; try < max(a.Tries, 1); try++ {
+		id := uint16(rand.Uint32())
+		binary.BigEndian.PutUint16(q, id)
+		if err = c.SetDeadline(time.Now().Add(a.Timeout)); err != nil {
+			return nil, err
+		}
+		if _, err = c.Write(q); err != nil {
+			return nil, fmt.Errorf("ask %v: %w", a.Server, err)
+		}
+		for {
+			var n int
+			n, err = c.Read(buf)
+			if err != nil {
+				break
+			}
+			if n >= headerLen && binary.BigEndian.Uint16(buf) == id {
+				reply := bytes.Clone(buf[:n])
+				copy(reply, query[:2])
+				return reply, nil
+			}
+		}
+		if !errors.Is(err, os.ErrDeadlineExceeded) {
+			return nil, fmt.Errorf("ask %v: %w", a.Server, err)
+		}
+	}
+	return nil, fmt.Errorf("ask %v: no answer after %d tries of %v", a.Server, max(a.Tries, 1), a.Timeout)
+}
+
+// AskAll asks every query, cap(pool) at a time, and calls done for each
+// (from several goroutines at once).
+func (a *Asker) AskAll(queries [][]byte, done func(i int, reply []byte, err error)) {
+	var wg sync.WaitGroup
+	next := make(chan int)
+	for w := 0; w < cap(a.pool); w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range next {
+				reply, err := a.Ask(queries[i])
+				done(i, reply, err)
+			}
+		}()
+	}
+	for i := range queries {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+}

@@ -1,0 +1,187 @@
+package dnsctl
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"fmt"
+	"time"
+
+	"github.com/santa-offload/santa/clients/go/santa"
+)
+
+// sampleBytes is the most request bytes santad puts in a miss sample
+// (docs/protocol.md): DNS queries are nearly always shorter.
+const sampleBytes = 256
+
+// maxAttempted bounds the memory of query forms already tried.
+const maxAttempted = 1 << 20
+
+// subscribe streams every socket's miss samples into c.samples.
+func (c *Controller) subscribe(ctx context.Context) error {
+	for _, ep := range c.eps {
+		for _, cookie := range ep.cookies {
+			sub, err := santa.Subscribe(c.cfg.Socket, santa.Cookie(cookie),
+				santa.SampleOptions{Bytes: sampleBytes, Rate: c.cfg.SampleRate})
+			if err != nil {
+				return fmt.Errorf("subscribe to the misses of socket %d: %w", cookie, err)
+			}
+			go func() {
+				<-ctx.Done()
+				sub.Close()
+			}()
+			go func(ep *endpoint) {
+				for {
+					s, err := sub.Next()
+					if err != nil {
+						if ctx.Err() == nil {
+							c.log.Warn("miss samples stopped", "socket", cookie, "error", err)
+						}
+						return
+					}
+					select {
+					case c.samples <- sampleEvent{ep, s}:
+					default: // the controller is busy: a sample more or less does not matter
+					}
+				}
+			}(ep)
+		}
+	}
+	return nil
+}
+
+// formKey identifies a query up to what the endpoint's rules generalise
+// over (ID, echoed and ignored flags, a client cookie's bytes): queries with
+// one form key need one rule.
+func formKey(q *Query, b Behaviour) string {
+	w := bytes.Clone(q.Wire[2:])
+	binary.BigEndian.PutUint16(w, q.Flags()&^(b.Echo|b.Ignore))
+	if b.IgnoresCookie && q.HasCookie() {
+		clear(w[q.cookieData-2 : q.cookieData-2+q.cookieLen])
+	}
+	return string(w)
+}
+
+// learn handles one miss sample: in Static and Top mode a known question in
+// a new shape is installed at once; in Adaptive mode the sample feeds the
+// endpoint's heavy-hitter sketch.
+func (c *Controller) learn(ev sampleEvent) error {
+	s, ep := ev.sample, ev.ep
+	if s.RequestLen > len(s.Data) {
+		return nil // longer than a sample: not seen whole
+	}
+	q, err := ParseQuery(bytes.Clone(s.Data))
+	if err != nil {
+		return nil
+	}
+	question := Question{q.Name, q.Type}
+	if c.cfg.Mode == Adaptive {
+		c.probe(ep, []Question{question})
+		key := formKey(q, ep.b)
+		if ep.pending[key] {
+			return nil
+		}
+		ep.sketch.Add(key)
+		ep.samplesOf[key] = q
+		return nil
+	}
+	if !c.allowed[question] {
+		return nil
+	}
+	key := formKey(q, ep.b)
+	if ep.pending[key] {
+		return nil
+	}
+	if len(ep.pending) >= maxAttempted {
+		clear(ep.pending)
+	}
+	ep.pending[key] = true
+	if ep.learned >= c.cfg.MaxRules {
+		return nil
+	}
+	ep.learned++
+	c.log.Debug("new query shape", "question", q)
+	return c.install(ep, []*Query{q}, []Question{question})
+}
+
+// adapt installs the endpoint's hot questions (up to MaxRules rules) and
+// removes rules without hits for Idle.
+func (c *Controller) adapt() error {
+	for _, ep := range c.eps {
+		if err := c.evictIdle(ep); err != nil {
+			return err
+		}
+		var queries []*Query
+		var questions []Question
+		for _, key := range ep.sketch.Hot(c.cfg.MinSamples) {
+			if len(ep.entries)+len(queries) >= c.cfg.MaxRules {
+				break
+			}
+			q := ep.samplesOf[key]
+			if q == nil || ep.pending[key] {
+				continue
+			}
+			if len(ep.pending) >= maxAttempted {
+				clear(ep.pending)
+			}
+			ep.pending[key] = true
+			ep.sketch.Forget(key)
+			delete(ep.samplesOf, key)
+			queries = append(queries, q)
+			questions = append(questions, Question{q.Name, q.Type})
+		}
+		ep.sketch.Decay()
+		for key := range ep.samplesOf {
+			if !ep.sketch.Has(key) {
+				delete(ep.samplesOf, key)
+			}
+		}
+		if len(queries) == 0 {
+			continue
+		}
+		before := len(ep.entries)
+		if err := c.install(ep, queries, questions); err != nil {
+			return err
+		}
+		c.log.Info("offloaded hot questions", "server", ep.addr, "new", len(ep.entries)-before, "rules", len(ep.entries))
+	}
+	return nil
+}
+
+// evictIdle removes the endpoint's rules that had no hit for Idle; their
+// questions may come back when they are hot again.
+func (c *Controller) evictIdle(ep *endpoint) error {
+	if len(ep.entries) == 0 {
+		return nil
+	}
+	hits := map[uint64]uint64{}
+	for _, cookie := range ep.cookies {
+		stats, err := c.client.Stats(santa.Cookie(cookie))
+		if err != nil {
+			return fmt.Errorf("statistics of socket %d: %w", cookie, err)
+		}
+		for _, s := range stats {
+			hits[s.ID] = s.Hits
+		}
+	}
+	now := time.Now()
+	var idle []*entry
+	for _, e := range ep.entries {
+		var total uint64
+		for _, id := range e.ids {
+			total += hits[id]
+		}
+		if total != e.lastHits {
+			e.lastHits, e.lastHit = total, now
+		} else if now.Sub(e.lastHit) >= c.cfg.Idle {
+			idle = append(idle, e)
+		}
+	}
+	for _, e := range idle {
+		delete(ep.pending, formKey(e.query, ep.b))
+	}
+	if len(idle) > 0 {
+		c.log.Info("removing idle rules", "server", ep.addr, "rules", len(idle))
+	}
+	return c.remove(ep, idle)
+}
