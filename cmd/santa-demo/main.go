@@ -2,17 +2,20 @@
 // two-namespace testbed and starts the real daemon, bin/santad, in the
 // server namespace on the server's veth. Then:
 //
-//   - an operator's view: a real NSD serves a zone; root takes over NSD's
-//     port-53 sockets through santad (the Go client, as `santa attach
-//     --port 53/udp` does) and installs rules whose replies are NSD's own
-//     answers; dig in the client namespace gets offloaded names from the
-//     kernel and the rest from NSD, also while NSD is paused;
+//   - an operator's view: a real NSD serves a zone; root runs the DNS
+//     controller of the build, `santa dns static` (bin/santa), in the server
+//     namespace: it attaches to NSD's port-53 sockets through santad, probes
+//     NSD, and installs rules whose replies are NSD's own answers for two
+//     names; dig in the client namespace gets those names from the kernel
+//     and the rest from NSD, also while NSD is paused; at the end root stops
+//     the controller (SIGTERM) and it deletes its rules;
 //   - an application's view: the paper's Listing 1 in Python, running as
 //     uid nobody, binds a socket and adds its own rule through the Python
 //     client; the kernel answers it while the application is paused.
 //
-// It removes everything it made when it ends, also on Ctrl-C: santad is
-// stopped and `santad cleanup` detaches XDP and removes its pins.
+// It removes everything it made when it ends, also on Ctrl-C: the
+// controller and santad are stopped and `santad cleanup` detaches XDP and
+// removes its pins.
 //
 // Needs root, bin/santad and bin/santa (make build), the source tree's
 // clients/python, nsd, dig, iproute2, util-linux and Debian's python3 with
@@ -40,7 +43,6 @@ import (
 
 	"github.com/santa-offload/santa/api"
 	santa "github.com/santa-offload/santa/clients/go/santa"
-	"github.com/santa-offload/santa/internal/dnsrule"
 	"github.com/santa-offload/santa/internal/testbed"
 )
 
@@ -50,20 +52,23 @@ var (
 	other   = question{"mail.example.test", "A"}
 )
 
-// digDisplay are dig's display options; they do not change the query.
-var digDisplay = []string{"+noall", "+answer"}
+// digOptions are dig's options: one try of one second (a paused NSD times
+// out fast) and only the answer section. dig's query keeps its defaults
+// (RD and AD, EDNS with UDP size 1232 and a random client cookie).
+var digOptions = []string{"+tries=1", "+time=1", "+noall", "+answer"}
 
 type question struct{ name, qtype string }
 
 func (q question) String() string { return q.name + " " + q.qtype }
 
 func main() {
-	verbose := flag.Bool("v", false, "log every testbed setup step and santad's log")
+	verbose := flag.Bool("v", false, "log every testbed setup step, santad's log and the DNS controller's (--verbose)")
 	flag.Usage = func() {
 		fmt.Fprintf(flag.CommandLine.Output(), "usage: %s [-v]\n\n"+
-			"Starts santad in a namespace testbed, offloads names of a real NSD to it and\n"+
-			"shows dig getting answers from the kernel (XDP) and from NSD; then an\n"+
-			"unprivileged application adds its own rule through the Python client.\n"+
+			"Starts santad in a namespace testbed, offloads names of a real NSD to it with\n"+
+			"the DNS controller (santa dns static) and shows dig getting answers from the\n"+
+			"kernel (XDP) and from NSD; then an unprivileged application adds its own\n"+
+			"rule through the Python client.\n"+
 			"Needs root and bin/santad, bin/santa next to this program (make build).\n\n", os.Args[0])
 		flag.PrintDefaults()
 	}
@@ -93,9 +98,12 @@ type demo struct {
 	out      io.Writer
 	tb       *testbed.Testbed
 	santad   *testbed.Santad
+	bins     binaries
+	dir      string        // santad's socket and state, the names file, the CLI's copy
 	santaBin string        // the santa CLI, copied where uid nobody can run it
 	c        *santa.Client // root's connection to santad
 	nsd      *testbed.NSD
+	ctl      *controller
 	app      *app
 	cookie   map[bool]uint64         // NSD's socket by v6
 	server   map[bool]netip.AddrPort // NSD's address by v6
@@ -136,7 +144,7 @@ func run(ctx context.Context, out io.Writer, verbose bool) (err error) {
 			err = errors.Join(err, fmt.Errorf("cleanup: %w", cerr))
 		} else if err == nil {
 			fmt.Fprintln(out, "\nCleaned up: the app and NSD stopped, santad stopped and `santad cleanup` run"+
-				" (XDP detached, pins removed), namespaces removed.")
+				" (XDP detached, pins removed), namespaces removed; no process of the demo is left.")
 		}
 	}()
 
@@ -149,7 +157,7 @@ func run(ctx context.Context, out io.Writer, verbose bool) (err error) {
 		return err
 	}
 	cleanups = append(cleanups, tb.Close)
-	m := &demo{ctx: ctx, out: out, tb: tb,
+	m := &demo{ctx: ctx, out: out, tb: tb, bins: bins,
 		cookie: map[bool]uint64{},
 		server: map[bool]netip.AddrPort{},
 		rules:  map[bool]map[question]uint64{false: {}, true: {}},
@@ -162,6 +170,7 @@ func run(ctx context.Context, out io.Writer, verbose bool) (err error) {
 	if err != nil {
 		return err
 	}
+	m.dir = dir
 	cleanups = append(cleanups, func() error { return os.RemoveAll(dir) })
 	if err := os.Chmod(dir, 0o755); err != nil {
 		return err
@@ -221,32 +230,19 @@ func run(ctx context.Context, out io.Writer, verbose bool) (err error) {
 		return err
 	}
 	m.server[false], m.server[true] = m.nsd.Addr4, m.nsd.Addr6
-	fmt.Fprintf(out, "  NSD      pid %d serves %s on port 53\n", m.nsd.PID(), m.nsd.Zone.Origin)
-	if err := m.takeOver(); err != nil {
+	fmt.Fprintf(out, "  NSD      pid %d serves %s on port 53 of both server addresses (unmodified)\n", m.nsd.PID(), m.nsd.Zone.Origin)
+
+	// The DNS controller: it attaches, probes NSD, installs the rules.
+	if err := ctx.Err(); err != nil {
 		return err
 	}
-
-	// Rules: the exact bytes dig sends, and NSD's own reply to them.
-	fmt.Fprintln(out)
-	fmt.Fprintln(out, "Rules added by root through the Go client (condition: dig's query after the ID; reply: NSD's answer, ID copied):")
-	for _, q := range offload {
-		query, err := m.recordDig(q)
-		if err != nil {
-			return err
-		}
-		for _, v6 := range []bool{false, true} {
-			rule, reply, err := m.ask(v6, query)
-			if err != nil {
-				return err
-			}
-			ids, err := m.c.Add(santa.Cookie(m.cookie[v6]), []api.Rule{rule})
-			if err != nil {
-				return err
-			}
-			m.rules[v6][q] = ids[0]
-			m.names[ids[0]] = fmt.Sprintf("%-22s %s", q, family(v6))
-			fmt.Fprintf(out, "  rule %d  %-22s %s  %d-byte query → %d-byte reply\n", ids[0], q, family(v6), len(query), len(reply))
-		}
+	m.ctl, err = m.startController(verbose)
+	if err != nil {
+		return err
+	}
+	cleanups = append(cleanups, m.ctl.stop)
+	if err := m.showController(); err != nil {
+		return err
 	}
 
 	// dig, side by side.
@@ -279,7 +275,10 @@ func run(ctx context.Context, out io.Writer, verbose bool) (err error) {
 		return err
 	}
 
-	return m.printCounters()
+	if err := m.printCounters(); err != nil {
+		return err
+	}
+	return m.stopController()
 }
 
 func preflight() error {
@@ -316,45 +315,97 @@ func findBinaries() (b binaries, err error) {
 	return b, err
 }
 
-// takeOver has santad bind NSD's UDP sockets on port 53 (root only: santad
-// takes them from NSD with pidfd_getfd). Binding by port finds every
-// process's port-53 sockets on the host; the demo keeps NSD's and hands
-// any other back at once.
-func (m *demo) takeOver() error {
-	pids, err := m.nsd.PIDs()
+// showController shows what the controller said when it got ready (its
+// ready line and log: the sockets it attached to, the probe's result, the
+// rules installed) and the rules it installed, as santad lists them.
+func (m *demo) showController() error {
+	fmt.Fprintf(m.out, "  %s\n", m.ctl.ready)
+	for _, l := range m.ctl.newLog() {
+		fmt.Fprintf(m.out, "  log: %s\n", l)
+	}
+	fmt.Fprintln(m.out, "  (--shape is dig's query: EDNS with a random client cookie. NSD ignores cookies (see the probe), so one rule")
+	fmt.Fprintln(m.out, "  answers any; without it the controller would learn the shape from dig's first query, which NSD answers.)")
+
+	// NSD's sockets, which the controller attached to through santad.
+	socks, err := m.c.ListSockets()
 	if err != nil {
 		return err
 	}
-	socks, err := m.c.BindPort(53)
-	if err != nil {
-		return fmt.Errorf("bind NSD's sockets: %w", err)
-	}
-	var found []string
 	for _, s := range socks {
-		ap := s.AddrPort()
-		mine := false
-		for v6, want := range m.server {
-			if ap == want && slices.Contains(pids, int(s.PID)) {
-				m.cookie[v6], mine = s.Cookie, true
+		for v6, addr := range m.server {
+			if s.Protocol == 17 && s.AddrPort() == addr {
+				m.cookie[v6] = s.Cookie
+				m.cookies = append(m.cookies, s.Cookie)
 			}
 		}
-		if !mine {
-			if err := m.c.Unbind(santa.Cookie(s.Cookie)); err != nil {
-				return fmt.Errorf("release %v (pid %d), not NSD's: %w", ap, s.PID, err)
-			}
-			continue
-		}
-		m.cookies = append(m.cookies, s.Cookie)
-		found = append(found, fmt.Sprintf("%v (cookie %d)", ap, s.Cookie))
 	}
 	if len(m.cookie) != 2 {
-		return fmt.Errorf("NSD's UDP sockets: santad found %v, want %v and %v", found, m.nsd.Addr4, m.nsd.Addr6)
+		return fmt.Errorf("santad has no rule set on NSD's sockets %v and %v after santa dns got ready: %v", m.server[false], m.server[true], socks)
 	}
 	slices.Sort(m.cookies)
-	fmt.Fprintln(m.out, "  sockets  NSD's, taken over by santad for root (Client.BindPort(53), as `santa attach --port 53/udp`;")
-	fmt.Fprintln(m.out, "           NSD itself is unmodified):")
-	fmt.Fprintf(m.out, "           %s\n", strings.Join(found, ", "))
+
+	fmt.Fprintln(m.out)
+	fmt.Fprintf(m.out, "Its rules (Go client ListRules on NSD's sockets %d and %d; reply: NSD's answer, ID copied from the query):\n",
+		m.cookie[false], m.cookie[true])
+	for _, v6 := range []bool{false, true} {
+		rules, err := m.c.ListRules(santa.Cookie(m.cookie[v6]))
+		if err != nil {
+			return err
+		}
+		slices.SortFunc(rules, func(a, b api.Rule) int { return cmp.Compare(a.ID, b.ID) })
+		for _, r := range rules {
+			q, ok := ruleQuestion(r)
+			if !ok {
+				return fmt.Errorf("rule %d of NSD's socket %d: no DNS reply in it: %+v", r.ID, m.cookie[v6], r)
+			}
+			if _, dup := m.rules[v6][q]; !dup {
+				m.rules[v6][q] = r.ID
+			}
+			m.names[r.ID] = fmt.Sprintf("%-22s %s", q, family(v6))
+			fmt.Fprintf(m.out, "  rule %d  %-22s %s  %d-byte query, any %s → %d-byte reply\n",
+				r.ID, q, family(v6), r.MinLen, strings.Join(openParts(r), ", "), r.ReplyLen)
+		}
+	}
+	for _, v6 := range []bool{false, true} {
+		for _, q := range offload {
+			if _, ok := m.rules[v6][q]; !ok {
+				return fmt.Errorf("santa dns installed no rule for %v over %s", q, family(v6))
+			}
+		}
+	}
 	return nil
+}
+
+// stopController stops the controller as an operator does, with SIGTERM,
+// and shows its "done:" line and that its rules are gone.
+func (m *demo) stopController() error {
+	fmt.Fprintln(m.out)
+	fmt.Fprintf(m.out, "Root stops the DNS controller (SIGTERM to pid %d); it deletes its rules:\n", m.ctl.PID())
+	if err := m.ctl.stop(); err != nil {
+		return err
+	}
+	done := m.ctl.line("done:")
+	if done == "" {
+		return fmt.Errorf("santa dns exited without its done line:\n%s", m.ctl.output())
+	}
+	fmt.Fprintf(m.out, "  %s\n", done)
+	for _, l := range m.ctl.newLog() {
+		fmt.Fprintf(m.out, "  log: %s\n", l)
+	}
+	for v6, cookie := range m.cookie {
+		rules, err := m.c.ListRules(santa.Cookie(cookie))
+		if !errors.Is(err, santa.ErrNotFound) {
+			return fmt.Errorf("santa dns stopped but NSD's %s socket %d still has a rule set (%d rules, %v)", family(v6), cookie, len(rules), err)
+		}
+	}
+	fmt.Fprintln(m.out, "$ santa rules ls      (the controller also detached NSD's sockets: only the app's rule set is left)")
+	out, err := m.cli(false, "rules", "ls")
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(m.out, out)
+	fmt.Fprintln(m.out, "dig again: NSD answers the offloaded names itself.")
+	return m.digLine(offload[0], false)
 }
 
 func family(v6 bool) string {
@@ -364,40 +415,8 @@ func family(v6 bool) string {
 	return "IPv4"
 }
 
-// recordDig learns the exact bytes dig sends for q: dig asks a socket on
-// the client namespace's loopback, which answers REFUSED.
-func (m *demo) recordDig(q question) ([]byte, error) {
-	pc, err := m.tb.Client.ListenUDP(netip.MustParseAddrPort("127.0.0.1:0"))
-	if err != nil {
-		return nil, err
-	}
-	defer pc.Close()
-	query, err := dnsrule.RecordQuery(pc, 5*time.Second, func(srv netip.AddrPort) error {
-		_, err := m.digRun(srv, q)
-		return err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("record dig's query for %v: %w", q, err)
-	}
-	return query, nil
-}
-
-// ask sends query to NSD from the client namespace and builds the rule.
-func (m *demo) ask(v6 bool, query []byte) (api.Rule, []byte, error) {
-	c, err := m.tb.DialUDP(m.server[v6])
-	if err != nil {
-		return api.Rule{}, nil, err
-	}
-	defer c.Close()
-	rule, reply, err := dnsrule.FromServer(c, query, 2*time.Second)
-	if err != nil {
-		return api.Rule{}, nil, err
-	}
-	return dnsrule.APIRule(rule), reply, nil
-}
-
-func (m *demo) digArgs(srv netip.AddrPort, q question) []string {
-	return dnsrule.DigArgs(srv, q.name, q.qtype, digDisplay...)
+func digArgs(srv netip.AddrPort, q question) []string {
+	return append([]string{"@" + srv.Addr().String(), q.name, q.qtype}, digOptions...)
 }
 
 // digRun runs dig in the client namespace; the output comes back also
@@ -408,7 +427,7 @@ func (m *demo) digRun(srv netip.AddrPort, q question) (string, error) {
 	}
 	ctx, cancel := context.WithTimeout(m.ctx, 10*time.Second)
 	defer cancel()
-	cmd := testbed.Command(ctx, m.tb.Client.NS, "dig", m.digArgs(srv, q)...)
+	cmd := testbed.Command(ctx, m.tb.Client.NS, "dig", digArgs(srv, q)...)
 	b, err := cmd.CombinedOutput()
 	return string(b), err
 }
@@ -437,6 +456,9 @@ func (m *demo) snapshot() (snapshot, error) {
 	s := snapshot{c: c, hits: map[uint64]uint64{}}
 	for _, cookie := range m.cookies {
 		st, err := m.c.Stats(santa.Cookie(cookie))
+		if errors.Is(err, santa.ErrNotFound) {
+			continue // detached (NSD's, once the controller stopped)
+		}
 		if err != nil {
 			return snapshot{}, err
 		}
@@ -451,7 +473,7 @@ func (m *demo) snapshot() (snapshot, error) {
 // from Santa's counters.
 func (m *demo) digCompare(q question, v6 bool) (digResult, error) {
 	srv := m.server[v6]
-	r := digResult{command: "$ dig " + strings.Join(m.digArgs(srv, q), " ")}
+	r := digResult{command: "$ dig " + strings.Join(digArgs(srv, q), " ")}
 	if id, ok := m.rules[v6][q]; ok {
 		r.title = fmt.Sprintf("%v over %s (rule %d)", q, family(v6), id)
 	} else {
@@ -489,6 +511,10 @@ func attribute(before, after snapshot, rule uint64, server string) (by, evidence
 	if passed > 0 && answered == 0 {
 		return server + " (no rule matched, passed on)",
 			fmt.Sprintf("pass_no_match %d → %d", before.c["pass_no_match"], after.c["pass_no_match"])
+	}
+	if after.c["pass_no_ruleset"] > before.c["pass_no_ruleset"] && answered == 0 {
+		return server + " (its socket has no rule set, passed on)",
+			fmt.Sprintf("pass_no_ruleset %d → %d", before.c["pass_no_ruleset"], after.c["pass_no_ruleset"])
 	}
 	return "unclear", fmt.Sprintf("answered +%d, pass_no_match +%d", answered, passed)
 }
@@ -567,23 +593,32 @@ func (m *demo) paused() error {
 	fmt.Fprintf(m.out, "NSD paused (SIGSTOP to pids %v); dig again:\n", pids)
 	for _, v6 := range []bool{false, true} {
 		for _, q := range append(slices.Clone(offload), other) {
-			r, err := m.digCompare(q, v6)
-			if err != nil {
+			if err := m.digLine(q, v6); err != nil {
 				return err
 			}
-			line := fmt.Sprintf("  %-22s %s  %-38s", q, family(v6), r.answer)
-			if strings.HasPrefix(r.answer, "no answer") {
-				line = fmt.Sprintf("  %-22s %s  %-38s", q, family(v6), "no answer: timed out")
-			} else if strings.HasPrefix(r.by, "Santa") {
-				line += "  Santa, " + r.evidence
-			} else {
-				line += "  " + r.by + ", " + r.evidence
-			}
-			fmt.Fprintln(m.out, strings.TrimRight(line, " "))
 		}
 	}
 	cont()
 	fmt.Fprintln(m.out, "NSD resumed (SIGCONT).")
+	return nil
+}
+
+// digLine runs dig for q over one family and prints one line: the answer
+// and who gave it.
+func (m *demo) digLine(q question, v6 bool) error {
+	r, err := m.digCompare(q, v6)
+	if err != nil {
+		return err
+	}
+	line := fmt.Sprintf("  %-22s %s  %-38s", q, family(v6), r.answer)
+	if strings.HasPrefix(r.answer, "no answer") {
+		line = fmt.Sprintf("  %-22s %s  %-38s", q, family(v6), "no answer: timed out")
+	} else if strings.HasPrefix(r.by, "Santa") {
+		line += "  Santa, " + r.evidence
+	} else {
+		line += "  " + r.by + ", " + r.evidence
+	}
+	fmt.Fprintln(m.out, strings.TrimRight(line, " "))
 	return nil
 }
 
@@ -632,7 +667,8 @@ func (m *demo) printCounters() error {
 		}
 		fmt.Fprintf(m.out, "  rule %d  %s  %3d %s  %5d bytes sent\n", s.ID, m.names[s.ID], s.Hits, hits, s.Bytes)
 	}
-	fmt.Fprintln(m.out, "(pass_no_match: requests NSD or the app answered, the queries that built the rules included;")
+	fmt.Fprintln(m.out, "(pass_no_match: requests NSD or the app answered; miss_sampled: those on NSD's sockets that santad")
+	fmt.Fprintln(m.out, " sampled for the controller, which learns query shapes of its names from them;")
 	fmt.Fprintln(m.out, " the other pass reasons are frames no rule could answer: multicast, not UDP, NSD's start-up probes)")
 	return nil
 }

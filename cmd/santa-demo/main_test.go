@@ -7,8 +7,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/miekg/dns"
+
+	"github.com/santa-offload/santa/integrations/dnsctl"
 )
 
 func TestMain(m *testing.M) {
@@ -52,13 +57,18 @@ func TestDemo(t *testing.T) {
 	t.Log("\n" + s)
 	for _, want := range []string{
 		"XDP rule processor on",
-		"taken over by santad for root (Client.BindPort(53)",
+		// the real controller ran, probed NSD and installed a rule per name and family
+		"dns static --port 53/udp --names ",
+		"ready: 4 rules on 2 sockets (0 questions not offloaded)",
+		"log: probed the server: ",
+		"client cookies ignored",
+		"log: installed: ",
+		"57-byte query, any ID, flags RD AD CD, UDP size, cookie → 123-byte reply",
+		// side by side: the kernel answered the offloaded name, NSD the other
 		"from      Santa, in the kernel (XDP)             │  NSD (no rule matched, passed on)",
-		"rule 1 hits 0 → 1",
-		"rule 2 hits 0 → 1",
-		"mail.example.test A    IPv4  no answer: timed out",
-		"mail.example.test A    IPv6  no answer: timed out",
-		"txt.example.test TXT   IPv6  TXT \"hello from the testbed\" (TTL 300)  Santa, rule 4 hits 0 → 1",
+		// the controller stopped cleanly and its rules are gone
+		"done: installed 4, refreshed 0, changed 0, removed 4 rules",
+		"log: removed the controller's rules: ",
 		"ready cookie=",
 		"(app paused: SIGSTOP to pid",
 		`"Hello"  → "COMSYS"      Santa, in the kernel (XDP), rule 5 hits 0 → 1`,
@@ -72,11 +82,58 @@ func TestDemo(t *testing.T) {
 			t.Errorf("output lacks %q", want)
 		}
 	}
+	for _, re := range []string{
+		// the side by side, both families: the offloaded name's rule hit
+		`(?m)^  counters  rule \d+ hits 0 → 1 +│  pass_no_match \d+ → \d+$`,
+		// NSD paused: the offloaded names from their rules, the other times out
+		`(?m)^  www\.example\.test A +IPv4  A 198\.18\.255\.10 \(TTL 300\) +Santa, rule \d+ hits 1 → 2$`,
+		`(?m)^  www\.example\.test A +IPv6  A 198\.18\.255\.10 \(TTL 300\) +Santa, rule \d+ hits 1 → 2$`,
+		`(?m)^  txt\.example\.test TXT +IPv4  TXT "hello from the testbed" \(TTL 300\) +Santa, rule \d+ hits 0 → 1$`,
+		`(?m)^  txt\.example\.test TXT +IPv6  TXT "hello from the testbed" \(TTL 300\) +Santa, rule \d+ hits 0 → 1$`,
+		`(?m)^  mail\.example\.test A +IPv4  no answer: timed out$`,
+		`(?m)^  mail\.example\.test A +IPv6  no answer: timed out$`,
+		// after the controller stopped: NSD answers
+		`(?m)^  www\.example\.test A +IPv4  A 198\.18\.255\.10 \(TTL 300\) +NSD \(its socket has no rule set, passed on\)`,
+	} {
+		if n := len(regexp.MustCompile(re).FindAllString(s, -1)); n == 0 || (strings.Contains(re, "counters") && n != 2) {
+			t.Errorf("output lacks %s (%d matches)", re, n)
+		}
+	}
+	// and NSD's sockets have no rule set any more: only the app's is listed
+	if after := s[strings.Index(s, "$ santa rules ls      (the controller"):]; strings.Contains(after, ":53/udp") {
+		t.Errorf("NSD's sockets are still listed after the controller stopped")
+	}
 	if strings.Contains(s, "unclear") {
 		t.Error("the demo could not tell who answered a request")
 	}
+	checkCleanedUp(t)
+}
+
+// checkCleanedUp checks that the demo left no process (santad, NSD, the
+// controller, the app), no pins and no namespace behind.
+func checkCleanedUp(t *testing.T) {
+	t.Helper()
 	if _, err := os.Stat(bpffsPrefix + fmt.Sprint(os.Getpid())); !os.IsNotExist(err) {
 		t.Errorf("santad's pins are still there after the demo (stat: %v)", err)
+	}
+	if left, _ := filepath.Glob(fmt.Sprintf("/run/netns/santa-%d-*", os.Getpid())); len(left) > 0 {
+		t.Errorf("namespaces left after the demo: %v", left)
+	}
+	if left, _ := filepath.Glob(fmt.Sprintf("%s%d-*", runPrefix, os.Getpid())); len(left) > 0 {
+		t.Errorf("state left after the demo: %v", left)
+	}
+	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
+	for _, p := range stats {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue // exited meanwhile
+		}
+		// pid (comm) state ppid ...: comm may hold spaces, not ")"
+		s := string(b)
+		f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+		if len(f) > 1 && f[1] == fmt.Sprint(os.Getpid()) {
+			t.Errorf("process left after the demo: %s", strings.TrimSpace(s[:strings.LastIndexByte(s, ')')+1]))
+		}
 	}
 }
 
@@ -94,6 +151,46 @@ func TestDemoInterrupted(t *testing.T) {
 	if strings.Contains(out.String(), "Cleaned up") {
 		t.Errorf("cancelled demo claims it ran:\n%s", out.String())
 	}
+	checkCleanedUp(t)
+}
+
+// Ctrl-C while the controller runs: the demo stops it, santad and NSD,
+// and leaves nothing behind.
+func TestDemoInterruptedWithController(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("needs root: the demo builds network namespaces and runs santad")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	out := &cancelOn{prefix: "  ready:", cancel: cancel}
+	err := run(ctx, out, false)
+	if err == nil || ctx.Err() == nil {
+		t.Fatalf("demo interrupted once the controller was ready: %v (context: %v)\n%s", err, ctx.Err(), out.String())
+	}
+	if strings.Contains(err.Error(), "cleanup:") {
+		t.Errorf("cleanup failed: %v", err)
+	}
+	if !strings.Contains(out.String(), "ready:") {
+		t.Errorf("the controller never got ready:\n%s", out.String())
+	}
+	checkCleanedUp(t)
+}
+
+// cancelOn is an output that calls cancel once a line starts with prefix.
+type cancelOn struct {
+	bytes.Buffer
+	prefix string
+	cancel func()
+}
+
+func (c *cancelOn) Write(p []byte) (int, error) {
+	n, err := c.Buffer.Write(p)
+	for _, l := range strings.Split(c.Buffer.String(), "\n") {
+		if strings.HasPrefix(l, c.prefix) {
+			c.cancel()
+		}
+	}
+	return n, err
 }
 
 func TestParseDig(t *testing.T) {
@@ -145,5 +242,60 @@ func TestFindPythonClient(t *testing.T) {
 	}
 	if !isFile(filepath.Join(dir, "examples", "listing1.py")) {
 		t.Errorf("%s has no examples/listing1.py", dir)
+	}
+}
+
+func TestLogLine(t *testing.T) {
+	for in, want := range map[string]string{
+		`time=2025-01-01T00:00:00.000Z level=INFO msg="probed the server" server=198.18.0.1:53 behaviour="echoes rd"`: `probed the server: server=198.18.0.1:53 behaviour="echoes rd"`,
+		`time=2025-01-01T00:00:00.000Z level=INFO msg=attached server=198.18.0.1:53 sockets=1`:                        `attached: server=198.18.0.1:53 sockets=1`,
+		`time=2025-01-01T00:00:00.000Z level=WARN msg=oops`:                                                           `level=WARN msg=oops`,
+		`time=2025-01-01T00:00:00.000Z level=INFO msg=quiet`:                                                          `quiet`,
+	} {
+		if got := logLine(in); got != want {
+			t.Errorf("logLine(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+// The rules the controller builds, described as the demo lists them.
+func TestRuleDescription(t *testing.T) {
+	m := new(dns.Msg)
+	m.SetQuestion("www.example.test.", dns.TypeA)
+	m.RecursionDesired, m.AuthenticatedData = true, true
+	m.SetEdns0(1232, false)
+	m.IsEdns0().Option = append(m.IsEdns0().Option, &dns.EDNS0_COOKIE{Code: dns.EDNS0COOKIE, Cookie: "0123456789abcdef"})
+	wire, err := m.Pack()
+	if err != nil {
+		t.Fatal(err)
+	}
+	q, err := dnsctl.ParseQuery(wire)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := new(dns.Msg)
+	r.SetReply(m)
+	r.Answer = []dns.RR{&dns.A{Hdr: dns.RR_Header{Name: "www.example.test.", Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 300}, A: []byte{198, 18, 255, 10}}}
+	r.SetEdns0(1232, false)
+	reply, err := r.Pack()
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := dnsctl.Answer{Reply: reply}
+	for _, c := range []struct {
+		b    dnsctl.Behaviour
+		want string
+	}{
+		{dnsctl.Behaviour{Echo: 1 << 8, Ignore: 1<<5 | 1<<4, IgnoresCookie: true, IgnoresSize: true}, "ID, flags RD AD CD, UDP size, cookie"},
+		{dnsctl.Behaviour{IgnoresCookie: true}, "ID, cookie"},
+		{dnsctl.Behaviour{}, "ID"},
+	} {
+		rule := dnsctl.Rule(q, a, c.b)
+		if got := strings.Join(openParts(rule), ", "); got != c.want {
+			t.Errorf("%v: open parts %q, want %q", c.b, got, c.want)
+		}
+		if got, ok := ruleQuestion(rule); !ok || got != (question{"www.example.test", "A"}) {
+			t.Errorf("%v: question %v, %t", c.b, got, ok)
+		}
 	}
 }

@@ -1,0 +1,276 @@
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/miekg/dns"
+
+	"github.com/santa-offload/santa/api"
+	"github.com/santa-offload/santa/internal/testbed"
+)
+
+// dnsShape is the query shape the controller installs up front: dig's
+// (RD and AD set, EDNS with UDP size 1232, an 8-byte client cookie).
+const dnsShape = "rd,ad,edns=1232,cookie"
+
+// controller is the DNS controller, `santa dns static` of the build, that
+// root runs in the server namespace against NSD.
+type controller struct {
+	argv []string
+	cmd  *exec.Cmd
+	// out is its stdout (the "ready:" and "done:" lines) and its log
+	// (stderr) in the order it wrote them: both go to one pipe.
+	out   *testbed.LockedBuffer
+	seen  int // bytes of out already shown
+	ready string
+	done  chan struct{} // closed when it has exited
+	err   error         // its exit, once done is closed
+	told  bool          // stop has returned its exit once
+}
+
+// startController writes the names file and runs the controller, and
+// waits for its "ready:" line: by then its rules are installed.
+func (m *demo) startController(verbose bool) (*controller, error) {
+	var names strings.Builder
+	for _, q := range offload {
+		fmt.Fprintf(&names, "%s %s\n", q.name, q.qtype)
+	}
+	namesFile := filepath.Join(m.dir, "names")
+	if err := os.WriteFile(namesFile, []byte(names.String()), 0o644); err != nil {
+		return nil, err
+	}
+	c := &controller{out: &testbed.LockedBuffer{}, done: make(chan struct{})}
+	c.argv = []string{"nsenter", "--net=/run/netns/" + m.tb.Server.NS, m.bins.santa, "--socket-path", m.santad.Socket,
+		"dns", "static", "--port", "53/udp", "--names", namesFile, "--shape", dnsShape}
+	if verbose {
+		c.argv = append(c.argv, "--verbose")
+	}
+	fmt.Fprintln(m.out)
+	fmt.Fprintln(m.out, "Root offloads two of NSD's names with the DNS controller of the build, `santa dns static`:")
+	fmt.Fprintf(m.out, "  $ cat %s\n", namesFile)
+	fmt.Fprint(m.out, "  "+strings.ReplaceAll(strings.TrimSuffix(names.String(), "\n"), "\n", "\n  ")+"\n")
+	fmt.Fprintf(m.out, "  $ %s \\\n        %s\n", strings.Join(c.argv[:5], " "), strings.Join(c.argv[5:], " "))
+
+	c.cmd = exec.Command(c.argv[0], c.argv[1:]...)
+	// Own process group: Ctrl-C reaches the demo, which stops the
+	// controller in order. Pdeathsig: it does not outlive a killed demo.
+	c.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
+	stdout, err := c.cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	c.cmd.Stderr = c.cmd.Stdout // one pipe: by "ready:", the log before it is read
+	var w io.Writer = c.out
+	if verbose {
+		w = io.MultiWriter(c.out, os.Stderr)
+	}
+	if err := c.cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start santa dns: %w", err)
+	}
+	ready := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			w.Write(append(sc.Bytes(), '\n'))
+			if strings.HasPrefix(sc.Text(), "ready:") {
+				select {
+				case ready <- sc.Text():
+				default:
+				}
+			}
+		}
+		c.err = c.cmd.Wait()
+		close(c.done)
+	}()
+	fail := func(err error) (*controller, error) {
+		if serr := c.stop(); serr != nil {
+			err = fmt.Errorf("%w (and stopping it: %v)", err, serr)
+		}
+		return nil, err
+	}
+	select {
+	case c.ready = <-ready:
+		return c, nil
+	case <-c.done:
+		return nil, fmt.Errorf("santa dns exited before it was ready (%v):\n%s", c.err, c.output())
+	case <-m.ctx.Done():
+		return fail(m.ctx.Err())
+	case <-time.After(60 * time.Second):
+		return fail(fmt.Errorf("santa dns not ready within 60 s:\n%s", c.output()))
+	}
+}
+
+func (c *controller) PID() int { return c.cmd.Process.Pid }
+
+// output is what the controller printed, for error messages.
+func (c *controller) output() string {
+	return tail(c.out.String(), 20)
+}
+
+// stop sends SIGTERM (the controller deletes its rules and prints its
+// "done:" line), SIGKILL after 20 s. It may be called again: the cleanup
+// does; only the first call reports how the controller ended.
+func (c *controller) stop() error {
+	select {
+	case <-c.done:
+	default:
+		_ = c.cmd.Process.Signal(syscall.SIGTERM) // its own process, by pid
+		select {
+		case <-c.done:
+		case <-time.After(20 * time.Second):
+			_ = c.cmd.Process.Kill()
+			<-c.done
+			c.told = true
+			return fmt.Errorf("santa dns ignored SIGTERM for 20 s; killed, its rules left to santad's cleanup:\n%s", c.output())
+		}
+	}
+	if c.err == nil || c.told {
+		return nil
+	}
+	c.told = true
+	return fmt.Errorf("santa dns: %w:\n%s", c.err, c.output())
+}
+
+// line is the controller's first stdout line starting with prefix.
+func (c *controller) line(prefix string) string {
+	for _, l := range strings.Split(c.out.String(), "\n") {
+		if strings.HasPrefix(l, prefix) {
+			return l
+		}
+	}
+	return ""
+}
+
+// newLog returns the log lines (info and above) written since the last
+// call, shortened for the reader: no time stamp, no INFO level, the
+// message unquoted.
+func (c *controller) newLog() []string {
+	fresh := c.out.String()[c.seen:]
+	c.seen += len(fresh)
+	var out []string
+	for _, l := range strings.Split(strings.TrimSuffix(fresh, "\n"), "\n") {
+		if l == "" || strings.HasPrefix(l, "ready:") || strings.HasPrefix(l, "done:") ||
+			strings.Contains(l, " level=DEBUG ") {
+			continue
+		}
+		out = append(out, logLine(l))
+	}
+	return out
+}
+
+// logLine shortens a line of slog's text format: "time=T level=INFO
+// msg="probed the server" server=..." becomes "probed the server: server=...".
+func logLine(l string) string {
+	if t, rest, ok := strings.Cut(l, " "); ok && strings.HasPrefix(t, "time=") {
+		l = rest
+	}
+	l = strings.TrimPrefix(l, "level=INFO ")
+	rest, ok := strings.CutPrefix(l, "msg=")
+	if !ok {
+		return l
+	}
+	msg, attrs, _ := strings.Cut(rest, " ")
+	if q, err := strconv.QuotedPrefix(rest); err == nil {
+		msg, _ = strconv.Unquote(q)
+		attrs = strings.TrimPrefix(rest[len(q):], " ")
+	}
+	if attrs == "" {
+		return msg
+	}
+	return msg + ": " + attrs
+}
+
+// ruleQuestion is the question a controller's rule answers, read from its
+// reply (a Put of the server's reply after the ID).
+func ruleQuestion(r api.Rule) (question, bool) {
+	for _, p := range r.Processors {
+		if p.Kind != api.KindPut || p.ReplyOffset != 2 {
+			continue
+		}
+		var msg dns.Msg
+		if err := msg.Unpack(append([]byte{0, 0}, p.Template...)); err != nil || len(msg.Question) != 1 {
+			return question{}, false
+		}
+		q := msg.Question[0]
+		return question{strings.TrimSuffix(q.Name, "."), dns.TypeToString[q.Qtype]}, true
+	}
+	return question{}, false
+}
+
+// openParts names the parts of a DNS rule's query that its conditions leave
+// open (any value matches): the ID, flag bits, the EDNS UDP size and a
+// cookie option's bytes. It rebuilds the query from the conditions.
+func openParts(r api.Rule) []string {
+	n := int(r.MinLen)
+	if n < 12 || r.MaxLen != r.MinLen {
+		return nil
+	}
+	wire, mask := make([]byte, n), make([]byte, n)
+	for _, c := range r.Conditions {
+		for i, b := range c.Pattern {
+			if o := int(c.Offset) + i; o < n {
+				m := byte(0xff)
+				if len(c.Mask) > i {
+					m = c.Mask[i]
+				}
+				wire[o], mask[o] = b, mask[o]|m
+			}
+		}
+	}
+	open := func(from, to int) bool {
+		for _, m := range mask[from:to] {
+			if m != 0 {
+				return false
+			}
+		}
+		return true
+	}
+	var out []string
+	if open(0, 2) {
+		out = append(out, "ID")
+	}
+	flags := uint16(mask[2])<<8 | uint16(mask[3])
+	var fl []string
+	for _, f := range []struct {
+		bit  uint16
+		name string
+	}{{1 << 8, "RD"}, {1 << 5, "AD"}, {1 << 4, "CD"}} {
+		if flags&f.bit == 0 {
+			fl = append(fl, f.name)
+		}
+	}
+	if len(fl) > 0 {
+		out = append(out, "flags "+strings.Join(fl, " "))
+	}
+	off := 12 // the question name, then type and class
+	for off < n && wire[off] != 0 {
+		off += 1 + int(wire[off])
+	}
+	opt := off + 5
+	if opt+11 > n || wire[opt] != 0 || wire[opt+1] != 0 || wire[opt+2] != byte(dns.TypeOPT) {
+		return out
+	}
+	if open(opt+3, opt+5) {
+		out = append(out, "UDP size")
+	}
+	for o := opt + 11; o+4 <= n; {
+		code, l := int(wire[o])<<8|int(wire[o+1]), int(wire[o+2])<<8|int(wire[o+3])
+		if o+4+l > n {
+			break
+		}
+		if code == dns.EDNS0COOKIE && open(o+4, o+4+l) {
+			out = append(out, "cookie")
+		}
+		o += 4 + l
+	}
+	return out
+}
