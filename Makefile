@@ -12,6 +12,7 @@
 #   TEST_TIMEOUT   go test -timeout (default 20m)
 #   TEST_FLAGS     extra go test flags (e.g. -v, -run X, -p 1)
 #   BENCH_ARGS     arguments for bench/cmd/benchudp
+#   BENCH_DNS_ARGS arguments for bench/cmd/benchdns (e.g. -quick, -reps 1, -cases nsd,nsd-zipf-10k)
 #   BPF2GO_CC / BPF2GO_STRIP  compiler / strip bpf2go uses (clang-16 / llvm-strip-16)
 
 SHELL := /bin/bash
@@ -43,6 +44,7 @@ FUZZTIME_LONG ?= 5m
 # Add fuzz targets here as ./path/to/pkg:FuzzName (one fuzz target per pair).
 FUZZ_TARGETS ?= ./internal/dataplane:FuzzRuleProcessor ./api:FuzzDecode
 BENCH_ARGS ?=
+BENCH_DNS_ARGS ?=
 
 PREFIX ?= /usr/local
 DESTDIR ?=
@@ -50,7 +52,7 @@ DESTDIR ?=
 PYTHON ?= /usr/bin/python3
 PYVENV := out/pyvenv
 
-.PHONY: all deps generate build check-generated test test-c test-python fuzz fuzz-run demo bench bench-udp install clean need-root
+.PHONY: all deps generate build check-generated test test-c test-python fuzz fuzz-run demo bench bench-udp bench-dns install clean need-root
 
 all: build
 
@@ -109,10 +111,18 @@ demo: need-root deps build
 	@[[ -x $(BIN)/santa-demo ]] || { echo "demo: $(BIN)/santa-demo was not built (cmd/santa-demo missing?)" >&2; exit 1; }
 	$(BIN)/santa-demo
 
-bench: bench-udp
+# Both benchmarks (about 15 + 35 minutes); each rewrites its section of
+# docs/benchmarks.md and its files under docs/bench/.
+bench: bench-udp bench-dns
 
 bench-udp: need-root deps build
 	$(GO) run ./bench/cmd/benchudp $(BENCH_ARGS)
+
+# The DNS experiments: NSD, Knot and BIND alone and with Santa (santad +
+# `santa dns`), every name offloaded for 1 to 1 M names, a Zipf mix with the
+# top n offloaded. About 35 minutes; BENCH_DNS_ARGS=-quick for a short run.
+bench-dns: need-root deps build
+	$(GO) run ./bench/cmd/benchdns $(BENCH_DNS_ARGS)
 
 install: build
 	install -D -m 0755 $(BIN)/santad $(DESTDIR)$(PREFIX)/sbin/santad

@@ -110,3 +110,94 @@ func TestHarnessSmoke(t *testing.T) {
 		}
 	}
 }
+
+// The DNS harness end to end on a tiny zone: NSD alone, and NSD with
+// santad and `santa dns top` offloading the top 100 of a Zipf mix, one
+// rate, one repetition, with the latency prober. It checks the pipeline
+// (santad, the controller, the answer counter, the prober, the report),
+// not figures.
+func TestDNSHarnessSmoke(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("needs root: run the tests as root")
+	}
+	if _, err := os.Stat(KxdpgunPath); err != nil {
+		t.Fatal("kxdpgun not installed: run scripts/install-deps.sh (Debian knot-dnsutils)")
+	}
+	if testing.Short() {
+		t.Skip("short")
+	}
+	bin := t.TempDir()
+	if err := testbed.GoBuild(bin, "..", "./cmd/santad", "./cmd/santa"); err != nil {
+		t.Fatal(err)
+	}
+	const names = 2000
+	plan := PlanDNS([]string{testbed.KindNSD}, nil, []int{100}, nil, names)
+	var cases []DNSCase
+	for _, c := range plan {
+		if c.Name == "nsd" || c.Name == "nsd-zipf-100" {
+			cases = append(cases, c)
+		}
+	}
+	if len(cases) != 2 {
+		t.Fatalf("plan %+v", plan)
+	}
+	cfg := DNSConfig{
+		Config: Config{
+			Rates:     []int{30000},
+			Duration:  2 * time.Second,
+			Reps:      1,
+			Placement: testbed.DefaultPlacement,
+			ProbeRate: 500,
+			Logf:      func(f string, a ...any) { t.Logf(f, a...) },
+		},
+		ServerRates: []int{30000},
+		Names:       names,
+		MixQueries:  10000,
+		ZipfS:       1,
+		Seed:        1,
+		TTL:         3600,
+		Cases:       cases,
+		Bin:         bin,
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	rep, err := RunDNS(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range rep.Cases {
+		if c.Error != "" {
+			t.Fatalf("%s: %s", c.Name, c.Error)
+		}
+		sp := c.Sat()
+		if sp == nil || sp.Median.Replies == 0 || sp.Median.ServerBusy <= 0 {
+			t.Fatalf("%s: no result: %+v", c.Name, sp)
+		}
+		m := sp.Median
+		if m.ProbeSent == 0 || m.ProbeAnswered < m.ProbeSent*9/10 || m.LatP50Us <= 0 || m.LatP99Us < m.LatP50Us {
+			t.Errorf("%s: prober: %d/%d answered, p50 %.0f p99 %.0f µs", c.Name, m.ProbeAnswered, m.ProbeSent, m.LatP50Us, m.LatP99Us)
+		}
+		switch c.Name {
+		case "nsd":
+			if m.ProgID != 0 || m.XDPAnswered != 0 {
+				t.Errorf("nsd: program %d, %d answered in XDP", m.ProgID, m.XDPAnswered)
+			}
+		case "nsd-zipf-100":
+			// the top 100 of 2000 names get 58 % of a Zipf (s = 1) mix
+			if m.ProgID == 0 || m.XDPShare < 0.45 || m.XDPShare > 0.75 {
+				t.Errorf("nsd-zipf-100: program %d, %.0f%% answered in XDP, want about 58%%", m.ProgID, 100*m.XDPShare)
+			}
+		}
+	}
+	dir := t.TempDir()
+	files, _, err := rep.WriteFiles(dir, "dns")
+	if err != nil || len(files) < 2 {
+		t.Fatalf("write files %v %v", files, err)
+	}
+	md := rep.Markdown("dns")
+	for _, s := range []string{"## DNS", "### (a)", "### (c)", "| nsd-zipf-100 |", "santa dns top --count 100"} {
+		if !strings.Contains(md, s) {
+			t.Errorf("markdown lacks %q", s)
+		}
+	}
+}

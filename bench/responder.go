@@ -1,9 +1,11 @@
 //go:build linux
 
-// Package bench is the UDP benchmark harness behind `make bench-udp`
-// (go run ./bench/cmd/benchudp): it sweeps the offered rate of kxdpgun
-// against several server-side responders on the namespace testbed and
-// measures replies/s, server CPU per reply and BPF run time per packet.
+// Package bench is the benchmark harness behind `make bench-udp` (go run
+// ./bench/cmd/benchudp) and `make bench-dns` (go run ./bench/cmd/benchdns,
+// see dns.go): it sweeps the offered rate of kxdpgun against server-side
+// responders on the namespace testbed and measures replies/s, server CPU
+// per reply, BPF run time per packet and, with the latency prober,
+// round-trip times.
 package bench
 
 import (
@@ -24,8 +26,11 @@ type Query struct {
 // Env is what a case gets to work with. The harness creates it once per
 // run; every case sees the same testbed and the same NSD.
 type Env struct {
-	TB        *testbed.Testbed
-	NSD       *testbed.NSD // serves Zone on port 53 of both server addresses, pinned to Placement.ServerCPU
+	TB  *testbed.Testbed
+	NSD *testbed.NSD // UDP benchmark: serves Zone on port 53 of both server addresses, pinned to Placement.ServerCPU
+	// Server is the DNS server whose processes count as server work (the
+	// UDP benchmark: NSD).
+	Server    testbed.DNSServer
 	Zone      testbed.Zone // example.test. with Zone.Generated names h0..h<N-1> (testbed.GenName)
 	Queries   []Query      // the default query mix: every generated name, type A
 	Placement testbed.Placement
@@ -63,6 +68,25 @@ type (
 	// PIDProvider adds processes whose run time counts as server work
 	// (besides NSD and the server veth's NAPI kthread). Called after Setup.
 	PIDProvider interface{ ServerPIDs() []int }
+
+	// RateProvider replaces Config.Rates for this case (e.g. rates around
+	// a kernel server's capacity instead of an XDP responder's).
+	RateProvider interface{ Rates() []int }
+
+	// AnswerCounter counts the queries the case's XDP program answered
+	// itself so far (the rest went to the server); the harness reports the
+	// difference over each point.
+	AnswerCounter interface{ Answered() (uint64, error) }
+
+	// SharedXDP reports that the case's XDP program outlives it (e.g.
+	// santad's, shared by several cases): the harness leaves it attached.
+	SharedXDP interface{ SharedXDP() bool }
+
+	// LatencyProbe reports whether the latency prober (Config.ProbeRate)
+	// makes sense for the case; false for responders whose replies a
+	// kernel socket would not accept (the reflector sends the query back
+	// with its partial checksum).
+	LatencyProbe interface{ LatencyProbe() bool }
 )
 
 var (

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -29,6 +30,14 @@ type Config struct {
 	Placement testbed.Placement
 	Quick     bool // recorded in the report
 	Verbose   bool // log the sampler's ticks and kxdpgun's output
+
+	// ProbeRate > 0 runs a latency prober (see Prober) at that many
+	// queries/s during every measured point, from the case's query mix.
+	ProbeRate int
+	// StopAfter > 0 ends a case's sweep once that many consecutive rates
+	// gave fewer replies/s than 98 % of the best rate before them: the case
+	// is past its saturation point. 0: every rate is measured.
+	StopAfter int
 
 	// Other people's work on the server CPU ruins a measurement. Before
 	// each point the harness waits (at most QuietWait) until the server CPU
@@ -61,8 +70,9 @@ type Sample struct {
 	ServerBusy float64 `json:"server_busy_s"` // server CPU: wall − idle − iowait − steal over the window
 	ServerUtil float64 `json:"server_util"`   // ServerBusy / window
 	StealSec   float64 `json:"steal_s"`
-	ThreadsSec float64 `json:"server_threads_s"` // exact run time of NSD + server NAPI kthread (+ case pids)
-	ClientUtil float64 `json:"client_util"`      // generator CPU, for information
+	ThreadsSec float64 `json:"server_threads_s"`          // exact run time of NSD + server NAPI kthread (+ case pids)
+	ExtraSec   float64 `json:"extra_threads_s,omitempty"` // of which the case's own pids (PIDProvider, e.g. santad)
+	ClientUtil float64 `json:"client_util"`               // generator CPU, for information
 
 	UsPerReply        float64 `json:"us_per_reply"`         // ServerBusy / Replies
 	UsPerReplyThreads float64 `json:"us_per_reply_threads"` // ThreadsSec / Replies
@@ -76,6 +86,21 @@ type Sample struct {
 	BPFRunNs    uint64  `json:"bpf_run_ns,omitempty"`
 	BPFRunCnt   uint64  `json:"bpf_run_cnt,omitempty"`
 	BPFNsPerRun float64 `json:"bpf_ns_per_run,omitempty"` // run_time_ns / run_cnt
+
+	// The case's own count of queries answered in XDP over the point (see
+	// AnswerCounter), and its share of all replies.
+	XDPAnswered uint64  `json:"xdp_answered,omitempty"`
+	XDPShare    float64 `json:"xdp_share,omitempty"`
+
+	// Latency prober (Config.ProbeRate): queries sent and answered during
+	// the point, and round-trip-time percentiles of the answered ones. Its
+	// replies count in the CPU-per-reply figures.
+	ProbeSent     int     `json:"probe_sent,omitempty"`
+	ProbeAnswered int     `json:"probe_answered,omitempty"`
+	LatP50Us      float64 `json:"lat_p50_us,omitempty"`
+	LatP90Us      float64 `json:"lat_p90_us,omitempty"`
+	LatP99Us      float64 `json:"lat_p99_us,omitempty"`
+	LatMaxUs      float64 `json:"lat_max_us,omitempty"`
 }
 
 // Point is the repetitions of one offered rate and their medians.
@@ -98,6 +123,8 @@ type CaseResult struct {
 	Saturation  int     `json:"saturation_index"` // index of the point with the most replies/s
 	Knee        int     `json:"knee_index"`       // index of the highest rate with >= 95 % answered, -1 if none
 	Error       string  `json:"error,omitempty"`
+	Stopped     bool    `json:"stopped_early,omitempty"` // the sweep ended past saturation (Config.StopAfter)
+	SetupSec    float64 `json:"setup_s,omitempty"`       // time Setup took
 }
 
 // Report is a whole run.
@@ -219,12 +246,12 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	defer os.RemoveAll(tmp)
 
-	env := &Env{TB: tb, NSD: nsd, Zone: zone, Placement: cfg.Placement, Logf: logf}
+	env := &Env{TB: tb, NSD: nsd, Server: nsd, Zone: zone, Placement: cfg.Placement, Logf: logf}
 	for i := 0; i < cfg.Names; i++ {
 		env.Queries = append(env.Queries, Query{Name: testbed.GenName(zone.Origin, i), Type: "A"})
 	}
 
-	h := &harness{cfg: cfg, tb: tb, nsd: nsd, env: env, tmp: tmp}
+	h := &harness{cfg: cfg, tb: tb, env: env, tmp: tmp}
 	for _, c := range cfg.Cases {
 		if ctx.Err() != nil {
 			break
@@ -239,14 +266,14 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	return rep, ctx.Err()
 }
 
+// harness runs cases on one testbed, against env.Server.
 type harness struct {
 	cfg    Config
 	waited time.Duration // spent on quiet waits and repeated points
 	spent  bool
 	tb     *testbed.Testbed
-	nsd    *testbed.NSD
 	env    *Env
-	tmp    string
+	tmp    string // query files
 }
 
 func (h *harness) runCase(ctx context.Context, c Responder) (cr CaseResult) {
@@ -263,7 +290,10 @@ func (h *harness) runCase(ctx context.Context, c Responder) (cr CaseResult) {
 			logf("[%s] note: server cpu%d is %.0f%% busy with others' work; points will wait for quiet and be checked", cr.Name, h.cfg.Placement.ServerCPU, 100*bg)
 		}
 	}
-	if err := c.Setup(h.env); err != nil {
+	setupStart := time.Now()
+	err := c.Setup(h.env)
+	cr.SetupSec = time.Since(setupStart).Seconds()
+	if err != nil {
 		cr.Error = "setup: " + err.Error()
 		if terr := c.Teardown(); terr != nil {
 			logf("[%s] teardown after failed setup: %v", cr.Name, terr)
@@ -277,7 +307,11 @@ func (h *harness) runCase(ctx context.Context, c Responder) (cr CaseResult) {
 				cr.Error = "teardown: " + err.Error()
 			}
 		}
-		// The next case must start from a bare server veth.
+		// The next case must start from a bare server veth (unless the
+		// program is shared with the next cases).
+		if sx, ok := c.(SharedXDP); ok && sx.SharedXDP() {
+			return
+		}
 		if xi, err := h.tb.ServerXDP(); err == nil && xi.ID() != 0 {
 			logf("[%s] warning: XDP program %d left on the server veth; removing", cr.Name, xi.ID())
 			testbed.DetachXDPNetlink(h.tb.Server.NS, h.tb.Server.Ifindex, testbed.XDPModeDriver)
@@ -299,14 +333,26 @@ func (h *harness) runCase(ctx context.Context, c Responder) (cr CaseResult) {
 		cr.Error = err.Error()
 		return cr
 	}
-	var extra []int
+	pt := &point{name: cr.Name}
 	if pp, ok := c.(PIDProvider); ok {
-		extra = pp.ServerPIDs()
+		pt.extra = pp.ServerPIDs()
 	}
-	gun := &Gun{TB: h.tb, QueryFile: qfile, Target: h.tb.Server.IP4.String(), CPU: h.cfg.Placement.ClientCPU, Batch: h.cfg.Batch}
+	pt.counter, _ = c.(AnswerCounter)
+	pt.gun = &Gun{TB: h.tb, QueryFile: qfile, Target: h.tb.Server.IP4.String(), CPU: h.cfg.Placement.ClientCPU, Batch: h.cfg.Batch}
+	if lp, ok := c.(LatencyProbe); h.cfg.ProbeRate > 0 && (!ok || lp.LatencyProbe()) {
+		pt.prober, err = NewProber(h.tb, netip.AddrPortFrom(h.tb.Server.IP4, 53), h.cfg.ProbeRate, qs)
+		if err != nil {
+			cr.Error = err.Error()
+			return cr
+		}
+	}
+	rates := h.cfg.Rates
+	if rp, ok := c.(RateProvider); ok && len(rp.Rates()) > 0 {
+		rates = rp.Rates()
+	}
 
 	// Probe: a low rate must be answered almost completely.
-	probe, err := h.measure(ctx, cr.Name, gun, extra, 10000, time.Second, 0)
+	probe, err := h.measure(ctx, pt, 10000, time.Second, 0)
 	if err != nil {
 		cr.Error = "probe: " + err.Error()
 		return cr
@@ -320,8 +366,14 @@ func (h *harness) runCase(ctx context.Context, c Responder) (cr CaseResult) {
 		return cr
 	}
 
-	for _, qps := range h.cfg.Rates {
-		pt := Point{OfferedQPS: qps}
+	best, below := 0.0, 0
+	for _, qps := range rates {
+		if h.cfg.StopAfter > 0 && below >= h.cfg.StopAfter {
+			logf("[%s] past saturation (%d rates below the best): rates from %s qps skipped", cr.Name, below, si(float64(qps)))
+			cr.Stopped = true
+			break
+		}
+		p := Point{OfferedQPS: qps}
 		for r := 1; r <= h.cfg.Reps; r++ {
 			if ctx.Err() != nil {
 				cr.Error = "interrupted"
@@ -330,7 +382,7 @@ func (h *harness) runCase(ctx context.Context, c Responder) (cr CaseResult) {
 			var s Sample
 			for attempt := 1; ; attempt++ {
 				h.quiet(ctx, cr.Name)
-				a, err := h.measure(ctx, cr.Name, gun, extra, qps, h.cfg.Duration, r)
+				a, err := h.measure(ctx, pt, qps, h.cfg.Duration, r)
 				if err != nil {
 					cr.Error = fmt.Sprintf("%d qps rep %d: %v", qps, r, err)
 					return cr
@@ -354,15 +406,21 @@ func (h *harness) runCase(ctx context.Context, c Responder) (cr CaseResult) {
 					cr.Name, si(float64(qps)), r, 100*a.Foreign)
 				h.waited += time.Duration(a.WindowSec * float64(time.Second))
 			}
-			logf("[%s] %s qps rep %d/%d: %s replies/s (%.0f%%), server cpu %.0f%%, %.2f µs/reply (threads %.2f, per frame sent %.2f), client cpu %.0f%%%s",
+			logf("[%s] %s qps rep %d/%d: %s replies/s (%.0f%%), server cpu %.0f%%, %.2f µs/reply (threads %.2f, per frame sent %.2f), client cpu %.0f%%%s%s",
 				cr.Name, si(float64(qps)), r, h.cfg.Reps, si(s.RepliesPPS), 100*ratio(s.Replies, s.Sent),
-				100*s.ServerUtil, s.UsPerReply, s.UsPerReplyThreads, s.UsPerFrame, 100*s.ClientUtil, progInfo(s))
-			pt.Reps = append(pt.Reps, s)
+				100*s.ServerUtil, s.UsPerReply, s.UsPerReplyThreads, s.UsPerFrame, 100*s.ClientUtil, progInfo(s), probeInfo(s))
+			p.Reps = append(p.Reps, s)
 		}
-		pt.Median, pt.MinUs, pt.MaxUs = median(pt.Reps)
-		cr.Points = append(cr.Points, pt)
+		p.Median, p.MinUs, p.MaxUs = median(p.Reps)
+		cr.Points = append(cr.Points, p)
+		if m := p.Median.RepliesPPS; m < 0.98*best {
+			below++
+		} else {
+			below = 0
+		}
+		best = max(best, p.Median.RepliesPPS)
 	}
-	best := -1.0
+	best = -1.0
 	for i, p := range cr.Points {
 		if p.Median.RepliesPPS > best {
 			best, cr.Saturation = p.Median.RepliesPPS, i
@@ -377,6 +435,20 @@ func (h *harness) runCase(ctx context.Context, c Responder) (cr CaseResult) {
 			cr.Name, si(float64(sp.OfferedQPS)), si(m.RepliesPPS), m.UsPerReply, progInfo(m))
 	}
 	return cr
+}
+
+func probeInfo(s Sample) string {
+	var b strings.Builder
+	if s.XDPAnswered > 0 {
+		fmt.Fprintf(&b, ", %.0f%% answered in XDP", 100*s.XDPShare)
+	}
+	if all := s.Replies + uint64(s.ProbeAnswered); s.ExtraSec > 0 && all > 0 {
+		fmt.Fprintf(&b, ", case's own processes %.2f µs/reply", 1e6*s.ExtraSec/float64(all))
+	}
+	if s.ProbeSent > 0 {
+		fmt.Fprintf(&b, ", latency p50 %.0f µs p99 %.0f µs (%d/%d probes)", s.LatP50Us, s.LatP99Us, s.ProbeAnswered, s.ProbeSent)
+	}
+	return b.String()
 }
 
 func progInfo(s Sample) string {
@@ -400,11 +472,12 @@ type tick struct {
 	srvRx   uint64 // frames received by the server veth
 	cliRx   uint64 // frames received by the client veth: replies that crossed the veth
 	threads time.Duration
+	extra   time.Duration // the case's own pids, part of threads
 }
 
 const samplePeriod = 50 * time.Millisecond
 
-func (h *harness) sampleOnce(pids []int) (tick, error) {
+func (h *harness) sampleOnce(pids, extra []int) (tick, error) {
 	var t tick
 	s, err := h.tb.Server.Stats()
 	if err != nil {
@@ -421,16 +494,32 @@ func (h *harness) sampleOnce(pids []int) (tick, error) {
 	if err != nil {
 		return t, err
 	}
+	if len(extra) > 0 {
+		if t.extra, err = testbed.RunTimes(extra...); err != nil {
+			return t, err
+		}
+	}
 	t.cpu, err = testbed.ReadCPUStat()
 	return t, err
+}
+
+// point is what measure needs of a case.
+type point struct {
+	name    string
+	gun     *Gun
+	extra   []int         // more server pids (PIDProvider)
+	counter AnswerCounter // nil: the case answers nothing in XDP by itself
+	prober  *Prober       // nil: no latency probing
 }
 
 // measure runs one point: kxdpgun at qps for d, while sampling the server
 // CPU, the server threads and the veth counters every 50 ms. The CPU
 // figures are taken over the window in which frames moved (plus up to one
 // sample period at each end), so kxdpgun's start-up and tear-down do not
-// count.
-func (h *harness) measure(ctx context.Context, name string, gun *Gun, extra []int, qps int, d time.Duration, rep int) (Sample, error) {
+// count. With a prober, it sends queries from 0.5 s after kxdpgun's start
+// until 0.5 s before its end (rep 0, the probe, goes without).
+func (h *harness) measure(ctx context.Context, pt *point, qps int, d time.Duration, rep int) (Sample, error) {
+	name, gun, extra := pt.name, pt.gun, pt.extra
 	s := Sample{Case: name, OfferedQPS: qps, Rep: rep}
 	if err := h.tb.AttachClientPass(); err != nil {
 		return s, err
@@ -442,11 +531,11 @@ func (h *harness) measure(ctx context.Context, name string, gun *Gun, extra []in
 	if err != nil {
 		return s, err
 	}
-	nsdPIDs, err := h.nsd.PIDs()
+	srvPIDs, err := h.env.Server.PIDs()
 	if err != nil {
 		return s, err
 	}
-	pids := append(append(append([]int{}, nsdPIDs...), napi...), extra...)
+	pids := append(append(append([]int{}, srvPIDs...), napi...), extra...)
 
 	xi, err := h.tb.ServerXDP()
 	if err != nil {
@@ -471,17 +560,29 @@ func (h *harness) measure(ctx context.Context, name string, gun *Gun, extra []in
 	)
 	stop := make(chan struct{})
 	done := make(chan struct{})
+	// flowing is closed once kxdpgun's traffic is under way (a quarter of
+	// the offered rate seen in one sample period): kxdpgun first reads its
+	// query file, which takes a while for a million queries.
+	flowing := make(chan struct{})
+	flowThresh := max(32, uint64(float64(qps)*samplePeriod.Seconds()/4))
 	go func() {
 		defer close(done)
 		tk := time.NewTicker(samplePeriod)
 		defer tk.Stop()
+		var prev uint64
+		flowed := false
 		for {
-			t, err := h.sampleOnce(pids)
+			t, err := h.sampleOnce(pids, extra)
 			mu.Lock()
 			if err != nil && serr == nil {
 				serr = err
 			}
 			if err == nil {
+				if len(ticks) > 0 && t.traffic-prev >= flowThresh && !flowed {
+					close(flowing)
+					flowed = true
+				}
+				prev = t.traffic
 				ticks = append(ticks, t)
 			}
 			mu.Unlock()
@@ -493,12 +594,57 @@ func (h *harness) measure(ctx context.Context, name string, gun *Gun, extra []in
 		}
 	}()
 
+	var answered0 uint64
+	if pt.counter != nil {
+		if answered0, err = pt.counter.Answered(); err != nil {
+			close(stop)
+			<-done
+			return s, fmt.Errorf("answer counter: %w", err)
+		}
+	}
+	type probeOut struct {
+		r   ProbeResult
+		err error
+	}
+	probed := make(chan probeOut, 1)
+	secs := max(d.Round(time.Second), time.Second)
+	if pt.prober != nil && rep > 0 && secs > time.Second {
+		go func() {
+			select {
+			case <-flowing:
+			case <-ctx.Done():
+			case <-time.After(secs + 20*time.Second): // kxdpgun's own time limit
+				probed <- probeOut{err: errors.New("prober: kxdpgun's traffic never started")}
+				return
+			}
+			r, err := pt.prober.Run(ctx, 300*time.Millisecond, secs-800*time.Millisecond)
+			probed <- probeOut{r, err}
+		}()
+	} else {
+		probed <- probeOut{}
+	}
+	gunStart := time.Now()
 	res, gerr := gun.Run(ctx, qps, d)
+	gunTook := time.Since(gunStart)
+	po := <-probed
 	time.Sleep(2 * samplePeriod) // let the server drain its queues
 	close(stop)
 	<-done
 	if gerr != nil {
 		return s, gerr
+	}
+	if po.err != nil {
+		return s, po.err
+	}
+	s.ProbeSent, s.ProbeAnswered = po.r.Sent, po.r.Answered
+	us := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
+	s.LatP50Us, s.LatP90Us, s.LatP99Us, s.LatMaxUs = us(po.r.P50), us(po.r.P90), us(po.r.P99), us(po.r.Max)
+	if pt.counter != nil {
+		a, err := pt.counter.Answered()
+		if err != nil {
+			return s, fmt.Errorf("answer counter: %w", err)
+		}
+		s.XDPAnswered = a - answered0
 	}
 	if serr != nil {
 		return s, fmt.Errorf("sampling: %w", serr)
@@ -546,7 +692,7 @@ func (h *harness) measure(ctx context.Context, name string, gun *Gun, extra []in
 			u, _ := ticks[i].cpu.Usage(ticks[i-1].cpu, h.cfg.Placement.ServerCPU)
 			tr = append(tr, fmt.Sprintf("%d:%d/%.0f%%", i, ticks[i].traffic-ticks[i-1].traffic, 100*u.Util()))
 		}
-		h.cfg.Logf("[%s] ticks (frames/server busy) %s; window %d..%d\n%s", name, strings.Join(tr, " "), first, last, strings.TrimSpace(res.Output))
+		h.cfg.Logf("[%s] kxdpgun ran %v; ticks (frames/server busy) %s; window %d..%d\n%s", name, gunTook.Round(time.Millisecond), strings.Join(tr, " "), first, last, strings.TrimSpace(res.Output))
 	}
 	srv, err := b.cpu.Usage(a.cpu, h.cfg.Placement.ServerCPU)
 	if err != nil {
@@ -562,11 +708,13 @@ func (h *harness) measure(ctx context.Context, name string, gun *Gun, extra []in
 	s.StealSec = srv.Steal.Seconds()
 	s.ClientUtil = cli.Util()
 	s.ThreadsSec = (b.threads - a.threads).Seconds()
+	s.ExtraSec = (b.extra - a.extra).Seconds()
 	s.ServerRx = b.srvRx - a.srvRx
 	s.ClientRx = b.cliRx - a.cliRx
-	if s.Replies > 0 {
-		s.UsPerReply = 1e6 * s.ServerBusy / float64(s.Replies)
-		s.UsPerReplyThreads = 1e6 * s.ThreadsSec / float64(s.Replies)
+	if all := s.Replies + uint64(s.ProbeAnswered); all > 0 {
+		s.UsPerReply = 1e6 * s.ServerBusy / float64(all)
+		s.UsPerReplyThreads = 1e6 * s.ThreadsSec / float64(all)
+		s.XDPShare = min(1, float64(s.XDPAnswered)/float64(all))
 	}
 	if s.ServerBusy > 0 {
 		s.Foreign = max(0, (s.ServerBusy-s.ThreadsSec)/s.ServerBusy)
@@ -701,12 +849,21 @@ func median(ss []Sample) (Sample, float64, float64) {
 	m.ServerUtil = f(func(s Sample) float64 { return s.ServerUtil })
 	m.StealSec = f(func(s Sample) float64 { return s.StealSec })
 	m.ThreadsSec = f(func(s Sample) float64 { return s.ThreadsSec })
+	m.ExtraSec = f(func(s Sample) float64 { return s.ExtraSec })
 	m.ClientUtil = f(func(s Sample) float64 { return s.ClientUtil })
 	m.UsPerReply = f(func(s Sample) float64 { return s.UsPerReply })
 	m.UsPerReplyThreads = f(func(s Sample) float64 { return s.UsPerReplyThreads })
 	m.BPFRunNs = u(func(s Sample) uint64 { return s.BPFRunNs })
 	m.BPFRunCnt = u(func(s Sample) uint64 { return s.BPFRunCnt })
 	m.BPFNsPerRun = f(func(s Sample) float64 { return s.BPFNsPerRun })
+	m.XDPAnswered = u(func(s Sample) uint64 { return s.XDPAnswered })
+	m.XDPShare = f(func(s Sample) float64 { return s.XDPShare })
+	m.ProbeSent = int(u(func(s Sample) uint64 { return uint64(s.ProbeSent) }))
+	m.ProbeAnswered = int(u(func(s Sample) uint64 { return uint64(s.ProbeAnswered) }))
+	m.LatP50Us = f(func(s Sample) float64 { return s.LatP50Us })
+	m.LatP90Us = f(func(s Sample) float64 { return s.LatP90Us })
+	m.LatP99Us = f(func(s Sample) float64 { return s.LatP99Us })
+	m.LatMaxUs = f(func(s Sample) float64 { return s.LatMaxUs })
 	lo, hi := ss[0].UsPerReply, ss[0].UsPerReply
 	for _, s := range ss {
 		lo, hi = min(lo, s.UsPerReply), max(hi, s.UsPerReply)

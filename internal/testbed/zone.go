@@ -25,6 +25,8 @@ type Zone struct {
 	// record NameAddr4(i) and, with NamesAAAA, the AAAA record NameAddr6(i).
 	Names     []string
 	NamesAAAA bool
+	// TTL is the zone's default TTL ($TTL) in seconds; 0: 300.
+	TTL int
 }
 
 // ExampleZone is example.test. with SOA, NS, glue, a few A/AAAA/TXT/MX/CNAME
@@ -128,7 +130,11 @@ func (z Zone) RecordCount() int {
 func (z Zone) WriteTo(w io.Writer) (int64, error) {
 	bw := bufio.NewWriterSize(w, 1<<16)
 	cw := &countWriter{w: bw}
-	fmt.Fprintf(cw, "$ORIGIN %s\n$TTL 300\n", z.Origin)
+	ttl := z.TTL
+	if ttl <= 0 {
+		ttl = 300
+	}
+	fmt.Fprintf(cw, "$ORIGIN %s\n$TTL %d\n", z.Origin, ttl)
 	for _, r := range z.Records {
 		fmt.Fprintln(cw, r)
 	}

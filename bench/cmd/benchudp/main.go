@@ -16,7 +16,6 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -93,7 +92,7 @@ func main() {
 		md = ""
 	}
 	if *ratesF != "" {
-		rs, err := parseRates(*ratesF)
+		rs, err := bench.ParseRates(*ratesF)
 		if err != nil {
 			fatal(err)
 		}
@@ -181,27 +180,6 @@ func caseNames(cs []bench.Responder) []string {
 		n = append(n, c.Name())
 	}
 	return n
-}
-
-// parseRates parses "100k,1.2M,50000".
-func parseRates(s string) ([]int, error) {
-	var out []int
-	for _, f := range strings.Split(s, ",") {
-		f = strings.TrimSpace(f)
-		mul := 1.0
-		switch {
-		case strings.HasSuffix(f, "k"), strings.HasSuffix(f, "K"):
-			mul, f = 1e3, f[:len(f)-1]
-		case strings.HasSuffix(f, "M"), strings.HasSuffix(f, "m"):
-			mul, f = 1e6, f[:len(f)-1]
-		}
-		v, err := strconv.ParseFloat(f, 64)
-		if err != nil || v <= 0 {
-			return nil, fmt.Errorf("bad rate %q", f)
-		}
-		out = append(out, int(v*mul+0.5))
-	}
-	return out, nil
 }
 
 func fatal(err error) {

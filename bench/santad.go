@@ -1,0 +1,284 @@
+//go:build linux
+
+package bench
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	santa "github.com/santa-offload/santa/clients/go/santa"
+	"github.com/santa-offload/santa/internal/testbed"
+)
+
+// santadRig is santad in the server namespace of a testbed, attached to
+// the server veth, sized for maxRules rules.
+type santadRig struct {
+	tb     *testbed.Testbed
+	bin    string
+	sd     *testbed.Santad
+	client *santa.Client
+	logf   func(string, ...any)
+}
+
+// startSantad starts santad with a data plane big enough for rules rules
+// (over all sockets) plus room for rules of learned query shapes.
+func startSantad(tb *testbed.Testbed, bin, tmp string, rules int, logf func(string, ...any)) (*santadRig, error) {
+	dir, err := os.MkdirTemp(tmp, "santad-")
+	if err != nil {
+		return nil, err
+	}
+	maxRules := rules + 65536
+	hashBits := 20 // santad's default; at least two buckets per rule
+	for hashBits < 24 && 1<<hashBits < 2*maxRules {
+		hashBits++
+	}
+	// 155 bytes of patterns and templates per rule measured for these
+	// names; room for twice that, at least santad's default.
+	dataMiB := max(16, (maxRules*320)>>20)
+	conf := filepath.Join(dir, "santad.yaml")
+	y := fmt.Sprintf("# Written by bench/cmd/benchdns.\ndataplane:\n  hash_bits: %d\n  max_rules: %d\n  data_mib: %d\n", hashBits, maxRules, dataMiB)
+	if err := os.WriteFile(conf, []byte(y), 0o644); err != nil {
+		return nil, err
+	}
+	sd := testbed.NewSantad(filepath.Join(bin, "santad"), tb.Server.NS, dir,
+		"/sys/fs/bpf/santa-benchdns-"+tb.ID, "--interface", tb.Server.Dev, "--config", conf)
+	r := &santadRig{tb: tb, bin: bin, sd: sd, logf: logf}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := sd.Start(ctx); err != nil {
+		sd.Cleanup()
+		return nil, err
+	}
+	if r.client, err = santa.Dial(sd.Socket); err != nil {
+		r.stop()
+		return nil, err
+	}
+	logf("santad running (pid %d): hash_bits %d, max_rules %d, data_mib %d", sd.PID(), hashBits, maxRules, dataMiB)
+	return r, nil
+}
+
+// stop stops santad and removes its program, pins and journal.
+func (r *santadRig) stop() error {
+	if r.client != nil {
+		r.client.Close()
+	}
+	return errors.Join(r.sd.Stop(syscall.SIGTERM), r.sd.Cleanup())
+}
+
+// answered is the rule processor's count of answered requests.
+func (r *santadRig) answered() (uint64, error) {
+	_, counters, err := r.client.Health()
+	if err != nil {
+		return 0, err
+	}
+	return counters["answered"], nil
+}
+
+// cli runs `santa --socket-path S ARGS` in the server namespace (bounded).
+func (r *santadRig) cli(args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	argv := append([]string{"--net=/run/netns/" + r.tb.Server.NS, filepath.Join(r.bin, "santa"), "--socket-path", r.sd.Socket}, args...)
+	out, err := exec.CommandContext(ctx, "nsenter", argv...).CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("santa %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+	}
+	return string(out), nil
+}
+
+// dnsController is a running `santa dns`.
+type dnsController struct {
+	cmd    *exec.Cmd
+	out    *testbed.LockedBuffer
+	exited chan error
+	n      int
+}
+
+func (c *dnsController) pid() int { return c.cmd.Process.Pid }
+
+// startController runs `santa dns MODE ARGS` in the server namespace and
+// waits for its "ready:" line, logging its install progress. It waits at
+// most 2 minutes plus 1 ms per offloaded name and socket (a million names
+// on two sockets took 7 minutes when this was written).
+func (r *santadRig) startController(ctx context.Context, mode string, args ...string) (*dnsController, error) {
+	argv := append([]string{"--net=/run/netns/" + r.tb.Server.NS, filepath.Join(r.bin, "santa"),
+		"--socket-path", r.sd.Socket, "dns", mode}, args...)
+	c := &dnsController{cmd: exec.Command("nsenter", argv...), out: &testbed.LockedBuffer{}, exited: make(chan error, 1)}
+	for i, a := range args {
+		if a == "--count" && i+1 < len(args) {
+			fmt.Sscan(args[i+1], &c.n)
+		}
+	}
+	stdout, err := c.cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	stderr, err := c.cmd.StderrPipe()
+	if err != nil {
+		return nil, err
+	}
+	c.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
+	if err := c.cmd.Start(); err != nil {
+		return nil, err
+	}
+	// Progress: santa dns logs "installing … done=N of=M" per 16 k questions.
+	stderrDone := make(chan struct{})
+	go func() {
+		defer close(stderrDone)
+		sc := bufio.NewScanner(stderr)
+		last := time.Time{}
+		for sc.Scan() {
+			l := sc.Text()
+			c.out.Write([]byte(l + "\n"))
+			if strings.Contains(l, "level=WARN") || strings.Contains(l, "level=ERROR") ||
+				strings.Contains(l, "msg=installed") || (strings.Contains(l, "msg=installing") && time.Since(last) > 10*time.Second) {
+				last = time.Now()
+				r.logf("  santa dns: %s", trimLog(l))
+			}
+		}
+	}()
+	ready := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			fmt.Fprintln(c.out, "stdout:", sc.Text())
+			if strings.HasPrefix(sc.Text(), "ready:") {
+				select {
+				case ready <- sc.Text():
+				default:
+				}
+			}
+		}
+		<-stderrDone
+		c.exited <- c.cmd.Wait()
+	}()
+	limit := 2*time.Minute + time.Duration(2*c.n)*time.Millisecond
+	select {
+	case line := <-ready:
+		r.logf("  santa dns: %s", line)
+		return c, nil
+	case err := <-c.exited:
+		c.exited <- err
+		return nil, fmt.Errorf("santa dns exited before it was ready: %v\n%s", err, tailStr(c.out.String()))
+	case <-ctx.Done():
+		c.stop()
+		return nil, ctx.Err()
+	case <-time.After(limit):
+		c.stop()
+		return nil, fmt.Errorf("santa dns not ready within %v:\n%s", limit, tailStr(c.out.String()))
+	}
+}
+
+// stop ends the controller with SIGTERM (it deletes its rules) and waits,
+// at most a minute plus 0.2 ms per name (SIGKILL after that).
+func (c *dnsController) stop() error {
+	if c.cmd.ProcessState != nil {
+		return nil
+	}
+	_ = c.cmd.Process.Signal(syscall.SIGTERM)
+	limit := time.Minute + time.Duration(c.n)*200*time.Microsecond
+	select {
+	case err := <-c.exited:
+		c.exited <- err
+		if err != nil {
+			return fmt.Errorf("santa dns: %w\n%s", err, tailStr(c.out.String()))
+		}
+		return nil
+	case <-time.After(limit):
+		_ = c.cmd.Process.Kill()
+		return fmt.Errorf("santa dns did not stop within %v; killed", limit)
+	}
+}
+
+func trimLog(l string) string {
+	if i := strings.Index(l, "level="); i >= 0 {
+		l = l[i:]
+	}
+	return l
+}
+
+func tailStr(s string) string {
+	s = strings.TrimSpace(s)
+	if len(s) > 2000 {
+		s = "…" + s[len(s)-2000:]
+	}
+	return s
+}
+
+// setAffinity pins every thread of pid to cpu, or lets them run on every
+// CPU (cpu < 0). Threads created later inherit it.
+func setAffinity(pid, cpu int) error {
+	var set unix.CPUSet
+	if cpu >= 0 {
+		set.Set(cpu)
+	} else {
+		for i := 0; i < runtime.NumCPU(); i++ {
+			set.Set(i)
+		}
+	}
+	tids, err := testbed.Threads(pid)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, tid := range tids {
+		if err := unix.SchedSetaffinity(tid, &set); err != nil && !errors.Is(err, unix.ESRCH) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// socketFD finds the file descriptor number, in one of pids, of the
+// unconnected UDP socket bound to addr (IPv4): what `santa dns --pid PID
+// --fd FD` and `santa attach --pid PID --fd FD` take.
+func socketFD(pids []int, addr netip.AddrPort) (pid, fd int, err error) {
+	if !addr.Addr().Is4() {
+		return 0, 0, fmt.Errorf("socketFD: %v is not IPv4", addr)
+	}
+	a := addr.Addr().As4()
+	// /proc/net/udp prints the address as a host-order (little-endian) word
+	want := fmt.Sprintf("%02X%02X%02X%02X:%04X", a[3], a[2], a[1], a[0], addr.Port())
+	for _, p := range pids {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/net/udp", p)) // the process's network namespace
+		if err != nil {
+			continue
+		}
+		inode := ""
+		for _, l := range strings.Split(string(b), "\n") {
+			f := strings.Fields(l)
+			if len(f) >= 10 && f[1] == want && f[2] == "00000000:0000" {
+				inode = f[9]
+				break
+			}
+		}
+		if inode == "" {
+			continue
+		}
+		ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", p))
+		if err != nil {
+			continue
+		}
+		for _, e := range ents {
+			link, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", p, e.Name()))
+			if err == nil && link == "socket:["+inode+"]" {
+				n, _ := strconv.Atoi(e.Name())
+				return p, n, nil
+			}
+		}
+	}
+	return 0, 0, fmt.Errorf("no process of %v holds a UDP socket bound to %v", pids, addr)
+}
