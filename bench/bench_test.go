@@ -84,13 +84,7 @@ func TestHarnessSmoke(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, c := range rep.Cases {
-		if c.Error != "" {
-			t.Fatalf("%s: %s", c.Name, c.Error)
-		}
-		sp := c.Sat()
-		if sp == nil || sp.Median.Replies == 0 || sp.Median.ServerBusy <= 0 {
-			t.Fatalf("%s: no result: %+v", c.Name, sp)
-		}
+		sp := saturation(t, c)
 		if c.Name == CaseReflector && (sp.Median.ProgID == 0 || sp.Median.BPFRunCnt == 0 || sp.Median.ProgName != "reflector") {
 			t.Errorf("reflector: no BPF stats: %+v", sp.Median)
 		}
@@ -166,13 +160,7 @@ func TestDNSHarnessSmoke(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, c := range rep.Cases {
-		if c.Error != "" {
-			t.Fatalf("%s: %s", c.Name, c.Error)
-		}
-		sp := c.Sat()
-		if sp == nil || sp.Median.Replies == 0 || sp.Median.ServerBusy <= 0 {
-			t.Fatalf("%s: no result: %+v", c.Name, sp)
-		}
+		sp := saturation(t, c)
 		m := sp.Median
 		if m.ProbeSent == 0 || m.ProbeAnswered < m.ProbeSent*9/10 || m.LatP50Us <= 0 || m.LatP99Us < m.LatP50Us {
 			t.Errorf("%s: prober: %d/%d answered, p50 %.0f p99 %.0f µs", c.Name, m.ProbeAnswered, m.ProbeSent, m.LatP50Us, m.LatP99Us)
@@ -200,4 +188,18 @@ func TestDNSHarnessSmoke(t *testing.T) {
 			t.Errorf("markdown lacks %q", s)
 		}
 	}
+}
+
+// saturation is the case's saturation point; it fails the test if the case
+// failed or measured nothing.
+func saturation(t *testing.T, c CaseResult) *Point {
+	t.Helper()
+	if c.Error != "" {
+		t.Fatalf("%s: %s", c.Name, c.Error)
+	}
+	sp := c.Sat()
+	if sp == nil || sp.Median.Replies == 0 || sp.Median.ServerBusy <= 0 {
+		t.Fatalf("%s: no result: %+v", c.Name, sp)
+	}
+	return sp
 }

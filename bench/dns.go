@@ -229,20 +229,11 @@ func RunDNS(ctx context.Context, cfg DNSConfig) (*DNSReport, error) {
 		logf("setup: %s took %.1f s%s", what, s.Seconds, map[bool]string{true: " (failed: " + s.Error + ")", false: ""}[err != nil])
 	}
 
-	tb, err := testbed.Create(testbed.Options{})
+	tb, closeTB, err := placedTestbed(cfg.Config, logf)
 	if err != nil {
 		return nil, err
 	}
-	defer func() {
-		if err := tb.Close(); err != nil {
-			logf("warning: testbed cleanup: %v", err)
-		}
-	}()
-	logf("testbed %s: server %s (%s, %s) on cpu%d, client %s on cpu%d",
-		tb.ID, tb.Server.Dev, tb.Server.IP4, tb.Server.NS, cfg.Placement.ServerCPU, tb.Client.Dev, cfg.Placement.ClientCPU)
-	if err := tb.Place(cfg.Placement); err != nil {
-		return nil, fmt.Errorf("placement: %w", err)
-	}
+	defer closeTB()
 	stats, err := testbed.EnableBPFStats()
 	if err != nil {
 		return nil, fmt.Errorf("enable BPF stats: %w", err)
@@ -474,7 +465,7 @@ func (r *dnsRun) pinSanta(cpu int) error {
 		errs = append(errs, setAffinity(r.santad.sd.PID(), cpu))
 	}
 	if r.ctl != nil {
-		errs = append(errs, setAffinity(r.ctl.pid(), cpu))
+		errs = append(errs, setAffinity(r.ctl.PID(), cpu))
 	}
 	return errors.Join(errs...)
 }
@@ -522,7 +513,7 @@ func (d *dnsCase) ServerPIDs() []int {
 		pids = append(pids, d.run.santad.sd.PID())
 	}
 	if d.run.ctl != nil && d.c.Santa == "top" {
-		pids = append(pids, d.run.ctl.pid())
+		pids = append(pids, d.run.ctl.PID())
 	}
 	return pids
 }

@@ -384,25 +384,7 @@ kind of point. † marks a point where others' work on the server CPU could not 
 	b.WriteString("\n### Cases\n\n")
 	for _, c := range r.Cases {
 		fmt.Fprintf(&b, "* `%s`: %s (%d distinct queries in kxdpgun's file).", c.Name, r.Meta[c.Name].Description(), c.Queries)
-		var n, repeated, disturbed int
-		for _, p := range c.Points {
-			for _, s := range p.Reps {
-				n++
-				if s.Attempts > 1 {
-					repeated++
-				}
-				if s.Disturbed {
-					disturbed++
-				}
-			}
-		}
-		if repeated > 0 {
-			fmt.Fprintf(&b, " %d of %d measurements were repeated because of others' work on the server CPU", repeated, n)
-			if disturbed > 0 {
-				fmt.Fprintf(&b, ", %d kept disturbed (†)", disturbed)
-			}
-			b.WriteString(".")
-		}
+		writeRepeats(&b, c)
 		if c.Error != "" {
 			fmt.Fprintf(&b, " **Failed:** %s", strings.ReplaceAll(c.Error, "\n", " "))
 		}

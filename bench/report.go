@@ -231,25 +231,7 @@ others' work on the server CPU could not be avoided (busy time > server threads 
 			d = "—"
 		}
 		fmt.Fprintf(&b, "* `%s`: %s (%d distinct queries).", c.Name, d, c.Queries)
-		var n, repeated, disturbed int
-		for _, p := range c.Points {
-			for _, s := range p.Reps {
-				n++
-				if s.Attempts > 1 {
-					repeated++
-				}
-				if s.Disturbed {
-					disturbed++
-				}
-			}
-		}
-		if repeated > 0 {
-			fmt.Fprintf(&b, " %d of %d measurements were repeated because of others' work on the server CPU", repeated, n)
-			if disturbed > 0 {
-				fmt.Fprintf(&b, ", %d of them kept disturbed (†)", disturbed)
-			}
-			b.WriteString(".")
-		}
+		writeRepeats(&b, c)
 		if c.Background > 0.02 {
 			fmt.Fprintf(&b, " Others' work was running on the machine (server CPU %.0f %% busy while idle before the case).", 100*c.Background)
 		}
@@ -490,4 +472,28 @@ func ParseRates(s string) ([]int, error) {
 		out = append(out, int(v*mul+0.5))
 	}
 	return out, nil
+}
+
+// writeRepeats says how many of the case's measurements were repeated (and
+// kept disturbed) because of others' work on the server CPU, if any.
+func writeRepeats(b *strings.Builder, c CaseResult) {
+	var n, repeated, disturbed int
+	for _, p := range c.Points {
+		for _, s := range p.Reps {
+			n++
+			if s.Attempts > 1 {
+				repeated++
+			}
+			if s.Disturbed {
+				disturbed++
+			}
+		}
+	}
+	if repeated > 0 {
+		fmt.Fprintf(b, " %d of %d measurements were repeated because of others' work on the server CPU", repeated, n)
+		if disturbed > 0 {
+			fmt.Fprintf(b, ", %d of them kept disturbed (†)", disturbed)
+		}
+		b.WriteString(".")
+	}
 }

@@ -3,7 +3,6 @@
 package bench
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -99,123 +98,48 @@ func (r *santadRig) cli(args ...string) (string, error) {
 	return string(out), nil
 }
 
-// dnsController is a running `santa dns`.
+// dnsController is a running `santa dns` offloading n names.
 type dnsController struct {
-	cmd    *exec.Cmd
-	out    *testbed.LockedBuffer
-	exited chan error
-	n      int
+	*testbed.DNSController
+	n int
 }
-
-func (c *dnsController) pid() int { return c.cmd.Process.Pid }
 
 // startController runs `santa dns MODE ARGS` in the server namespace and
 // waits for its "ready:" line, logging its install progress. It waits at
 // most 2 minutes plus 1 ms per offloaded name and socket (a million names
 // on two sockets took 7 minutes when this was written).
 func (r *santadRig) startController(ctx context.Context, mode string, args ...string) (*dnsController, error) {
-	argv := append([]string{"--net=/run/netns/" + r.tb.Server.NS, filepath.Join(r.bin, "santa"),
-		"--socket-path", r.sd.Socket, "dns", mode}, args...)
-	c := &dnsController{cmd: exec.Command("nsenter", argv...), out: &testbed.LockedBuffer{}, exited: make(chan error, 1)}
+	c := &dnsController{}
 	for i, a := range args {
 		if a == "--count" && i+1 < len(args) {
 			fmt.Sscan(args[i+1], &c.n)
 		}
 	}
-	stdout, err := c.cmd.StdoutPipe()
-	if err != nil {
-		return nil, err
-	}
-	stderr, err := c.cmd.StderrPipe()
-	if err != nil {
-		return nil, err
-	}
-	c.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
-	if err := c.cmd.Start(); err != nil {
-		return nil, err
-	}
 	// Progress: santa dns logs "installing … done=N of=M" per 16 k questions.
-	stderrDone := make(chan struct{})
-	go func() {
-		defer close(stderrDone)
-		sc := bufio.NewScanner(stderr)
-		last := time.Time{}
-		for sc.Scan() {
-			l := sc.Text()
-			c.out.Write([]byte(l + "\n"))
-			if strings.Contains(l, "level=WARN") || strings.Contains(l, "level=ERROR") ||
-				strings.Contains(l, "msg=installed") || (strings.Contains(l, "msg=installing") && time.Since(last) > 10*time.Second) {
-				last = time.Now()
-				r.logf("  santa dns: %s", trimLog(l))
+	last := time.Time{}
+	progress := func(l string) {
+		if strings.Contains(l, "level=WARN") || strings.Contains(l, "level=ERROR") || strings.HasPrefix(l, "ready:") ||
+			strings.Contains(l, "msg=installed") || (strings.Contains(l, "msg=installing") && time.Since(last) > 10*time.Second) {
+			last = time.Now()
+			if i := strings.Index(l, "level="); i >= 0 {
+				l = l[i:]
 			}
+			r.logf("  santa dns: %s", l)
 		}
-	}()
-	ready := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			fmt.Fprintln(c.out, "stdout:", sc.Text())
-			if strings.HasPrefix(sc.Text(), "ready:") {
-				select {
-				case ready <- sc.Text():
-				default:
-				}
-			}
-		}
-		<-stderrDone
-		c.exited <- c.cmd.Wait()
-	}()
-	limit := 2*time.Minute + time.Duration(2*c.n)*time.Millisecond
-	select {
-	case line := <-ready:
-		r.logf("  santa dns: %s", line)
-		return c, nil
-	case err := <-c.exited:
-		c.exited <- err
-		return nil, fmt.Errorf("santa dns exited before it was ready: %v\n%s", err, tailStr(c.out.String()))
-	case <-ctx.Done():
-		c.stop()
-		return nil, ctx.Err()
-	case <-time.After(limit):
-		c.stop()
-		return nil, fmt.Errorf("santa dns not ready within %v:\n%s", limit, tailStr(c.out.String()))
 	}
+	argv := testbed.DNSControllerArgv(filepath.Join(r.bin, "santa"), r.tb.Server.NS, r.sd.Socket, append([]string{mode}, args...)...)
+	ctl, err := testbed.StartDNSController(ctx, argv, 2*time.Minute+time.Duration(2*c.n)*time.Millisecond, progress)
+	if err != nil {
+		return nil, err
+	}
+	c.DNSController = ctl
+	return c, nil
 }
 
 // stop ends the controller with SIGTERM (it deletes its rules) and waits,
 // at most a minute plus 0.2 ms per name (SIGKILL after that).
 func (c *dnsController) stop() error {
-	if c.cmd.ProcessState != nil {
-		return nil
-	}
-	_ = c.cmd.Process.Signal(syscall.SIGTERM)
-	limit := time.Minute + time.Duration(c.n)*200*time.Microsecond
-	select {
-	case err := <-c.exited:
-		c.exited <- err
-		if err != nil {
-			return fmt.Errorf("santa dns: %w\n%s", err, tailStr(c.out.String()))
-		}
-		return nil
-	case <-time.After(limit):
-		_ = c.cmd.Process.Kill()
-		return fmt.Errorf("santa dns did not stop within %v; killed", limit)
-	}
-}
-
-func trimLog(l string) string {
-	if i := strings.Index(l, "level="); i >= 0 {
-		l = l[i:]
-	}
-	return l
-}
-
-func tailStr(s string) string {
-	s = strings.TrimSpace(s)
-	if len(s) > 2000 {
-		s = "…" + s[len(s)-2000:]
-	}
-	return s
+	return c.Stop(time.Minute + time.Duration(c.n)*200*time.Microsecond)
 }
 
 // setAffinity pins every thread of pid to cpu, or lets them run on every

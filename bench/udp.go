@@ -212,20 +212,11 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		rep.Batch = 10
 	}
 
-	tb, err := testbed.Create(testbed.Options{})
+	tb, closeTB, err := placedTestbed(cfg, logf)
 	if err != nil {
 		return nil, err
 	}
-	defer func() {
-		if err := tb.Close(); err != nil {
-			logf("warning: testbed cleanup: %v", err)
-		}
-	}()
-	logf("testbed %s: server %s (%s, %s) on cpu%d, client %s on cpu%d",
-		tb.ID, tb.Server.Dev, tb.Server.IP4, tb.Server.NS, cfg.Placement.ServerCPU, tb.Client.Dev, cfg.Placement.ClientCPU)
-	if err := tb.Place(cfg.Placement); err != nil {
-		return nil, fmt.Errorf("placement: %w", err)
-	}
+	defer closeTB()
 
 	zone := tb.ExampleZone(cfg.Names)
 	nsd, err := tb.StartNSD(testbed.NSDOptions{Zone: &zone, Pin: true, CPU: cfg.Placement.ServerCPU})
@@ -907,4 +898,24 @@ func hostInfo() map[string]string {
 		m["debian"] = strings.TrimSpace(string(b))
 	}
 	return m
+}
+
+// placedTestbed creates the testbed with cfg's placement; closeTB removes
+// it, logging (not failing on) a cleanup problem.
+func placedTestbed(cfg Config, logf func(string, ...any)) (tb *testbed.Testbed, closeTB func(), err error) {
+	if tb, err = testbed.Create(testbed.Options{}); err != nil {
+		return nil, nil, err
+	}
+	closeTB = func() {
+		if err := tb.Close(); err != nil {
+			logf("warning: testbed cleanup: %v", err)
+		}
+	}
+	logf("testbed %s: server %s (%s, %s) on cpu%d, client %s on cpu%d",
+		tb.ID, tb.Server.Dev, tb.Server.IP4, tb.Server.NS, cfg.Placement.ServerCPU, tb.Client.Dev, cfg.Placement.ClientCPU)
+	if err := tb.Place(cfg.Placement); err != nil {
+		closeTB()
+		return nil, nil, fmt.Errorf("placement: %w", err)
+	}
+	return tb, closeTB, nil
 }

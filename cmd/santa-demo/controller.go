@@ -1,15 +1,11 @@
 package main
 
 import (
-	"bufio"
 	"fmt"
-	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/miekg/dns"
@@ -25,16 +21,8 @@ const dnsShape = "rd,ad,edns=1232,cookie"
 // controller is the DNS controller, `santa dns static` of the build, that
 // root runs in the server namespace against NSD.
 type controller struct {
-	argv []string
-	cmd  *exec.Cmd
-	// out is its stdout (the "ready:" and "done:" lines) and its log
-	// (stderr) in the order it wrote them: both go to one pipe.
-	out   *testbed.LockedBuffer
-	seen  int // bytes of out already shown
-	ready string
-	done  chan struct{} // closed when it has exited
-	err   error         // its exit, once done is closed
-	told  bool          // stop has returned its exit once
+	*testbed.DNSController
+	seen int // bytes of its output already shown
 }
 
 // startController writes the names file and runs the controller, and
@@ -48,101 +36,34 @@ func (m *demo) startController(verbose bool) (*controller, error) {
 	if err := os.WriteFile(namesFile, []byte(names.String()), 0o644); err != nil {
 		return nil, err
 	}
-	c := &controller{out: &testbed.LockedBuffer{}, done: make(chan struct{})}
-	c.argv = []string{"nsenter", "--net=/run/netns/" + m.tb.Server.NS, m.bins.santa, "--socket-path", m.santad.Socket,
-		"dns", "static", "--port", "53/udp", "--names", namesFile, "--shape", dnsShape}
+	args := []string{"static", "--port", "53/udp", "--names", namesFile, "--shape", dnsShape}
 	if verbose {
-		c.argv = append(c.argv, "--verbose")
+		args = append(args, "--verbose")
 	}
+	argv := testbed.DNSControllerArgv(m.bins.santa, m.tb.Server.NS, m.santad.Socket, args...)
 	fmt.Fprintln(m.out)
 	fmt.Fprintln(m.out, "Root offloads two of NSD's names with the DNS controller of the build, `santa dns static`:")
 	fmt.Fprintf(m.out, "  $ cat %s\n", namesFile)
 	fmt.Fprint(m.out, "  "+strings.ReplaceAll(strings.TrimSuffix(names.String(), "\n"), "\n", "\n  ")+"\n")
-	fmt.Fprintf(m.out, "  $ %s \\\n        %s\n", strings.Join(c.argv[:5], " "), strings.Join(c.argv[5:], " "))
+	fmt.Fprintf(m.out, "  $ %s \\\n        %s\n", strings.Join(argv[:5], " "), strings.Join(argv[5:], " "))
 
-	c.cmd = exec.Command(c.argv[0], c.argv[1:]...)
-	// Own process group: Ctrl-C reaches the demo, which stops the
-	// controller in order. Pdeathsig: it does not outlive a killed demo.
-	c.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
-	stdout, err := c.cmd.StdoutPipe()
+	var onLine func(string)
+	if verbose {
+		onLine = func(l string) { fmt.Fprintln(os.Stderr, l) }
+	}
+	c, err := testbed.StartDNSController(m.ctx, argv, 60*time.Second, onLine)
 	if err != nil {
 		return nil, err
 	}
-	c.cmd.Stderr = c.cmd.Stdout // one pipe: by "ready:", the log before it is read
-	var w io.Writer = c.out
-	if verbose {
-		w = io.MultiWriter(c.out, os.Stderr)
-	}
-	if err := c.cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start santa dns: %w", err)
-	}
-	ready := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			w.Write(append(sc.Bytes(), '\n'))
-			if strings.HasPrefix(sc.Text(), "ready:") {
-				select {
-				case ready <- sc.Text():
-				default:
-				}
-			}
-		}
-		c.err = c.cmd.Wait()
-		close(c.done)
-	}()
-	fail := func(err error) (*controller, error) {
-		if serr := c.stop(); serr != nil {
-			err = fmt.Errorf("%w (and stopping it: %v)", err, serr)
-		}
-		return nil, err
-	}
-	select {
-	case c.ready = <-ready:
-		return c, nil
-	case <-c.done:
-		return nil, fmt.Errorf("santa dns exited before it was ready (%v):\n%s", c.err, c.output())
-	case <-m.ctx.Done():
-		return fail(m.ctx.Err())
-	case <-time.After(60 * time.Second):
-		return fail(fmt.Errorf("santa dns not ready within 60 s:\n%s", c.output()))
-	}
+	return &controller{DNSController: c}, nil
 }
 
-func (c *controller) PID() int { return c.cmd.Process.Pid }
-
-// output is what the controller printed, for error messages.
-func (c *controller) output() string {
-	return tail(c.out.String(), 20)
-}
-
-// stop sends SIGTERM (the controller deletes its rules and prints its
-// "done:" line), SIGKILL after 20 s. It may be called again: the cleanup
-// does; only the first call reports how the controller ended.
-func (c *controller) stop() error {
-	select {
-	case <-c.done:
-	default:
-		_ = c.cmd.Process.Signal(syscall.SIGTERM) // its own process, by pid
-		select {
-		case <-c.done:
-		case <-time.After(20 * time.Second):
-			_ = c.cmd.Process.Kill()
-			<-c.done
-			c.told = true
-			return fmt.Errorf("santa dns ignored SIGTERM for 20 s; killed, its rules left to santad's cleanup:\n%s", c.output())
-		}
-	}
-	if c.err == nil || c.told {
-		return nil
-	}
-	c.told = true
-	return fmt.Errorf("santa dns: %w:\n%s", c.err, c.output())
-}
+// stop stops the controller (see DNSController.Stop).
+func (c *controller) stop() error { return c.Stop(20 * time.Second) }
 
 // line is the controller's first stdout line starting with prefix.
 func (c *controller) line(prefix string) string {
-	for _, l := range strings.Split(c.out.String(), "\n") {
+	for _, l := range strings.Split(c.Output(), "\n") {
 		if strings.HasPrefix(l, prefix) {
 			return l
 		}
@@ -154,7 +75,7 @@ func (c *controller) line(prefix string) string {
 // call, shortened for the reader: no time stamp, no INFO level, the
 // message unquoted.
 func (c *controller) newLog() []string {
-	fresh := c.out.String()[c.seen:]
+	fresh := c.Output()[c.seen:]
 	c.seen += len(fresh)
 	var out []string
 	for _, l := range strings.Split(strings.TrimSuffix(fresh, "\n"), "\n") {

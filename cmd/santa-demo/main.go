@@ -319,7 +319,7 @@ func findBinaries() (b binaries, err error) {
 // ready line and log: the sockets it attached to, the probe's result, the
 // rules installed) and the rules it installed, as santad lists them.
 func (m *demo) showController() error {
-	fmt.Fprintf(m.out, "  %s\n", m.ctl.ready)
+	fmt.Fprintf(m.out, "  %s\n", m.ctl.Ready())
 	for _, l := range m.ctl.newLog() {
 		fmt.Fprintf(m.out, "  log: %s\n", l)
 	}
@@ -386,7 +386,7 @@ func (m *demo) stopController() error {
 	}
 	done := m.ctl.line("done:")
 	if done == "" {
-		return fmt.Errorf("santa dns exited without its done line:\n%s", m.ctl.output())
+		return fmt.Errorf("santa dns exited without its done line:\n%s", tail(m.ctl.Output(), 20))
 	}
 	fmt.Fprintf(m.out, "  %s\n", done)
 	for _, l := range m.ctl.newLog() {

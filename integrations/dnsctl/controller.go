@@ -88,15 +88,13 @@ var DefaultConfig = Config{
 
 // Report counts what the controller has done.
 type Report struct {
-	Sockets     int
-	Rules       int            // installed now, over all sockets' endpoints
-	Installed   uint64         // rules added
-	Refreshed   uint64         // answers asked again before their TTL ran out
-	Changed     uint64         // rules modified after their answer changed
-	Removed     uint64         // rules deleted (answer no longer offloadable, expired, evicted)
-	Skipped     map[string]int // questions not offloaded, by reason
-	Behaviour   []string       // per endpoint: what probing found
-	SerialsSeen map[string]uint32
+	Sockets   int
+	Rules     int            // installed now, over all sockets' endpoints
+	Installed uint64         // rules added
+	Refreshed uint64         // answers asked again before their TTL ran out
+	Changed   uint64         // rules modified after their answer changed
+	Removed   uint64         // rules deleted (answer no longer offloadable, expired, evicted)
+	Skipped   map[string]int // questions not offloaded, by reason
 }
 
 // Controller runs one DNS offload.
@@ -205,7 +203,7 @@ func New(cfg Config) (*Controller, error) {
 		zoneOf:  map[string]string{},
 		wheel:   map[int64][]*entry{},
 		samples: make(chan sampleEvent, 4096),
-		rep:     Report{Skipped: map[string]int{}, SerialsSeen: map[string]uint32{}},
+		rep:     Report{Skipped: map[string]int{}},
 	}
 	for _, q := range cfg.Questions {
 		c.allowed[q] = true
@@ -232,10 +230,6 @@ func (c *Controller) Report() Report {
 	r.Skipped = map[string]int{}
 	for k, v := range c.rep.Skipped {
 		r.Skipped[k] = v
-	}
-	r.SerialsSeen = map[string]uint32{}
-	for k, v := range c.rep.SerialsSeen {
-		r.SerialsSeen[k] = v
 	}
 	r.Rules = 0
 	for _, ep := range c.eps {
@@ -373,7 +367,6 @@ func (c *Controller) probe(ep *endpoint, questions []Question) {
 		c.log.Warn("probing the server failed", "server", ep.addr, "error", err)
 	}
 	ep.b = b
-	c.count(func(r *Report) { r.Behaviour = append(r.Behaviour, fmt.Sprintf("%v: %v", ep.addr, b)) })
 	c.log.Info("probed the server", "server", ep.addr, "questions", n, "behaviour", b.String())
 }
 

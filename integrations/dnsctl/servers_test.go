@@ -8,7 +8,6 @@ package dnsctl_test
 // on and off and requires identical replies except for the ID.
 
 import (
-	"bufio"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -17,7 +16,6 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -27,6 +25,7 @@ import (
 
 	"github.com/miekg/dns"
 
+	"github.com/santa-offload/santa/api"
 	"github.com/santa-offload/santa/clients/go/santa"
 	"github.com/santa-offload/santa/internal/testbed"
 )
@@ -90,105 +89,49 @@ func newRig(t *testing.T, kind string, generated int, extra ...string) *rig {
 	return &rig{t: t, tb: tb, srv: srv, santad: sd, zone: zone, dir: dir}
 }
 
-// controller is a running `santa dns`.
-type controller struct {
-	cmd    *exec.Cmd
-	out    *testbed.LockedBuffer
-	exited chan error
-}
-
 // startController runs `santa dns ARGS` in the server namespace and waits
-// for its "ready:" line.
-func (r *rig) startController(args ...string) *controller {
+// for its "ready:" line; the test's cleanup stops it.
+func (r *rig) startController(args ...string) *testbed.DNSController {
 	r.t.Helper()
-	argv := append([]string{"--net=/run/netns/" + r.tb.Server.NS, filepath.Join(bin, "santa"),
-		"--socket-path", r.santad.Socket, "dns"}, args...)
-	c := &controller{cmd: exec.Command("nsenter", argv...), out: &testbed.LockedBuffer{}, exited: make(chan error, 1)}
-	stdout, err := c.cmd.StdoutPipe()
+	argv := testbed.DNSControllerArgv(filepath.Join(bin, "santa"), r.tb.Server.NS, r.santad.Socket, args...)
+	c, err := testbed.StartDNSController(context.Background(), argv, 60*time.Second, nil)
 	if err != nil {
 		r.t.Fatal(err)
 	}
-	c.cmd.Stderr = c.out
-	c.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
-	if err := c.cmd.Start(); err != nil {
-		r.t.Fatal(err)
-	}
-	ready := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			fmt.Fprintln(c.out, "stdout:", sc.Text())
-			if strings.HasPrefix(sc.Text(), "ready:") {
-				ready <- sc.Text()
-			}
-		}
-		c.exited <- c.cmd.Wait()
-	}()
 	r.t.Cleanup(func() {
-		c.stop()
+		if err := c.Stop(20 * time.Second); err != nil {
+			r.t.Error(err)
+		}
 		if r.t.Failed() {
-			r.t.Logf("santa dns output:\n%s", c.out)
+			r.t.Logf("santa dns output:\n%s", c.Output())
 		}
 	})
-	select {
-	case line := <-ready:
-		r.t.Log(line)
-	case err := <-c.exited:
-		c.exited <- err
-		r.t.Fatalf("santa dns exited before it was ready: %v\n%s", err, c.out)
-	case <-time.After(60 * time.Second):
-		r.t.Fatalf("santa dns not ready within 60 s:\n%s", c.out)
-	}
+	r.t.Log(c.Ready())
 	return c
 }
 
-// stop ends the controller with SIGTERM (it deletes its rules) and waits.
-func (c *controller) stop() error {
-	if c.cmd.ProcessState != nil {
-		return nil
-	}
-	_ = c.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case err := <-c.exited:
-		c.exited <- err
-		return err
-	case <-time.After(20 * time.Second):
-		_ = c.cmd.Process.Kill()
-		return fmt.Errorf("santa dns did not stop within 20 s")
-	}
-}
-
 // answered is santad's count of requests the rule processor answered.
-func (r *rig) answered() uint64 { return r.counters()["answered"] }
+func (r *rig) answered() uint64 { _, c := r.health(); return c["answered"] }
 
 // counters are the rule processor's counters (answered, pass reasons).
-func (r *rig) counters() map[string]uint64 {
-	r.t.Helper()
-	c, err := santa.Dial(r.santad.Socket)
-	if err != nil {
-		r.t.Fatal(err)
-	}
-	defer c.Close()
-	_, counters, err := c.Health()
-	if err != nil {
-		r.t.Fatal(err)
-	}
-	return counters
-}
+func (r *rig) counters() map[string]uint64 { _, c := r.health(); return c }
 
 // rules is how many rules santad holds.
-func (r *rig) rules() uint64 {
+func (r *rig) rules() uint64 { info, _ := r.health(); return info.Rules }
+
+// health is santad's answer to health.
+func (r *rig) health() (*api.DaemonInfo, map[string]uint64) {
 	r.t.Helper()
 	c, err := santa.Dial(r.santad.Socket)
 	if err != nil {
 		r.t.Fatal(err)
 	}
 	defer c.Close()
-	info, _, err := c.Health()
+	info, counters, err := c.Health()
 	if err != nil {
 		r.t.Fatal(err)
 	}
-	return info.Rules
+	return info, counters
 }
 
 // zoneFile writes the rig's zone for `santa dns static --zone-file`.
@@ -443,7 +386,7 @@ func TestDifferential(t *testing.T) {
 				offloaded[i] = r.answered() - before
 			}
 			t.Logf("rule processor counters: %v", r.counters())
-			if err := ctl.stop(); err != nil {
+			if err := ctl.Stop(20 * time.Second); err != nil {
 				t.Fatal(err)
 			}
 			if n := r.rules(); n != 0 {

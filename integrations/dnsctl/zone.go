@@ -60,7 +60,6 @@ func (c *Controller) pollZone(ep *endpoint, z *zone) (changed bool) {
 				c.log.Info("zone changed", "zone", z.apex, "serial", serial, "was", z.serial)
 			}
 			z.serial, z.known = serial, true
-			c.count(func(r *Report) { r.SerialsSeen[z.apex] = serial })
 			return changed
 		}
 	}

@@ -1,0 +1,120 @@
+package testbed
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os/exec"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// DNSController is the DNS controller, `santa dns`, as root runs it: in
+// the server's network namespace, against a santad. The tests, the
+// benchmarks and the demo start it through this.
+type DNSController struct {
+	cmd   *exec.Cmd
+	out   LockedBuffer // stdout (ready:, done:) and the log, in the order written
+	ready string
+	done  chan struct{} // closed once it has exited
+	err   error         // its exit, once done is closed
+	told  bool          // Stop has reported its exit once
+}
+
+// DNSControllerArgv is the command line that runs `santa dns ARGS` with
+// the CLI santaBin in network namespace ns against santad's socket.
+func DNSControllerArgv(santaBin, ns, socket string, args ...string) []string {
+	return append([]string{"nsenter", "--net=/run/netns/" + ns, santaBin, "--socket-path", socket, "dns"}, args...)
+}
+
+// StartDNSController runs the command line of DNSControllerArgv and waits
+// for its "ready:" line (its first rules are installed by then), at most
+// timeout. onLine, if not nil, gets every line it prints as it comes.
+func StartDNSController(ctx context.Context, argv []string, timeout time.Duration, onLine func(string)) (*DNSController, error) {
+	c := &DNSController{cmd: exec.Command(argv[0], argv[1:]...), done: make(chan struct{})}
+	// Own process group: Ctrl-C reaches the caller, which stops it in
+	// order. Pdeathsig: it does not outlive a killed caller.
+	c.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
+	stdout, err := c.cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	c.cmd.Stderr = c.cmd.Stdout // one pipe: by "ready:", the log before it is read
+	if err := c.cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start santa dns: %w", err)
+	}
+	ready := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			c.out.Write(append(sc.Bytes(), '\n'))
+			if onLine != nil {
+				onLine(sc.Text())
+			}
+			if strings.HasPrefix(sc.Text(), "ready:") {
+				select {
+				case ready <- sc.Text():
+				default:
+				}
+			}
+		}
+		c.err = c.cmd.Wait()
+		close(c.done)
+	}()
+	fail := func(err error) (*DNSController, error) {
+		if serr := c.Stop(20 * time.Second); serr != nil {
+			err = fmt.Errorf("%w (and stopping it: %v)", err, serr)
+		}
+		return nil, err
+	}
+	select {
+	case c.ready = <-ready:
+		return c, nil
+	case <-c.done:
+		return nil, fmt.Errorf("santa dns exited before it was ready (%v):\n%s", c.err, c.tail())
+	case <-ctx.Done():
+		return fail(ctx.Err())
+	case <-time.After(timeout):
+		return fail(fmt.Errorf("santa dns not ready within %v:\n%s", timeout, c.tail()))
+	}
+}
+
+// PID is the controller's process (nsenter execs it).
+func (c *DNSController) PID() int { return c.cmd.Process.Pid }
+
+// Ready is its "ready:" line.
+func (c *DNSController) Ready() string { return c.ready }
+
+// Output is everything it printed so far.
+func (c *DNSController) Output() string { return c.out.String() }
+
+// tail is the end of its output, for error messages.
+func (c *DNSController) tail() string {
+	lines := strings.Split(strings.TrimSuffix(c.out.String(), "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-20):], "\n")
+}
+
+// Stop sends SIGTERM (the controller deletes its rules and prints its
+// "done:" line) and waits, SIGKILL after timeout. It may be called again:
+// only the first call reports how the controller ended.
+func (c *DNSController) Stop(timeout time.Duration) error {
+	select {
+	case <-c.done:
+	default:
+		_ = c.cmd.Process.Signal(syscall.SIGTERM) // its own process, by pid
+		select {
+		case <-c.done:
+		case <-time.After(timeout):
+			_ = c.cmd.Process.Kill()
+			<-c.done
+			c.told = true
+			return fmt.Errorf("santa dns ignored SIGTERM for %v; killed, its rules left behind:\n%s", timeout, c.tail())
+		}
+	}
+	if c.err == nil || c.told {
+		return nil
+	}
+	c.told = true
+	return fmt.Errorf("santa dns: %w:\n%s", c.err, c.tail())
+}
