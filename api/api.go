@@ -123,6 +123,14 @@ type Rule struct {
 	Priority   uint32      `cbor:"5,keyasint,omitempty" json:"priority,omitempty"`
 	MinLen     uint32      `cbor:"6,keyasint,omitempty" json:"min_len,omitempty"` // shortest request payload answered, 0 = no bound
 	MaxLen     uint32      `cbor:"7,keyasint,omitempty" json:"max_len,omitempty"` // longest request payload answered, 0 = no bound
+	Guards     []Guard     `cbor:"8,keyasint,omitempty" json:"guards,omitempty"`  // the rule answers only while these hold
+}
+
+// Guard holds while slot Slot of santad's guard map holds Version (see
+// dataplane.Guard): how a write tracker retires rules whose answer changed.
+type Guard struct {
+	Slot    uint32 `cbor:"0,keyasint,omitempty" json:"slot,omitempty"`
+	Version uint64 `cbor:"1,keyasint,omitempty" json:"version,omitempty"`
 }
 
 // Condition holds when the request payload carries Pattern at Offset, in the

@@ -59,6 +59,13 @@ var vectorMessages = []Vector{
 			{Kind: KindPut, ReplyOffset: 2, Template: Bytes{0x84, 0x00, 0, 1, 0, 1}},
 			{Kind: KindCopy, ReplyOffset: 2, SrcOffset: 2, Length: 2, Mask: Bytes{0x01, 0x10}}},
 		ReplyLen: 40, MinLen: 21, MaxLen: 300}}}},
+	{Name: "add a memcached-style rule with guards", Message: Message{V: 1, Op: OpAdd, Seq: 16, Socket: 4097, Rules: []Rule{{
+		Conditions: []Condition{{Offset: 4, Pattern: Bytes{0, 1, 0, 0}}, {Offset: 8, Pattern: Bytes("get k1\r\n")}},
+		Processors: []Processor{
+			{Kind: KindCopy, ReplyOffset: 0, SrcOffset: 0, Length: 2},
+			{Kind: KindPut, ReplyOffset: 2, Template: Bytes("\x00\x00\x00\x01\x00\x00VALUE k1 0 2\r\nv1\r\nEND\r\n")}},
+		ReplyLen: 31, MaxLen: 16,
+		Guards: []Guard{{Slot: 7, Version: 3}, {Slot: 1<<20 - 1, Version: 1<<32 + 1}}}}}},
 	{Name: "add response", Message: Message{V: 1, Op: OpAdd, Seq: 6, IDs: []uint64{1, 2, 255, 256, 65536, 1 << 32}}},
 	{Name: "replace all rules", Message: Message{V: 1, Op: OpReplace, Seq: 7, Socket: 4097, Rules: []Rule{{
 		Conditions: []Condition{{Offset: 0, Pattern: Bytes("ping")}},
@@ -79,6 +86,10 @@ var vectorMessages = []Vector{
 		Conditions: []Condition{{Offset: 0, Pattern: Bytes("Hello")}},
 		Processors: []Processor{{Kind: KindPut, Template: Bytes("COMSYS")}},
 		ReplyLen:   6}}}},
+	{Name: "list rules response with a guard", Message: Message{V: 1, Op: OpListRules, Seq: 17, Rules: []Rule{{ID: 9, Version: 1,
+		Conditions: []Condition{{Offset: 0, Pattern: Bytes("ping")}},
+		Processors: []Processor{{Kind: KindPut, Template: Bytes("pong")}},
+		ReplyLen:   4, Guards: []Guard{{Slot: 0, Version: 300}}}}}},
 	{Name: "stats of some rules", Message: Message{V: 1, Op: OpStats, Seq: 13, Socket: 4097, IDs: []uint64{3}}},
 	{Name: "stats response", Message: Message{V: 1, Op: OpStats, Seq: 13, Stats: []RuleStats{{ID: 3, Hits: 1 << 33, Bytes: 1 << 40}, {ID: 4}}}},
 	{Name: "subscribe to miss samples", Message: Message{V: 1, Op: OpSubscribe, Seq: 14, Socket: 4097, SampleBytes: 128, SampleRate: 1000}},

@@ -60,6 +60,17 @@ struct {
 	__uint(map_flags, BPF_F_MMAPABLE); /* user space writes in place, publishes atomically */
 } santa_pages SEC(".maps");
 
+/* Guard slot -> version: rules answer only while their guards' slots hold
+ * the versions they were installed with (struct santa_guard). Write trackers
+ * bump slots; it outlives data plane generations (pinned apart). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(max_entries, SANTA_GUARD_SLOTS);
+	__uint(map_flags, BPF_F_MMAPABLE); /* controllers read versions in place */
+} santa_guards SEC(".maps");
+
 /* Rule slot -> hits and reply bytes, per CPU. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);

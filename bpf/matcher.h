@@ -114,6 +114,7 @@ struct chain_walk {
 	__u32 disjoint;    /* stop at the first match */
 	__u32 generation;  /* the rule set's visible generation */
 	__u32 best;        /* best matching rule slot so far, 0 = none */
+	__u32 invalidated; /* a rule's conditions held but a guard did not */
 	__u32 best_priority;
 	__u32 best_order;
 };
@@ -144,6 +145,20 @@ static __always_inline int rule_matches(const struct santa_rule *r, const struct
 	return 1;
 }
 
+/* Every guard of rule r still holds its version. */
+static __always_inline int guards_hold(const struct santa_rule *r)
+{
+	for (__u32 k = 0; k < SANTA_MAX_GUARDS; k++) {
+		if (k >= r->nguards)
+			break;
+		__u32 slot = r->guards[k].slot;
+		const __u64 *v = bpf_map_lookup_elem(&santa_guards, &slot);
+		if (!v || *(volatile const __u64 *)v != r->guards[k].version)
+			return 0;
+	}
+	return 1;
+}
+
 static long chain_step(__u32 i, struct chain_walk *w)
 {
 	__u32 slot = w->slot;
@@ -165,6 +180,10 @@ static long chain_step(__u32 i, struct chain_walk *w)
 	const struct santa_scratch *s = bpf_map_lookup_elem(&santa_scratch, &zero);
 	if (!s || !rule_matches(r, s, w->payload_len))
 		return 0;
+	if (!guards_hold(r)) {
+		w->invalidated = 1;
+		return 0;
+	}
 	w->best = slot;
 	w->best_priority = r->priority;
 	w->best_order = r->order;
@@ -172,10 +191,11 @@ static long chain_step(__u32 i, struct chain_walk *w)
 }
 
 /* The best rule of rule set rs_id for the request in s, 0 if none.
- * *truncated is set when a chain had more than SANTA_MAX_CHAIN rules. */
+ * *truncated is set when a chain had more than SANTA_MAX_CHAIN rules,
+ * *invalidated when a rule matched but its guards did not hold. */
 static __always_inline __u32 match_rules(__u32 rs_id, const struct santa_ruleset *rs,
 					 const struct santa_scratch *s, __u32 payload_len,
-					 int *truncated)
+					 int *truncated, int *invalidated)
 {
 	struct chain_walk w = {
 		.ruleset = rs_id,
@@ -214,5 +234,6 @@ static __always_inline __u32 match_rules(__u32 rs_id, const struct santa_ruleset
 		if (w.disjoint && w.best)
 			break;
 	}
+	*invalidated = w.invalidated;
 	return w.best;
 }

@@ -8,6 +8,8 @@ enum santa_limit {
 	SANTA_MAX_CONDS = 4,         /* conditions per rule */
 	SANTA_MAX_COPIES = 8,        /* copy segments per rule (after flattening) */
 	SANTA_MAX_COPY_MASK = 8,     /* bytes of one masked copy */
+	SANTA_MAX_GUARDS = 2,        /* guards per rule */
+	SANTA_GUARD_SLOTS = 1 << 20, /* slots in santa_guards */
 	SANTA_MAX_CHAIN = 16,        /* rules walked per bucket */
 	SANTA_REQ_WINDOW = 1472,     /* request bytes the matcher sees: a full 1500-byte MTU */
 	SANTA_MAX_PATTERN = 1024,    /* bytes in one condition pattern */
@@ -66,6 +68,15 @@ struct santa_copy {
 	__u16 mask;
 };
 
+/* A rule answers only while slot `slot` of santa_guards holds `version`.
+ * Whatever changes the answer (a write tracker of the application) bumps the
+ * slot before the application sees the change, and again once it has made it. */
+struct santa_guard {
+	__u32 slot;
+	__u32 pad;
+	__u64 version;
+};
+
 struct santa_rule {
 	__u32 ruleset;          /* owner; 0 marks a free slot */
 	__u32 next;             /* next rule slot in the bucket chain, 0 = end */
@@ -82,8 +93,11 @@ struct santa_rule {
 	__u16 max_len;          /* longest request the rule answers */
 	__u8 nconds;
 	__u8 ncopies;
+	__u8 nguards;
+	__u8 pad[3];
 	struct santa_cond conds[SANTA_MAX_CONDS];
 	struct santa_copy copies[SANTA_MAX_COPIES];
+	struct santa_guard guards[SANTA_MAX_GUARDS];
 	__u64 id;               /* user space's RuleID, read back by its successor after a restart */
 };
 
@@ -123,6 +137,7 @@ struct santa_reasons {
 	__u64 pass_no_socket;    /* no socket would receive the packet */
 	__u64 pass_no_ruleset;   /* the receiving socket has no rule set */
 	__u64 pass_no_match;     /* rule set present, no rule matched */
+	__u64 pass_invalidated;  /* a rule's conditions held but one of its guards has moved on */
 	__u64 pass_too_long;     /* payload longer than the matcher's window */
 	__u64 pass_bad_checksum; /* a rule matched but the request's UDP checksum is wrong */
 	__u64 pass_no_room;      /* the frame could not be resized for the reply */

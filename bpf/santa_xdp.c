@@ -321,12 +321,15 @@ int santa_xdp(struct xdp_md *ctx)
 		return XDP_PASS;
 	}
 
-	int truncated = 0;
-	__u32 slot = match_rules(id, rs, s, req.payload_len, &truncated);
+	int truncated = 0, invalidated = 0;
+	__u32 slot = match_rules(id, rs, s, req.payload_len, &truncated, &invalidated);
 	if (truncated)
 		COUNT(chain_truncated);
 	if (!slot) {
-		COUNT(pass_no_match);
+		if (invalidated)
+			COUNT(pass_invalidated);
+		else
+			COUNT(pass_no_match);
 		sample_miss(cookie, id, rs, s, &req);
 		return XDP_PASS;
 	}

@@ -259,7 +259,8 @@ func listRules(e env, g *globals, c *santa.Client, cookie uint64) error {
 }
 
 // matches shows what a rule matches: its conditions (@offset="pattern", a
-// mask in hex after a slash) and its request length bounds (len=N, len>=N, len<=N).
+// mask in hex after a slash), its request length bounds (len=N, len>=N,
+// len<=N) and its guards (guard=slot@version).
 func matches(r api.Rule) string {
 	var out []string
 	for _, cd := range r.Conditions {
@@ -278,6 +279,9 @@ func matches(r api.Rule) string {
 		if r.MaxLen > 0 {
 			out = append(out, fmt.Sprintf("len<=%d", r.MaxLen))
 		}
+	}
+	for _, g := range r.Guards {
+		out = append(out, fmt.Sprintf("guard=%d@%d", g.Slot, g.Version))
 	}
 	return strings.Join(out, " ")
 }

@@ -57,7 +57,7 @@ func TestErrorsSayWhatToDo(t *testing.T) {
 	}
 }
 
-// TestMatches checks how rules ls shows conditions, masks and length bounds.
+// TestMatches checks how rules ls shows conditions, masks, length bounds and guards.
 func TestMatches(t *testing.T) {
 	for want, r := range map[string]api.Rule{
 		`@0="Hello"`: {Conditions: []api.Condition{{Pattern: api.Bytes("Hello")}}},
@@ -67,6 +67,8 @@ func TestMatches(t *testing.T) {
 		`@0="a" len>=3`:          {Conditions: []api.Condition{{Pattern: api.Bytes("a")}}, MinLen: 3},
 		`@0="a" len>=3 len<=512`: {Conditions: []api.Condition{{Pattern: api.Bytes("a")}}, MinLen: 3, MaxLen: 512},
 		`@0="a" len<=512`:        {Conditions: []api.Condition{{Pattern: api.Bytes("a")}}, MaxLen: 512},
+		`@0="a" len=16 guard=7@3 guard=0@4294967297`: {Conditions: []api.Condition{{Pattern: api.Bytes("a")}}, MinLen: 16, MaxLen: 16,
+			Guards: []api.Guard{{Slot: 7, Version: 3}, {Slot: 0, Version: 1<<32 + 1}}},
 	} {
 		if got := matches(r); got != want {
 			t.Errorf("matches(%+v) = %s, want %s", r, got, want)

@@ -25,7 +25,7 @@ type topRule struct {
 type topFrame struct {
 	Time           time.Time `json:"time"`
 	AnsweredPerSec float64   `json:"answered_per_sec"`
-	MissedPerSec   float64   `json:"missed_per_sec"` // requests to bound sockets that no rule matched
+	MissedPerSec   float64   `json:"missed_per_sec"` // requests to bound sockets that no rule answered
 	MissRatio      float64   `json:"miss_ratio"`
 	Rules          []topRule `json:"rules"`
 }
@@ -38,7 +38,8 @@ func topCmd(e env, g *globals) *cobra.Command {
 		Use:   "top",
 		Short: "Live view of the hottest rules and the miss rate",
 		Long: `top refreshes every --interval: answers and misses per second (requests to
-sockets with rule sets that no rule matched), and the rules with the most
+sockets with rule sets that no rule answered: none matched, or a matching
+rule's guard had moved on), and the rules with the most
 hits per second. It runs until interrupted, or --count refreshes. With
 --json it prints one JSON object per refresh.`,
 		Args: cobra.NoArgs,
@@ -117,7 +118,8 @@ func sampleTop(c *santa.Client, cookie uint64) (topSample, error) {
 	if err != nil {
 		return s, err
 	}
-	s.answered, s.missed = counters["answered"], counters["pass_no_match"]
+	// a request whose rule's guard moved on reaches the application like a miss
+	s.answered, s.missed = counters["answered"], counters["pass_no_match"]+counters["pass_invalidated"]
 	var socks []api.SocketInfo
 	if cookie != 0 {
 		socks = []api.SocketInfo{{Cookie: cookie}}

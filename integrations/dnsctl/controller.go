@@ -15,6 +15,7 @@ import (
 
 	"github.com/santa-offload/santa/api"
 	"github.com/santa-offload/santa/clients/go/santa"
+	"github.com/santa-offload/santa/internal/sketch"
 )
 
 // Mode says which questions the controller offloads.
@@ -140,7 +141,7 @@ type endpoint struct {
 	entries map[string]*entry // match key -> entry
 	pending map[string]bool   // form keys (see formKey) installed or tried
 	learned int               // rules installed for shapes learned from misses
-	sketch  *Sketch           // Adaptive: hot form keys
+	sketch  *sketch.Sketch    // Adaptive: hot form keys
 	// samplesOf is a recent sample of each form key the sketch counts.
 	samplesOf map[string]*Query
 }
@@ -334,7 +335,7 @@ func (c *Controller) attach() error {
 			}
 			ep = &endpoint{family: int(s.Family), addr: ask, asker: asker,
 				entries: map[string]*entry{}, pending: map[string]bool{}, samplesOf: map[string]*Query{},
-				sketch: NewSketch(4 * min(c.cfg.MaxRules, 16384))}
+				sketch: sketch.New(4 * min(c.cfg.MaxRules, 16384))}
 			byAddr[bound] = ep
 			c.eps = append(c.eps, ep)
 		}

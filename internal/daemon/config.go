@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strconv"
 
 	"github.com/santa-offload/santa/api"
@@ -141,5 +142,9 @@ func (c Config) xdpMode() dataplane.AttachMode {
 func (c Config) dataplaneConfig() dataplane.Config {
 	d := c.Dataplane
 	return dataplane.Config{HashBits: d.HashBits, MaxRules: d.MaxRules, MaxRulesets: d.MaxRulesets,
-		DataMiB: d.DataMiB, SampleRingKiB: d.SampleRingKiB}
+		DataMiB: d.DataMiB, SampleRingKiB: d.SampleRingKiB, GuardsPin: c.GuardsPin()}
 }
+
+// GuardsPin is where the guard map is pinned: apart from the generations,
+// since write trackers and controllers hold on to it across restarts.
+func (c Config) GuardsPin() string { return filepath.Join(c.BPFFS, "guards") }

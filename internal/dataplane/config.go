@@ -16,6 +16,10 @@ type Config struct {
 	DataMiB int
 	// SampleRingKiB is the size of the miss-sample ring buffer.
 	SampleRingKiB int
+	// GuardsPin is where the guard map (see Guard) is pinned, on a bpffs.
+	// A map pinned there is reused, so versions outlive this data plane;
+	// else the new one is pinned there. Empty: not pinned.
+	GuardsPin string
 }
 
 // DefaultConfig suits a server with up to 64 k rules.
@@ -44,6 +48,7 @@ func (c Config) withDefaults() Config {
 	if c.SampleRingKiB != 0 {
 		d.SampleRingKiB = c.SampleRingKiB
 	}
+	d.GuardsPin = c.GuardsPin
 	return d
 }
 

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/bits"
 	"os"
+	"path/filepath"
 	"sync"
 	"unsafe"
 
@@ -114,7 +115,16 @@ func Load(cfg Config) (*Dataplane, error) {
 	if err := spec.Variables["bucket_seed"].Set(d.seed); err != nil {
 		return nil, err
 	}
-	if err := spec.LoadAndAssign(&d.objs, nil); err != nil {
+	guards, fresh, err := openGuards(cfg.GuardsPin, spec.Maps["santa_guards"])
+	if err != nil {
+		return nil, err
+	}
+	var opts *ebpf.CollectionOptions
+	if guards != nil {
+		defer guards.Close()
+		opts = &ebpf.CollectionOptions{MapReplacements: map[string]*ebpf.Map{"santa_guards": guards}}
+	}
+	if err := spec.LoadAndAssign(&d.objs, opts); err != nil {
 		var ve *ebpf.VerifierError
 		if errors.As(err, &ve) {
 			return nil, fmt.Errorf("load rule processor: %+v", ve)
@@ -132,11 +142,41 @@ func Load(cfg Config) (*Dataplane, error) {
 			return nil, err
 		}
 	}
+	if fresh {
+		err := os.MkdirAll(filepath.Dir(cfg.GuardsPin), 0o700)
+		if err == nil {
+			err = d.objs.SantaGuards.Pin(cfg.GuardsPin)
+		}
+		if err != nil {
+			d.Close()
+			return nil, fmt.Errorf("pin guard map: %w", err)
+		}
+	}
 	d.slots = newSlotAllocator(uint32(cfg.MaxRules) + 1)
 	d.rsIDs = newSlotAllocator(rulesetIDs(cfg))
 	d.data = newDataAllocator(uint32(cfg.DataMiB))
 	d.chainLen = make([]uint8, d.mask+1)
 	return d, nil
+}
+
+// openGuards opens the guard map pinned at pin, if there is one of this
+// version's layout; fresh says a new map is to be pinned there.
+func openGuards(pin string, spec *ebpf.MapSpec) (m *ebpf.Map, fresh bool, err error) {
+	if pin == "" {
+		return nil, false, nil
+	}
+	m, err = ebpf.LoadPinnedMap(pin, nil)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, true, nil
+	}
+	if err != nil {
+		return nil, false, fmt.Errorf("open guard map %s: %w", pin, err)
+	}
+	if err := sameLayout(m, spec); err != nil || m.MaxEntries() != spec.MaxEntries {
+		m.Close()
+		return nil, false, fmt.Errorf("guard map %s: not this version's (%v, %d slots); remove it", pin, err, m.MaxEntries())
+	}
+	return m, false, nil
 }
 
 // loadSpec reads both entry files' objects into one collection spec: the

@@ -6,6 +6,8 @@ const (
 	MaxConds     = int(santaSantaLimitSANTA_MAX_CONDS)      // conditions per rule
 	MaxCopies    = int(santaSantaLimitSANTA_MAX_COPIES)     // copy segments per rule, after flattening
 	MaxCopyMask  = int(santaSantaLimitSANTA_MAX_COPY_MASK)  // bytes of one masked copy
+	MaxGuards    = int(santaSantaLimitSANTA_MAX_GUARDS)     // guards per rule
+	GuardSlots   = int(santaSantaLimitSANTA_GUARD_SLOTS)    // slots of the guard map
 	MaxChain     = int(santaSantaLimitSANTA_MAX_CHAIN)      // rules per bucket chain
 	ReqWindow    = int(santaSantaLimitSANTA_REQ_WINDOW)     // request bytes the matcher sees
 	MaxPattern   = int(santaSantaLimitSANTA_MAX_PATTERN)    // bytes in one condition pattern

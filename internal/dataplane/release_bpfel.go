@@ -18,6 +18,7 @@ import (
 const (
 	releaseMapSantaBuckets          = "santa_buckets"
 	releaseMapSantaCounters         = "santa_counters"
+	releaseMapSantaGuards           = "santa_guards"
 	releaseMapSantaLocalAddrs       = "santa_local_addrs"
 	releaseMapSantaMissSamples      = "santa_miss_samples"
 	releaseMapSantaPages            = "santa_pages"
@@ -85,6 +86,7 @@ type releaseProgramSpecs struct {
 type releaseMapSpecs struct {
 	SantaBuckets      *ebpf.MapSpec `ebpf:"santa_buckets"`
 	SantaCounters     *ebpf.MapSpec `ebpf:"santa_counters"`
+	SantaGuards       *ebpf.MapSpec `ebpf:"santa_guards"`
 	SantaLocalAddrs   *ebpf.MapSpec `ebpf:"santa_local_addrs"`
 	SantaMissSamples  *ebpf.MapSpec `ebpf:"santa_miss_samples"`
 	SantaPages        *ebpf.MapSpec `ebpf:"santa_pages"`
@@ -128,6 +130,7 @@ func (o *releaseObjects) Close() error {
 type releaseMaps struct {
 	SantaBuckets      *ebpf.Map `ebpf:"santa_buckets"`
 	SantaCounters     *ebpf.Map `ebpf:"santa_counters"`
+	SantaGuards       *ebpf.Map `ebpf:"santa_guards"`
 	SantaLocalAddrs   *ebpf.Map `ebpf:"santa_local_addrs"`
 	SantaMissSamples  *ebpf.Map `ebpf:"santa_miss_samples"`
 	SantaPages        *ebpf.Map `ebpf:"santa_pages"`
@@ -145,6 +148,7 @@ func (m *releaseMaps) Close() error {
 	return _ReleaseClose(
 		m.SantaBuckets,
 		m.SantaCounters,
+		m.SantaGuards,
 		m.SantaLocalAddrs,
 		m.SantaMissSamples,
 		m.SantaPages,

@@ -52,11 +52,22 @@ type Processor struct {
 	Mask        []byte        `json:"mask,omitempty" yaml:"mask,omitempty"`             // Copy, optional
 }
 
+// Guard ties a rule to a version of something its reply depends on: the rule
+// answers only while slot Slot of the guard map (GuardsPin) holds Version.
+// A write tracker bumps the slots of what a write changes, before the
+// application sees the write and again once it has applied it, so a rule
+// built from a value read before the write can never answer after it.
+type Guard struct {
+	Slot    uint32 `json:"slot" yaml:"slot"`
+	Version uint64 `json:"version" yaml:"version"`
+}
+
 // Rule answers requests that satisfy all its Conditions with a reply of
 // ReplyLen bytes written by its Processors; reply bytes no processor writes are zero.
 // A request (UDP payload) shorter than MinLen or longer than MaxLen does not
-// match; 0 is no bound. Of several matching rules the one with the lowest
-// Priority wins, then the one added first.
+// match; 0 is no bound. A rule whose Guards do not all hold does not match.
+// Of several matching rules the one with the lowest Priority wins, then the
+// one added first.
 type Rule struct {
 	Conditions []Condition `json:"conditions" yaml:"conditions"`
 	Processors []Processor `json:"processors" yaml:"processors"`
@@ -64,6 +75,7 @@ type Rule struct {
 	Priority   uint32      `json:"priority,omitempty" yaml:"priority,omitempty"`
 	MinLen     int         `json:"min_len,omitempty" yaml:"min_len,omitempty"`
 	MaxLen     int         `json:"max_len,omitempty" yaml:"max_len,omitempty"`
+	Guards     []Guard     `json:"guards,omitempty" yaml:"guards,omitempty"`
 }
 
 // ErrInvalidRule wraps every reason a rule is refused.
@@ -86,6 +98,7 @@ type compiledRule struct {
 	maxLen    int
 	tplCsum   uint16
 	priority  uint32
+	guards    []santaSantaGuard
 }
 
 // fullLen is how many bytes at the start of cond are compared in full.
@@ -243,6 +256,15 @@ func compileRule(r Rule) (*compiledRule, error) {
 	}
 	if err := c.lengthBounds(r); err != nil {
 		return nil, err
+	}
+	if len(r.Guards) > MaxGuards {
+		return nil, invalid("%d guards: at most %d per rule", len(r.Guards), MaxGuards)
+	}
+	for i, g := range r.Guards {
+		if g.Slot >= uint32(GuardSlots) {
+			return nil, invalid("guard %d: slot %d is past the guard map's %d slots", i, g.Slot, GuardSlots)
+		}
+		c.guards = append(c.guards, santaSantaGuard{Slot: g.Slot, Version: g.Version})
 	}
 	c.tplCsum = csumLE(c.template)
 	return c, nil

@@ -558,7 +558,9 @@ func (d *Dataplane) install(id, gen uint32, r *installed) error {
 		MaxLen:     uint16(c.maxLen),
 		Nconds:     uint8(len(c.conds)),
 		Ncopies:    uint8(len(c.copies)),
+		Nguards:    uint8(len(c.guards)),
 	}
+	copy(v.Guards[:], c.guards)
 	// the layout dataLen counts and compileRule's copy mask offsets assume
 	at := int(ref.off)
 	for i, cond := range c.conds {

@@ -28,6 +28,13 @@ type santaSantaCopy struct {
 	Mask uint16
 }
 
+type santaSantaGuard struct {
+	_       structs.HostLayout
+	Slot    uint32
+	Pad     uint32
+	Version uint64
+}
+
 type santaSantaLimit uint32
 
 const (
@@ -35,6 +42,8 @@ const (
 	santaSantaLimitSANTA_MAX_CONDS        santaSantaLimit = 4
 	santaSantaLimitSANTA_MAX_COPIES       santaSantaLimit = 8
 	santaSantaLimitSANTA_MAX_COPY_MASK    santaSantaLimit = 8
+	santaSantaLimitSANTA_MAX_GUARDS       santaSantaLimit = 2
+	santaSantaLimitSANTA_GUARD_SLOTS      santaSantaLimit = 1048576
 	santaSantaLimitSANTA_MAX_CHAIN        santaSantaLimit = 16
 	santaSantaLimitSANTA_REQ_WINDOW       santaSantaLimit = 1472
 	santaSantaLimitSANTA_MAX_PATTERN      santaSantaLimit = 1024
@@ -90,6 +99,7 @@ type santaSantaReasons struct {
 	PassNoSocket      uint64
 	PassNoRuleset     uint64
 	PassNoMatch       uint64
+	PassInvalidated   uint64
 	PassTooLong       uint64
 	PassBadChecksum   uint64
 	PassNoRoom        uint64
@@ -125,8 +135,12 @@ type santaSantaRule struct {
 	MaxLen     uint16
 	Nconds     uint8
 	Ncopies    uint8
+	Nguards    uint8
+	Pad        [3]uint8
 	Conds      [4]santaSantaCond
 	Copies     [8]santaSantaCopy
+	_          [4]byte
+	Guards     [2]santaSantaGuard
 	Id         uint64
 }
 
@@ -167,6 +181,7 @@ type santaSantaScratch struct {
 const (
 	santaMapSantaBuckets          = "santa_buckets"
 	santaMapSantaCounters         = "santa_counters"
+	santaMapSantaGuards           = "santa_guards"
 	santaMapSantaLocalAddrs       = "santa_local_addrs"
 	santaMapSantaMissSamples      = "santa_miss_samples"
 	santaMapSantaPages            = "santa_pages"
@@ -236,6 +251,7 @@ type santaProgramSpecs struct {
 type santaMapSpecs struct {
 	SantaBuckets      *ebpf.MapSpec `ebpf:"santa_buckets"`
 	SantaCounters     *ebpf.MapSpec `ebpf:"santa_counters"`
+	SantaGuards       *ebpf.MapSpec `ebpf:"santa_guards"`
 	SantaLocalAddrs   *ebpf.MapSpec `ebpf:"santa_local_addrs"`
 	SantaMissSamples  *ebpf.MapSpec `ebpf:"santa_miss_samples"`
 	SantaPages        *ebpf.MapSpec `ebpf:"santa_pages"`
@@ -281,6 +297,7 @@ func (o *santaObjects) Close() error {
 type santaMaps struct {
 	SantaBuckets      *ebpf.Map `ebpf:"santa_buckets"`
 	SantaCounters     *ebpf.Map `ebpf:"santa_counters"`
+	SantaGuards       *ebpf.Map `ebpf:"santa_guards"`
 	SantaLocalAddrs   *ebpf.Map `ebpf:"santa_local_addrs"`
 	SantaMissSamples  *ebpf.Map `ebpf:"santa_miss_samples"`
 	SantaPages        *ebpf.Map `ebpf:"santa_pages"`
@@ -298,6 +315,7 @@ func (m *santaMaps) Close() error {
 	return _SantaClose(
 		m.SantaBuckets,
 		m.SantaCounters,
+		m.SantaGuards,
 		m.SantaLocalAddrs,
 		m.SantaMissSamples,
 		m.SantaPages,

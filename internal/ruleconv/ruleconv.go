@@ -22,6 +22,9 @@ func ToDataplane(r api.Rule) dataplane.Rule {
 			Kind: dataplane.ProcessorKind(p.Kind), ReplyOffset: int(p.ReplyOffset),
 			Template: p.Template, SrcOffset: int(p.SrcOffset), Length: int(p.Length), Mask: p.Mask})
 	}
+	for _, g := range r.Guards {
+		d.Guards = append(d.Guards, dataplane.Guard{Slot: g.Slot, Version: g.Version})
+	}
 	return d
 }
 
@@ -37,6 +40,9 @@ func ToAPI(r dataplane.Rule) api.Rule {
 	for _, p := range r.Processors {
 		out.Processors = append(out.Processors, api.Processor{Kind: uint32(p.Kind), ReplyOffset: uint32(p.ReplyOffset),
 			Template: bytes.Clone(p.Template), SrcOffset: uint32(p.SrcOffset), Length: uint32(p.Length), Mask: bytes.Clone(p.Mask)})
+	}
+	for _, g := range r.Guards {
+		out.Guards = append(out.Guards, api.Guard{Slot: g.Slot, Version: g.Version})
 	}
 	return out
 }

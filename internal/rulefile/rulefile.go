@@ -31,6 +31,14 @@ type Rule struct {
 	ReplyLen   uint32      `json:"reply_len" yaml:"reply_len"`
 	MinLen     uint32      `json:"min_len,omitempty" yaml:"min_len,omitempty"` // shortest request answered, 0 = no bound
 	MaxLen     uint32      `json:"max_len,omitempty" yaml:"max_len,omitempty"` // longest request answered, 0 = no bound
+	Guards     []Guard     `json:"guards,omitempty" yaml:"guards,omitempty"`
+}
+
+// Guard holds while slot Slot of santad's guard map holds Version. Both are
+// always written: slot 0 and version 0 are ordinary values.
+type Guard struct {
+	Slot    uint32 `json:"slot" yaml:"slot"`
+	Version uint64 `json:"version" yaml:"version"`
 }
 
 // Data is a byte string written as exactly one of text, hex or base64.
@@ -193,6 +201,9 @@ func (r Rule) toAPI() (api.Rule, error) {
 			return out, fmt.Errorf("processor %d: give exactly one of put or copy", i)
 		}
 	}
+	for _, g := range r.Guards {
+		out.Guards = append(out.Guards, api.Guard(g))
+	}
 	return out, nil
 }
 
@@ -211,6 +222,9 @@ func FromAPI(rules []api.Rule) File {
 				fr.Processors = append(fr.Processors, Processor{Copy: &Copy{At: p.ReplyOffset, From: p.SrcOffset,
 					Length: p.Length, Mask: maskOf(p.Mask)}})
 			}
+		}
+		for _, g := range r.Guards {
+			fr.Guards = append(fr.Guards, Guard(g))
 		}
 		f.Rules[i] = fr
 	}

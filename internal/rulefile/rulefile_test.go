@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/santa-offload/santa/api"
+	"gopkg.in/yaml.v3"
 )
 
 const yamlFile = `
@@ -23,6 +24,9 @@ rules:
     reply_len: 8
     min_len: 12
     max_len: 512
+    guards:
+      - {slot: 0, version: 18446744073709551615}
+      - {slot: 1048575, version: 3}
 `
 
 var want = []api.Rule{{
@@ -35,6 +39,7 @@ var want = []api.Rule{{
 	ReplyLen: 8,
 	MinLen:   12,
 	MaxLen:   512,
+	Guards:   []api.Guard{{Slot: 0, Version: 1<<64 - 1}, {Slot: 1<<20 - 1, Version: 3}},
 }}
 
 func TestParseYAMLAndJSONRoundTrip(t *testing.T) {
@@ -62,6 +67,16 @@ func TestParseYAMLAndJSONRoundTrip(t *testing.T) {
 	if !strings.Contains(string(js), `"mask":{"hex":"0f80"}`) || !strings.Contains(string(js), `"mask":{"hex":"01"}`) {
 		t.Errorf("masks should print as hex: %s", js)
 	}
+	if !strings.Contains(string(js), `"guards":[{"slot":0,"version":18446744073709551615},{"slot":1048575,"version":3}]`) {
+		t.Errorf("guards should print in full, slot 0 included: %s", js)
+	}
+	ys, err := yaml.Marshal(FromAPI(got))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again, err := Parse(ys); err != nil || !reflect.DeepEqual(again, want) {
+		t.Fatalf("YAML %s parsed to %+v (%v)", ys, again, err)
+	}
 }
 
 func TestParseErrors(t *testing.T) {
@@ -75,6 +90,9 @@ func TestParseErrors(t *testing.T) {
 		"rules:\n- processors: [{put: {at: 0, text: a}, copy: {at: 0}}]\n":             "processor 0: give exactly one of put or copy",
 		"rules:\n- processors: [{}]\n":                                                 "exactly one of put or copy",
 		"rules:\n- reply: 5\n":                                                         "field reply not found",
+		"rules:\n- guards: [{slot: 1, versoin: 2}]\n":                                  "field versoin not found",
+		"rules:\n- guards: [{slot: -1, version: 2}]\n":                                 "cannot unmarshal !!int `-1`",
+		`{"rules": [{"guards": [{"slot": 1, "version": 18446744073709551616}]}]}`:      "cannot unmarshal number",
 		`{"rules": [{"conditions": [{"offset": 0, "text": "a"}], "bogus": 1}]}`:        "unknown field",
 		`{"rules": [{"conditions": [{"offset": 0, "base64": "!!"}], "reply_len": 1}]}`: "base64",
 	} {

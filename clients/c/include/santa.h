@@ -56,6 +56,10 @@ extern "C" {
 #define SANTA_REQUEST_WINDOW 1472
 /** Bytes of one masked copy (santa_rule_copy_masked()). */
 #define SANTA_MAX_COPY_MASK 8
+/** Guards a rule may have (santa_rule_guard()). */
+#define SANTA_MAX_GUARDS 2
+/** Slots of santad's guard map: a guard's slot is below this. */
+#define SANTA_GUARD_SLOTS (1u << 20)
 /** Largest reply payload over IPv4 (santad allows 20 bytes less over IPv6). */
 #define SANTA_MAX_REPLY 1472
 /** Largest miss sample santad sends. */
@@ -252,6 +256,22 @@ SANTA_API int santa_rule_priority(struct santa_rule *rule, uint32_t priority);
  * @return 0, or -1 (see santa_rule_new()).
  */
 SANTA_API int santa_rule_length(struct santa_rule *rule, uint32_t min_len, uint32_t max_len);
+
+/**
+ * Adds a guard: the rule answers only while slot @p slot of santad's guard
+ * map holds @p version. The guard map (an array of SANTA_GUARD_SLOTS 64-bit
+ * counters pinned at <bpffs>/guards, kept across santad restarts) belongs to
+ * write trackers such as `santa memcached`'s: they bump the slots of what a
+ * write changes, so a rule built from a value read before the write stops
+ * answering. A request the rule's conditions match while a guard does not
+ * hold goes to the application (counter pass_invalidated). At most
+ * SANTA_MAX_GUARDS per rule; all must hold.
+ *
+ * @param slot below SANTA_GUARD_SLOTS.
+ * @param version the slot's value the rule was built for.
+ * @return 0, or -1 (see santa_rule_new()).
+ */
+SANTA_API int santa_rule_guard(struct santa_rule *rule, uint32_t slot, uint64_t version);
 
 /** Why a builder call on @p rule failed, or NULL if none did. */
 SANTA_API const char *santa_rule_error(const struct santa_rule *rule);

@@ -46,6 +46,12 @@ static const struct sp_field processor_fields[] = {
 };
 static const struct sp_schema processor_schema = SCHEMA(struct sp_processor, "processor", processor_fields);
 
+static const struct sp_field guard_fields[] = {
+	F_UINT(0, struct sp_guard, slot),
+	F_UINT(1, struct sp_guard, version),
+};
+static const struct sp_schema guard_schema = SCHEMA(struct sp_guard, "guard", guard_fields);
+
 static const struct sp_field rule_fields[] = {
 	F_UINT(0, struct sp_rule, id),
 	F_UINT(1, struct sp_rule, version),
@@ -55,6 +61,7 @@ static const struct sp_field rule_fields[] = {
 	F_UINT(5, struct sp_rule, priority),
 	F_UINT(6, struct sp_rule, min_len),
 	F_UINT(7, struct sp_rule, max_len),
+	F_ARRAY(8, struct sp_rule, guards, guard_schema),
 };
 static const struct sp_schema rule_schema = SCHEMA(struct sp_rule, "rule", rule_fields);
 

@@ -7,8 +7,9 @@
 
 /* A rule is built directly in its wire form, so sending it is a shallow copy. */
 struct santa_rule {
-	struct sp_rule r; /* r.conditions points at conds, r.processors at a malloc'd array */
+	struct sp_rule r; /* r.conditions points at conds, r.guards at guards, r.processors at a malloc'd array */
 	struct sp_condition conds[SANTA_MAX_CONDITIONS];
+	struct sp_guard guards[SANTA_MAX_GUARDS];
 	size_t proc_cap;
 	char err[200]; /* the first builder failure; non-empty makes the rule unusable */
 };

@@ -57,6 +57,12 @@ struct sp_processor {
 	struct sp_bytes mask; /* copy; empty: every bit copied */
 };
 
+/* The rule answers only while slot `slot` of santad's guard map holds `version`. */
+struct sp_guard {
+	uint32_t slot;
+	uint64_t version;
+};
+
 struct sp_rule {
 	uint64_t id;
 	uint32_t version;
@@ -68,6 +74,8 @@ struct sp_rule {
 	uint32_t priority;
 	uint32_t min_len; /* 0: no bound */
 	uint32_t max_len; /* 0: no bound */
+	struct sp_guard *guards;
+	size_t nguards;
 };
 
 struct sp_socket_info {

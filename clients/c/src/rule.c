@@ -47,6 +47,7 @@ struct santa_rule *santa_rule_new(uint32_t reply_len)
 		return NULL;
 	rule->r.reply_len = reply_len;
 	rule->r.conditions = rule->conds;
+	rule->r.guards = rule->guards;
 	return rule;
 }
 
@@ -90,6 +91,22 @@ int santa_rule_length(struct santa_rule *rule, uint32_t min_len, uint32_t max_le
 		return rule_fail(rule, EINVAL, "min length %u exceeds max length %u", min_len, max_len);
 	rule->r.min_len = min_len;
 	rule->r.max_len = max_len;
+	return 0;
+}
+
+int santa_rule_guard(struct santa_rule *rule, uint32_t slot, uint64_t version)
+{
+	size_t i = rule ? rule->r.nguards : 0;
+
+	if (!rule)
+		return rule_fail(NULL, EINVAL, "no rule");
+	if (i == SANTA_MAX_GUARDS)
+		return rule_fail(rule, EINVAL, "guard %zu: a rule has at most %d guards", i, SANTA_MAX_GUARDS);
+	if (slot >= SANTA_GUARD_SLOTS)
+		return rule_fail(rule, EINVAL, "guard %zu: slot %u is past the guard map's %u slots", i, slot,
+		                 SANTA_GUARD_SLOTS);
+	rule->guards[i] = (struct sp_guard){ .slot = slot, .version = version };
+	rule->r.nguards++;
 	return 0;
 }
 

@@ -374,6 +374,19 @@ static struct santa_rule *rule_masked(void)
 	return built(r, rc, "masked");
 }
 
+/* Guards: "GRD" -> reply while slot GUARD_SLOT of santad's guard map holds
+ * version. The test's santad has a fresh guard map (every slot 0), and
+ * nothing writes that slot. */
+#define GUARD_SLOT (SANTA_GUARD_SLOTS - 1)
+static struct santa_rule *rule_guarded(const char *reply, uint64_t version, uint32_t priority)
+{
+	struct santa_rule *r = santa_rule_new(5);
+	int rc = r ? santa_rule_match(r, 0, "GRD", 3) | santa_rule_put(r, 0, reply, 5) |
+	                 santa_rule_guard(r, GUARD_SLOT, version) | santa_rule_priority(r, priority)
+	           : -1;
+	return built(r, rc, "guarded");
+}
+
 /* Valid for the builder, refused by santad: its copies form 9 separate
  * segments of the reply (santad allows 8). */
 static struct santa_rule *rule_too_many_copies(void)
@@ -511,14 +524,17 @@ static void test_family(struct santa_client *c, struct fam *f)
 	struct santa_rule *hello = rule_hello("COMSYS"), *query = rule_query(), *ping = rule_ping();
 	struct santa_rule *modified = rule_hello("MODIFIED"), *again = rule_hello("AGAIN"), *bad = rule_too_many_copies();
 	struct santa_rule *masked = rule_masked();
+	/* the stale rule's guard does not hold: it never answers, though it has the better priority */
+	struct santa_rule *guard_holds = rule_guarded("fresh", 0, 1), *guard_moved = rule_guarded("stale", 1, 0);
 	struct santa_client *sub = NULL;
 	uint64_t so_cookie = 0, cookie2 = 0, ids[2] = { 0, 0 }, new_ids[2] = { 0, 0 }, id3 = 0, id_masked = 0;
+	uint64_t ids_guarded[2] = { 0, 0 };
 	uint64_t hits_hello = 0, bytes_hello = 0, hits_query = 0, bytes_query = 0;
 	uint64_t base_rules = health_rules(c);
 	socklen_t len = sizeof so_cookie;
 	int rc, e;
 
-	if (!hello || !query || !ping || !modified || !again || !bad || !masked)
+	if (!hello || !query || !ping || !modified || !again || !bad || !masked || !guard_holds || !guard_moved)
 		goto out;
 	f->srv = server_socket(f);
 	if (!check(f->srv >= 0, "%s: application socket bound to %s %s", f->name, addr_text(&f->addr),
@@ -661,6 +677,19 @@ static void test_family(struct santa_client *c, struct fam *f)
 	check(rc == 0, "%s: santa_delete(masked rule %" PRIu64 "): rc=%d %s", f->name, id_masked, rc, why(c, rc));
 	expect_rules(c, f, "after the masked rule's delete", replaced, 2);
 
+	/* guards: only the rule whose guard holds answers; with it gone the request reaches the application */
+	const struct santa_rule *guarded[] = { guard_moved, guard_holds };
+	rc = santa_add(c, -1, f->cookie, guarded, 2, ids_guarded);
+	check(rc == 0 && ids_guarded[0] && ids_guarded[1], "%s: santa_add(guarded rules): rc=%d %s", f->name, rc, why(c, rc));
+	expect_reply(f, "guarded rules, the one whose guard holds", "GRD", 3, "fresh", 5);
+	expect_quiet(f, "guarded rules");
+	rc = santa_delete(c, -1, f->cookie, &ids_guarded[1], 1);
+	check(rc == 0, "%s: santa_delete(rule whose guard holds): rc=%d %s", f->name, rc, why(c, rc));
+	expect_app(f, "a rule whose guard does not hold", "GRD", 3);
+	rc = santa_delete(c, -1, f->cookie, &ids_guarded[0], 1);
+	check(rc == 0, "%s: santa_delete(rule whose guard does not hold): rc=%d %s", f->name, rc, why(c, rc));
+	expect_rules(c, f, "after the guarded rules' delete", replaced, 2);
+
 	/* miss samples: 64 bytes of every request no rule answers */
 	sub = santa_connect(NULL);
 	if (!check(sub != NULL, "%s: santa_connect for the subscription %s", f->name, sub ? "" : santa_error(NULL)))
@@ -773,6 +802,8 @@ out:
 	santa_rule_free(again);
 	santa_rule_free(bad);
 	santa_rule_free(masked);
+	santa_rule_free(guard_holds);
+	santa_rule_free(guard_moved);
 }
 
 /* ---- main ------------------------------------------------------------------- */

@@ -33,12 +33,14 @@ static const struct {
 	{ "indefinite array", "a10a9f01ff", "ids: indefinite" },
 	{ "uint where bool", "a10b81a10901", "sockets[0].created: want a bool, got an unsigned integer" },
 	{ "text key", "a1616101", "key: want an unsigned integer, got text" },
-	{ "nested unknown key", "a10981a108 01", "rules[0]: unknown rule key 8" },
+	{ "nested unknown key", "a10981a109 01", "rules[0]: unknown rule key 9" },
 	{ "nested duplicate key", "a10981a204010402", "rules[0]: duplicate rule key 4 (reply_len)" },
 	{ "trailing byte after nesting", "a10981a10281a1014161 00", "trailing bytes" },
 	{ "deep text pattern", "a10981a10281a1016161", "rules[0].conditions[0].pattern: want bytes, got text" },
 	{ "uint32 overflow", "a10d1b0000000100000000", "sample_bytes: 4294967296 does not fit in 32 bits" },
 	{ "uint16 overflow", "a1081a00010000", "port: 65536 does not fit in 16 bits" },
+	{ "guard slot overflow", "a10981a10881a1001b0000000100000000", "rules[0].guards[0].slot: 4294967296 does not fit in 32 bits" },
+	{ "guard not a map", "a10981a1088101", "rules[0].guards[0]: want a map, got an unsigned integer" },
 	{ "duplicate counter", "a111a2616101616102", "counters: duplicate key" },
 	{ "counter value text", "a111a161616162", "counters: want an unsigned integer, got text" },
 	{ "counter key uint", "a111a10101", "counters: want text, got an unsigned integer" },
@@ -64,7 +66,7 @@ static const struct {
 	{ "empty daemon", "a110a0" },
 };
 
-/* Seeds for the mutation test: vectors.json's health response and DNS rule. */
+/* Seeds for the mutation test: vectors.json's health response, DNS rule and guarded rule. */
 static const char *const seeds[] = {
 	"a500010101020110af0065302e332e3001010219109203190e100481a20065766574683001666e61746976650502061903e8071a00"
 	"01000008196000091a010000000a19fffe0b1a000186a00c1a040000000d1903e80e19600011a368616e7377657265641a075bcd15"
@@ -72,6 +74,8 @@ static const char *const seeds[] = {
 	"a5000101040206051b00000100000000070981a40282a20002014401000001a2000c015103777777076578616d706c6503636f6d00"
 	"0382a3000101020246818000010001a2000204020419012c050a",
 	"a40001010202020b81a800191001010402110344c6120001041914e90519fffe09f50a1904d2",
+	"a5000101040210051910010981a50282a20004014400010000a200080148676574206b310d0a0382a200020402a30001010202581d00000001"
+	"000056414c5545206b31203020320d0a76310d0a454e440d0a04181f07100882a200070103a2001a000fffff011b0000000100000001",
 };
 
 /* Decodes data; whatever decodes must re-encode to bytes that decode and

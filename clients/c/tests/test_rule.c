@@ -14,6 +14,10 @@ static const char listing1_hex[] = "a40001010402050981a30281a1014548656c6c6f0381
 static const char masked_hex[] =
 	"a500010104020f051910010981a50282a30002014200000242784fa20004015100010000000000000377777700000100010383a2000204"
 	"02a3000101020246840000010001a500020102030204020542011004182806150719012c";
+/* vectors.json, "add a memcached-style rule with guards" */
+static const char guarded_hex[] =
+	"a5000101040210051910010981a50282a20004014400010000a200080148676574206b310d0a0382a200020402a30001010202581d0000"
+	"0001000056414c5545206b31203020320d0a76310d0a454e440d0a04181f07100882a200070103a2001a000fffff011b0000000100000001";
 
 /* Checks that a builder call failed with EINVAL and recorded why. */
 #define REFUSED(rule, call, text)                                                                          \
@@ -139,6 +143,21 @@ static void test_masks_and_bounds(void)
 	santa_rule_free(r);
 }
 
+static void test_guards(void)
+{
+	char err[256];
+
+	REFUSED_NEW(6, santa_rule_guard(r, SANTA_GUARD_SLOTS, 1), "guard 0: slot 1048576 is past the guard map's 1048576 slots");
+
+	struct santa_rule *r = fresh(6);
+	CHECK(santa_rule_match(r, 0, "a", 1) == 0 && santa_rule_put(r, 0, "x", 1) == 0, "rule");
+	CHECK(santa_rule_guard(r, 0, 0) == 0 && santa_rule_guard(r, SANTA_GUARD_SLOTS - 1, UINT64_MAX) == 0,
+	      "two guards refused: %s", santa_rule_error(r));
+	CHECK(santa_proto_rule_check(r, err, sizeof err) == 0, "guarded rule refused: %s", err);
+	REFUSED(r, santa_rule_guard(r, 1, 1), "guard 2: a rule has at most 2 guards");
+	santa_rule_free(r);
+}
+
 static void test_null(void)
 {
 	errno = 0;
@@ -149,8 +168,23 @@ static void test_null(void)
 	CHECK(santa_rule_match_masked(NULL, 0, "a", "a", 1) == -1, "masked match on NULL");
 	CHECK(santa_rule_copy_masked(NULL, 0, 0, "a", 1) == -1, "masked copy on NULL");
 	CHECK(santa_rule_length(NULL, 1, 2) == -1, "length on NULL");
+	CHECK(santa_rule_guard(NULL, 1, 2) == -1, "guard on NULL");
 	CHECK(santa_rule_error(NULL) == NULL, "error of NULL");
 	santa_rule_free(NULL);
+}
+
+/* Checks that m encodes to the shared vector hex. */
+static void encodes_as(const struct sp_msg *m, const char *hex, const char *what)
+{
+	uint8_t *enc = NULL;
+	size_t len = 0, want_len;
+	unsigned char *want = unhex(hex, &want_len);
+	char err[256];
+
+	CHECK(santa_proto_encode(m, &enc, &len, err, sizeof err) == 0, "%s: encode: %s", what, err);
+	CHECK(len == want_len && memcmp(enc, want, len) == 0, "%s encodes differently", what);
+	free(enc);
+	free(want);
 }
 
 /* The builder's rule, sent as the paper's Listing 1, is the shared vector byte for byte. */
@@ -183,15 +217,23 @@ static void test_wire(void)
 	static const uint8_t name[] = { 0, 1, 0, 0, 0, 0, 0, 0, 3, 'w', 'w', 'w', 0, 0, 1, 0, 1 };
 	r = fresh(40);
 	m = (struct sp_msg){ .v = 1, .op = SP_OP_ADD, .seq = 15, .socket = 4097, .nrules = 1, .rules = &r->r };
-	want = unhex(masked_hex, &want_len);
 	CHECK(santa_rule_match_masked(r, 2, "\0\0", "\x78\x4f", 2) == 0 && santa_rule_match(r, 4, name, sizeof name) == 0 &&
 	      santa_rule_copy(r, 0, 0, 2) == 0 && santa_rule_put(r, 2, "\x84\0\0\1\0\1", 6) == 0 &&
 	      santa_rule_copy_masked(r, 2, 2, "\x01\x10", 2) == 0 && santa_rule_length(r, 21, 300) == 0,
 	      "masked rule: %s", santa_rule_error(r));
-	CHECK(santa_proto_encode(&m, &enc, &len, err, sizeof err) == 0, "encode: %s", err);
-	CHECK(len == want_len && memcmp(enc, want, len) == 0, "masked rule encodes differently");
-	free(enc);
-	free(want);
+	encodes_as(&m, masked_hex, "masked rule");
+	santa_rule_free(r);
+
+	/* guards, one with a 64-bit version */
+	static const char value[] = "\0\0\0\1\0\0VALUE k1 0 2\r\nv1\r\nEND\r\n";
+	r = fresh(31);
+	m = (struct sp_msg){ .v = 1, .op = SP_OP_ADD, .seq = 16, .socket = 4097, .nrules = 1, .rules = &r->r };
+	CHECK(santa_rule_match(r, 4, "\0\1\0\0", 4) == 0 && santa_rule_match(r, 8, "get k1\r\n", 8) == 0 &&
+	      santa_rule_copy(r, 0, 0, 2) == 0 && santa_rule_put(r, 2, value, sizeof value - 1) == 0 &&
+	      santa_rule_length(r, 0, 16) == 0 && santa_rule_guard(r, 7, 3) == 0 &&
+	      santa_rule_guard(r, SANTA_GUARD_SLOTS - 1, (UINT64_C(1) << 32) + 1) == 0,
+	      "guarded rule: %s", santa_rule_error(r));
+	encodes_as(&m, guarded_hex, "guarded rule");
 	santa_rule_free(r);
 }
 
@@ -202,6 +244,7 @@ int main(void)
 	test_processors();
 	test_sticky();
 	test_masks_and_bounds();
+	test_guards();
 	test_null();
 	test_wire();
 	return check_done("test_rule");

@@ -199,6 +199,11 @@ static void spot_checks(const char *name, const struct sp_msg *m)
 		CHECK(m->nstats == 2 && m->stats[0].hits == UINT64_C(1) << 33 && m->stats[0].bytes == UINT64_C(1) << 40 &&
 		          m->stats[1].id == 4 && m->stats[1].hits == 0,
 		      "stats");
+	} else if (strcmp(name, "add a memcached-style rule with guards") == 0) {
+		CHECK(m->nrules == 1 && m->rules[0].nguards == 2 && m->rules[0].guards[0].slot == 7 &&
+		          m->rules[0].guards[0].version == 3 && m->rules[0].guards[1].slot == 0xfffff &&
+		          m->rules[0].guards[1].version == (UINT64_C(1) << 32) + 1,
+		      "guards");
 	} else if (strcmp(name, "bind response") == 0) {
 		CHECK(m->nsockets == 1 && m->sockets[0].created && m->sockets[0].port == 5353 && m->sockets[0].pid == 1234,
 		      "socket info");

@@ -19,7 +19,7 @@ Example::
 
 from .client import Client, Cookie, Health, Sample, Target, socket_path
 from .protocol import (
-    DEFAULT_SOCKET, MAX_FRAME, VERSION, Condition, Copy, DaemonInfo, Error, Interface, Op,
+    DEFAULT_SOCKET, MAX_FRAME, VERSION, Condition, Copy, DaemonInfo, Error, Guard, Interface, Op,
     Processor, ProtocolError, Put, Rule, RuleStats, SocketInfo, Status,
 )
 
@@ -27,7 +27,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Client", "Cookie", "Health", "Sample", "Target", "socket_path",
-    "Condition", "Put", "Copy", "Processor", "Rule", "SocketInfo", "RuleStats", "Interface",
+    "Condition", "Put", "Copy", "Processor", "Guard", "Rule", "SocketInfo", "RuleStats", "Interface",
     "DaemonInfo", "Error", "ProtocolError", "Status", "Op",
     "VERSION", "DEFAULT_SOCKET", "MAX_FRAME", "__version__",
 ]

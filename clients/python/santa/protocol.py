@@ -26,7 +26,7 @@ import cbor2
 
 __all__ = [
     "VERSION", "DEFAULT_SOCKET", "MAX_FRAME", "Op", "Status", "Error", "ProtocolError",
-    "Condition", "Put", "Copy", "Processor", "Rule", "SocketInfo", "RuleStats",
+    "Condition", "Put", "Copy", "Processor", "Guard", "Rule", "SocketInfo", "RuleStats",
     "Interface", "DaemonInfo", "Message", "encode", "decode",
 ]
 
@@ -318,6 +318,19 @@ Processor = Put | Copy
 
 
 @dataclass
+class Guard:
+    """Holds while slot ``slot`` (below 2**20) of santad's guard map holds ``version``.
+
+    The guard map belongs to write trackers (e.g. ``santa memcached``'s): they
+    bump the slots of what a write changes, so a rule built from a value read
+    before the write stops answering.
+    """
+
+    slot: int = _key(0, _U32, 0)
+    version: int = _key(1, _U64, 0)
+
+
+@dataclass
 class Rule:
     """A rule: when all ``conditions`` hold, the reply of ``reply_len`` bytes is
     built by running ``processors`` in order (bytes none writes are zero).
@@ -326,7 +339,8 @@ class Rule:
     ``id`` names the rule in modify requests and in responses; ``version`` is
     set by santad (1 when added, +1 per modify). A request (UDP payload)
     shorter than ``min_len`` or longer than ``max_len`` does not match the
-    rule; 0 is no bound.
+    rule; 0 is no bound. The rule answers only while all its ``guards`` (at
+    most 2) hold; a request it would answer otherwise goes to the application.
     """
 
     conditions: list[Condition] = _key(2, _List(_Struct(Condition)), factory=list)
@@ -337,6 +351,7 @@ class Rule:
     version: int = _key(1, _U32, 0)
     min_len: int = _key(6, _U32, 0)
     max_len: int = _key(7, _U32, 0)
+    guards: list[Guard] = _key(8, _List(_Struct(Guard)), factory=list)
 
 
 @dataclass

@@ -50,7 +50,7 @@ if _missing:
     )
 
 import santa  # noqa: E402  (after the environment check: its message comes first)
-from santa import Condition, Cookie, Copy, Put, Rule, RuleStats, Sample, SocketInfo, Status  # noqa: E402
+from santa import Condition, Cookie, Copy, Guard, Put, Rule, RuleStats, Sample, SocketInfo, Status  # noqa: E402
 
 SANTA_SOCKET = os.environ["SANTA_SOCKET"]
 CLIENT_NS = os.environ["SANTA_CLIENT_NS"]
@@ -351,6 +351,33 @@ def test_masks_and_length_bounds(client: santa.Client, open_server: Callable[[in
     for missed in (b"\x12\x34\x80\x00MSK", b"\x12\x34\x00\x00MSK!"):  # a compared bit differs; too long
         peer.send(missed)
         app_receives(server, peer, missed)
+
+
+@FAMILIES
+def test_guards(client: santa.Client, open_server: Callable[[int, int], socket.socket],
+                open_peer: Callable[[int, int], Peer], family: int, port: int) -> None:
+    server = open_server(family, port)
+    peer = open_peer(family, port)
+    # santad's guard map is fresh (every slot 0) and nothing here writes it: the
+    # stale rule never answers, though it has the better priority
+    slot = (1 << 20) - 2
+    stale = Rule([Condition(0, b"GRD")], [Put(0, b"stale")], reply_len=5, guards=[Guard(slot, 1 << 40)])
+    fresh = Rule([Condition(0, b"GRD")], [Put(0, b"fresh")], reply_len=5, priority=1, guards=[Guard(slot, 0)])
+    stale_id, fresh_id = client.add(server, [stale, fresh])
+    assert client.list_rules(server) == [installed(stale, stale_id), installed(fresh, fresh_id)]
+    assert peer.ask(b"GRD") == b"fresh"
+    assert_unread(server)
+    client.delete(server, [fresh_id])
+    invalidated = client.health().counters.get("pass_invalidated", 0)
+    peer.send(b"GRD")
+    app_receives(server, peer, b"GRD")
+    assert client.health().counters.get("pass_invalidated", 0) == invalidated + 1
+
+    for guards, why in [([Guard(0, 0)] * 3, "at most 2"), ([Guard(1 << 20, 0)], "slot 1048576")]:
+        with pytest.raises(santa.Error) as e:
+            client.add(server, [dataclasses.replace(stale, guards=guards)])
+        assert e.value.status == Status.INVALID and why in e.value.message, e.value
+    assert client.list_rules(server) == [installed(stale, stale_id)]
 
 
 def test_replace_is_atomic(client: santa.Client, open_server: Callable[[int, int], socket.socket],

@@ -12,7 +12,7 @@ import pytest
 
 from santa import protocol
 from santa.protocol import (
-    Condition, Copy, DaemonInfo, Message, ProtocolError, Put, Rule, SocketInfo, Status, decode, encode,
+    Condition, Copy, DaemonInfo, Guard, Message, ProtocolError, Put, Rule, SocketInfo, Status, decode, encode,
 )
 
 VECTORS = pathlib.Path(__file__).resolve().parents[3] / "testdata" / "protocol" / "vectors.json"
@@ -79,7 +79,7 @@ def test_vectors_cover_every_op() -> None:
     ("a2000101", "truncated message"),  # truncated
     ("", "truncated message"),  # empty
     # and more
-    ("a10981a10801", "unknown key 8"),  # unknown key in a nested map: rules[0] = {8: 1}
+    ("a10981a10901", "unknown key 9"),  # unknown key in a nested map: rules[0] = {9: 1}
     ("a20001180001", "duplicate map key 0"),  # duplicate key in a non-shortest encoding: {0:1, 0:1}
     ("a100f5", "want an unsigned integer, got bool"),  # bool where uint: {0: true}
     ("a10b81a10901", "want bool, got integer"),  # uint where bool: sockets[0].created = 1
@@ -104,6 +104,8 @@ def test_vectors_cover_every_op() -> None:
     ("a10981a10381a200010301", "unknown key 3"),  # put with a src_offset
     ("a10981a10381a200020241ff", "unknown key 2"),  # copy with a template
     ("a10981a10381a200010541ff", "unknown key 5"),  # put with a mask
+    ("a10981a10881a1001b0000000100000000", "4294967296 is out of range"),  # guard slot 2^32 overflows uint32
+    ("a10981a10881a10241ff", "unknown key 2"),  # guard with a key 2
     ("a1118101", "want a map, got array"),  # counters is an array
     ("a111a1016100", "want text, got integer"),  # counters keyed by uint
     ("a111a2616100616100", "duplicate map key b'a'"),  # counters with a duplicate text key
@@ -137,6 +139,8 @@ def test_encode_accepts_bytes_like_and_enums() -> None:
     (Message(rules=[Rule([Condition(0, b"x")], ["put"], 1)]), TypeError),
     (Message(rules=[Rule([Condition(0, b"x")], [Put(0, b"x")], True)]), TypeError),
     (Message(port=65536), ValueError),
+    (Message(rules=[Rule([Condition(0, b"x")], [Put(0, b"x")], 1, guards=[Guard(0, 1 << 64)])]), ValueError),
+    (Message(rules=[Rule([Condition(0, b"x")], [Put(0, b"x")], 1, guards=[(0, 1)])]), TypeError),
     (Message(sockets=[SocketInfo(created=1)]), TypeError),
     (Message(error=b"x"), TypeError),
     (Message(rules=[Condition(0, b"x")]), TypeError),

@@ -1,4 +1,6 @@
-package dnsctl
+// Package sketch finds the heavy hitters of a stream of keys: the hot
+// questions or keys a controller offloads.
+package sketch
 
 import (
 	"container/heap"
@@ -23,8 +25,8 @@ type counter struct {
 	index      int // in the heap
 }
 
-// NewSketch keeps k counters.
-func NewSketch(k int) *Sketch {
+// New keeps k counters.
+func New(k int) *Sketch {
 	return &Sketch{k: max(k, 1), byKey: make(map[string]*counter, k)}
 }
 
