@@ -100,7 +100,7 @@ func (r *santadRig) cli(args ...string) (string, error) {
 
 // dnsController is a running `santa dns` offloading n names.
 type dnsController struct {
-	*testbed.DNSController
+	*testbed.Controller
 	n int
 }
 
@@ -127,12 +127,12 @@ func (r *santadRig) startController(ctx context.Context, mode string, args ...st
 			r.logf("  santa dns: %s", l)
 		}
 	}
-	argv := testbed.DNSControllerArgv(filepath.Join(r.bin, "santa"), r.tb.Server.NS, r.sd.Socket, append([]string{mode}, args...)...)
-	ctl, err := testbed.StartDNSController(ctx, argv, 2*time.Minute+time.Duration(2*c.n)*time.Millisecond, progress)
+	argv := testbed.ControllerArgv(filepath.Join(r.bin, "santa"), r.tb.Server.NS, r.sd.Socket, "dns", append([]string{mode}, args...)...)
+	ctl, err := testbed.StartController(ctx, argv, 2*time.Minute+time.Duration(2*c.n)*time.Millisecond, progress)
 	if err != nil {
 		return nil, err
 	}
-	c.DNSController = ctl
+	c.Controller = ctl
 	return c, nil
 }
 

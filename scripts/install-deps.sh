@@ -22,6 +22,9 @@ PACKAGES=(
 	# the other authoritative servers the DNS controller must work with, and
 	# a query generator: knotd (knot), named (bind9), dnsperf
 	knot bind9 dnsperf
+	# the memcached integration: the server (its -U UDP port is what gets
+	# offloaded), memcslap/memcstat and the Python client for the tests
+	memcached libmemcached-tools python3-pymemcache
 	python3-dnspython python3-pip
 	python3-cbor2 python3-pytest python3-setuptools python3-wheel python3-venv
 	valgrind gnuplot-nox
@@ -90,10 +93,11 @@ if ((${#missing[@]})); then
 		out=$(apt-get "${APT_OPTS[@]}" install -y --no-install-recommends "${want[@]}" 2>&1) ||
 			{ printf '%s\n' "$out" >&2; die "apt-get install failed"; }
 
-		# Debian starts the DNS servers it installs. Tests start their own
-		# inside network namespaces; stop and disable the services of the
-		# packages installed just now, so they do not hold port 53 on the
-		# host (a server that was there before is left alone).
+		# Debian starts the DNS servers and memcached it installs. Tests
+		# start their own inside network namespaces; stop and disable the
+		# services of the packages installed just now, so they do not hold
+		# port 53 or 11211 on the host (a server that was there before is
+		# left alone).
 		if [[ -d /run/systemd/system ]]; then
 			services=()
 			for p in "${want[@]}"; do
@@ -101,6 +105,7 @@ if ((${#missing[@]})); then
 				nsd) services+=(nsd) ;;
 				knot) services+=(knot) ;;
 				bind9) services+=(named) ;;
+				memcached) services+=(memcached) ;;
 				esac
 			done
 			if ((${#services[@]})); then

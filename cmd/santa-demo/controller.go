@@ -21,7 +21,7 @@ const dnsShape = "rd,ad,edns=1232,cookie"
 // controller is the DNS controller, `santa dns static` of the build, that
 // root runs in the server namespace against NSD.
 type controller struct {
-	*testbed.DNSController
+	*testbed.Controller
 	seen int // bytes of its output already shown
 }
 
@@ -40,7 +40,7 @@ func (m *demo) startController(verbose bool) (*controller, error) {
 	if verbose {
 		args = append(args, "--verbose")
 	}
-	argv := testbed.DNSControllerArgv(m.bins.santa, m.tb.Server.NS, m.santad.Socket, args...)
+	argv := testbed.ControllerArgv(m.bins.santa, m.tb.Server.NS, m.santad.Socket, "dns", args...)
 	fmt.Fprintln(m.out)
 	fmt.Fprintln(m.out, "Root offloads two of NSD's names with the DNS controller of the build, `santa dns static`:")
 	fmt.Fprintf(m.out, "  $ cat %s\n", namesFile)
@@ -51,14 +51,14 @@ func (m *demo) startController(verbose bool) (*controller, error) {
 	if verbose {
 		onLine = func(l string) { fmt.Fprintln(os.Stderr, l) }
 	}
-	c, err := testbed.StartDNSController(m.ctx, argv, 60*time.Second, onLine)
+	c, err := testbed.StartController(m.ctx, argv, 60*time.Second, onLine)
 	if err != nil {
 		return nil, err
 	}
-	return &controller{DNSController: c}, nil
+	return &controller{Controller: c}, nil
 }
 
-// stop stops the controller (see DNSController.Stop).
+// stop stops the controller (see Controller.Stop).
 func (c *controller) stop() error { return c.Stop(20 * time.Second) }
 
 // line is the controller's first stdout line starting with prefix.

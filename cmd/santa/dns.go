@@ -176,11 +176,7 @@ func (f *dnsFlags) run(e env, g *globals, mode dnsctl.Mode, qs []dnsctl.Question
 		}
 		cfg.Shapes = append(cfg.Shapes, shape)
 	}
-	level := slog.LevelInfo
-	if f.verbose {
-		level = slog.LevelDebug
-	}
-	cfg.Log = slog.New(slog.NewTextHandler(e.stderr, &slog.HandlerOptions{Level: level}))
+	cfg.Log = controllerLog(e, f.verbose)
 	cfg.Ready = func(r dnsctl.Report) {
 		fmt.Fprintf(e.stdout, "ready: %d rules on %d sockets (%d questions not offloaded)\n", r.Rules, r.Sockets, sum(r.Skipped))
 	}
@@ -188,13 +184,8 @@ func (f *dnsFlags) run(e env, g *globals, mode dnsctl.Mode, qs []dnsctl.Question
 	if err != nil {
 		return err
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := controllerContext(f.duration)
 	defer stop()
-	if f.duration > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, f.duration)
-		defer cancel()
-	}
 	err = ctl.Run(ctx)
 	r := ctl.Report()
 	fmt.Fprintf(e.stdout, "done: installed %d, refreshed %d, changed %d, removed %d rules\n",
@@ -208,4 +199,23 @@ func sum(m map[string]int) int {
 		n += v
 	}
 	return n
+}
+
+// controllerLog is a controller's log on stderr, debug lines with verbose.
+func controllerLog(e env, verbose bool) *slog.Logger {
+	level := slog.LevelInfo
+	if verbose {
+		level = slog.LevelDebug
+	}
+	return slog.New(slog.NewTextHandler(e.stderr, &slog.HandlerOptions{Level: level}))
+}
+
+// controllerContext ends on SIGINT, SIGTERM or after d (0: never).
+func controllerContext(d time.Duration) (context.Context, context.CancelFunc) {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	if d <= 0 {
+		return ctx, stop
+	}
+	ctx, cancel := context.WithTimeout(ctx, d)
+	return ctx, func() { cancel(); stop() }
 }

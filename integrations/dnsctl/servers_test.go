@@ -91,10 +91,10 @@ func newRig(t *testing.T, kind string, generated int, extra ...string) *rig {
 
 // startController runs `santa dns ARGS` in the server namespace and waits
 // for its "ready:" line; the test's cleanup stops it.
-func (r *rig) startController(args ...string) *testbed.DNSController {
+func (r *rig) startController(args ...string) *testbed.Controller {
 	r.t.Helper()
-	argv := testbed.DNSControllerArgv(filepath.Join(bin, "santa"), r.tb.Server.NS, r.santad.Socket, args...)
-	c, err := testbed.StartDNSController(context.Background(), argv, 60*time.Second, nil)
+	argv := testbed.ControllerArgv(filepath.Join(bin, "santa"), r.tb.Server.NS, r.santad.Socket, "dns", args...)
+	c, err := testbed.StartController(context.Background(), argv, 60*time.Second, nil)
 	if err != nil {
 		r.t.Fatal(err)
 	}

@@ -74,7 +74,7 @@ func (o *objects) named() map[string]pinner {
 	return out
 }
 
-// Pin pins every map and program of the data plane under dir, by their
+// Pin pins every map and program of the data plane but the guard map under dir, by their
 // names in bpf/, for a successor's OpenPrevious. dir is made if missing; it
 // must lie on a bpffs (EnsureBPFFS) and hold none of these pins yet.
 func (d *Dataplane) Pin(dir string) error {
@@ -83,6 +83,9 @@ func (d *Dataplane) Pin(dir string) error {
 	}
 	var done []pinner
 	for name, obj := range d.objs.named() {
+		if name == "santa_guards" {
+			continue // pinned apart (Config.GuardsPin): pinning again would move it
+		}
 		if err := obj.Pin(filepath.Join(dir, name)); err != nil {
 			for _, p := range done {
 				p.Unpin()

@@ -10,29 +10,36 @@ import (
 	"time"
 )
 
-// DNSController is the DNS controller, `santa dns`, as root runs it: in
-// the server's network namespace, against a santad. The tests, the
-// benchmarks and the demo start it through this.
-type DNSController struct {
+// Controller is a controller of the santa CLI (`santa dns`, `santa
+// memcached`) as root runs it: in the server's network namespace, against a
+// santad. The tests, the benchmarks and the demo start them through this.
+type Controller struct {
 	cmd   *exec.Cmd
 	out   LockedBuffer // stdout (ready:, done:) and the log, in the order written
 	ready string
 	done  chan struct{} // closed once it has exited
 	err   error         // its exit, once done is closed
 	told  bool          // Stop has reported its exit once
+	name  string        // "santa dns", "santa memcached": for messages
 }
 
-// DNSControllerArgv is the command line that runs `santa dns ARGS` with
-// the CLI santaBin in network namespace ns against santad's socket.
-func DNSControllerArgv(santaBin, ns, socket string, args ...string) []string {
-	return append([]string{"nsenter", "--net=/run/netns/" + ns, santaBin, "--socket-path", socket, "dns"}, args...)
+// ControllerArgv is the command line that runs `santa KIND ARGS` (kind
+// "dns" or "memcached") with the CLI santaBin in network namespace ns
+// against santad's socket.
+func ControllerArgv(santaBin, ns, socket, kind string, args ...string) []string {
+	return append([]string{"nsenter", "--net=/run/netns/" + ns, santaBin, "--socket-path", socket, kind}, args...)
 }
 
-// StartDNSController runs the command line of DNSControllerArgv and waits
+// StartController runs the command line of ControllerArgv and waits
 // for its "ready:" line (its first rules are installed by then), at most
 // timeout. onLine, if not nil, gets every line it prints as it comes.
-func StartDNSController(ctx context.Context, argv []string, timeout time.Duration, onLine func(string)) (*DNSController, error) {
-	c := &DNSController{cmd: exec.Command(argv[0], argv[1:]...), done: make(chan struct{})}
+func StartController(ctx context.Context, argv []string, timeout time.Duration, onLine func(string)) (*Controller, error) {
+	c := &Controller{cmd: exec.Command(argv[0], argv[1:]...), done: make(chan struct{}), name: "santa controller"}
+	for i, a := range argv[:len(argv)-1] {
+		if a == "--socket-path" && i+2 < len(argv) {
+			c.name = "santa " + argv[i+2]
+		}
+	}
 	// Own process group: Ctrl-C reaches the caller, which stops it in
 	// order. Pdeathsig: it does not outlive a killed caller.
 	c.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
@@ -42,7 +49,7 @@ func StartDNSController(ctx context.Context, argv []string, timeout time.Duratio
 	}
 	c.cmd.Stderr = c.cmd.Stdout // one pipe: by "ready:", the log before it is read
 	if err := c.cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start santa dns: %w", err)
+		return nil, fmt.Errorf("start controller: %w", err)
 	}
 	ready := make(chan string, 1)
 	go func() {
@@ -62,7 +69,7 @@ func StartDNSController(ctx context.Context, argv []string, timeout time.Duratio
 		c.err = c.cmd.Wait()
 		close(c.done)
 	}()
-	fail := func(err error) (*DNSController, error) {
+	fail := func(err error) (*Controller, error) {
 		if serr := c.Stop(20 * time.Second); serr != nil {
 			err = fmt.Errorf("%w (and stopping it: %v)", err, serr)
 		}
@@ -72,25 +79,25 @@ func StartDNSController(ctx context.Context, argv []string, timeout time.Duratio
 	case c.ready = <-ready:
 		return c, nil
 	case <-c.done:
-		return nil, fmt.Errorf("santa dns exited before it was ready (%v):\n%s", c.err, c.tail())
+		return nil, fmt.Errorf("%s exited before it was ready (%v):\n%s", c.name, c.err, c.tail())
 	case <-ctx.Done():
 		return fail(ctx.Err())
 	case <-time.After(timeout):
-		return fail(fmt.Errorf("santa dns not ready within %v:\n%s", timeout, c.tail()))
+		return fail(fmt.Errorf("%s not ready within %v:\n%s", c.name, timeout, c.tail()))
 	}
 }
 
 // PID is the controller's process (nsenter execs it).
-func (c *DNSController) PID() int { return c.cmd.Process.Pid }
+func (c *Controller) PID() int { return c.cmd.Process.Pid }
 
 // Ready is its "ready:" line.
-func (c *DNSController) Ready() string { return c.ready }
+func (c *Controller) Ready() string { return c.ready }
 
 // Output is everything it printed so far.
-func (c *DNSController) Output() string { return c.out.String() }
+func (c *Controller) Output() string { return c.out.String() }
 
 // tail is the end of its output, for error messages.
-func (c *DNSController) tail() string {
+func (c *Controller) tail() string {
 	lines := strings.Split(strings.TrimSuffix(c.out.String(), "\n"), "\n")
 	return strings.Join(lines[max(0, len(lines)-20):], "\n")
 }
@@ -98,7 +105,7 @@ func (c *DNSController) tail() string {
 // Stop sends SIGTERM (the controller deletes its rules and prints its
 // "done:" line) and waits, SIGKILL after timeout. It may be called again:
 // only the first call reports how the controller ended.
-func (c *DNSController) Stop(timeout time.Duration) error {
+func (c *Controller) Stop(timeout time.Duration) error {
 	select {
 	case <-c.done:
 	default:
@@ -109,12 +116,12 @@ func (c *DNSController) Stop(timeout time.Duration) error {
 			_ = c.cmd.Process.Kill()
 			<-c.done
 			c.told = true
-			return fmt.Errorf("santa dns ignored SIGTERM for %v; killed, its rules left behind:\n%s", timeout, c.tail())
+			return fmt.Errorf("%s ignored SIGTERM for %v; killed, its rules left behind:\n%s", c.name, timeout, c.tail())
 		}
 	}
 	if c.err == nil || c.told {
 		return nil
 	}
 	c.told = true
-	return fmt.Errorf("santa dns: %w:\n%s", c.err, c.tail())
+	return fmt.Errorf("%s: %w:\n%s", c.name, c.err, c.tail())
 }

@@ -1,0 +1,947 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+/* The memcached write tracker (docs/memcached.md). At TC ingress it parses
+ * every request to memcached's ports and bumps the guard slot of each key a
+ * write changes, before memcached sees the write; at TC egress it bumps the
+ * slot again as memcached's reply to that write leaves, i.e. after memcached
+ * has applied it. Rules offloading a key's GET carry the key's slot and the
+ * epoch slot as guards, so no rule built from a value read before a write can
+ * answer once the writer has its reply.
+ *
+ * TCP streams are parsed in order: a segment past a gap is dropped so the
+ * client resends it in order. Each connection keeps the replies it owes as a
+ * queue of runs; a reply that completes pops the queue. Where replies cannot
+ * be counted (quiet commands, unknown commands) the connection falls back to
+ * bumping every key it wrote on every reply; where the requests cannot be
+ * parsed at all, every segment bumps the epoch, which retires every rule. */
+#include "../../../bpf/include/vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+#include "tracker.h"
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
+
+#define ETH_P_IP 0x0800
+#define ETH_P_IPV6 0x86DD
+#define TCX_NEXT -1
+#define TCX_DROP 2
+#define NONZERO(n, mask) ((((n) - 1) & (mask)) + 1)
+
+/* Set by user space before loading (network byte order). */
+volatile const __u16 tcp_port = 0;
+volatile const __u16 udp_port = 0;
+
+/* Guard slot -> version: santad's pinned santa_guards, replaced at load. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(max_entries, MC_GUARD_SLOTS);
+	__uint(map_flags, BPF_F_MMAPABLE);
+} santa_guards SEC(".maps");
+
+/* TCP connection to memcached -> its parsers and owed replies. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct mc_flow_key);
+	__type(value, struct mc_flow);
+	__uint(max_entries, 16384); /* set by user space */
+} mc_flows SEC(".maps");
+
+/* UDP write awaiting its reply -> the slot to bump when the reply leaves. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct mc_udp_key);
+	__type(value, __u32);
+	__uint(max_entries, 65536);
+} mc_udp_writes SEC(".maps");
+
+/* A zeroed connection to initialise new entries from, and per-CPU room to
+ * parse a UDP request in. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct mc_flow);
+	__uint(max_entries, 2);
+} mc_scratch SEC(".maps");
+
+/* What the tracker saw, per CPU. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct mc_counters);
+	__uint(max_entries, 1);
+} mc_events SEC(".maps");
+
+#define COUNT(field)                                                          \
+	do {                                                                  \
+		__u32 _zero = 0;                                              \
+		struct mc_counters *_c = bpf_map_lookup_elem(&mc_events, &_zero); \
+		if (_c)                                                       \
+			_c->field++;                                          \
+	} while (0)
+
+static __always_inline void bump(__u32 slot)
+{
+	__u64 *v = bpf_map_lookup_elem(&santa_guards, &slot);
+	if (v)
+		__sync_fetch_and_add(v, 1);
+}
+
+/* ---- packets ---- */
+
+struct packet {
+	__u8 family;
+	__u8 proto;
+	__u8 tcp_flags;   /* FIN 1, SYN 2, RST 4, ACK 16 */
+	__u16 sport, dport; /* network order */
+	__u32 src[4], dst[4];
+	__u32 seq;        /* TCP, host order */
+	__u32 payload_off;
+	__u32 payload_len;
+};
+
+enum { TCP_FIN = 1, TCP_SYN = 2, TCP_RST = 4, TCP_ACK = 16 };
+
+/* Parse Ethernet, IPv4/IPv6 (with extension headers) and TCP/UDP. Returns 0
+ * for a TCP or UDP packet (non-first fragments excluded). */
+static __always_inline int parse_packet(struct __sk_buff *skb, struct packet *p)
+{
+	__u32 off = 14, end = skb->len;
+	__u32 l3_end;
+	if (skb->protocol == bpf_htons(ETH_P_IP)) {
+		struct iphdr ip;
+		if (bpf_skb_load_bytes(skb, off, &ip, sizeof(ip)))
+			return -1;
+		if (ip.frag_off & bpf_htons(0x1fff)) /* the first fragment carries the command */
+			return -1;
+		p->family = 4;
+		p->proto = ip.protocol;
+		p->src[0] = ip.saddr;
+		p->dst[0] = ip.daddr;
+		l3_end = off + bpf_ntohs(ip.tot_len);
+		off += ip.ihl * 4;
+	} else if (skb->protocol == bpf_htons(ETH_P_IPV6)) {
+		struct ipv6hdr ip6;
+		if (bpf_skb_load_bytes(skb, off, &ip6, sizeof(ip6)))
+			return -1;
+		p->family = 6;
+		__builtin_memcpy(p->src, &ip6.saddr, 16);
+		__builtin_memcpy(p->dst, &ip6.daddr, 16);
+		l3_end = off + sizeof(ip6) + bpf_ntohs(ip6.payload_len);
+		off += sizeof(ip6);
+		__u8 next = ip6.nexthdr;
+		for (int i = 0; i < 4; i++) {
+			if (next != 0 && next != 43 && next != 44 && next != 60)
+				break;
+			__u8 ext[8];
+			if (bpf_skb_load_bytes(skb, off, ext, sizeof(ext)))
+				return -1;
+			if (next == 44) {
+				if (ext[2] | (ext[3] & 0xf8)) /* fragment offset: not the first */
+					return -1;
+				off += 8;
+			} else {
+				off += (ext[1] + 1) * 8;
+			}
+			next = ext[0];
+		}
+		p->proto = next;
+	} else {
+		return -1;
+	}
+	if (l3_end < end)
+		end = l3_end; /* Ethernet padding */
+	if (p->proto == IPPROTO_UDP) {
+		struct udphdr udp;
+		if (bpf_skb_load_bytes(skb, off, &udp, sizeof(udp)))
+			return -1;
+		p->sport = udp.source;
+		p->dport = udp.dest;
+		off += sizeof(udp);
+	} else if (p->proto == IPPROTO_TCP) {
+		struct tcphdr tcp;
+		if (bpf_skb_load_bytes(skb, off, &tcp, sizeof(tcp)))
+			return -1;
+		p->sport = tcp.source;
+		p->dport = tcp.dest;
+		p->seq = bpf_ntohl(tcp.seq);
+		p->tcp_flags = ((__u8 *)&tcp)[13];
+		off += tcp.doff * 4;
+	} else {
+		return -1;
+	}
+	if (off > end)
+		return -1;
+	p->payload_off = off;
+	p->payload_len = end - off;
+	return 0;
+}
+
+/* ---- heads: a command or reply line, or a binary header and its key ---- */
+
+/* Move bytes [pos, end) of the packet into s->head until it holds a whole
+ * head (s->complete). Returns the bytes taken, or -1 when the head outgrows
+ * MC_HEAD or cannot be read. */
+__noinline int mc_take_head(struct __sk_buff *skb, struct mc_stream *s, __u32 pos, __u32 end)
+{
+	if (!s)
+		return -1;
+	__u32 start = pos;
+	s->complete = 0;
+	for (int c = 0; c < MC_HEAD / 64 + 1; c++) {
+		__u32 have = s->head_len;
+		if (have >= MC_HEAD)
+			return -1;
+		if (pos >= end)
+			break;
+		__u32 n = end - pos;
+		if (n > 64)
+			n = 64;
+		if (n > MC_HEAD - have)
+			n = MC_HEAD - have;
+		have &= MC_HEAD - 1;
+		if (bpf_skb_load_bytes(skb, pos, s->head + have, NONZERO(n, 63)))
+			return -1;
+		__u8 magic = s->head[0];
+		if (magic == 0x80 || magic == 0x81) { /* binary request or response */
+			__u32 total = have + n, need = 24;
+			if (total >= 24 && magic == 0x80)
+				need += s->head[4] + ((__u32)s->head[2] << 8 | s->head[3]);
+			if (total >= need) {
+				pos += need - have;
+				s->head_len = need;
+				s->complete = 1;
+				return pos - start;
+			}
+			s->head_len = total;
+			pos += n;
+			continue;
+		}
+		for (__u32 k = 0; k < 64; k++) {
+			if (k >= n)
+				break;
+			if (s->head[have + k] == '\n') {
+				pos += k + 1;
+				s->head_len = have + k + 1;
+				s->complete = 1;
+				return pos - start;
+			}
+		}
+		s->head_len = have + n;
+		pos += n;
+	}
+	return pos - start;
+}
+
+/* k & 7, masked where the verifier sees it (the compiler would drop a mask
+ * it can prove redundant). */
+static __always_inline __u32 bounded8(__u32 k)
+{
+	asm volatile("" : "+r"(k));
+	return k & 7;
+}
+
+/* Tokens of a text head, as memcached splits them (runs of spaces separate). */
+struct tokens {
+	__u32 n;
+	__u16 start[8];
+	__u16 len[8];
+	__u64 flag_firsts; /* tokens 2..: bit (first char - 'A') set, for meta flags */
+};
+
+struct split_walk {
+	const struct mc_stream *s;
+	struct tokens *t;
+	__u32 in; /* inside a token */
+};
+
+static long split_step(__u32 i, struct split_walk *w)
+{
+	const struct mc_stream *s = w->s;
+	struct tokens *t = w->t;
+	if (i >= s->head_len)
+		return 1;
+	__u8 c = s->head[i & (MC_HEAD - 1)];
+	int sep = c == ' ' || c == '\r' || c == '\n';
+	__u32 n = t->n;
+	if (!sep && !w->in) {
+		w->in = 1;
+		if (n < 8)
+			t->start[bounded8(n)] = i;
+		if (n >= 2 && c >= 'A' && c <= 'z')
+			t->flag_firsts |= 1ull << ((c - 'A') & 63);
+	} else if (sep && w->in) {
+		w->in = 0;
+		if (n < 8)
+			t->len[bounded8(n)] = i - t->start[bounded8(n)];
+		t->n = n + 1;
+	}
+	return 0;
+}
+
+static __always_inline void split(const struct mc_stream *s, struct tokens *t)
+{
+	struct split_walk w = {.s = s, .t = t};
+	bpf_loop(MC_HEAD, split_step, &w, 0);
+}
+
+/* A word of up to 16 bytes, packed little-endian. */
+struct word {
+	__u64 lo, hi;
+	__u32 len;
+};
+
+/* Token k equals word w. */
+__noinline int mc_token_is(const struct mc_stream *s, const struct tokens *t, __u32 k, const struct word *w)
+{
+	if (!s || !t || !w || k >= t->n || k >= 8)
+		return 0;
+	k = bounded8(k);
+	if (t->len[k] != w->len)
+		return 0;
+	__u64 lo = w->lo, hi = w->hi;
+	__u32 wlen = w->len;
+	__u32 at = t->start[k];
+	for (__u32 i = 0; i < 16; i++) {
+		if (i >= wlen)
+			break;
+		__u8 want = (i < 8 ? lo >> (i * 8) : hi >> ((i - 8) * 8)) & 0xff;
+		if (s->head[(at + i) & (MC_HEAD - 1)] != want)
+			return 0;
+	}
+	return 1;
+}
+
+/* Bytes off..off+7 of a string literal as a little-endian word (folded at compile time). */
+#define PACK8(w, off)                                                                            \
+	((__u64)(sizeof(w) > (off) + 0 ? (__u8)(w)[(off) + 0] : 0) |                              \
+	 (__u64)(sizeof(w) > (off) + 1 ? (__u8)(w)[(off) + 1] : 0) << 8 |                         \
+	 (__u64)(sizeof(w) > (off) + 2 ? (__u8)(w)[(off) + 2] : 0) << 16 |                        \
+	 (__u64)(sizeof(w) > (off) + 3 ? (__u8)(w)[(off) + 3] : 0) << 24 |                        \
+	 (__u64)(sizeof(w) > (off) + 4 ? (__u8)(w)[(off) + 4] : 0) << 32 |                        \
+	 (__u64)(sizeof(w) > (off) + 5 ? (__u8)(w)[(off) + 5] : 0) << 40 |                        \
+	 (__u64)(sizeof(w) > (off) + 6 ? (__u8)(w)[(off) + 6] : 0) << 48 |                        \
+	 (__u64)(sizeof(w) > (off) + 7 ? (__u8)(w)[(off) + 7] : 0) << 56)
+#define IS(k, w)                                                                 \
+	({                                                                       \
+		struct word _w = {PACK8(w, 0), PACK8(w, 8), sizeof(w) - 1};      \
+		mc_token_is(s, t, k, &_w);                                       \
+	})
+
+/* Token k as a decimal number, or -1. */
+__noinline __s64 mc_token_num(const struct mc_stream *s, const struct tokens *t, __u32 k)
+{
+	if (!s || !t || k >= t->n || k >= 8)
+		return -1;
+	k = bounded8(k);
+	__u32 at = t->start[k], len = t->len[k];
+	if (len == 0 || len > 10)
+		return -1;
+	__s64 v = 0;
+	for (__u32 i = 0; i < 10; i++) {
+		if (i >= len)
+			break;
+		__u8 c = s->head[(at + i) & (MC_HEAD - 1)];
+		if (c < '0' || c > '9')
+			return -1;
+		v = v * 10 + (c - '0');
+	}
+	return v;
+}
+#define token_num mc_token_num
+
+/* The guard slot of the key at head[at, at + len): mcctl.KeySlot is the twin. */
+__noinline __u32 mc_key_slot(const struct mc_stream *s, __u32 at, __u32 len)
+{
+	if (!s)
+		return MC_EPOCH_SLOT;
+	__u32 h = MC_FNV_BASIS;
+	for (__u32 i = 0; i < MC_MAX_KEY; i++) {
+		if (i >= len)
+			break;
+		h = (h ^ s->head[(at + i) & (MC_HEAD - 1)]) * MC_FNV_PRIME;
+	}
+	__u32 slot = h & (MC_GUARD_SLOTS - 1);
+	return slot < MC_FIRST_KEY_SLOT ? slot + MC_FIRST_KEY_SLOT : slot;
+}
+#define key_slot mc_key_slot
+
+/* What a request does. */
+enum mc_kind {
+	MC_READ = 1,  /* changes nothing; one reply */
+	MC_WRITE,     /* changes slot; one reply unless noreply */
+	MC_QUIET,     /* replies only sometimes; a write if slot != 0 */
+	MC_UNKNOWN,   /* not a data command this tracker knows; changes no key */
+	MC_BAD,       /* memcached's reading of what follows cannot be predicted */
+};
+
+struct verdict {
+	__u32 kind;
+	__u32 slot;
+	__u32 skip;   /* value bytes that follow the head */
+	__u32 noreply;
+};
+
+static __always_inline void binary_request(const struct mc_stream *s, struct verdict *v)
+{
+	__u8 op = s->head[1];
+	__u32 extlen = s->head[4], keylen = (__u32)s->head[2] << 8 | s->head[3];
+	__u32 body = (__u32)s->head[8] << 24 | (__u32)s->head[9] << 16 | (__u32)s->head[10] << 8 | s->head[11];
+	if (body < extlen + keylen || keylen > MC_MAX_KEY) {
+		v->kind = MC_BAD;
+		return;
+	}
+	v->skip = body - extlen - keylen;
+	__u32 slot = keylen ? key_slot(s, 24 + extlen, keylen) : MC_EPOCH_SLOT;
+	switch (op) {
+	case 0x00: case 0x0c: case 0x0a: case 0x0b: case 0x07: /* get, getk, noop, version, quit */
+		v->kind = MC_READ;
+		break;
+	case 0x09: case 0x0d: case 0x17: /* getq, getkq, quitq */
+		v->kind = MC_QUIET;
+		break;
+	case 0x01: case 0x02: case 0x03: case 0x04: case 0x05: case 0x06: /* set add replace delete incr decr */
+	case 0x0e: case 0x0f: case 0x1c: case 0x1d: case 0x23: /* append prepend touch gat gatk */
+		v->kind = MC_WRITE;
+		v->slot = slot;
+		break;
+	case 0x08: /* flush */
+		v->kind = MC_WRITE;
+		v->slot = MC_EPOCH_SLOT;
+		break;
+	case 0x11: case 0x12: case 0x13: case 0x14: case 0x15: case 0x16: /* quiet writes */
+	case 0x19: case 0x1a: case 0x1e: case 0x24:
+		v->kind = MC_QUIET;
+		v->slot = slot;
+		break;
+	case 0x18: /* flushq */
+		v->kind = MC_QUIET;
+		v->slot = MC_EPOCH_SLOT;
+		break;
+	default:
+		v->kind = MC_UNKNOWN;
+	}
+}
+
+#define FLAG(c) (1ull << ((c) - 'A'))
+
+/* Classify the request head in s. */
+__noinline int mc_classify(const struct mc_stream *s, struct verdict *v)
+{
+	if (!s || !v)
+		return 0;
+	if (s->head[0] == 0x80) {
+		binary_request(s, v);
+		return 0;
+	}
+	struct tokens tok = {};
+	struct tokens *t = &tok;
+	split(s, t);
+	/* the key, where the command has one; memcached refuses longer ones */
+	__u32 key_len = t->n > 1 ? t->len[1] : 0;
+	__u32 slot = key_len ? key_slot(s, t->start[1], key_len) : 0;
+	int last_noreply = IS(t->n - 1, "noreply");
+	if (t->n > 1 && key_len > MC_MAX_KEY) {
+		v->kind = MC_BAD;
+		return 0;
+	}
+	if (IS(0, "get") || IS(0, "gets") || IS(0, "version") || IS(0, "mn") || IS(0, "me") || IS(0, "quit")) {
+		v->kind = MC_READ;
+		v->noreply = IS(0, "quit");
+	} else if (IS(0, "set") || IS(0, "add") || IS(0, "replace") || IS(0, "append") || IS(0, "prepend") ||
+		   IS(0, "cas")) {
+		__s64 bytes = token_num(s, t, 4);
+		__u32 want = IS(0, "cas") ? 6 : 5; /* tokens without noreply */
+		if (t->n < want || t->n > want + 1 || bytes < 0 || bytes > (1 << 30) ||
+		    (t->n == want + 1 && !last_noreply)) {
+			v->kind = MC_BAD;
+			return 0;
+		}
+		v->kind = MC_WRITE;
+		v->slot = slot;
+		v->skip = bytes + 2;
+		v->noreply = last_noreply;
+	} else if (IS(0, "incr") || IS(0, "decr") || IS(0, "delete") || IS(0, "touch")) {
+		if (t->n < 2) {
+			v->kind = MC_BAD;
+			return 0;
+		}
+		v->kind = MC_WRITE;
+		v->slot = slot;
+		v->noreply = last_noreply;
+	} else if (IS(0, "gat") || IS(0, "gats")) {
+		/* gat <exptime> <key>*: changes the expiry of every key */
+		v->kind = MC_WRITE;
+		v->slot = t->n == 3 ? key_slot(s, t->start[2], t->len[2]) : MC_EPOCH_SLOT;
+	} else if (IS(0, "flush_all")) {
+		v->kind = MC_WRITE;
+		v->slot = MC_EPOCH_SLOT;
+		v->noreply = last_noreply;
+	} else if (IS(0, "verbosity")) {
+		v->kind = MC_READ;
+		v->noreply = last_noreply;
+	} else if (IS(0, "mg") || IS(0, "ms") || IS(0, "md") || IS(0, "ma")) {
+		if (t->n < 2) {
+			v->kind = MC_BAD;
+			return 0;
+		}
+		int write = !IS(0, "mg") || (t->flag_firsts & (FLAG('T') | FLAG('N') | FLAG('E')));
+		if (IS(0, "ms")) {
+			__s64 bytes = token_num(s, t, 2);
+			if (bytes < 0 || bytes > (1 << 30)) {
+				v->kind = MC_BAD;
+				return 0;
+			}
+			v->skip = bytes + 2;
+		}
+		v->kind = t->flag_firsts & FLAG('q') ? MC_QUIET : write ? MC_WRITE : MC_READ;
+		if (write) /* b: the key is base64, so its slot is unknown */
+			v->slot = t->flag_firsts & FLAG('b') ? MC_EPOCH_SLOT : slot;
+	} else {
+		v->kind = MC_UNKNOWN;
+	}
+	return 0;
+}
+
+/* ---- TCP connections ---- */
+
+__noinline int mc_sticky_add(struct mc_flow *f, __u32 slot)
+{
+	if (!f)
+		return 0;
+	for (__u32 i = 0; i < MC_STICKY; i++) {
+		if (i >= f->nsticky)
+			break;
+		if (f->sticky[i] == slot)
+			return 0;
+	}
+	if (f->nsticky < MC_STICKY)
+		f->sticky[f->nsticky++ & (MC_STICKY - 1)] = slot;
+	else
+		f->sticky[0] = MC_EPOCH_SLOT; /* full: every reply retires everything */
+	return 0;
+}
+
+__noinline int mc_bump_sticky(struct mc_flow *f)
+{
+	if (!f)
+		return 0;
+	for (__u32 i = 0; i < MC_STICKY; i++) {
+		if (i >= f->nsticky)
+			break;
+		bump(f->sticky[i]);
+	}
+	return 0;
+}
+
+/* From now on replies are not counted: the writes still owed a reply join
+ * the sticky slots, which every reply bumps. */
+__noinline int mc_uncount(struct mc_flow *f)
+{
+	if (!f)
+		return 0;
+	if (f->flags & MC_FLOW_UNCOUNTED)
+		return 0;
+	f->flags |= MC_FLOW_UNCOUNTED;
+	COUNT(uncounted_flows);
+	for (__u32 i = 0; i < MC_QUEUE; i++) {
+		if (f->head + i >= f->tail)
+			break;
+		__u32 slot = f->queue[(f->head + i) & (MC_QUEUE - 1)].slot;
+		if (slot)
+			mc_sticky_add(f, slot);
+	}
+	f->head = f->tail = 0;
+	return 0;
+}
+
+/* Record a reply the connection owes (count 1) or a noreply write (count 0). */
+__noinline int mc_owe(struct mc_flow *f, __u32 slot, __u32 count)
+{
+	if (!f)
+		return 0;
+	if (f->flags & MC_FLOW_UNCOUNTED) {
+		if (slot)
+			mc_sticky_add(f, slot);
+		return 0;
+	}
+	if (!slot && f->tail != f->head) {
+		struct mc_owed *last = &f->queue[(f->tail - 1) & (MC_QUEUE - 1)];
+		if (!last->slot) {
+			last->count += count;
+			return 0;
+		}
+	}
+	if (f->tail - f->head >= MC_QUEUE) {
+		mc_uncount(f);
+		if (slot)
+			mc_sticky_add(f, slot);
+		return 0;
+	}
+	struct mc_owed *e = &f->queue[f->tail & (MC_QUEUE - 1)];
+	e->slot = slot;
+	e->count = count;
+	f->tail++;
+	return 0;
+}
+
+/* A whole reply left: everything before it has been applied. */
+__noinline int mc_reply_done(struct mc_flow *f)
+{
+	if (!f)
+		return 0;
+	for (__u32 i = 0; i < MC_QUEUE; i++) {
+		if (f->head == f->tail)
+			break;
+		struct mc_owed *e = &f->queue[f->head & (MC_QUEUE - 1)];
+		if (e->count) {
+			if (e->slot) {
+				bump(e->slot);
+				COUNT(replies_bumped);
+			}
+			if (--e->count == 0)
+				f->head++;
+			COUNT(replies_counted);
+			return 0;
+		}
+		bump(e->slot); /* a noreply write, applied before this reply */
+		f->head++;
+	}
+	mc_uncount(f); /* a reply nobody asked for: the count is off */
+	mc_bump_sticky(f);
+	return 0;
+}
+
+static __always_inline void lose(struct mc_flow *f)
+{
+	if (!(f->flags & MC_FLOW_LOST))
+		COUNT(lost_flows);
+	f->flags |= MC_FLOW_LOST;
+	bump(MC_EPOCH_SLOT);
+}
+
+/* The request head in f->in is whole: act on it. */
+__noinline int mc_request(struct mc_flow *f)
+{
+	if (!f)
+		return 0;
+	struct verdict v = {};
+	mc_classify(&f->in, &v);
+	switch (v.kind) {
+	case MC_READ:
+		COUNT(reads);
+		mc_owe(f, 0, !v.noreply);
+		break;
+	case MC_WRITE:
+		bump(v.slot);
+		if (v.slot == MC_EPOCH_SLOT)
+			COUNT(epoch_writes);
+		else
+			COUNT(writes);
+		mc_owe(f, v.slot, !v.noreply);
+		break;
+	case MC_QUIET:
+		if (v.slot) {
+			bump(v.slot);
+			COUNT(writes);
+		}
+		mc_uncount(f);
+		mc_owe(f, v.slot, 0);
+		break;
+	case MC_UNKNOWN:
+		mc_uncount(f);
+		break;
+	default:
+		lose(f);
+		return 0;
+	}
+	f->in.skip = v.skip;
+	return 0;
+}
+
+/* The reply head in f->out is whole: act on it. */
+__noinline int mc_reply(struct mc_flow *f)
+{
+	if (!f)
+		return 0;
+	struct mc_stream *s = &f->out;
+	if (s->head[0] == 0x81) {
+		s->skip = (__u32)s->head[8] << 24 | (__u32)s->head[9] << 16 | (__u32)s->head[10] << 8 | s->head[11];
+		if (s->skip)
+			s->unit_after_skip = 1;
+		else
+			mc_reply_done(f);
+		return 0;
+	}
+	struct tokens tok = {};
+	struct tokens *t = &tok;
+	split(s, t);
+	if (IS(0, "VALUE")) { /* VALUE <key> <flags> <bytes> [<cas>]: more until END */
+		__s64 bytes = token_num(s, t, 3);
+		if (bytes < 0) {
+			mc_uncount(f);
+			return 0;
+		}
+		s->skip = bytes + 2;
+	} else if (IS(0, "VA")) { /* meta: VA <bytes> <flags>*, then the value ends the reply */
+		__s64 bytes = token_num(s, t, 1);
+		if (bytes < 0) {
+			mc_uncount(f);
+			return 0;
+		}
+		s->skip = bytes + 2;
+		s->unit_after_skip = 1;
+	} else if (!IS(0, "STAT")) {
+		mc_reply_done(f);
+	}
+	return 0;
+}
+
+struct walk {
+	struct __sk_buff *skb;
+	struct mc_flow *flow;
+	__u32 pos;
+	__u32 end;
+	__u32 egress;
+};
+
+static long walk_step(__u32 i, struct walk *w)
+{
+	struct mc_flow *f = w->flow;
+	if (w->pos >= w->end || (f->flags & (MC_FLOW_LOST | MC_FLOW_UNCOUNTED) && w->egress) ||
+	    (f->flags & MC_FLOW_LOST))
+		return 1;
+	struct mc_stream *s = w->egress ? &f->out : &f->in;
+	if (s->skip) {
+		__u32 n = w->end - w->pos;
+		if (n > s->skip)
+			n = s->skip;
+		s->skip -= n;
+		w->pos += n;
+		if (!s->skip && s->unit_after_skip) {
+			s->unit_after_skip = 0;
+			mc_reply_done(f);
+		}
+		return 0;
+	}
+	int taken = mc_take_head(w->skb, s, w->pos, w->end);
+	if (taken < 0) {
+		if (w->egress)
+			mc_uncount(f);
+		else
+			lose(f);
+		return 1;
+	}
+	w->pos += taken;
+	if (!s->complete)
+		return 1;
+	if (w->egress)
+		mc_reply(f);
+	else
+		mc_request(f);
+	s->head_len = 0;
+	return 0;
+}
+
+/* Parse the new bytes of a segment; returns 0 if it is to be dropped. */
+static __always_inline int walk_segment(struct __sk_buff *skb, struct mc_flow *f, const struct packet *p,
+					int egress)
+{
+	struct mc_stream *s = egress ? &f->out : &f->in;
+	__u32 end_seq = p->seq + p->payload_len;
+	if ((__s32)(end_seq - s->seq) <= 0)
+		return 1; /* a retransmission of parsed bytes */
+	__u32 skipped = s->seq - p->seq;
+	if ((__s32)skipped < 0) { /* past a gap */
+		if (!egress) {
+			COUNT(dropped_out_of_order);
+			return 0;
+		}
+		mc_uncount(f);
+		mc_bump_sticky(f);
+		return 1;
+	}
+	struct walk w = {.skb = skb, .flow = f, .pos = p->payload_off + skipped,
+			 .end = p->payload_off + p->payload_len, .egress = egress};
+	bpf_loop(1 << 16, walk_step, &w, 0);
+	s->seq = end_seq;
+	return 1;
+}
+
+static __always_inline void flow_key(struct mc_flow_key *k, const struct packet *p, int egress)
+{
+	k->family = p->family;
+	k->client_port = egress ? p->dport : p->sport;
+	__builtin_memcpy(k->client, egress ? p->dst : p->src, 16);
+	__builtin_memcpy(k->server, egress ? p->src : p->dst, 16);
+}
+
+/* The connection ends: whatever it still owes has been applied. */
+static __always_inline void retire(struct mc_flow *f, const struct mc_flow_key *k)
+{
+	for (__u32 i = 0; i < MC_QUEUE; i++) {
+		if (f->head + i >= f->tail)
+			break;
+		bump(f->queue[(f->head + i) & (MC_QUEUE - 1)].slot);
+	}
+	mc_bump_sticky(f);
+	bpf_map_delete_elem(&mc_flows, k);
+}
+
+static __always_inline int tcp_request(struct __sk_buff *skb, const struct packet *p)
+{
+	struct mc_flow_key k = {};
+	flow_key(&k, p, 0);
+	if ((p->tcp_flags & (TCP_SYN | TCP_ACK)) == TCP_SYN) {
+		__u32 zero = 0;
+		struct mc_flow *init = bpf_map_lookup_elem(&mc_scratch, &zero);
+		if (!init)
+			return TCX_NEXT;
+		bpf_map_update_elem(&mc_flows, &k, init, BPF_ANY);
+		struct mc_flow *f = bpf_map_lookup_elem(&mc_flows, &k);
+		if (f)
+			f->in.seq = p->seq + 1;
+		return TCX_NEXT;
+	}
+	struct mc_flow *f = bpf_map_lookup_elem(&mc_flows, &k);
+	if (!p->payload_len)
+		return TCX_NEXT;
+	if (!f) {
+		bump(MC_EPOCH_SLOT);
+		COUNT(untracked_segments);
+		return TCX_NEXT;
+	}
+	if (f->flags & MC_FLOW_LOST) {
+		bump(MC_EPOCH_SLOT);
+		return TCX_NEXT;
+	}
+	return walk_segment(skb, f, p, 0) ? TCX_NEXT : TCX_DROP;
+}
+
+static __always_inline int tcp_reply(struct __sk_buff *skb, const struct packet *p)
+{
+	struct mc_flow_key k = {};
+	flow_key(&k, p, 1);
+	struct mc_flow *f = bpf_map_lookup_elem(&mc_flows, &k);
+	if ((p->tcp_flags & (TCP_SYN | TCP_ACK)) == (TCP_SYN | TCP_ACK)) {
+		if (f) {
+			f->out.seq = p->seq + 1;
+			f->flags |= MC_FLOW_SYNACK;
+		}
+		return TCX_NEXT;
+	}
+	if (!f) {
+		if (p->payload_len) {
+			bump(MC_EPOCH_SLOT);
+			COUNT(untracked_segments);
+		}
+		return TCX_NEXT;
+	}
+	if (p->payload_len) {
+		if (f->flags & MC_FLOW_LOST)
+			bump(MC_EPOCH_SLOT);
+		else if (f->flags & MC_FLOW_UNCOUNTED || !(f->flags & MC_FLOW_SYNACK))
+			mc_uncount(f), mc_bump_sticky(f);
+		else
+			walk_segment(skb, f, p, 1);
+	}
+	if (p->tcp_flags & (TCP_FIN | TCP_RST))
+		retire(f, &k);
+	return TCX_NEXT;
+}
+
+/* ---- UDP ---- */
+
+static __always_inline void udp_key(struct mc_udp_key *k, const struct packet *p, int egress, __u16 id)
+{
+	k->family = p->family;
+	k->client_port = egress ? p->dport : p->sport;
+	k->request_id = id;
+	__builtin_memcpy(k->client, egress ? p->dst : p->src, 16);
+}
+
+static __always_inline int udp_request(struct __sk_buff *skb, const struct packet *p)
+{
+	__u16 id;
+	if (p->payload_len < 8 || bpf_skb_load_bytes(skb, p->payload_off, &id, sizeof(id)))
+		return TCX_NEXT;
+	__u32 one = 1;
+	struct mc_flow *scratch = bpf_map_lookup_elem(&mc_scratch, &one);
+	if (!scratch)
+		return TCX_NEXT;
+	struct mc_stream *s = &scratch->in;
+	s->head_len = 0;
+	__u32 start = p->payload_off + 8, end = p->payload_off + p->payload_len;
+	int taken = mc_take_head(skb, s, start, end);
+	if (taken <= 0 || !s->complete) { /* no whole command: memcached changes nothing */
+		COUNT(reads);
+		return TCX_NEXT;
+	}
+	struct verdict v = {};
+	mc_classify(s, &v);
+	int single = start + taken + v.skip >= end;
+	if (single && (v.kind == MC_READ || v.kind == MC_UNKNOWN || (v.kind == MC_QUIET && !v.slot))) {
+		COUNT(reads);
+		return TCX_NEXT;
+	}
+	/* a bad command line, or more than one command: not worth parsing */
+	__u32 slot = single && v.slot ? v.slot : MC_EPOCH_SLOT;
+	bump(slot);
+	if (slot == MC_EPOCH_SLOT)
+		COUNT(epoch_writes);
+	else
+		COUNT(writes);
+	COUNT(udp_writes);
+	struct mc_udp_key k = {};
+	udp_key(&k, p, 0, id);
+	bpf_map_update_elem(&mc_udp_writes, &k, &slot, BPF_ANY);
+	return TCX_NEXT;
+}
+
+static __always_inline int udp_reply(struct __sk_buff *skb, const struct packet *p)
+{
+	__u16 id;
+	if (p->payload_len < 8 || bpf_skb_load_bytes(skb, p->payload_off, &id, sizeof(id)))
+		return TCX_NEXT;
+	struct mc_udp_key k = {};
+	udp_key(&k, p, 1, id);
+	__u32 *slot = bpf_map_lookup_elem(&mc_udp_writes, &k);
+	if (slot) {
+		bump(*slot);
+		COUNT(udp_replies_bumped);
+		/* a datagram of several commands gets a reply per command, each
+		 * after its command: the epoch entry stays for all of them */
+		if (*slot != MC_EPOCH_SLOT)
+			bpf_map_delete_elem(&mc_udp_writes, &k);
+	}
+	return TCX_NEXT;
+}
+
+SEC("tc")
+int mc_ingress(struct __sk_buff *skb)
+{
+	struct packet p = {};
+	if (parse_packet(skb, &p))
+		return TCX_NEXT;
+	if (p.proto == IPPROTO_TCP && p.dport == tcp_port)
+		return tcp_request(skb, &p);
+	if (p.proto == IPPROTO_UDP && p.dport == udp_port)
+		return udp_request(skb, &p);
+	return TCX_NEXT;
+}
+
+SEC("tc")
+int mc_egress(struct __sk_buff *skb)
+{
+	struct packet p = {};
+	if (parse_packet(skb, &p))
+		return TCX_NEXT;
+	if (p.proto == IPPROTO_TCP && p.sport == tcp_port)
+		return tcp_reply(skb, &p);
+	if (p.proto == IPPROTO_UDP && p.sport == udp_port)
+		return udp_reply(skb, &p);
+	return TCX_NEXT;
+}
+
+/* Emit the limits into BTF for bpf2go. */
+const enum mc_limit *mc_limit_layout __attribute__((unused));

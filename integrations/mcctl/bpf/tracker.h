@@ -1,0 +1,82 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* Layouts the memcached write tracker shares with user space (via bpf2go). */
+#pragma once
+
+enum mc_limit {
+	MC_GUARD_SLOTS = 1 << 20, /* santa_guards' slots (SANTA_GUARD_SLOTS) */
+	MC_EPOCH_SLOT = 1,        /* bumped by writes of unknown keys: retires every rule */
+	MC_FIRST_KEY_SLOT = 2,    /* key slots are hash & (MC_GUARD_SLOTS - 1), moved up past these */
+	MC_HEAD = 512,            /* bytes of a command or reply head carried across segments */
+	MC_QUEUE = 16,            /* replies a connection may owe before it is tracked coarsely */
+	MC_STICKY = 8,            /* keys a coarsely tracked connection remembers */
+	MC_MAX_KEY = 250,         /* memcached's key length limit */
+	MC_FNV_BASIS = 2166136261u,
+	MC_FNV_PRIME = 16777619u,
+	/* struct mc_flow.flags */
+	MC_FLOW_SYNACK = 1,       /* out.seq is known */
+	MC_FLOW_UNCOUNTED = 2,    /* replies cannot be counted: every reply bumps the sticky keys */
+	MC_FLOW_LOST = 4,         /* the request stream cannot be parsed: every segment bumps the epoch */
+};
+
+/* One direction of a TCP connection: where its parser stands. */
+struct mc_stream {
+	__u32 seq;       /* sequence number of the next byte to parse */
+	__u32 skip;      /* data bytes (a value) to pass over before the next head */
+	__u16 head_len;  /* bytes of an incomplete head in head[] */
+	__u8 unit_after_skip; /* replies: a reply ends when the skipped value does */
+	__u8 complete;   /* head[] holds a whole head (a line, or a binary header and key) */
+	__u8 head[MC_HEAD + 64]; /* slack: loads of up to 64 bytes at head_len < MC_HEAD */
+};
+
+/* A run of replies a connection owes, in order: count replies to reads
+ * (slot 0), or the reply to a write of slot (count 1; 0 for noreply). */
+struct mc_owed {
+	__u32 slot;
+	__u32 count;
+};
+
+/* A memcached TCP connection, keyed by struct mc_flow_key. */
+struct mc_flow {
+	struct mc_stream in;  /* requests, client to memcached */
+	struct mc_stream out; /* replies */
+	__u32 flags;
+	__u32 head;           /* queue[head % MC_QUEUE] is the oldest owed run */
+	__u32 tail;
+	__u32 nsticky;
+	struct mc_owed queue[MC_QUEUE];
+	__u32 sticky[MC_STICKY]; /* slots written on an uncounted connection */
+};
+
+struct mc_flow_key {
+	__u8 family;
+	__u8 pad;
+	__u16 client_port;
+	__u32 client[4];
+	__u32 server[4];
+};
+
+/* A UDP write awaiting memcached's reply, by client and request id. */
+struct mc_udp_key {
+	__u8 family;
+	__u8 pad;
+	__u16 client_port;
+	__u16 request_id;
+	__u16 pad2;
+	__u32 client[4];
+};
+
+/* What the tracker saw, one named field per event, per CPU. */
+struct mc_counters {
+	__u64 writes;            /* writes of a known key (each bumped its slot) */
+	__u64 epoch_writes;      /* writes of unknown keys or every key (flush_all): epoch bumped */
+	__u64 reads;             /* requests that change nothing */
+	__u64 replies_bumped;    /* replies to writes: their slots bumped again */
+	__u64 replies_counted;   /* replies matched to their request */
+	__u64 uncounted_flows;   /* connections switched to coarse tracking (quiet commands, unknown commands, full queue) */
+	__u64 lost_flows;        /* connections whose requests could not be parsed (bad command line, head too long) */
+	__u64 untracked_segments; /* data of connections the tracker did not see open: epoch bumped */
+	__u64 dropped_out_of_order; /* request segments past a gap, dropped so the client resends them in order */
+	__u64 udp_writes;        /* of writes: over UDP */
+	__u64 udp_replies_bumped; /* UDP replies to writes */
+	__u64 not_parsed;        /* memcached-port packets whose headers could not be parsed: epoch bumped */
+};

@@ -1,0 +1,661 @@
+// Package mcctl is `santa memcached`: it offloads the GETs of hot keys of an
+// unmodified memcached over UDP and keeps every offloaded reply consistent
+// with memcached's writes (docs/memcached.md).
+//
+// The write tracker (bpf/tracker.c, at TC ingress and egress) bumps a key's
+// guard slot when a write of it reaches memcached and again when the reply
+// to the write leaves. The controller reads a key's slot version and the
+// epoch version, then fetches the value, then installs a GET rule guarded by
+// both versions: if a write raced with the fetch, the rule never answers.
+// It scans its rules' versions every Interval and fetches the keys whose
+// rules a write retired again.
+package mcctl
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/santa-offload/santa/api"
+	"github.com/santa-offload/santa/clients/go/santa"
+	"github.com/santa-offload/santa/internal/sketch"
+)
+
+// Mode says which keys are offloaded.
+type Mode int
+
+const (
+	Static   Mode = iota + 1 // the given keys
+	Top                      // the given keys, most popular first, up to MaxRules
+	Adaptive                 // the keys that miss most often, learned from miss samples
+)
+
+func (m Mode) String() string {
+	return map[Mode]string{Static: "static", Top: "top", Adaptive: "adaptive"}[m]
+}
+
+// Config configures a Controller. Zero fields take DefaultConfig's.
+type Config struct {
+	Socket     string         // santad's control socket
+	Port       uint16         // memcached's UDP port (-U): its sockets get the rules
+	TCPPort    uint16         // memcached's TCP port (-p), tracked and fetched from; 0: Port
+	Server     netip.AddrPort // where to fetch values over TCP; zero: 127.0.0.1:TCPPort
+	GuardsPin  string         // santad's guard map (daemon.Config.GuardsPin)
+	Interfaces []string       // where the write tracker goes; nil: every interface of the namespace
+	Mode       Mode
+	Keys       []string // Static and Top
+	MaxRules   int      // Top: keys offloaded; Adaptive: rules at most
+	MinSamples uint64   // Adaptive: misses of a key (decayed) before it is offloaded
+	SampleRate uint32   // Adaptive: miss samples per second and CPU
+	Idle       time.Duration
+	Interval   time.Duration // scan for retired rules this often
+	Batch      int           // keys per fetch and per santad request
+	Timeout    time.Duration // for memcached's replies
+	Log        *slog.Logger
+	// Ready, if set, is called once the first rules are installed.
+	Ready func(Report)
+}
+
+// DefaultConfig holds the defaults.
+var DefaultConfig = Config{
+	Socket:     api.DefaultSocket,
+	GuardsPin:  "/sys/fs/bpf/santa/guards",
+	MaxRules:   10000,
+	MinSamples: 8,
+	SampleRate: 2000,
+	Idle:       30 * time.Second,
+	Interval:   20 * time.Millisecond,
+	Batch:      256,
+	Timeout:    2 * time.Second,
+}
+
+// Report counts what the controller did.
+type Report struct {
+	Sockets   int    `json:"sockets"`
+	Rules     int    `json:"rules"`
+	Installed uint64 `json:"installed"` // rules added
+	Refreshed uint64 `json:"refreshed"` // rules rebuilt after a write retired them
+	Removed   uint64 `json:"removed"`   // rules deleted (key gone, expired, too big, idle)
+	Skipped   uint64 `json:"skipped"`   // keys not offloadable (missing, too big, invalid)
+	// Tracker holds the write tracker's counters (bpf/tracker.h).
+	Tracker map[string]uint64 `json:"tracker"`
+}
+
+// Controller is one `santa memcached` run.
+type Controller struct {
+	cfg     Config
+	log     *slog.Logger
+	client  *santa.Client
+	guards  *guardMap
+	tracker *Tracker
+	fetch   *fetcher
+	cookies []uint64 // the attached sockets
+	created []uint64 // those the attach bound (unbound on exit)
+	entries map[string]*entry
+	wanted  map[string]bool // Static and Top: keys to offload once they exist
+	hot     *sketch.Sketch  // Adaptive
+	samples chan string
+	// Adaptive: when idle rules were last looked for
+	idleChecked time.Time
+
+	repMu sync.Mutex
+	rep   Report
+}
+
+// entry is a key with rules on every attached socket.
+type entry struct {
+	key          string
+	slot         uint32
+	keyVersion   uint64
+	epochVersion uint64
+	ids          []uint64  // per socket, in c.cookies order
+	expires      time.Time // memcached's expiry of the value; zero: none
+	hits         uint64    // Adaptive: the rules' hits at the last idle check
+}
+
+// New checks cfg and makes a controller.
+func New(cfg Config) (*Controller, error) {
+	d := DefaultConfig
+	for _, s := range []struct {
+		v *string
+		d string
+	}{{&cfg.Socket, d.Socket}, {&cfg.GuardsPin, d.GuardsPin}} {
+		if *s.v == "" {
+			*s.v = s.d
+		}
+	}
+	if cfg.MaxRules == 0 {
+		cfg.MaxRules = d.MaxRules
+	}
+	if cfg.MinSamples == 0 {
+		cfg.MinSamples = d.MinSamples
+	}
+	if cfg.SampleRate == 0 {
+		cfg.SampleRate = d.SampleRate
+	}
+	for _, s := range []struct{ v, d *time.Duration }{{&cfg.Idle, &d.Idle}, {&cfg.Interval, &d.Interval}, {&cfg.Timeout, &d.Timeout}} {
+		if *s.v == 0 {
+			*s.v = *s.d
+		}
+	}
+	if cfg.Batch == 0 {
+		cfg.Batch = d.Batch
+	}
+	if cfg.TCPPort == 0 {
+		cfg.TCPPort = cfg.Port
+	}
+	if !cfg.Server.IsValid() {
+		cfg.Server = netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), cfg.TCPPort)
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	switch {
+	case cfg.Port == 0:
+		return nil, errors.New("say which UDP port memcached serves (its -U)")
+	case cfg.Mode != Static && cfg.Mode != Top && cfg.Mode != Adaptive:
+		return nil, fmt.Errorf("unknown mode %d", cfg.Mode)
+	case cfg.Mode != Adaptive && len(cfg.Keys) == 0:
+		return nil, fmt.Errorf("%s mode needs keys to offload (none were given)", cfg.Mode)
+	case cfg.MaxRules < 1:
+		return nil, fmt.Errorf("max rules %d: must be at least 1", cfg.MaxRules)
+	}
+	c := &Controller{cfg: cfg, log: cfg.Log, entries: map[string]*entry{}, wanted: map[string]bool{},
+		samples: make(chan string, 4096)}
+	keys := cfg.Keys
+	if cfg.Mode == Top && len(keys) > cfg.MaxRules {
+		keys = keys[:cfg.MaxRules]
+	}
+	for _, k := range keys {
+		if !validKey(k) {
+			return nil, fmt.Errorf("key %q: memcached keys are 1 to %d bytes without spaces or control characters", k, maxKeyLen)
+		}
+		c.wanted[k] = true
+	}
+	if cfg.Mode == Adaptive {
+		c.hot = sketch.New(4 * min(cfg.MaxRules, 16384))
+	}
+	return c, nil
+}
+
+// Report returns the counters.
+func (c *Controller) Report() Report {
+	c.repMu.Lock()
+	r := c.rep
+	c.repMu.Unlock()
+	if c.tracker != nil && r.Tracker == nil {
+		r.Tracker, _ = c.tracker.Counters()
+	}
+	return r
+}
+
+func (c *Controller) count(f func(r *Report)) {
+	c.repMu.Lock()
+	f(&c.rep)
+	c.rep.Rules = len(c.entries)
+	c.repMu.Unlock()
+}
+
+// Run starts the write tracker, attaches to memcached's UDP sockets,
+// installs the first rules and keeps them consistent until ctx ends; then it
+// deletes its rules and only then stops the tracker.
+func (c *Controller) Run(ctx context.Context) (err error) {
+	if c.guards, err = openGuards(c.cfg.GuardsPin); err != nil {
+		return err
+	}
+	defer c.guards.close()
+	if err := c.startTracker(); err != nil {
+		return err
+	}
+	defer c.stopTracker()
+	if c.client, err = santa.Dial(c.cfg.Socket); err != nil {
+		return err
+	}
+	defer c.client.Close()
+	if err := c.attach(); err != nil {
+		return err
+	}
+	defer c.removeAll()
+	c.fetch = newFetcher(c.cfg.Server.String(), c.cfg.Timeout)
+	defer c.fetch.close()
+
+	if err := c.install(sortedKeys(c.wanted)); err != nil {
+		return err
+	}
+	if c.cfg.Ready != nil {
+		c.cfg.Ready(c.Report())
+	}
+	if c.cfg.Mode == Adaptive {
+		subCtx, stop := context.WithCancel(ctx)
+		defer stop()
+		if err := c.subscribe(subCtx); err != nil {
+			return err
+		}
+	}
+	return c.loop(ctx)
+}
+
+// startTracker loads the write tracker and attaches it everywhere before
+// any value is fetched. Its links are pinned beside the guard map, so that
+// rules a killed controller leaves behind stay guarded; a predecessor's are
+// replaced.
+func (c *Controller) startTracker() error {
+	t, err := LoadTracker(TrackerConfig{TCPPort: c.cfg.TCPPort, UDPPort: c.cfg.Port, Guards: c.guards.m})
+	if err != nil {
+		return err
+	}
+	ifnames := c.cfg.Interfaces
+	if ifnames == nil {
+		ifs, err := net.Interfaces()
+		if err != nil {
+			t.Close()
+			return err
+		}
+		for _, ifc := range ifs {
+			ifnames = append(ifnames, ifc.Name)
+		}
+	}
+	for _, name := range ifnames {
+		if err := t.Attach(name); err != nil {
+			t.Close()
+			return err
+		}
+	}
+	if err := t.Pin(c.pinDir()); err != nil {
+		t.Close()
+		return err
+	}
+	c.tracker = t
+	c.log.Info("write tracker attached", "interfaces", ifnames, "tcp_port", c.cfg.TCPPort, "udp_port", c.cfg.Port)
+	return nil
+}
+
+func (c *Controller) pinDir() string {
+	return filepath.Join(filepath.Dir(c.cfg.GuardsPin), "memcached-"+strconv.Itoa(int(c.cfg.Port)))
+}
+
+func (c *Controller) stopTracker() {
+	final, err := c.tracker.Counters()
+	if err == nil {
+		c.count(func(r *Report) { r.Tracker = final })
+	}
+	if err := c.tracker.Unpin(); err != nil {
+		c.log.Warn("unpinning the write tracker failed", "error", err)
+	}
+	c.tracker.Close()
+	os.Remove(c.pinDir())
+}
+
+// attach binds memcached's UDP sockets through santad.
+func (c *Controller) attach() error {
+	socks, err := c.client.BindPort(c.cfg.Port)
+	if err != nil {
+		return fmt.Errorf("attach to UDP port %d: %w", c.cfg.Port, err)
+	}
+	for _, s := range socks {
+		if s.Protocol != 17 {
+			continue
+		}
+		c.cookies = append(c.cookies, s.Cookie)
+		if s.Created {
+			c.created = append(c.created, s.Cookie)
+		}
+	}
+	if len(c.cookies) == 0 {
+		return fmt.Errorf("no UDP socket bound to port %d", c.cfg.Port)
+	}
+	c.count(func(r *Report) { r.Sockets = len(c.cookies) })
+	c.log.Info("attached", "port", c.cfg.Port, "sockets", len(c.cookies))
+	return nil
+}
+
+// fetched is a key's value with the versions read before it was fetched.
+type fetched struct {
+	key                      string
+	v                        value
+	keyVersion, epochVersion uint64
+	at                       time.Time
+}
+
+// fetchAll reads the versions, then fetches the values of keys, in batches.
+func (c *Controller) fetchAll(keys []string, each func(batch []fetched) error) error {
+	for i := 0; i < len(keys); i += c.cfg.Batch {
+		batch := keys[i:min(i+c.cfg.Batch, len(keys))]
+		out := make([]fetched, len(batch))
+		epoch := c.guards.version(epochSlot)
+		for k, key := range batch {
+			out[k] = fetched{key: key, keyVersion: c.guards.version(KeySlot(key)), epochVersion: epoch}
+		}
+		at := time.Now()
+		vals, err := c.fetch.fetch(batch)
+		if err != nil {
+			return err
+		}
+		for k := range out {
+			out[k].v, out[k].at = vals[k], at
+		}
+		if err := each(out); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// install fetches keys that have no rules yet and adds their rules.
+func (c *Controller) install(keys []string) error {
+	return c.fetchAll(keys, func(batch []fetched) error {
+		var rules []api.Rule
+		var es []*entry
+		for _, f := range batch {
+			r, e, ok := c.build(f)
+			if !ok {
+				continue
+			}
+			rules = append(rules, r)
+			es = append(es, e)
+		}
+		if len(rules) == 0 {
+			return nil
+		}
+		ids, err := c.addEverywhere(rules)
+		if err != nil {
+			return err
+		}
+		for k, e := range es {
+			e.ids = ids[k]
+			c.entries[e.key] = e
+		}
+		c.count(func(r *Report) { r.Installed += uint64(len(es)) })
+		return nil
+	})
+}
+
+// build makes f's rule and entry; ok is false if the value is not offloadable.
+func (c *Controller) build(f fetched) (api.Rule, *entry, bool) {
+	r, err := getRule(f.key, f.v, f.keyVersion, f.epochVersion)
+	if err == nil && f.v.ttl >= 0 && f.v.ttl < 2 {
+		err = fmt.Errorf("%w: %s expires in %d s", errNotOffloadable, f.key, f.v.ttl)
+	}
+	if err != nil {
+		c.count(func(r *Report) { r.Skipped++ })
+		c.log.Debug("not offloaded", "reason", err)
+		return api.Rule{}, nil, false
+	}
+	e := &entry{key: f.key, slot: KeySlot(f.key), keyVersion: f.keyVersion, epochVersion: f.epochVersion}
+	if f.v.ttl >= 0 { // memcached's clock ticks in seconds: stop a second early
+		e.expires = f.at.Add(time.Duration(f.v.ttl-1) * time.Second)
+	}
+	return r, e, true
+}
+
+// addEverywhere adds rules to every socket, all or none; ids[k] are rule
+// k's ids in socket order.
+func (c *Controller) addEverywhere(rules []api.Rule) ([][]uint64, error) {
+	ids := make([][]uint64, len(rules))
+	for ci, cookie := range c.cookies {
+		got, err := c.client.Add(santa.Cookie(cookie), rules)
+		if err != nil {
+			for undo := range ci {
+				del := make([]uint64, len(rules))
+				for k := range rules {
+					del[k] = ids[k][undo]
+				}
+				c.client.Delete(santa.Cookie(c.cookies[undo]), del)
+			}
+			return nil, fmt.Errorf("add %d rules: %w", len(rules), err)
+		}
+		for k, id := range got {
+			ids[k] = append(ids[k], id)
+		}
+	}
+	return ids, nil
+}
+
+// retired lists the keys whose rules a write retired or whose values are
+// about to expire.
+func (c *Controller) retired(now time.Time) []string {
+	var out []string
+	epoch := c.guards.version(epochSlot)
+	for k, e := range c.entries {
+		if e.epochVersion != epoch || c.guards.version(e.slot) != e.keyVersion ||
+			(!e.expires.IsZero() && now.After(e.expires)) {
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
+// refresh fetches the keys again and rebuilds their rules in place, or
+// deletes them where the value is gone or no longer offloadable.
+func (c *Controller) refresh(keys []string) error {
+	return c.fetchAll(keys, func(batch []fetched) error {
+		mods := make([][]api.Rule, len(c.cookies))
+		var gone []*entry
+		for _, f := range batch {
+			old := c.entries[f.key]
+			r, e, ok := c.build(f)
+			if !ok {
+				gone = append(gone, old)
+				continue
+			}
+			e.ids, e.hits = old.ids, old.hits
+			c.entries[f.key] = e
+			for ci := range c.cookies {
+				r.ID = e.ids[ci]
+				mods[ci] = append(mods[ci], r)
+			}
+		}
+		for ci, cookie := range c.cookies {
+			if len(mods[ci]) == 0 {
+				continue
+			}
+			if err := c.client.Modify(santa.Cookie(cookie), mods[ci]); err != nil {
+				return fmt.Errorf("rebuild %d rules: %w", len(mods[ci]), err)
+			}
+		}
+		c.count(func(r *Report) { r.Refreshed += uint64(len(batch) - len(gone)) })
+		return c.remove(gone)
+	})
+}
+
+// remove deletes the entries' rules from every socket.
+func (c *Controller) remove(es []*entry) error {
+	if len(es) == 0 {
+		return nil
+	}
+	for ci, cookie := range c.cookies {
+		ids := make([]uint64, len(es))
+		for k, e := range es {
+			ids[k] = e.ids[ci]
+		}
+		if err := c.client.Delete(santa.Cookie(cookie), ids); err != nil {
+			return fmt.Errorf("delete %d rules: %w", len(ids), err)
+		}
+	}
+	for _, e := range es {
+		delete(c.entries, e.key)
+	}
+	c.count(func(r *Report) { r.Removed += uint64(len(es)) })
+	return nil
+}
+
+// removeAll deletes every rule the controller installed and detaches the
+// sockets its attach bound (on exit, before the tracker stops).
+func (c *Controller) removeAll() {
+	all := make([]*entry, 0, len(c.entries))
+	for _, e := range c.entries {
+		all = append(all, e)
+	}
+	for i := 0; i < len(all); i += c.cfg.Batch {
+		if err := c.remove(all[i:min(i+c.cfg.Batch, len(all))]); err != nil {
+			c.log.Warn("removing the rules on exit failed", "error", err)
+			break
+		}
+	}
+	for _, cookie := range c.created {
+		if rules, err := c.client.ListRules(santa.Cookie(cookie)); err != nil || len(rules) > 0 {
+			continue // gone with its socket, or somebody else's rules are in it
+		}
+		if err := c.client.Unbind(santa.Cookie(cookie)); err != nil {
+			c.log.Warn("detaching a socket failed", "socket", cookie, "error", err)
+		}
+	}
+	c.log.Info("removed the controller's rules", "rules", len(all))
+}
+
+// loop rebuilds retired rules every Interval; every second it retries
+// wanted keys that had no value and, in Adaptive mode, installs hot keys
+// and drops idle ones.
+func (c *Controller) loop(ctx context.Context) error {
+	tick := time.NewTicker(c.cfg.Interval)
+	defer tick.Stop()
+	lastSecond := time.Now()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case key := <-c.samples:
+			c.sampled(key)
+			continue
+		case now := <-tick.C:
+			if keys := c.retired(now); len(keys) > 0 {
+				if err := c.refresh(keys); err != nil {
+					return err
+				}
+			}
+			if now.Sub(lastSecond) < time.Second {
+				continue
+			}
+			lastSecond = now
+			if err := c.everySecond(now); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+func (c *Controller) everySecond(now time.Time) error {
+	var missing []string
+	if c.cfg.Mode == Adaptive {
+		if now.Sub(c.idleChecked) >= c.cfg.Idle {
+			c.idleChecked = now
+			if err := c.dropIdle(); err != nil {
+				return err
+			}
+		}
+		for _, k := range c.hot.Hot(c.cfg.MinSamples) {
+			if c.entries[k] == nil && len(c.entries)+len(missing) < c.cfg.MaxRules {
+				missing = append(missing, k)
+			}
+		}
+		c.hot.Decay()
+	} else {
+		for k := range c.wanted {
+			if c.entries[k] == nil {
+				missing = append(missing, k)
+			}
+		}
+		slices.Sort(missing)
+	}
+	return c.install(missing)
+}
+
+// dropIdle deletes the rules that answered nothing since the last check.
+func (c *Controller) dropIdle() error {
+	hits := map[uint64]uint64{} // rule id -> hits, over all sockets
+	for _, cookie := range c.cookies {
+		stats, err := c.client.Stats(santa.Cookie(cookie))
+		if err != nil {
+			return fmt.Errorf("rule statistics: %w", err)
+		}
+		for _, st := range stats {
+			hits[st.ID] = st.Hits
+		}
+	}
+	var idle []*entry
+	for _, e := range c.entries {
+		var n uint64
+		for _, id := range e.ids {
+			n += hits[id]
+		}
+		if n == e.hits {
+			idle = append(idle, e)
+		}
+		e.hits = n
+	}
+	for _, e := range idle {
+		c.hot.Forget(e.key)
+	}
+	return c.remove(idle)
+}
+
+// subscribe streams the keys of every socket's missed GETs into c.samples.
+func (c *Controller) subscribe(ctx context.Context) error {
+	for _, cookie := range c.cookies {
+		sub, err := santa.Subscribe(c.cfg.Socket, santa.Cookie(cookie), santa.SampleOptions{Bytes: 256, Rate: c.cfg.SampleRate})
+		if err != nil {
+			return fmt.Errorf("subscribe to the misses of socket %d: %w", cookie, err)
+		}
+		go func() {
+			<-ctx.Done()
+			sub.Close()
+		}()
+		go func() {
+			for {
+				s, err := sub.Next()
+				if err != nil {
+					if ctx.Err() == nil {
+						c.log.Warn("miss samples stopped", "socket", cookie, "error", err)
+					}
+					return
+				}
+				if key, ok := sampledKey(s.Data, s.RequestLen); ok {
+					select {
+					case c.samples <- key:
+					default: // busy: a sample more or less does not matter
+					}
+				}
+			}
+		}()
+	}
+	return nil
+}
+
+// sampledKey is the key of a missed plain UDP GET (the request a rule
+// would answer), from its miss sample.
+func sampledKey(data []byte, requestLen int) (string, bool) {
+	if requestLen != len(data) || len(data) < 8+len("get x\r\n") || string(data[2:6]) != udpHeader[:4] {
+		return "", false
+	}
+	cmd := string(data[8:])
+	if !strings.HasPrefix(cmd, "get ") || !strings.HasSuffix(cmd, "\r\n") {
+		return "", false
+	}
+	key := cmd[4 : len(cmd)-2]
+	return key, validKey(key)
+}
+
+func (c *Controller) sampled(key string) {
+	if c.entries[key] == nil {
+		c.hot.Add(key)
+	}
+}
+
+func sortedKeys(m map[string]bool) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}

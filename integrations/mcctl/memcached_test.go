@@ -1,0 +1,347 @@
+package mcctl_test
+
+// End-to-end tests of `santa memcached` against a real memcached in a
+// testbed: santad attaches the rule processor to the server veth, the santa
+// CLI runs the controller (and its write tracker) in the server namespace,
+// and clients in the client namespace write over TCP (text, meta, binary)
+// and UDP and read over UDP.
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/santa-offload/santa/clients/go/santa"
+	"github.com/santa-offload/santa/integrations/mcctl/stalecheck"
+	"github.com/santa-offload/santa/internal/mcproto"
+	"github.com/santa-offload/santa/internal/testbed"
+)
+
+// bin holds santad and santa, built once for the package.
+var bin string
+
+func TestMain(m *testing.M) {
+	os.Exit(func() int {
+		if os.Geteuid() != 0 {
+			fmt.Fprintln(os.Stderr, "integrations/mcctl tests need root (XDP, TC, namespaces, memcached)")
+			return 1
+		}
+		var err error
+		if bin, err = os.MkdirTemp("", "santa-mcctl-test-"); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		defer os.RemoveAll(bin)
+		if err := testbed.GoBuild(bin, "../..", "./cmd/santad", "./cmd/santa"); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		return m.Run()
+	}())
+}
+
+// rig is memcached with santad attached to the server veth.
+type rig struct {
+	t      *testing.T
+	tb     *testbed.Testbed
+	mc     *testbed.Memcached
+	santad *testbed.Santad
+	bpffs  string
+}
+
+func newRig(t *testing.T) *rig {
+	tb := testbed.New(t)
+	mc, err := tb.StartMemcached(testbed.MemcachedOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bpffs := "/sys/fs/bpf/santa-mcctl-" + tb.ID
+	sd := testbed.NewSantad(filepath.Join(bin, "santad"), tb.Server.NS, t.TempDir(), bpffs,
+		"--interface", tb.Server.Dev, "--log-level", "debug")
+	if err := sd.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := errors.Join(sd.Stop(syscall.SIGTERM), sd.Cleanup()); err != nil {
+			t.Error(err)
+		}
+		if t.Failed() {
+			t.Logf("santad log:\n%s\nmemcached output:\n%s", sd.Log(), mc.Log())
+		}
+	})
+	return &rig{t: t, tb: tb, mc: mc, santad: sd, bpffs: bpffs}
+}
+
+// startController runs `santa memcached MODE ARGS` and waits for "ready:".
+func (r *rig) startController(args ...string) *testbed.Controller {
+	r.t.Helper()
+	args = append([]string{"--guards", filepath.Join(r.bpffs, "guards")}, args...)
+	argv := testbed.ControllerArgv(filepath.Join(bin, "santa"), r.tb.Server.NS, r.santad.Socket, "memcached", args...)
+	c, err := testbed.StartController(context.Background(), argv, 60*time.Second, nil)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	r.t.Cleanup(func() {
+		if err := c.Stop(20 * time.Second); err != nil {
+			r.t.Error(err)
+		}
+		if r.t.Failed() {
+			r.t.Logf("santa memcached output:\n%s", c.Output())
+		}
+	})
+	r.t.Log(c.Ready())
+	return c
+}
+
+// counters are the rule processor's counters (answered, pass reasons).
+func (r *rig) counters() map[string]uint64 {
+	r.t.Helper()
+	c, err := santa.Dial(r.santad.Socket)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	defer c.Close()
+	_, counters, err := c.Health()
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return counters
+}
+
+// client makes a UDP client and a TCP connection of each protocol in the
+// client namespace; the test's cleanup closes them.
+func (r *rig) clients(v6 bool) (*mcproto.UDPClient, map[string]mcproto.Conn) {
+	r.t.Helper()
+	addr := r.mc.Addr4
+	if v6 {
+		addr = r.mc.Addr6
+	}
+	var udp *mcproto.UDPClient
+	conns := map[string]mcproto.Conn{}
+	err := r.tb.Client.Do(func() (err error) {
+		if udp, err = mcproto.DialUDP(addr); err != nil {
+			return err
+		}
+		for name, dial := range map[string]func(string) (mcproto.Conn, error){
+			"text": mcproto.DialText, "meta": mcproto.DialMeta, "binary": mcproto.DialBinary,
+		} {
+			if conns[name], err = dial(addr.String()); err != nil {
+				return err
+			}
+		}
+		conns["udp"], err = mcproto.DialUDPConn(addr)
+		return err
+	})
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	r.t.Cleanup(func() {
+		udp.Close()
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	return udp, conns
+}
+
+func writeKeys(t *testing.T, path string, keys []string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(strings.Join(keys, "\n")+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitAnswered waits until the rule processor has answered more than n.
+func (r *rig) waitAnswered(get func(), n uint64) uint64 {
+	r.t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		get()
+		if a := r.counters()["answered"]; a > n {
+			return a
+		}
+		if time.Now().After(deadline) {
+			r.t.Fatalf("the rule processor answered nothing new (counters %v)", r.counters())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Hot GETs are answered by the kernel with memcached's exact reply; every
+// kind of write, over every protocol, is seen by the next GET at once, and
+// the rule comes back with the new value.
+func TestOffloadAndWrites(t *testing.T) {
+	r := newRig(t)
+	// connections opened before the controller: the tracker did not see
+	// them open, so their writes retire every rule (the epoch)
+	udp, early := r.clients(false)
+	var keys []string
+	for i := range 8 {
+		key := fmt.Sprintf("key:%02d:%s", i, strings.Repeat("x", i*3))
+		keys = append(keys, key)
+		if err := early["text"].Set(key, []byte(fmt.Sprintf("value-%d", i)), uint32(i*1000), 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// memcached's own replies, before any rule exists
+	direct := map[string][]byte{}
+	for _, k := range keys {
+		rep, err := udp.Do(mcproto.GetRequest(k), time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		direct[k] = rep
+	}
+	file := filepath.Join(t.TempDir(), "keys")
+	writeKeys(t, file, keys)
+	ctl := r.startController("static", "--keys", file)
+	_, conns := r.clients(false)
+	udp6, _ := r.clients(true)
+
+	before := r.counters()["answered"]
+	for _, c := range []*mcproto.UDPClient{udp, udp6} {
+		for _, k := range keys {
+			rep, err := c.Do(mcproto.GetRequest(k), time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(rep, direct[k]) {
+				t.Errorf("%s: offloaded reply %q, memcached's %q", k, rep, direct[k])
+			}
+		}
+	}
+	if got := r.counters()["answered"] - before; got != uint64(2*len(keys)) {
+		t.Fatalf("the rule processor answered %d of %d GETs", got, 2*len(keys))
+	}
+
+	// each write kind over each protocol, then an immediate GET
+	key := keys[0]
+	n, present := 0, true
+	check := func(how string, want string, found bool) {
+		t.Helper()
+		it, ok, err := udp.Get(key, time.Second)
+		if err != nil {
+			t.Fatalf("%s: %v", how, err)
+		}
+		if ok != found || (found && string(it.Value) != want) {
+			t.Fatalf("%s: GET gave %q (found %v), want %q (found %v)", how, it.Value, ok, want, found)
+		}
+	}
+	for _, proto := range []string{"text", "meta", "binary", "udp"} {
+		c := conns[proto]
+		for _, w := range []struct {
+			name  string
+			write func() error
+			want  string
+			found bool
+		}{
+			{"set", func() error { return c.Set(key, []byte("10"), 7, 0) }, "10", true},
+			{"incr", func() error { _, err := c.Incr(key, 5); return err }, "15", true},
+			{"decr", func() error { _, err := c.Decr(key, 3); return err }, "12", true},
+			{"append", func() error { return c.Append(key, []byte("a")) }, "12a", true},
+			{"prepend", func() error { return c.Prepend(key, []byte("p")) }, "p12a", true},
+			{"replace", func() error { return c.Replace(key, []byte("r"), 1, 0) }, "r", true},
+			{"cas", func() error {
+				it, err := c.Gets(key)
+				if err != nil {
+					return err
+				}
+				return c.CAS(key, []byte("c"), 1, 0, it.CAS)
+			}, "c", true},
+			{"touch", func() error { return c.Touch(key, 3600) }, "c", true},
+			{"delete", func() error { return c.Delete(key) }, "", false},
+			{"add", func() error { return c.Add(key, []byte("again"), 0, 0) }, "again", true},
+		} {
+			// the rule is back (answered by the kernel) before each write
+			n++
+			if present {
+				r.waitAnswered(func() { udp.Get(key, time.Second) }, r.counters()["answered"])
+			}
+			present = w.found
+			t.Logf("%s %s", proto, w.name)
+			if err := w.write(); err != nil {
+				t.Fatalf("%s %s: %v", proto, w.name, err)
+			}
+			check(proto+" "+w.name, w.want, w.found)
+		}
+	}
+	// a write on a connection the tracker did not see open
+	r.waitAnswered(func() { udp.Get(key, time.Second) }, r.counters()["answered"])
+	if err := early["meta"].Set(key, []byte("early"), 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	check("untracked connection", "early", true)
+	// flush_all retires every rule (the epoch)
+	if err := conns["text"].FlushAll(); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range keys {
+		if _, ok, err := udp.Get(k, time.Second); err != nil || ok {
+			t.Fatalf("%s after flush_all: found %v, %v", k, ok, err)
+		}
+	}
+	t.Logf("%d writes checked; counters %v", n, r.counters())
+	if err := ctl.Stop(20 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	t.Log(ctl.Output())
+}
+
+// The stale-read checker finds nothing while writers over every protocol
+// race readers whose GETs the kernel answers; the kernel answers a good
+// share of them, and the tracker counted every write by its key.
+func TestNoStaleReads(t *testing.T) {
+	r := newRig(t)
+	var keys []string
+	for i := range 64 {
+		keys = append(keys, fmt.Sprintf("stale:%03d", i))
+	}
+	file := filepath.Join(t.TempDir(), "keys")
+	writeKeys(t, file, keys)
+	ctl := r.startController("static", "--keys", file, "--refresh", "5ms")
+	before := r.counters()
+	rep, err := stalecheck.Run(context.Background(), stalecheck.Config{
+		TCP: r.mc.Addr4, UDP: r.mc.Addr4, Keys: keys,
+		Writers: 4, Readers: 4, Duration: 8 * time.Second, WritePause: 2 * time.Millisecond,
+		Zipf: 1.2, FlushEvery: 2000, Enter: r.tb.Client.Do,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	after := r.counters()
+	t.Log(rep)
+	answered := after["answered"] - before["answered"]
+	t.Logf("the rule processor answered %d reads, %d went to memcached after a write retired the rule",
+		answered, after["pass_invalidated"]-before["pass_invalidated"])
+	if rep.Violations > 0 {
+		for _, v := range rep.Stale {
+			t.Error(v)
+		}
+		t.Fatalf("%d stale reads", rep.Violations)
+	}
+	if len(rep.ModelErrors) > 0 {
+		t.Fatalf("checker model errors: %v", rep.ModelErrors)
+	}
+	if rep.Writes < 1000 || rep.Reads < 1000 {
+		t.Fatalf("too little load to mean anything: %v", rep)
+	}
+	if answered < rep.Reads/10 {
+		t.Fatalf("the kernel answered only %d of %d reads: the offload was hardly exercised", answered, rep.Reads)
+	}
+	for _, p := range []string{"text", "meta", "binary", "udp"} {
+		if rep.PerProtocol[p] == 0 {
+			t.Errorf("no acknowledged write over %s", p)
+		}
+	}
+	if err := ctl.Stop(20 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	t.Log(ctl.Output())
+}

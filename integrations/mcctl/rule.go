@@ -1,0 +1,71 @@
+package mcctl
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+
+	"github.com/santa-offload/santa/api"
+	"github.com/santa-offload/santa/internal/mcproto"
+)
+
+// udpHeader is memcached's 8-byte UDP frame header of a single-datagram
+// message after its request id: sequence 0, 1 datagram, reserved 0.
+const udpHeader = "\x00\x00\x00\x01\x00\x00"
+
+// maxReply is the largest UDP payload a rule may send: what one datagram of
+// a 1500-byte MTU carries over IPv6 (rules go to IPv4 and IPv6 sockets alike).
+const maxReply = 1452
+
+// errNotOffloadable says a key's value cannot be answered by a rule.
+var errNotOffloadable = errors.New("not offloadable")
+
+// validKey reports whether memcached accepts key in a text command.
+func validKey(key string) bool {
+	if len(key) == 0 || len(key) > maxKeyLen {
+		return false
+	}
+	for i := 0; i < len(key); i++ {
+		if key[i] <= ' ' || key[i] == 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
+// getReply is memcached's UDP reply to a GET of key holding v, without the
+// request id.
+func getReply(key string, v value) []byte {
+	b := []byte(udpHeader + "VALUE " + key + " " + strconv.FormatUint(uint64(v.flags), 10) + " " +
+		strconv.Itoa(len(v.data)) + "\r\n")
+	b = append(b, v.data...)
+	return append(b, "\r\nEND\r\n"...)
+}
+
+// getRule answers the GET of key with v while the key's slot and the epoch
+// hold the versions read before v was fetched: the request id is copied,
+// the rest of the reply is memcached's, byte for byte.
+func getRule(key string, v value, keyVersion, epochVersion uint64) (api.Rule, error) {
+	if !v.found {
+		return api.Rule{}, fmt.Errorf("%w: %s: no such key", errNotOffloadable, key)
+	}
+	req := mcproto.EncodeUDP(0, mcproto.GetRequest(key))
+	tpl := getReply(key, v)
+	if 2+len(tpl) > maxReply {
+		return api.Rule{}, fmt.Errorf("%w: %s: the reply (%d bytes) does not fit a datagram", errNotOffloadable, key, 2+len(tpl))
+	}
+	return api.Rule{
+		Conditions: []api.Condition{
+			{Offset: 8, Pattern: req[8:]},  // get <key>\r\n: the anchor
+			{Offset: 2, Pattern: req[2:6]}, // one datagram, the first
+		},
+		Processors: []api.Processor{
+			{Kind: api.KindCopy, ReplyOffset: 0, SrcOffset: 0, Length: 2}, // the request id
+			{Kind: api.KindPut, ReplyOffset: 2, Template: tpl},
+		},
+		ReplyLen: uint32(2 + len(tpl)),
+		MinLen:   uint32(len(req)),
+		MaxLen:   uint32(len(req)),
+		Guards:   []api.Guard{{Slot: KeySlot(key), Version: keyVersion}, {Slot: epochSlot, Version: epochVersion}},
+	}, nil
+}

@@ -1,0 +1,185 @@
+package mcctl
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+)
+
+// Guard slots the tracker and the controller agree on (bpf/tracker.h).
+const (
+	guardSlots    = uint32(trackerMcLimitMC_GUARD_SLOTS)
+	epochSlot     = uint32(trackerMcLimitMC_EPOCH_SLOT)
+	firstKeySlot  = uint32(trackerMcLimitMC_FIRST_KEY_SLOT)
+	fnvBasis      = uint32(trackerMcLimitMC_FNV_BASIS)
+	fnvPrime      = uint32(trackerMcLimitMC_FNV_PRIME)
+	maxKeyLen     = int(trackerMcLimitMC_MAX_KEY)
+	trackedFlows  = 16384
+	flowsMaxLimit = 1 << 20
+)
+
+// KeySlot is the guard slot of a memcached key: the tracker bumps it when
+// the key is written (bpf/tracker.c key_slot is the twin).
+func KeySlot(key string) uint32 {
+	h := fnvBasis
+	for i := 0; i < len(key); i++ {
+		h = (h ^ uint32(key[i])) * fnvPrime
+	}
+	slot := h & (guardSlots - 1)
+	if slot < firstKeySlot {
+		slot += firstKeySlot
+	}
+	return slot
+}
+
+// Tracker is the memcached write tracker (bpf/tracker.c) loaded and
+// attached at TC ingress and egress of interfaces of one network namespace.
+type Tracker struct {
+	objs  trackerObjects
+	links []link.Link
+}
+
+// TrackerConfig says what to track.
+type TrackerConfig struct {
+	TCPPort, UDPPort uint16
+	// Guards is santad's guard map (its pin: daemon.Config.GuardsPin).
+	Guards *ebpf.Map
+	// Flows is how many TCP connections are tracked at once (0: 16384);
+	// a connection pushed out is treated as untracked (every segment
+	// retires every rule).
+	Flows int
+}
+
+// LoadTracker loads the tracker; Attach puts it on interfaces.
+func LoadTracker(cfg TrackerConfig) (*Tracker, error) {
+	if cfg.Guards == nil {
+		return nil, errors.New("tracker: no guard map")
+	}
+	if cfg.Flows == 0 {
+		cfg.Flows = trackedFlows
+	}
+	if cfg.Flows < 1 || cfg.Flows > flowsMaxLimit {
+		return nil, fmt.Errorf("tracker: %d flows: must be between 1 and %d", cfg.Flows, flowsMaxLimit)
+	}
+	spec, err := loadTracker()
+	if err != nil {
+		return nil, err
+	}
+	spec.Maps["mc_flows"].MaxEntries = uint32(cfg.Flows)
+	for name, port := range map[string]uint16{"tcp_port": cfg.TCPPort, "udp_port": cfg.UDPPort} {
+		if err := spec.Variables[name].Set(htons(port)); err != nil {
+			return nil, err
+		}
+	}
+	t := &Tracker{}
+	opts := &ebpf.CollectionOptions{MapReplacements: map[string]*ebpf.Map{"santa_guards": cfg.Guards}}
+	if err := spec.LoadAndAssign(&t.objs, opts); err != nil {
+		var ve *ebpf.VerifierError
+		if errors.As(err, &ve) {
+			return nil, fmt.Errorf("load memcached tracker: %+v", ve)
+		}
+		return nil, fmt.Errorf("load memcached tracker: %w", err)
+	}
+	return t, nil
+}
+
+func htons(v uint16) uint16 { return v<<8 | v>>8 }
+
+// Attach puts the tracker at TC ingress and egress of the interface (in
+// the caller's network namespace), ahead of other TCX programs.
+func (t *Tracker) Attach(ifname string) error {
+	ifc, err := net.InterfaceByName(ifname)
+	if err != nil {
+		return err
+	}
+	for _, a := range []struct {
+		prog   *ebpf.Program
+		attach ebpf.AttachType
+	}{{t.objs.McIngress, ebpf.AttachTCXIngress}, {t.objs.McEgress, ebpf.AttachTCXEgress}} {
+		l, err := link.AttachTCX(link.TCXOptions{Interface: ifc.Index, Program: a.prog, Attach: a.attach, Anchor: link.Head()})
+		if err != nil {
+			return fmt.Errorf("attach memcached tracker to %s (TCX): %w", ifname, err)
+		}
+		t.links = append(t.links, l)
+	}
+	return nil
+}
+
+// Counters sums the tracker's per-CPU event counters by name.
+func (t *Tracker) Counters() (map[string]uint64, error) {
+	var per []trackerMcCounters
+	if err := t.objs.McEvents.Lookup(uint32(0), &per); err != nil {
+		return nil, err
+	}
+	out := map[string]uint64{}
+	typ := reflect.TypeOf(trackerMcCounters{})
+	for _, c := range per {
+		v := reflect.ValueOf(c)
+		for i := range typ.NumField() {
+			if f := typ.Field(i); f.Type.Kind() == reflect.Uint64 {
+				out[snake(f.Name)] += v.Field(i).Uint()
+			}
+		}
+	}
+	return out, nil
+}
+
+// snake turns bpf2go's field names back into the C names (EpochWrites -> epoch_writes).
+func snake(s string) string {
+	var b strings.Builder
+	for i, r := range s {
+		if r >= 'A' && r <= 'Z' {
+			if i > 0 {
+				b.WriteByte('_')
+			}
+			r += 'a' - 'A'
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+// Close detaches and unloads the tracker.
+func (t *Tracker) Close() error {
+	var errs []error
+	for _, l := range t.links {
+		errs = append(errs, l.Close())
+	}
+	errs = append(errs, t.objs.Close())
+	return errors.Join(errs...)
+}
+
+// Pin pins the tracker's links under dir (made if missing), so that they
+// outlive the process; links a predecessor pinned there are replaced.
+func (t *Tracker) Pin(dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	for i, l := range t.links {
+		path := filepath.Join(dir, fmt.Sprintf("link-%d", i))
+		if old, err := link.LoadPinnedLink(path, nil); err == nil {
+			old.Unpin() // the new tracker runs already: no write goes unseen
+			old.Close()
+		}
+		if err := l.Pin(path); err != nil {
+			return fmt.Errorf("pin memcached tracker: %w", err)
+		}
+	}
+	return nil
+}
+
+// Unpin removes the pins of Pin: the links go with Close.
+func (t *Tracker) Unpin() error {
+	var errs []error
+	for _, l := range t.links {
+		errs = append(errs, l.Unpin())
+	}
+	return errors.Join(errs...)
+}
