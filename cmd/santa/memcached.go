@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/netip"
 	"os"
 	"slices"
@@ -209,7 +210,13 @@ func (f *memcachedFlags) run(e env, g *globals, mode mcctl.Mode, keys []string) 
 	defer stop()
 	err = ctl.Run(ctx)
 	r := ctl.Report()
-	fmt.Fprintf(e.stdout, "done: installed %d, rebuilt %d, removed %d rules; tracker saw %d writes (%d of every key), %d reads\n",
-		r.Installed, r.Refreshed, r.Removed, r.Tracker["writes"], r.Tracker["epoch_writes"], r.Tracker["reads"])
+	var seen []string
+	for _, k := range slices.Sorted(maps.Keys(r.Tracker)) {
+		if r.Tracker[k] > 0 {
+			seen = append(seen, fmt.Sprintf("%s=%d", k, r.Tracker[k]))
+		}
+	}
+	fmt.Fprintf(e.stdout, "done: installed %d, rebuilt %d, removed %d rules; tracker: %s\n",
+		r.Installed, r.Refreshed, r.Removed, strings.Join(seen, " "))
 	return err
 }

@@ -18,6 +18,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/link"
 	"github.com/santa-offload/santa/clients/go/santa"
 	"github.com/santa-offload/santa/integrations/mcctl/stalecheck"
 	"github.com/santa-offload/santa/internal/mcproto"
@@ -344,4 +347,135 @@ func TestNoStaleReads(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Log(ctl.Output())
+}
+
+// Adaptive mode offloads the key whose GETs miss most, not the one read
+// rarely, and drops the rule once it stops answering.
+func TestAdaptive(t *testing.T) {
+	r := newRig(t)
+	r.startController("adaptive", "--min-samples", "4", "--idle", "2s", "--max-rules", "10")
+	udp, conns := r.clients(false)
+	for _, k := range []string{"hot", "cold"} {
+		if err := conns["text"].Set(k, []byte(k+"-value"), 0, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rules := func() uint64 {
+		c, err := santa.Dial(r.santad.Socket)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		info, _, err := c.Health()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info.Rules
+	}
+	before := r.counters()["answered"]
+	deadline := time.Now().Add(10 * time.Second)
+	for i := 0; r.counters()["answered"] == before; i++ {
+		if time.Now().After(deadline) {
+			t.Fatalf("the hot key was not offloaded within 10 s (counters %v)", r.counters())
+		}
+		for range 50 {
+			if it, ok, err := udp.Get("hot", time.Second); err != nil || !ok || string(it.Value) != "hot-value" {
+				t.Fatalf("GET hot: %q %v %v", it.Value, ok, err)
+			}
+		}
+		if i%10 == 0 { // about once a second: decays below --min-samples
+			udp.Get("cold", time.Second)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	// one rule per socket (IPv4, IPv6, loopback), for the hot key only
+	if n := rules(); n != 3 {
+		t.Fatalf("%d rules, want the hot key's 3 (one per socket)", n)
+	}
+	deadline = time.Now().Add(10 * time.Second)
+	for rules() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the idle rule was not removed within 10 s")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// With a tenth of the packets into the server lost (so TCP segments arrive
+// past gaps and are sent again), the tracker keeps the request streams in
+// order and the checker still finds no stale read.
+func TestNoStaleReadsUnderLoss(t *testing.T) {
+	r := newRig(t)
+	var keys []string
+	for i := range 16 {
+		keys = append(keys, fmt.Sprintf("lossy:%02d", i))
+	}
+	file := filepath.Join(t.TempDir(), "keys")
+	writeKeys(t, file, keys)
+	ctl := r.startController("static", "--keys", file, "--refresh", "5ms")
+	// in front of the tracker at TC ingress of the server veth
+	drop, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.SchedCLS, License: "GPL", Instructions: asm.Instructions{
+		asm.FnGetPrandomU32.Call(),
+		asm.Mod.Imm(asm.R0, 10),
+		asm.JNE.Imm(asm.R0, 0, "pass"),
+		asm.Mov.Imm(asm.R0, 2), // TC_ACT_SHOT
+		asm.Return(),
+		asm.Mov.Imm(asm.R0, -1).WithSymbol("pass"), // TCX_NEXT
+		asm.Return(),
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer drop.Close()
+	err = r.tb.Server.Do(func() error {
+		l, err := link.AttachTCX(link.TCXOptions{Interface: r.tb.Server.Ifindex, Program: drop, Attach: ebpf.AttachTCXIngress, Anchor: link.Head()})
+		if err == nil {
+			t.Cleanup(func() { l.Close() })
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// large values take several segments in flight: a lost one leaves a
+	// gap. Dropping what follows a gap slows TCP's recovery down (the
+	// client has no SACK for it), so a set may time out: that ends this
+	// writer, not the test.
+	_, conns := r.clients(false)
+	bigSets := make(chan int, 1)
+	go func() {
+		big := bytes.Repeat([]byte("b"), 16<<10)
+		n := 0
+		for end := time.Now().Add(5 * time.Second); time.Now().Before(end); n++ {
+			if err := conns["text"].Set("big", big, 0, 0); err != nil {
+				t.Logf("large set %d: %v", n, err)
+				break
+			}
+		}
+		bigSets <- n
+	}()
+	rep, err := stalecheck.Run(context.Background(), stalecheck.Config{
+		TCP: r.mc.Addr4, UDP: r.mc.Addr4, Keys: keys, Protocols: []string{"text", "meta", "binary"},
+		Writers: 4, Readers: 2, Duration: 6 * time.Second, ReadTimeout: 50 * time.Millisecond,
+		Enter: r.tb.Client.Do,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Log(rep)
+	t.Logf("%d large sets", <-bigSets)
+	if rep.Violations > 0 {
+		for _, v := range rep.Stale {
+			t.Error(v)
+		}
+		t.Fatalf("%d stale reads", rep.Violations)
+	}
+	if err := ctl.Stop(20 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	out := ctl.Output()
+	t.Log(out)
+	if rep.Writes < 100 || !strings.Contains(out, "dropped_out_of_order=") {
+		t.Fatalf("the loss did not exercise the tracker's reordering path (%d writes)", rep.Writes)
+	}
 }
