@@ -18,44 +18,99 @@ import (
 // (RD and AD set, EDNS with UDP size 1232, an 8-byte client cookie).
 const dnsShape = "rd,ad,edns=1232,cookie"
 
-// controller is the DNS controller, `santa dns static` of the build, that
-// root runs in the server namespace against NSD.
+// controller is a controller of the santa CLI of the build (`santa dns
+// static` against NSD, `santa memcached static` against memcached) that
+// root runs in the server namespace.
 type controller struct {
 	*testbed.Controller
 	seen int // bytes of its output already shown
 }
 
-// startController writes the names file and runs the controller, and
+// startController writes the names file and runs the DNS controller, and
 // waits for its "ready:" line: by then its rules are installed.
 func (m *demo) startController(verbose bool) (*controller, error) {
-	var names strings.Builder
+	var names []string
 	for _, q := range offload {
-		fmt.Fprintf(&names, "%s %s\n", q.name, q.qtype)
+		names = append(names, q.name+" "+q.qtype)
 	}
-	namesFile := filepath.Join(m.dir, "names")
-	if err := os.WriteFile(namesFile, []byte(names.String()), 0o644); err != nil {
+	fmt.Fprintln(m.out)
+	fmt.Fprintln(m.out, "Root offloads two of NSD's names with the DNS controller of the build, `santa dns static`:")
+	namesFile, err := m.writeList("names", names)
+	if err != nil {
 		return nil, err
 	}
-	args := []string{"static", "--port", "53/udp", "--names", namesFile, "--shape", dnsShape}
+	return m.runController(verbose, "dns", "static", "--port", "53/udp", "--names", namesFile, "--shape", dnsShape)
+}
+
+// writeList writes lines to the file name in the demo's directory and
+// shows it (`cat`); it returns the file's path.
+func (m *demo) writeList(name string, lines []string) (string, error) {
+	path := filepath.Join(m.dir, name)
+	if err := os.WriteFile(path, []byte(strings.Join(lines, "\n")+"\n"), 0o644); err != nil {
+		return "", err
+	}
+	fmt.Fprintf(m.out, "  $ cat %s\n", path)
+	for _, l := range lines {
+		fmt.Fprintf(m.out, "  %s\n", l)
+	}
+	return path, nil
+}
+
+// runController shows the command line of `santa KIND ARGS` (with
+// --verbose if verbose) as root runs it in the server namespace, runs it
+// and waits for its "ready:" line: by then its first rules are installed.
+func (m *demo) runController(verbose bool, kind string, args ...string) (*controller, error) {
 	if verbose {
 		args = append(args, "--verbose")
 	}
-	argv := testbed.ControllerArgv(m.bins.santa, m.tb.Server.NS, m.santad.Socket, "dns", args...)
-	fmt.Fprintln(m.out)
-	fmt.Fprintln(m.out, "Root offloads two of NSD's names with the DNS controller of the build, `santa dns static`:")
-	fmt.Fprintf(m.out, "  $ cat %s\n", namesFile)
-	fmt.Fprint(m.out, "  "+strings.ReplaceAll(strings.TrimSuffix(names.String(), "\n"), "\n", "\n  ")+"\n")
+	argv := testbed.ControllerArgv(m.bins.santa, m.tb.Server.NS, m.santad.Socket, kind, args...)
 	fmt.Fprintf(m.out, "  $ %s \\\n        %s\n", strings.Join(argv[:5], " "), strings.Join(argv[5:], " "))
 
 	var onLine func(string)
 	if verbose {
 		onLine = func(l string) { fmt.Fprintln(os.Stderr, l) }
 	}
+	if err := m.ctx.Err(); err != nil {
+		return nil, err
+	}
 	c, err := testbed.StartController(m.ctx, argv, 60*time.Second, onLine)
 	if err != nil {
 		return nil, err
 	}
 	return &controller{Controller: c}, nil
+}
+
+// showReady prints the controller's ready line and its log so far (the
+// sockets it attached to, what it probed or installed).
+func (m *demo) showReady(c *controller) {
+	fmt.Fprintf(m.out, "  %s\n", c.Ready())
+	m.showLog(c)
+}
+
+// showLog prints the controller's log lines not shown yet.
+func (m *demo) showLog(c *controller) {
+	for _, l := range c.newLog() {
+		fmt.Fprintf(m.out, "  log: %s\n", l)
+	}
+}
+
+// stopAndShow stops the controller as an operator does, with SIGTERM
+// (what says who it is, e.g. "the DNS controller"), and shows its "done:"
+// line and its last log lines. The controller deletes its rules before it
+// exits.
+func (m *demo) stopAndShow(c *controller, what string) error {
+	fmt.Fprintln(m.out)
+	fmt.Fprintf(m.out, "Root stops %s (SIGTERM to pid %d); it deletes its rules:\n", what, c.PID())
+	if err := c.stop(); err != nil {
+		return err
+	}
+	done := c.line("done:")
+	if done == "" {
+		return fmt.Errorf("%s exited without its done line:\n%s", what, tail(c.Output(), 20))
+	}
+	fmt.Fprintf(m.out, "  %s\n", done)
+	m.showLog(c)
+	return nil
 }
 
 // stop stops the controller (see Controller.Stop).

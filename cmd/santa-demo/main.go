@@ -11,15 +11,25 @@
 //     the controller (SIGTERM) and it deletes its rules;
 //   - an application's view: the paper's Listing 1 in Python, running as
 //     uid nobody, binds a socket and adds its own rule through the Python
-//     client; the kernel answers it while the application is paused.
+//     client; the kernel answers it while the application is paused;
+//   - memcached (Debian's, unmodified) holds keys a client set over TCP;
+//     root runs the memcached controller of the build, `santa memcached
+//     static`: it attaches to memcached's UDP sockets, puts its write
+//     tracker on every interface and installs rules whose replies are
+//     memcached's own for three keys; UDP GETs from the client namespace
+//     are answered by the kernel, byte for byte as memcached does; a write
+//     over TCP (text set, binary incr) is seen by the very next GET, and
+//     the rule comes back with the new value; the offloaded keys are still
+//     answered while memcached is paused; at the end root stops the
+//     controller and memcached answers again.
 //
 // It removes everything it made when it ends, also on Ctrl-C: the
-// controller and santad are stopped and `santad cleanup` detaches XDP and
-// removes its pins.
+// controllers and santad are stopped, memcached resumed and stopped, and
+// `santad cleanup` detaches XDP and removes its pins.
 //
 // Needs root, bin/santad and bin/santa (make build), the source tree's
-// clients/python, nsd, dig, iproute2, util-linux and Debian's python3 with
-// cbor2 (make demo installs and builds all of it).
+// clients/python, nsd, dig, memcached, iproute2, util-linux and Debian's
+// python3 with cbor2 (make demo installs and builds all of it).
 package main
 
 import (
@@ -62,13 +72,15 @@ type question struct{ name, qtype string }
 func (q question) String() string { return q.name + " " + q.qtype }
 
 func main() {
-	verbose := flag.Bool("v", false, "log every testbed setup step, santad's log and the DNS controller's (--verbose)")
+	verbose := flag.Bool("v", false, "log every testbed setup step, santad's log and the controllers' (--verbose)")
 	flag.Usage = func() {
 		fmt.Fprintf(flag.CommandLine.Output(), "usage: %s [-v]\n\n"+
 			"Starts santad in a namespace testbed, offloads names of a real NSD to it with\n"+
 			"the DNS controller (santa dns static) and shows dig getting answers from the\n"+
 			"kernel (XDP) and from NSD; then an unprivileged application adds its own\n"+
-			"rule through the Python client.\n"+
+			"rule through the Python client; then the memcached controller (santa\n"+
+			"memcached static) offloads GETs of a real memcached, and writes over TCP are\n"+
+			"seen by the very next GET.\n"+
 			"Needs root and bin/santad, bin/santa next to this program (make build).\n\n", os.Args[0])
 		flag.PrintDefaults()
 	}
@@ -103,7 +115,8 @@ type demo struct {
 	santaBin string        // the santa CLI, copied where uid nobody can run it
 	c        *santa.Client // root's connection to santad
 	nsd      *testbed.NSD
-	ctl      *controller
+	ctl      *controller // the DNS controller
+	mcCtl    *controller // the memcached controller
 	app      *app
 	cookie   map[bool]uint64         // NSD's socket by v6
 	server   map[bool]netip.AddrPort // NSD's address by v6
@@ -143,7 +156,7 @@ func run(ctx context.Context, out io.Writer, verbose bool) (err error) {
 		if cerr := errors.Join(errs...); cerr != nil {
 			err = errors.Join(err, fmt.Errorf("cleanup: %w", cerr))
 		} else if err == nil {
-			fmt.Fprintln(out, "\nCleaned up: the app and NSD stopped, santad stopped and `santad cleanup` run"+
+			fmt.Fprintln(out, "\nCleaned up: the app, NSD and memcached stopped, santad stopped and `santad cleanup` run"+
 				" (XDP detached, pins removed), namespaces removed; no process of the demo is left.")
 		}
 	}()
@@ -186,8 +199,8 @@ func run(ctx context.Context, out io.Writer, verbose bool) (err error) {
 		return err
 	}
 
-	fmt.Fprintln(out, "Santa demo: santad answers chosen requests in the kernel (XDP), for a real NSD")
-	fmt.Fprintln(out, "and for an unprivileged application that adds its own rule.")
+	fmt.Fprintln(out, "Santa demo: santad answers chosen requests in the kernel (XDP), for a real NSD,")
+	fmt.Fprintln(out, "for an unprivileged application that adds its own rule, and for a real memcached.")
 	fmt.Fprintln(out)
 	fmt.Fprintf(out, "  testbed  client %-15s ── veth ──  server %s\n", tb.Client.IP4, tb.Server.IP4)
 	fmt.Fprintf(out, "           client %-15s            server %s\n", tb.Client.IP6, tb.Server.IP6)
@@ -220,7 +233,7 @@ func run(ctx context.Context, out io.Writer, verbose bool) (err error) {
 	}
 	fmt.Fprintf(out, "  santad   pid %d in the server namespace (%s), XDP rule processor on %s (%s mode)\n",
 		m.santad.PID(), bins.santad, tb.Server.Dev, mode)
-	fmt.Fprintf(out, "           control socket %s, pins %s%d\n", m.santad.Socket, bpffsPrefix, os.Getpid())
+	fmt.Fprintf(out, "           control socket %s, pins %s\n", m.santad.Socket, bpffsDir())
 
 	if err := ctx.Err(); err != nil {
 		return err
@@ -278,7 +291,18 @@ func run(ctx context.Context, out io.Writer, verbose bool) (err error) {
 	if err := m.printCounters(); err != nil {
 		return err
 	}
-	return m.stopController()
+	if err := m.stopController(); err != nil {
+		return err
+	}
+
+	// memcached and its controller.
+	cleanups = append(cleanups, func() error {
+		if m.mcCtl == nil {
+			return nil
+		}
+		return m.mcCtl.stop()
+	})
+	return m.memcached(verbose)
 }
 
 func preflight() error {
@@ -286,13 +310,13 @@ func preflight() error {
 		return errors.New("must run as root (network namespaces, santad); try: sudo make demo")
 	}
 	var missing []string
-	for _, tool := range []string{testbed.NSDPath, testbed.NSDCheckconfPath, "dig", "ip", "nsenter", "setpriv", python} {
+	for _, tool := range []string{testbed.NSDPath, testbed.NSDCheckconfPath, "dig", testbed.MemcachedPath, "ip", "nsenter", "setpriv", python} {
 		if _, err := exec.LookPath(tool); err != nil {
 			missing = append(missing, tool)
 		}
 	}
 	if len(missing) > 0 {
-		return fmt.Errorf("missing %s: run scripts/install-deps.sh (packages nsd, dnsutils, iproute2, util-linux, python3-cbor2)",
+		return fmt.Errorf("missing %s: run scripts/install-deps.sh (packages nsd, dnsutils, memcached, iproute2, util-linux, python3-cbor2)",
 			strings.Join(missing, ", "))
 	}
 	if out, err := exec.Command(python, "-c", "import cbor2").CombinedOutput(); err != nil {
@@ -319,10 +343,7 @@ func findBinaries() (b binaries, err error) {
 // ready line and log: the sockets it attached to, the probe's result, the
 // rules installed) and the rules it installed, as santad lists them.
 func (m *demo) showController() error {
-	fmt.Fprintf(m.out, "  %s\n", m.ctl.Ready())
-	for _, l := range m.ctl.newLog() {
-		fmt.Fprintf(m.out, "  log: %s\n", l)
-	}
+	m.showReady(m.ctl)
 	fmt.Fprintln(m.out, "  (--shape is dig's query: EDNS with a random client cookie. NSD ignores cookies (see the probe), so one rule")
 	fmt.Fprintln(m.out, "  answers any; without it the controller would learn the shape from dig's first query, which NSD answers.)")
 
@@ -379,18 +400,8 @@ func (m *demo) showController() error {
 // stopController stops the controller as an operator does, with SIGTERM,
 // and shows its "done:" line and that its rules are gone.
 func (m *demo) stopController() error {
-	fmt.Fprintln(m.out)
-	fmt.Fprintf(m.out, "Root stops the DNS controller (SIGTERM to pid %d); it deletes its rules:\n", m.ctl.PID())
-	if err := m.ctl.stop(); err != nil {
+	if err := m.stopAndShow(m.ctl, "the DNS controller"); err != nil {
 		return err
-	}
-	done := m.ctl.line("done:")
-	if done == "" {
-		return fmt.Errorf("santa dns exited without its done line:\n%s", tail(m.ctl.Output(), 20))
-	}
-	fmt.Fprintf(m.out, "  %s\n", done)
-	for _, l := range m.ctl.newLog() {
-		fmt.Fprintf(m.out, "  log: %s\n", l)
 	}
 	for v6, cookie := range m.cookie {
 		rules, err := m.c.ListRules(santa.Cookie(cookie))
@@ -500,7 +511,9 @@ func (m *demo) digCompare(q question, v6 bool) (digResult, error) {
 }
 
 // attribute says who answered, from what moved between two snapshots:
-// Santa if the rule's hits grew, else server if the request was passed on.
+// Santa if the rule's hits grew, else server if the request was passed on
+// (no rule matched, no socket santad knows or no rule set on it, or the
+// rule's guards say a write retired it).
 func attribute(before, after snapshot, rule uint64, server string) (by, evidence string) {
 	answered := after.c["answered"] - before.c["answered"]
 	passed := after.c["pass_no_match"] - before.c["pass_no_match"]
@@ -512,11 +525,26 @@ func attribute(before, after snapshot, rule uint64, server string) (by, evidence
 		return server + " (no rule matched, passed on)",
 			fmt.Sprintf("pass_no_match %d → %d", before.c["pass_no_match"], after.c["pass_no_match"])
 	}
+	if after.c["pass_no_socket"] > before.c["pass_no_socket"] && answered == 0 {
+		return server + " (its socket is not attached to santad, passed on)",
+			fmt.Sprintf("pass_no_socket %d → %d", before.c["pass_no_socket"], after.c["pass_no_socket"])
+	}
 	if after.c["pass_no_ruleset"] > before.c["pass_no_ruleset"] && answered == 0 {
 		return server + " (its socket has no rule set, passed on)",
 			fmt.Sprintf("pass_no_ruleset %d → %d", before.c["pass_no_ruleset"], after.c["pass_no_ruleset"])
 	}
-	return "unclear", fmt.Sprintf("answered +%d, pass_no_match +%d", answered, passed)
+	if after.c["pass_invalidated"] > before.c["pass_invalidated"] && answered == 0 {
+		return server + " (a write retired the rule, passed on)",
+			fmt.Sprintf("pass_invalidated %d → %d", before.c["pass_invalidated"], after.c["pass_invalidated"])
+	}
+	var moved []string
+	for k, v := range after.c {
+		if v != before.c[k] {
+			moved = append(moved, fmt.Sprintf("%s +%d", k, v-before.c[k]))
+		}
+	}
+	slices.Sort(moved)
+	return "unclear", fmt.Sprintf("answered +%d, pass_no_match +%d (moved: %s)", answered, passed, strings.Join(moved, ", "))
 }
 
 // parseDig picks the answer records from dig's output (+noall +answer).

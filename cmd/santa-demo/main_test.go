@@ -76,6 +76,15 @@ func TestDemo(t *testing.T) {
 		`"stats"  → "hits=1"      the app (no rule matched, passed on)`,
 		"  65534  ",
 		`@0="Hello"`,
+		// memcached: the real controller attached to its three UDP sockets
+		"memcached static --keys ",
+		"ready: 3 rules on 3 sockets (0 keys not offloaded)",
+		"log: write tracker attached: ",
+		"STORED",
+		"(text protocol) → STORED",
+		"(binary protocol: Increment, opcode 0x05) → 101",
+		"memcached resumed (SIGCONT).",
+		"log: removed the controller's rules: rules=3",
 		"Cleaned up",
 	} {
 		if !strings.Contains(s, want) {
@@ -94,6 +103,25 @@ func TestDemo(t *testing.T) {
 		`(?m)^  mail\.example\.test A +IPv6  no answer: timed out$`,
 		// after the controller stopped: NSD answers
 		`(?m)^  www\.example\.test A +IPv4  A 198\.18\.255\.10 \(TTL 300\) +NSD \(its socket has no rule set, passed on\)`,
+		// memcached answers before the controller; its rules, guarded by the key's slot and the epoch
+		`(?m)^  get user:42 +IPv4  "VALUE user:42 0 12\\r\\nAda Lovelace\\r\\nEND\\r\\n" +memcached \(its socket is not attached to santad, passed on\)`,
+		`(?m)^  get user:42 +rules \d+ IPv4, \d+ IPv6, \d+ loopback +any request id → 47-byte reply; guards: key slot \d+ at v\d+, epoch at v\d+$`,
+		// the kernel answers the offloaded keys with memcached's bytes, the other is memcached's
+		`(?m)^  get user:42 +IPv4  "VALUE user:42 0 12\\r\\nAda Lovelace\\r\\nEND\\r\\n" += Santa, answered \d+ → \d+, rule \d+ hits 0 → 1$`,
+		`(?m)^  get user:42 +IPv6  "VALUE user:42 0 12\\r\\nAda Lovelace\\r\\nEND\\r\\n" += Santa, answered \d+ → \d+, rule \d+ hits 0 → 1$`,
+		`(?m)^  get visits +IPv4  "VALUE visits 0 3\\r\\n100\\r\\nEND\\r\\n" += Santa, answered \d+ → \d+, rule \d+ hits 0 → 1$`,
+		`(?m)^  get session:7f3a +IPv4  "VALUE session:7f3a 0 5\\r\\nalice\\r\\nEND\\r\\n" +memcached \(no rule matched, passed on\)`,
+		// after each write the rule comes back with the new value (the GET
+		// right after the write is memcached's, unless a rebuild came first)
+		`(?m)^  get user:42 +IPv4  "VALUE user:42 0 9\\r\\nAda Byron\\r\\nEND\\r\\n" +[= ] Santa, answered \d+ → \d+, rule \d+ hits \d+ → \d+\n  the rule is back with the new value \d+ ms after the write's reply`,
+		`(?m)^  get visits +IPv4  "VALUE visits 0 3\\r\\n101\\r\\nEND\\r\\n" +[= ] Santa, answered \d+ → \d+, rule \d+ hits \d+ → \d+\n  the rule is back with the new value \d+ ms after the write's reply`,
+		// memcached paused: the offloaded keys from the kernel, the other times out
+		`(?m)^memcached paused \(SIGSTOP to pid \d+\); UDP GETs again:\n(  get (user:42|page:home|visits) +IPv[46]  "VALUE [^"]*" += Santa, answered \d+ → \d+, rule \d+ hits \d+ → \d+\n){4}  get session:7f3a +IPv4  no answer: timed out\n`,
+		// the controller's done line: both writes seen by the tracker
+		`(?m)^  done: installed 3, rebuilt \d+, removed 3 rules; tracker: .*\bwrites=2\b`,
+		// after the controller stopped: memcached answers
+		`(?m)^  get user:42 +IPv4  "VALUE user:42 0 9\\r\\nAda Byron\\r\\nEND\\r\\n" +memcached \(its socket has no rule set, passed on\)`,
+		`(?m)^  get visits +IPv6  "VALUE visits 0 3\\r\\n101\\r\\nEND\\r\\n" +memcached \(its socket has no rule set, passed on\)`,
 	} {
 		if n := len(regexp.MustCompile(re).FindAllString(s, -1)); n == 0 || (strings.Contains(re, "counters") && n != 2) {
 			t.Errorf("output lacks %s (%d matches)", re, n)
@@ -176,6 +204,29 @@ func TestDemoInterruptedWithController(t *testing.T) {
 	checkCleanedUp(t)
 }
 
+// Ctrl-C while memcached is paused and the memcached controller runs: the
+// demo resumes memcached and stops it, the controller and santad, and
+// leaves nothing behind.
+func TestDemoInterruptedWhileMemcachedPaused(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("needs root: the demo builds network namespaces and runs santad")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	out := &cancelOn{prefix: "memcached paused", cancel: cancel}
+	err := run(ctx, out, false)
+	if err == nil || ctx.Err() == nil {
+		t.Fatalf("demo interrupted while memcached was paused: %v (context: %v)\n%s", err, ctx.Err(), out.String())
+	}
+	if strings.Contains(err.Error(), "cleanup:") {
+		t.Errorf("cleanup failed: %v", err)
+	}
+	if !strings.Contains(out.String(), "memcached paused") {
+		t.Errorf("the demo never paused memcached:\n%s", out.String())
+	}
+	checkCleanedUp(t)
+}
+
 // cancelOn is an output that calls cancel once a line starts with prefix.
 type cancelOn struct {
 	bytes.Buffer
@@ -216,6 +267,17 @@ func TestAttribute(t *testing.T) {
 	}
 	if by, _ := attribute(snap(1, 1, 1), snap(2, 1, 1), 7, "NSD"); by != "unclear" {
 		t.Errorf("answered by another rule: %q", by)
+	}
+	// memcached: a write retired the rule; before the controller, a socket santad never saw
+	retired := snap(1, 1, 1)
+	retired.c["pass_invalidated"] = 1
+	if by, ev := attribute(snap(1, 1, 1), retired, 7, "memcached"); by != "memcached (a write retired the rule, passed on)" || ev != "pass_invalidated 0 → 1" {
+		t.Errorf("retired rule: %q %q", by, ev)
+	}
+	unknown := snap(1, 1, 1)
+	unknown.c["pass_no_socket"] = 3
+	if by, ev := attribute(snap(1, 1, 1), unknown, 0, "memcached"); by != "memcached (its socket is not attached to santad, passed on)" || ev != "pass_no_socket 0 → 3" {
+		t.Errorf("unknown socket: %q %q", by, ev)
 	}
 }
 

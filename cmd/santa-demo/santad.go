@@ -116,10 +116,13 @@ const (
 	runPrefix   = "/run/santa-demo-"
 )
 
+// bpffsDir is where this demo's santad pins (its --bpffs).
+func bpffsDir() string { return bpffsPrefix + strconv.Itoa(os.Getpid()) }
+
 // newSantad configures (does not start) a demo's santad for the interface
 // dev of the namespace ns, with its socket and state in dir.
 func newSantad(bin, dir, ns, dev string) *testbed.Santad {
-	return testbed.NewSantad(bin, ns, dir, bpffsPrefix+strconv.Itoa(os.Getpid()), "--interface", dev)
+	return testbed.NewSantad(bin, ns, dir, bpffsDir(), "--interface", dev)
 }
 
 // stopSantad stops santad and then runs `santad cleanup`: that detaches XDP
