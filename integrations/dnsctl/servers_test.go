@@ -10,7 +10,6 @@ package dnsctl_test
 import (
 	"context"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net"
@@ -34,23 +33,7 @@ import (
 var bin string
 
 func TestMain(m *testing.M) {
-	os.Exit(func() int {
-		if os.Geteuid() != 0 {
-			fmt.Fprintln(os.Stderr, "integrations/dnsctl tests need root (XDP, namespaces, real DNS servers)")
-			return 1
-		}
-		var err error
-		if bin, err = os.MkdirTemp("", "santa-dnsctl-test-"); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
-		}
-		defer os.RemoveAll(bin)
-		if err := testbed.GoBuild(bin, "../..", "./cmd/santad", "./cmd/santa"); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
-		}
-		return m.Run()
-	}())
+	os.Exit(testbed.MainWithSanta(m, "../..", "XDP, namespaces, real DNS servers", &bin))
 }
 
 // rig is a DNS server with santad attached to the server veth.
@@ -72,20 +55,8 @@ func newRig(t *testing.T, kind string, generated int, extra ...string) *rig {
 	if err != nil {
 		t.Fatal(err)
 	}
+	sd := tb.StartSantad(t, bin, "/sys/fs/bpf/santa-dnsctl-"+tb.ID, map[string]func() string{kind + " log": srv.Log})
 	dir := t.TempDir()
-	sd := testbed.NewSantad(filepath.Join(bin, "santad"), tb.Server.NS, dir,
-		"/sys/fs/bpf/santa-dnsctl-"+tb.ID, "--interface", tb.Server.Dev, "--log-level", "debug")
-	if err := sd.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := errors.Join(sd.Stop(syscall.SIGTERM), sd.Cleanup()); err != nil {
-			t.Error(err)
-		}
-		if t.Failed() {
-			t.Logf("santad log:\n%s\n%s log:\n%s", sd.Log(), kind, srv.Log())
-		}
-	})
 	return &rig{t: t, tb: tb, srv: srv, santad: sd, zone: zone, dir: dir}
 }
 

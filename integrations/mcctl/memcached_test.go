@@ -9,12 +9,10 @@ package mcctl_test
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -31,23 +29,7 @@ import (
 var bin string
 
 func TestMain(m *testing.M) {
-	os.Exit(func() int {
-		if os.Geteuid() != 0 {
-			fmt.Fprintln(os.Stderr, "integrations/mcctl tests need root (XDP, TC, namespaces, memcached)")
-			return 1
-		}
-		var err error
-		if bin, err = os.MkdirTemp("", "santa-mcctl-test-"); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
-		}
-		defer os.RemoveAll(bin)
-		if err := testbed.GoBuild(bin, "../..", "./cmd/santad", "./cmd/santa"); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
-		}
-		return m.Run()
-	}())
+	os.Exit(testbed.MainWithSanta(m, "../..", "XDP, TC, namespaces, memcached", &bin))
 }
 
 // rig is memcached with santad attached to the server veth.
@@ -66,19 +48,7 @@ func newRig(t *testing.T) *rig {
 		t.Fatal(err)
 	}
 	bpffs := "/sys/fs/bpf/santa-mcctl-" + tb.ID
-	sd := testbed.NewSantad(filepath.Join(bin, "santad"), tb.Server.NS, t.TempDir(), bpffs,
-		"--interface", tb.Server.Dev, "--log-level", "debug")
-	if err := sd.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := errors.Join(sd.Stop(syscall.SIGTERM), sd.Cleanup()); err != nil {
-			t.Error(err)
-		}
-		if t.Failed() {
-			t.Logf("santad log:\n%s\nmemcached output:\n%s", sd.Log(), mc.Log())
-		}
-	})
+	sd := tb.StartSantad(t, bin, bpffs, map[string]func() string{"memcached output": mc.Log})
 	return &rig{t: t, tb: tb, mc: mc, santad: sd, bpffs: bpffs}
 }
 
