@@ -708,8 +708,7 @@ struct walk {
 static long walk_step(__u32 i, struct walk *w)
 {
 	struct mc_flow *f = w->flow;
-	if (w->pos >= w->end || (f->flags & (MC_FLOW_LOST | MC_FLOW_UNCOUNTED) && w->egress) ||
-	    (f->flags & MC_FLOW_LOST))
+	if (w->pos >= w->end || f->flags & MC_FLOW_LOST || (w->egress && f->flags & MC_FLOW_UNCOUNTED))
 		return 1;
 	struct mc_stream *s = w->egress ? &f->out : &f->in;
 	if (s->skip) {
