@@ -7,8 +7,9 @@
 // to the write leaves. The controller reads a key's slot version and the
 // epoch version, then fetches the value, then installs a GET rule guarded by
 // both versions: if a write raced with the fetch, the rule never answers.
-// It scans its rules' versions every Interval and fetches the keys whose
-// rules a write retired again.
+// Every Interval it checks the versions of the rules of the slots the
+// tracker reports bumped, and fetches the keys whose rules a write retired
+// again.
 package mcctl
 
 import (
@@ -102,6 +103,13 @@ type Controller struct {
 	cookies []uint64 // the attached sockets
 	created []uint64 // those the attach bound (unbound on exit)
 	entries map[string]*entry
+	bySlot  map[uint32][]*entry // entries by guard slot: those a bump of it may retire
+	// Entries that expire, by the second their value expires in, counted
+	// from start on the monotonic clock (the one time.Time compares by).
+	expiry   map[int64]map[string]*entry
+	expiryAt int64 // the first bucket that expired has not emptied yet
+	start    time.Time
+
 	wanted  map[string]bool // Static and Top: keys to offload once they exist
 	hot     *sketch.Sketch  // Adaptive
 	samples chan string
@@ -120,6 +128,7 @@ type entry struct {
 	epochVersion uint64
 	ids          []uint64  // per socket, in c.cookies order
 	expires      time.Time // memcached's expiry of the value; zero: none
+	bucket       int64     // its expiry bucket
 	hits         uint64    // Adaptive: the rules' hits at the last idle check
 }
 
@@ -170,7 +179,8 @@ func New(cfg Config) (*Controller, error) {
 	case cfg.MaxRules < 1:
 		return nil, fmt.Errorf("max rules %d: must be at least 1", cfg.MaxRules)
 	}
-	c := &Controller{cfg: cfg, log: cfg.Log, entries: map[string]*entry{}, wanted: map[string]bool{},
+	c := &Controller{cfg: cfg, log: cfg.Log, entries: map[string]*entry{}, bySlot: map[uint32][]*entry{},
+		expiry: map[int64]map[string]*entry{}, start: time.Now(), wanted: map[string]bool{},
 		samples: make(chan string, 4096)}
 	keys := cfg.Keys
 	if cfg.Mode == Top && len(keys) > cfg.MaxRules {
@@ -373,7 +383,7 @@ func (c *Controller) install(keys []string) error {
 		}
 		for k, e := range es {
 			e.ids = ids[k]
-			c.entries[e.key] = e
+			c.put(e)
 		}
 		c.count(func(r *Report) { r.Installed += uint64(len(es)) })
 		return nil
@@ -421,18 +431,85 @@ func (c *Controller) addEverywhere(rules []api.Rule) ([][]uint64, error) {
 	return ids, nil
 }
 
+// put adds e, or replaces its key's entry, in c.entries and the indexes.
+func (c *Controller) put(e *entry) {
+	if old := c.entries[e.key]; old != nil {
+		c.drop(old)
+	}
+	c.entries[e.key] = e
+	c.bySlot[e.slot] = append(c.bySlot[e.slot], e)
+	if !e.expires.IsZero() {
+		// never behind the walk of expired, so that it is found
+		e.bucket = max(int64(e.expires.Sub(c.start)/time.Second), c.expiryAt)
+		if c.expiry[e.bucket] == nil {
+			c.expiry[e.bucket] = map[string]*entry{}
+		}
+		c.expiry[e.bucket][e.key] = e
+	}
+}
+
+// drop removes e from c.entries and the indexes.
+func (c *Controller) drop(e *entry) {
+	delete(c.entries, e.key)
+	if es := slices.DeleteFunc(c.bySlot[e.slot], func(x *entry) bool { return x == e }); len(es) > 0 {
+		c.bySlot[e.slot] = es
+	} else {
+		delete(c.bySlot, e.slot)
+	}
+	if !e.expires.IsZero() {
+		delete(c.expiry[e.bucket], e.key)
+	}
+}
+
 // retired lists the keys whose rules a write retired or whose values are
-// about to expire.
-func (c *Controller) retired(now time.Time) []string {
-	var out []string
+// about to expire. It checks only the entries of the slots bumped since the
+// last call, unless the epoch was bumped or bumps went unreported: then it
+// checks every entry.
+func (c *Controller) retired(now time.Time) ([]string, error) {
+	bumped := map[uint32]bool{}
+	lost, err := c.tracker.DrainBumps(func(slot uint32) { bumped[slot] = true })
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]bool{}
 	epoch := c.guards.version(epochSlot)
-	for k, e := range c.entries {
-		if e.epochVersion != epoch || c.guards.version(e.slot) != e.keyVersion ||
-			(!e.expires.IsZero() && now.After(e.expires)) {
-			out = append(out, k)
+	check := func(e *entry) {
+		if e.epochVersion != epoch || c.guards.version(e.slot) != e.keyVersion {
+			out[e.key] = true
 		}
 	}
-	return out
+	if lost || bumped[epochSlot] {
+		for _, e := range c.entries {
+			check(e)
+		}
+	} else {
+		for slot := range bumped {
+			for _, e := range c.bySlot[slot] {
+				check(e)
+			}
+		}
+	}
+	c.expired(now, out)
+	return sortedKeys(out), nil
+}
+
+// expired takes the entries whose values expire by now out of the expiry
+// buckets into out: refresh puts them back with their new expiry.
+func (c *Controller) expired(now time.Time, out map[string]bool) {
+	last := int64(now.Sub(c.start) / time.Second)
+	for ; c.expiryAt <= last; c.expiryAt++ {
+		b := c.expiry[c.expiryAt]
+		for k, e := range b {
+			if now.After(e.expires) {
+				out[k] = true
+				delete(b, k)
+			}
+		}
+		if c.expiryAt == last {
+			return // the rest of this second's bucket expires later in it
+		}
+		delete(c.expiry, c.expiryAt)
+	}
 }
 
 // refresh fetches the keys again and rebuilds their rules in place, or
@@ -449,7 +526,7 @@ func (c *Controller) refresh(keys []string) error {
 				continue
 			}
 			e.ids, e.hits = old.ids, old.hits
-			c.entries[f.key] = e
+			c.put(e)
 			for ci := range c.cookies {
 				r.ID = e.ids[ci]
 				mods[ci] = append(mods[ci], r)
@@ -483,7 +560,7 @@ func (c *Controller) remove(es []*entry) error {
 		}
 	}
 	for _, e := range es {
-		delete(c.entries, e.key)
+		c.drop(e)
 	}
 	c.count(func(r *Report) { r.Removed += uint64(len(es)) })
 	return nil
@@ -528,7 +605,11 @@ func (c *Controller) loop(ctx context.Context) error {
 			c.sampled(key)
 			continue
 		case now := <-tick.C:
-			if keys := c.retired(now); len(keys) > 0 {
+			keys, err := c.retired(now)
+			if err != nil {
+				return err
+			}
+			if len(keys) > 0 {
 				if err := c.refresh(keys); err != nil {
 					return err
 				}

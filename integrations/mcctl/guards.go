@@ -12,7 +12,7 @@ import (
 )
 
 // guardMap is santad's pinned guard map, mapped read-only: the controller
-// reads a key's version before fetching its value, and scans the versions
+// reads a key's version before fetching its value, and checks the versions
 // of its rules to find those a write retired.
 type guardMap struct {
 	m   *ebpf.Map

@@ -1,6 +1,7 @@
 package mcctl
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -8,9 +9,11 @@ import (
 	"path/filepath"
 	"reflect"
 	"strings"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+	"github.com/cilium/ebpf/ringbuf"
 )
 
 // Guard slots the tracker and the controller agree on (bpf/tracker.h).
@@ -42,8 +45,10 @@ func KeySlot(key string) uint32 {
 // Tracker is the memcached write tracker (bpf/tracker.c) loaded and
 // attached at TC ingress and egress of interfaces of one network namespace.
 type Tracker struct {
-	objs  trackerObjects
-	links []link.Link
+	objs       trackerObjects
+	links      []link.Link
+	bumps      *ringbuf.Reader // mc_bumped
+	unreported uint64          // bumps_unreported at the last DrainBumps
 }
 
 // TrackerConfig says what to track.
@@ -86,6 +91,10 @@ func LoadTracker(cfg TrackerConfig) (*Tracker, error) {
 			return nil, fmt.Errorf("load memcached tracker: %+v", ve)
 		}
 		return nil, fmt.Errorf("load memcached tracker: %w", err)
+	}
+	if t.bumps, err = ringbuf.NewReader(t.objs.McBumped); err != nil {
+		t.objs.Close()
+		return nil, fmt.Errorf("memcached tracker: read bumped slots: %w", err)
 	}
 	return t, nil
 }
@@ -131,6 +140,34 @@ func (t *Tracker) Counters() (map[string]uint64, error) {
 	return out, nil
 }
 
+// DrainBumps calls each with the slot of every bump since the last call,
+// without waiting for more. lost says that some of those bumps were not
+// reported (the ring was full): their slots are unknown.
+func (t *Tracker) DrainBumps(each func(slot uint32)) (lost bool, err error) {
+	t.bumps.SetDeadline(time.Now())
+	var rec ringbuf.Record
+	for {
+		err := t.bumps.ReadInto(&rec)
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			break
+		}
+		if err != nil {
+			return false, err
+		}
+		each(binary.NativeEndian.Uint32(rec.RawSample))
+	}
+	var per []trackerMcCounters
+	if err := t.objs.McEvents.Lookup(uint32(0), &per); err != nil {
+		return false, err
+	}
+	var n uint64
+	for _, c := range per {
+		n += c.BumpsUnreported
+	}
+	lost, t.unreported = n != t.unreported, n
+	return lost, nil
+}
+
 // snake turns bpf2go's field names back into the C names (EpochWrites -> epoch_writes).
 func snake(s string) string {
 	var b strings.Builder
@@ -152,7 +189,7 @@ func (t *Tracker) Close() error {
 	for _, l := range t.links {
 		errs = append(errs, l.Close())
 	}
-	errs = append(errs, t.objs.Close())
+	errs = append(errs, t.bumps.Close(), t.objs.Close())
 	return errors.Join(errs...)
 }
 

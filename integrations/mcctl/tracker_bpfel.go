@@ -27,6 +27,7 @@ type trackerMcCounters struct {
 	UdpWrites         uint64
 	UdpRepliesBumped  uint64
 	NotParsed         uint64
+	BumpsUnreported   uint64
 }
 
 type trackerMcFlow struct {
@@ -101,6 +102,7 @@ type trackerMcUdpKey struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	trackerMapMcBumped      = "mc_bumped"
 	trackerMapMcEvents      = "mc_events"
 	trackerMapMcFlows       = "mc_flows"
 	trackerMapMcScratch     = "mc_scratch"
@@ -163,6 +165,7 @@ type trackerProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type trackerMapSpecs struct {
+	McBumped    *ebpf.MapSpec `ebpf:"mc_bumped"`
 	McEvents    *ebpf.MapSpec `ebpf:"mc_events"`
 	McFlows     *ebpf.MapSpec `ebpf:"mc_flows"`
 	McScratch   *ebpf.MapSpec `ebpf:"mc_scratch"`
@@ -199,6 +202,7 @@ func (o *trackerObjects) Close() error {
 //
 // It can be passed to loadTrackerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type trackerMaps struct {
+	McBumped    *ebpf.Map `ebpf:"mc_bumped"`
 	McEvents    *ebpf.Map `ebpf:"mc_events"`
 	McFlows     *ebpf.Map `ebpf:"mc_flows"`
 	McScratch   *ebpf.Map `ebpf:"mc_scratch"`
@@ -208,6 +212,7 @@ type trackerMaps struct {
 
 func (m *trackerMaps) Close() error {
 	return _TrackerClose(
+		m.McBumped,
 		m.McEvents,
 		m.McFlows,
 		m.McScratch,

@@ -72,6 +72,12 @@ struct {
 	__uint(max_entries, 1);
 } mc_events SEC(".maps");
 
+/* The slot (__u32) of every bump: the controller checks only their rules (it polls). */
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 1 << 20);
+} mc_bumped SEC(".maps");
+
 #define COUNT(field)                                                          \
 	do {                                                                  \
 		__u32 _zero = 0;                                              \
@@ -82,9 +88,14 @@ struct {
 
 static __always_inline void bump(__u32 slot)
 {
+	if (slot < MC_EPOCH_SLOT)
+		return; /* slot 0: a read's reply, no write; it guards no rule */
 	__u64 *v = bpf_map_lookup_elem(&santa_guards, &slot);
 	if (v)
 		__sync_fetch_and_add(v, 1);
+	/* after the increment: whoever reads the report sees the new version */
+	if (bpf_ringbuf_output(&mc_bumped, &slot, sizeof(slot), BPF_RB_NO_WAKEUP))
+		COUNT(bumps_unreported);
 }
 
 /* ---- packets ---- */

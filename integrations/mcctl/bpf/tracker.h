@@ -79,4 +79,5 @@ struct mc_counters {
 	__u64 udp_writes;        /* of writes: over UDP */
 	__u64 udp_replies_bumped; /* UDP replies to writes */
 	__u64 not_parsed;        /* memcached-port packets whose headers could not be parsed: epoch bumped */
+	__u64 bumps_unreported;  /* bumps not reported in mc_bumped (full): the controller checks every rule */
 };
