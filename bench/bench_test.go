@@ -203,3 +203,89 @@ func saturation(t *testing.T, c CaseResult) *Point {
 	}
 	return sp
 }
+
+// The memcached benchmark end to end on a small key set: memcached alone,
+// the reflector and the top 100 keys offloaded under the mixed workload
+// (SETs included), with mcgen's load and the prober; the report renders.
+func TestMCHarnessSmoke(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("needs root: run the tests as root")
+	}
+	bin := t.TempDir()
+	if err := testbed.GoBuild(bin, "..", "./cmd/santad", "./cmd/santa"); err != nil {
+		t.Fatal(err)
+	}
+	const keys = 5000
+	cases, err := SelectCases(PlanMC([]int{100}, keys), "memcached,reflector,santa-top-100", func(c MCCase) string { return c.Name })
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := MCConfig{
+		Config: Config{
+			Rates:     []int{40000},
+			Duration:  2 * time.Second,
+			Reps:      1,
+			Placement: testbed.DefaultPlacement,
+			ProbeRate: 500,
+			Logf:      func(f string, a ...any) { t.Logf(f, a...) },
+		},
+		ServerRates: []int{30000},
+		Keys:        keys,
+		MixRequests: 20000,
+		ZipfS:       0.99,
+		SetShare:    0.002,
+		Seed:        1,
+		Refresh:     5 * time.Millisecond,
+		Cases:       cases,
+		Bin:         bin,
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	rep, err := RunMemcached(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Cases) != 3 {
+		t.Fatalf("%d cases measured", len(rep.Cases))
+	}
+	for _, c := range rep.Cases {
+		sp := saturation(t, c)
+		m, meta := sp.Median, rep.Meta[c.Name]
+		if ratio(m.Replies, m.Sent) < 0.95 {
+			t.Errorf("%s: %d of %d requests answered at %d/s", c.Name, m.Replies, m.Sent, sp.OfferedQPS)
+		}
+		switch c.Name {
+		case "memcached":
+			if m.ProgID != 0 || m.XDPAnswered != 0 {
+				t.Errorf("memcached: program %d, %d answered in XDP", m.ProgID, m.XDPAnswered)
+			}
+		case "reflector":
+			if m.ProgID == 0 || m.ProbeSent != 0 {
+				t.Errorf("reflector: program %d, %d probes", m.ProgID, m.ProbeSent)
+			}
+		case "santa-top-100":
+			// The top 100 of 5000 keys get about 60 % of a Zipf (0.99) mix;
+			// SETs retire rules for a few ms each.
+			if meta.Offloaded < 0.5 || meta.Offloaded > 0.7 || m.XDPShare < meta.Offloaded-0.15 || m.XDPShare > meta.Offloaded+0.02 {
+				t.Errorf("santa-top-100: %.0f%% of the mix offloaded, %.0f%% answered in XDP", 100*meta.Offloaded, 100*m.XDPShare)
+			}
+			if !strings.HasPrefix(rep.Done[c.Name], "installed 100,") || strings.Contains(rep.Done[c.Name], "rebuilt 0 ") {
+				t.Errorf("santa-top-100: controller reported %q, want 100 rules installed and some rebuilt after SETs", rep.Done[c.Name])
+			}
+		}
+		if c.Name != "reflector" && (m.ProbeSent == 0 || m.ProbeAnswered < m.ProbeSent*9/10 || m.LatP50Us <= 0) {
+			t.Errorf("%s: prober: %d/%d answered, p50 %.0f µs", c.Name, m.ProbeAnswered, m.ProbeSent, m.LatP50Us)
+		}
+	}
+	dir := t.TempDir()
+	files, _, err := rep.WriteFiles(dir, "memcached")
+	if err != nil || len(files) < 2 {
+		t.Fatalf("write files %v %v", files, err)
+	}
+	md := rep.Markdown("memcached")
+	for _, s := range []string{"## memcached", "| santa-top-100 |", "× reflector", "`santa-top-100`: installed 100"} {
+		if !strings.Contains(md, s) {
+			t.Errorf("markdown lacks %q", s)
+		}
+	}
+}

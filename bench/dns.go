@@ -341,7 +341,7 @@ type dnsRun struct {
 	step   func(string, time.Time, error)
 	server testbed.DNSServer
 	santad *santadRig
-	ctl    *dnsController
+	ctl    *controllerProc
 	ctlN   int
 }
 
@@ -383,7 +383,7 @@ func (r *dnsRun) runCase(ctx context.Context, c DNSCase) CaseResult {
 				return fail(err)
 			}
 			args := append(bind, "--queries", r.ranks, "--count", fmt.Sprint(c.N), "--shape", "plain", "--zone", ".")
-			ctl, err := r.santad.startController(ctx, "top", append(args, r.cfg.ControllerArgs...)...)
+			ctl, err := r.santad.startController(ctx, "dns", "top", append(args, r.cfg.ControllerArgs...)...)
 			r.step(fmt.Sprintf("santa dns top --count %d (ready)", c.N), t0, err)
 			if err != nil {
 				return fail(err)
@@ -544,11 +544,10 @@ func (d *dnsReflector) Answered() (uint64, error) { return 0, nil }
 // removeStalePins removes santad pin directories of earlier runs whose
 // process is gone (a run killed before its cleanup).
 func removeStalePins(logf func(string, ...any)) {
-	dirs, _ := filepath.Glob("/sys/fs/bpf/santa-benchdns-santa-*")
+	dirs, _ := filepath.Glob(santadPinPrefix + "santa-*")
 	for _, d := range dirs {
-		// santa-benchdns-santa-<pid>-<n>
 		var pid, n int
-		if _, err := fmt.Sscanf(filepath.Base(d), "santa-benchdns-santa-%d-%d", &pid, &n); err != nil {
+		if _, err := fmt.Sscanf(d, santadPinPrefix+"santa-%d-%d", &pid, &n); err != nil {
 			continue
 		}
 		if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); err == nil {

@@ -46,10 +46,17 @@ func LoadDNSReport(path string) (*DNSReport, error) {
 // <stem>-summary.png, each with its .gp script. It returns the paths
 // written and warnings (e.g. no gnuplot).
 func (r *DNSReport) WriteFiles(dir, stem string) ([]string, []string, error) {
+	return writeFiles(dir, stem, r, r.writeCSV, r.plots(stem))
+}
+
+// writeFiles writes a report as <dir>/<stem>.json, its CSV (by writeCSV)
+// as <stem>.csv and, with gnuplot, its plots. It returns the paths written
+// and warnings (e.g. no gnuplot).
+func writeFiles(dir, stem string, report any, writeCSV func(path string) error, plots []plotSpec) ([]string, []string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, nil, err
 	}
-	j, err := json.MarshalIndent(r, "", "  ")
+	j, err := json.MarshalIndent(report, "", "  ")
 	if err != nil {
 		return nil, nil, err
 	}
@@ -59,12 +66,12 @@ func (r *DNSReport) WriteFiles(dir, stem string) ([]string, []string, error) {
 	}
 	written := []string{p}
 	p = filepath.Join(dir, stem+".csv")
-	if err := r.writeCSV(p); err != nil {
+	if err := writeCSV(p); err != nil {
 		return written, nil, err
 	}
 	written = append(written, p)
 	var warns []string
-	for _, pl := range r.plots(stem) {
+	for _, pl := range plots {
 		w, warn, err := plot(dir, pl.stem, pl.script)
 		written = append(written, w...)
 		if err != nil {
@@ -80,11 +87,12 @@ func (r *DNSReport) WriteFiles(dir, stem string) ([]string, []string, error) {
 	return written, warns, nil
 }
 
-type dnsPlot struct{ stem, title, script string }
+// plotSpec is one figure of a report: <stem>.gp and the .png it draws.
+type plotSpec struct{ stem, title, script string }
 
 // plots are the report's figures: three sweeps and a summary.
-func (r *DNSReport) plots(stem string) []dnsPlot {
-	var out []dnsPlot
+func (r *DNSReport) plots(stem string) []plotSpec {
+	var out []plotSpec
 	exps := []struct{ exp, title string }{
 		{ExpAlone, "DNS (a): servers alone and with Santa attached, no rules"},
 		{ExpFull, "DNS (b): every name offloaded (NSD)"},
@@ -102,10 +110,10 @@ func (r *DNSReport) plots(stem string) []dnsPlot {
 		}
 		s := fmt.Sprintf("%s-%s", stem, e.exp)
 		title := fmt.Sprintf("%s (kxdpgun, median of %d)", e.title, r.Reps)
-		out = append(out, dnsPlot{s, e.title, sweepPlot(s+".png", title, "benchdns", r.Started, cases, 0)})
+		out = append(out, plotSpec{s, e.title, sweepPlot(s+".png", title, "benchdns", r.Started, cases, 0)})
 	}
 	if s := r.summaryPlot(stem + "-summary"); s != "" {
-		out = append(out, dnsPlot{stem + "-summary", "summary", s})
+		out = append(out, plotSpec{stem + "-summary", "summary", s})
 	}
 	return out
 }

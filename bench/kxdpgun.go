@@ -28,14 +28,14 @@ type Gun struct {
 	Batch     int    // -b; 0: kxdpgun's default (10 for UDP)
 }
 
-// GunResult is what kxdpgun reports for one run.
-type GunResult struct {
-	Sent       uint64  // total queries
-	SentPPS    float64 // as printed by kxdpgun
+// LoadResult is what a load generator reports for one run.
+type LoadResult struct {
+	Sent       uint64  // total requests
+	SentPPS    float64 // as reported by the generator
 	Replies    uint64  // total replies
 	RepliesPPS float64
 	Duration   float64 // seconds, as requested (kxdpgun prints it rounded)
-	Output     string
+	Output     string  // the generator's own report, for verbose logs
 }
 
 var (
@@ -61,10 +61,21 @@ func WriteQueryFile(path string, qs []Query) error {
 }
 
 // Run sends qps queries per second for d (whole seconds, at least 1) and
-// returns kxdpgun's counts. onStart, if set, is called right after the
-// process started. kxdpgun replaces the client veth's XDP program with its
-// own and leaves it there; the caller re-attaches the testbed's xdp_pass.
-func (g *Gun) Run(ctx context.Context, qps int, d time.Duration) (GunResult, error) {
+// returns kxdpgun's counts. kxdpgun replaces the client veth's XDP program
+// with its own and leaves it there: Run puts the testbed's xdp_pass back
+// (before too, in case an earlier run was interrupted).
+func (g *Gun) Run(ctx context.Context, qps int, d time.Duration) (LoadResult, error) {
+	if err := g.TB.AttachClientPass(); err != nil {
+		return LoadResult{}, err
+	}
+	res, err := g.run(ctx, qps, d)
+	if perr := g.TB.AttachClientPass(); err == nil {
+		err = perr
+	}
+	return res, err
+}
+
+func (g *Gun) run(ctx context.Context, qps int, d time.Duration) (LoadResult, error) {
 	secs := int(d.Round(time.Second) / time.Second)
 	if secs < 1 {
 		secs = 1
@@ -86,7 +97,7 @@ func (g *Gun) Run(ctx context.Context, qps int, d time.Duration) (GunResult, err
 	cmd := testbed.Command(cctx, g.TB.Client.NS, KxdpgunPath, args...)
 	cmd.WaitDelay = 5 * time.Second
 	out, err := cmd.CombinedOutput()
-	res := GunResult{Duration: float64(secs), Output: string(out)}
+	res := LoadResult{Duration: float64(secs), Output: string(out)}
 	if err != nil {
 		if cctx.Err() != nil {
 			return res, fmt.Errorf("kxdpgun: %w (%v): %s", cctx.Err(), err, tail(out))

@@ -54,21 +54,46 @@ func NewProber(tb *testbed.Testbed, target netip.AddrPort, rate int, qs []Query)
 	if len(qs) == 0 {
 		return nil, errors.New("prober: no queries")
 	}
-	p := &Prober{TB: tb, Target: target, Rate: rate, Timeout: time.Second}
 	n := min(maxProbes, len(qs))
-	off := 0
-	if len(qs) > n {
-		off = int(uint64(len(qs)) * 2654435761 % uint64(len(qs))) // fixed, arbitrary
-	}
-	for i := 0; i < n; i++ {
+	off := probeOffset(len(qs), n)
+	payloads := make([][]byte, n)
+	for i := range payloads {
 		q := qs[(off+i)%len(qs)]
 		w, err := PlainQuery(q.Name, q.Type)
 		if err != nil {
 			return nil, err
 		}
-		p.queries = append(p.queries, w)
+		payloads[i] = w
+	}
+	return &Prober{TB: tb, Target: target, Rate: rate, Timeout: time.Second, queries: payloads}, nil
+}
+
+// NewPayloadProber probes with UDP payloads whose first two bytes are a
+// request id the server echoes in its reply (a DNS ID, a memcached UDP
+// request id): up to maxProbes of them, copied, from a seeded offset.
+func NewPayloadProber(tb *testbed.Testbed, target netip.AddrPort, rate int, payloads [][]byte) (*Prober, error) {
+	if len(payloads) == 0 {
+		return nil, errors.New("prober: no payloads")
+	}
+	n := min(maxProbes, len(payloads))
+	off := probeOffset(len(payloads), n)
+	p := &Prober{TB: tb, Target: target, Rate: rate, Timeout: time.Second}
+	for i := 0; i < n; i++ {
+		w := payloads[(off+i)%len(payloads)]
+		if len(w) < 2 {
+			return nil, fmt.Errorf("prober: payload of %d bytes has no request id", len(w))
+		}
+		p.queries = append(p.queries, append([]byte(nil), w...))
 	}
 	return p, nil
+}
+
+// probeOffset is where n probes start in a mix of total: fixed, arbitrary.
+func probeOffset(total, n int) int {
+	if total <= n {
+		return 0
+	}
+	return int(2654435761 % uint64(total))
 }
 
 // PlainQuery is a query as kxdpgun sends a "NAME TYPE" line of its query

@@ -9,8 +9,10 @@
 package bench
 
 import (
+	"context"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/santa-offload/santa/bench/reflector"
 	"github.com/santa-offload/santa/internal/testbed"
@@ -28,13 +30,34 @@ type Query struct {
 type Env struct {
 	TB  *testbed.Testbed
 	NSD *testbed.NSD // UDP benchmark: serves Zone on port 53 of both server addresses, pinned to Placement.ServerCPU
-	// Server is the DNS server whose processes count as server work (the
+	// Server is the server whose processes count as server work (the
 	// UDP benchmark: NSD).
-	Server    testbed.DNSServer
+	Server    Server
 	Zone      testbed.Zone // example.test. with Zone.Generated names h0..h<N-1> (testbed.GenName)
 	Queries   []Query      // the default query mix: every generated name, type A
 	Placement testbed.Placement
 	Logf      func(format string, args ...any)
+}
+
+// Server is what the harness needs of the server under test.
+type Server interface {
+	// PIDs are the server's processes; all their threads count as server
+	// work.
+	PIDs() ([]int, error)
+}
+
+// Generator sends load from the client namespace for one point of a sweep.
+// Every Run is bounded: it ends after d.
+type Generator interface {
+	Run(ctx context.Context, rate int, d time.Duration) (LoadResult, error)
+}
+
+// Load is a case's load generator and, optionally, its latency prober.
+type Load struct {
+	Generator Generator
+	Prober    *Prober // nil: no latency probing
+	Distinct  int     // distinct requests in the generator's mix
+	Close     func()  // nil or called after the case's sweep
 }
 
 // Responder is one benchmark case: whatever answers (or lets NSD answer)
@@ -72,6 +95,13 @@ type (
 	// RateProvider replaces Config.Rates for this case (e.g. rates around
 	// a kernel server's capacity instead of an XDP responder's).
 	RateProvider interface{ Rates() []int }
+
+	// LoadProvider gives the case's own load instead of kxdpgun with
+	// QueryProvider's queries (e.g. memcached GETs); probeRate is
+	// Config.ProbeRate. Called after Setup.
+	LoadProvider interface {
+		Load(env *Env, probeRate int) (Load, error)
+	}
 
 	// AnswerCounter counts the queries the case's XDP program answered
 	// itself so far (the rest went to the server); the harness reports the

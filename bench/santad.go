@@ -6,11 +6,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -28,6 +30,7 @@ type santadRig struct {
 	tb     *testbed.Testbed
 	bin    string
 	sd     *testbed.Santad
+	bpffs  string // its pins (the guard map: bpffs/guards)
 	client *santa.Client
 	logf   func(string, ...any)
 }
@@ -48,13 +51,13 @@ func startSantad(tb *testbed.Testbed, bin, tmp string, rules int, logf func(stri
 	// names; room for twice that, at least santad's default.
 	dataMiB := max(16, (maxRules*320)>>20)
 	conf := filepath.Join(dir, "santad.yaml")
-	y := fmt.Sprintf("# Written by bench/cmd/benchdns.\ndataplane:\n  hash_bits: %d\n  max_rules: %d\n  data_mib: %d\n", hashBits, maxRules, dataMiB)
+	y := fmt.Sprintf("# Written by the benchmark harness (bench/).\ndataplane:\n  hash_bits: %d\n  max_rules: %d\n  data_mib: %d\n", hashBits, maxRules, dataMiB)
 	if err := os.WriteFile(conf, []byte(y), 0o644); err != nil {
 		return nil, err
 	}
-	sd := testbed.NewSantad(filepath.Join(bin, "santad"), tb.Server.NS, dir,
-		"/sys/fs/bpf/santa-benchdns-"+tb.ID, "--interface", tb.Server.Dev, "--config", conf)
-	r := &santadRig{tb: tb, bin: bin, sd: sd, logf: logf}
+	bpffs := santadPinPrefix + tb.ID
+	sd := testbed.NewSantad(filepath.Join(bin, "santad"), tb.Server.NS, dir, bpffs, "--interface", tb.Server.Dev, "--config", conf)
+	r := &santadRig{tb: tb, bin: bin, sd: sd, bpffs: bpffs, logf: logf}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	if err := sd.Start(ctx); err != nil {
@@ -98,24 +101,30 @@ func (r *santadRig) cli(args ...string) (string, error) {
 	return string(out), nil
 }
 
-// dnsController is a running `santa dns` offloading n names.
-type dnsController struct {
+// santadPinPrefix starts the bpffs directory of the benchmarks' santad;
+// the testbed's id (santa-<pid>-<n>) follows.
+const santadPinPrefix = "/sys/fs/bpf/santa-bench-"
+
+// controllerProc is a running `santa dns` or `santa memcached` offloading n
+// names or keys.
+type controllerProc struct {
 	*testbed.Controller
 	n int
 }
 
-// startController runs `santa dns MODE ARGS` in the server namespace and
-// waits for its "ready:" line, logging its install progress. It waits at
-// most 2 minutes plus 1 ms per offloaded name and socket (a million names
-// on two sockets took 7 minutes when this was written).
-func (r *santadRig) startController(ctx context.Context, mode string, args ...string) (*dnsController, error) {
-	c := &dnsController{}
+// startController runs `santa KIND MODE ARGS` (kind dns or memcached) in
+// the server namespace and waits for its "ready:" line, logging its install
+// progress. It waits at most 2 minutes plus 1 ms per offloaded name and
+// socket (a million names on two sockets took 7 minutes when this was
+// written).
+func (r *santadRig) startController(ctx context.Context, kind, mode string, args ...string) (*controllerProc, error) {
+	c := &controllerProc{}
 	for i, a := range args {
 		if a == "--count" && i+1 < len(args) {
 			fmt.Sscan(args[i+1], &c.n)
 		}
 	}
-	// Progress: santa dns logs "installing … done=N of=M" per 16 k questions.
+	// Progress: the controllers log "installing … done=N of=M" now and then.
 	last := time.Time{}
 	progress := func(l string) {
 		if strings.Contains(l, "level=WARN") || strings.Contains(l, "level=ERROR") || strings.HasPrefix(l, "ready:") ||
@@ -124,10 +133,10 @@ func (r *santadRig) startController(ctx context.Context, mode string, args ...st
 			if i := strings.Index(l, "level="); i >= 0 {
 				l = l[i:]
 			}
-			r.logf("  santa dns: %s", l)
+			r.logf("  santa %s: %s", kind, l)
 		}
 	}
-	argv := testbed.ControllerArgv(filepath.Join(r.bin, "santa"), r.tb.Server.NS, r.sd.Socket, "dns", append([]string{mode}, args...)...)
+	argv := testbed.ControllerArgv(filepath.Join(r.bin, "santa"), r.tb.Server.NS, r.sd.Socket, kind, append([]string{mode}, args...)...)
 	ctl, err := testbed.StartController(ctx, argv, 2*time.Minute+time.Duration(2*c.n)*time.Millisecond, progress)
 	if err != nil {
 		return nil, err
@@ -138,7 +147,7 @@ func (r *santadRig) startController(ctx context.Context, mode string, args ...st
 
 // stop ends the controller with SIGTERM (it deletes its rules) and waits,
 // at most a minute plus 0.2 ms per name (SIGKILL after that).
-func (c *dnsController) stop() error {
+func (c *controllerProc) stop() error {
 	return c.Stop(time.Minute + time.Duration(c.n)*200*time.Microsecond)
 }
 
@@ -205,4 +214,57 @@ func socketFD(pids []int, addr netip.AddrPort) (pid, fd int, err error) {
 		}
 	}
 	return 0, 0, fmt.Errorf("no process of %v holds a UDP socket bound to %v", pids, addr)
+}
+
+// BuildSanta builds santad and santa from the working tree (the module
+// above the working directory) into a new temporary directory, which the
+// caller removes.
+func BuildSanta(logf func(string, ...any)) (string, error) {
+	root, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(root, "go.mod")); err == nil {
+			break
+		}
+		if filepath.Dir(root) == root {
+			return "", errors.New("no go.mod above the working directory: run from the repository")
+		}
+		root = filepath.Dir(root)
+	}
+	bin, err := os.MkdirTemp("", "santa-bench-bin-")
+	if err != nil {
+		return "", err
+	}
+	t0 := time.Now()
+	if err := testbed.GoBuild(bin, root, "./cmd/santad", "./cmd/santa"); err != nil {
+		os.RemoveAll(bin)
+		return "", err
+	}
+	logf("built santad and santa from %s in %v", root, time.Since(t0).Round(100*time.Millisecond))
+	return bin, nil
+}
+
+// SelectCases keeps the cases of plan named in the comma-separated list
+// names, in plan order; an unknown name is an error that lists the known.
+func SelectCases[C any](plan []C, names string, name func(C) string) ([]C, error) {
+	want := map[string]bool{}
+	for _, n := range strings.Split(names, ",") {
+		want[strings.TrimSpace(n)] = true
+	}
+	var sel []C
+	var have []string
+	for _, c := range plan {
+		have = append(have, name(c))
+		if want[name(c)] {
+			sel = append(sel, c)
+			delete(want, name(c))
+		}
+	}
+	if len(want) > 0 {
+		unknown := slices.Sorted(maps.Keys(want))
+		return nil, fmt.Errorf("unknown cases %s (have %s)", strings.Join(unknown, ", "), strings.Join(have, ", "))
+	}
+	return sel, nil
 }

@@ -310,33 +310,25 @@ func (h *harness) runCase(ctx context.Context, c Responder) (cr CaseResult) {
 		}
 	}()
 
-	qs := h.env.Queries
-	if qp, ok := c.(QueryProvider); ok {
-		qs = qp.Queries(h.env)
+	var load Load
+	if lp, ok := c.(LoadProvider); ok {
+		load, err = lp.Load(h.env, h.cfg.ProbeRate)
+	} else {
+		load, err = h.kxdpgunLoad(c, cr.Name)
 	}
-	if len(qs) == 0 {
-		cr.Error = "no queries"
-		return cr
-	}
-	cr.Queries = len(qs)
-	qfile := filepath.Join(h.tmp, cr.Name+".queries")
-	if err := WriteQueryFile(qfile, qs); err != nil {
+	if err != nil {
 		cr.Error = err.Error()
 		return cr
 	}
-	pt := &point{name: cr.Name}
+	if load.Close != nil {
+		defer load.Close()
+	}
+	cr.Queries = load.Distinct
+	pt := &point{name: cr.Name, load: load.Generator, prober: load.Prober}
 	if pp, ok := c.(PIDProvider); ok {
 		pt.extra = pp.ServerPIDs()
 	}
 	pt.counter, _ = c.(AnswerCounter)
-	pt.gun = &Gun{TB: h.tb, QueryFile: qfile, Target: h.tb.Server.IP4.String(), CPU: h.cfg.Placement.ClientCPU, Batch: h.cfg.Batch}
-	if lp, ok := c.(LatencyProbe); h.cfg.ProbeRate > 0 && (!ok || lp.LatencyProbe()) {
-		pt.prober, err = NewProber(h.tb, netip.AddrPortFrom(h.tb.Server.IP4, 53), h.cfg.ProbeRate, qs)
-		if err != nil {
-			cr.Error = err.Error()
-			return cr
-		}
-	}
 	rates := h.cfg.Rates
 	if rp, ok := c.(RateProvider); ok && len(rp.Rates()) > 0 {
 		rates = rp.Rates()
@@ -428,6 +420,34 @@ func (h *harness) runCase(ctx context.Context, c Responder) (cr CaseResult) {
 	return cr
 }
 
+// kxdpgunLoad is the default load: kxdpgun sending the case's queries (or
+// env.Queries), and the DNS latency prober over the same mix.
+func (h *harness) kxdpgunLoad(c Responder, name string) (Load, error) {
+	qs := h.env.Queries
+	if qp, ok := c.(QueryProvider); ok {
+		qs = qp.Queries(h.env)
+	}
+	if len(qs) == 0 {
+		return Load{}, errors.New("no queries")
+	}
+	qfile := filepath.Join(h.tmp, name+".queries")
+	if err := WriteQueryFile(qfile, qs); err != nil {
+		return Load{}, err
+	}
+	load := Load{
+		Generator: &Gun{TB: h.tb, QueryFile: qfile, Target: h.tb.Server.IP4.String(), CPU: h.cfg.Placement.ClientCPU, Batch: h.cfg.Batch},
+		Distinct:  len(qs),
+	}
+	if lp, ok := c.(LatencyProbe); h.cfg.ProbeRate > 0 && (!ok || lp.LatencyProbe()) {
+		p, err := NewProber(h.tb, netip.AddrPortFrom(h.tb.Server.IP4, 53), h.cfg.ProbeRate, qs)
+		if err != nil {
+			return Load{}, err
+		}
+		load.Prober = p
+	}
+	return load, nil
+}
+
 func probeInfo(s Sample) string {
 	var b strings.Builder
 	if s.XDPAnswered > 0 {
@@ -497,7 +517,7 @@ func (h *harness) sampleOnce(pids, extra []int) (tick, error) {
 // point is what measure needs of a case.
 type point struct {
 	name    string
-	gun     *Gun
+	load    Generator
 	extra   []int         // more server pids (PIDProvider)
 	counter AnswerCounter // nil: the case answers nothing in XDP by itself
 	prober  *Prober       // nil: no latency probing
@@ -510,11 +530,8 @@ type point struct {
 // count. With a prober, it sends queries from 0.5 s after kxdpgun's start
 // until 0.5 s before its end (rep 0, the probe, goes without).
 func (h *harness) measure(ctx context.Context, pt *point, qps int, d time.Duration, rep int) (Sample, error) {
-	name, gun, extra := pt.name, pt.gun, pt.extra
+	name, extra := pt.name, pt.extra
 	s := Sample{Case: name, OfferedQPS: qps, Rep: rep}
-	if err := h.tb.AttachClientPass(); err != nil {
-		return s, err
-	}
 	if err := h.tb.PinNAPI(h.cfg.Placement); err != nil {
 		return s, err
 	}
@@ -615,7 +632,7 @@ func (h *harness) measure(ctx context.Context, pt *point, qps int, d time.Durati
 		probed <- probeOut{}
 	}
 	gunStart := time.Now()
-	res, gerr := gun.Run(ctx, qps, d)
+	res, gerr := pt.load.Run(ctx, qps, d)
 	gunTook := time.Since(gunStart)
 	po := <-probed
 	time.Sleep(2 * samplePeriod) // let the server drain its queues
@@ -712,9 +729,6 @@ func (h *harness) measure(ctx context.Context, pt *point, qps int, d time.Durati
 	}
 	if s.ClientRx > 0 {
 		s.UsPerFrame = 1e6 * s.ServerBusy / float64(s.ClientRx)
-	}
-	if err := h.tb.AttachClientPass(); err != nil { // kxdpgun left its program
-		return s, err
 	}
 	return s, nil
 }

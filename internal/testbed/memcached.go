@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"os/user"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -21,11 +22,14 @@ var MemcachedPath = "/usr/bin/memcached"
 // MemcachedOptions configure StartMemcached. The zero value listens on
 // port 11211 with one worker thread and 64 MB, unpinned.
 type MemcachedOptions struct {
-	Port     int           // TCP and UDP port (-p and -U); 0: 11211
-	Threads  int           // worker threads (-t); 0: 1
-	Pin      bool          // pin every thread to CPU (taskset at start)
-	CPU      int           // the CPU for Pin
-	MemoryMB int           // item memory (-m); 0: 64
+	Port     int  // TCP and UDP port (-p and -U); 0: 11211
+	Threads  int  // worker threads (-t); 0: 1
+	Pin      bool // pin every thread to CPU (taskset at start)
+	CPU      int  // the CPU for Pin
+	MemoryMB int  // item memory (-m); 0: 64
+	// IPv4Only listens on the server's IPv4 address only: one TCP and one
+	// UDP socket (Addr6 and Loopback are then invalid).
+	IPv4Only bool
 	Extra    []string      // more command-line arguments
 	Timeout  time.Duration // to wait until it answers; 0: 10 s
 }
@@ -71,6 +75,9 @@ func (tb *Testbed) StartMemcached(o MemcachedOptions) (*Memcached, error) {
 		out:      &LockedBuffer{},
 		done:     make(chan struct{}),
 	}
+	if o.IPv4Only {
+		m.Addr6, m.Loopback = netip.AddrPort{}, netip.AddrPort{}
+	}
 	username := "memcache"
 	if _, err := user.Lookup(username); err != nil {
 		username = "nobody"
@@ -81,7 +88,7 @@ func (tb *Testbed) StartMemcached(o MemcachedOptions) (*Memcached, error) {
 	}
 	args = append(args, MemcachedPath, "-u", username,
 		"-p", strconv.Itoa(o.Port), "-U", strconv.Itoa(o.Port),
-		"-l", fmt.Sprintf("%s,[%s],%s", m.Addr4.Addr(), m.Addr6.Addr(), m.Loopback.Addr()),
+		"-l", m.listen(),
 		"-t", strconv.Itoa(o.Threads), "-m", strconv.Itoa(o.MemoryMB))
 	args = append(args, o.Extra...)
 	// `ip netns exec` and taskset exec memcached: the child's pid is its.
@@ -105,11 +112,28 @@ func (tb *Testbed) StartMemcached(o MemcachedOptions) (*Memcached, error) {
 	return m, nil
 }
 
+// listen is memcached's -l: its valid addresses.
+func (m *Memcached) listen() string {
+	var as []string
+	for _, a := range []netip.AddrPort{m.Addr4, m.Addr6, m.Loopback} {
+		switch {
+		case a.Addr().Is6():
+			as = append(as, "["+a.Addr().String()+"]")
+		case a.IsValid():
+			as = append(as, a.Addr().String())
+		}
+	}
+	return strings.Join(as, ",")
+}
+
 // waitReady polls until memcached answers "version" over TCP and UDP on
-// both addresses from the client namespace.
+// the server's addresses from the client namespace.
 func (m *Memcached) waitReady(tb *Testbed, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for _, a := range []netip.AddrPort{m.Addr4, m.Addr6} {
+		if !a.IsValid() {
+			continue
+		}
 		for {
 			select {
 			case <-m.done:
@@ -193,3 +217,6 @@ func (m *Memcached) Stop() error {
 	})
 	return m.stopErr
 }
+
+// PIDs is the memcached process (its threads do all the work).
+func (m *Memcached) PIDs() ([]int, error) { return []int{m.PID()}, nil }

@@ -21,7 +21,6 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
@@ -155,28 +154,10 @@ func main() {
 		return
 	}
 	if *casesF != "" {
-		want := map[string]bool{}
-		for _, n := range strings.Split(*casesF, ",") {
-			want[strings.TrimSpace(n)] = true
+		var err error
+		if plan, err = bench.SelectCases(plan, *casesF, func(c bench.DNSCase) string { return c.Name }); err != nil {
+			fatal(err)
 		}
-		var sel []bench.DNSCase
-		for _, c := range plan {
-			if want[c.Name] {
-				sel = append(sel, c)
-				delete(want, c.Name)
-			}
-		}
-		if len(want) > 0 {
-			var unknown, have []string
-			for n := range want {
-				unknown = append(unknown, n)
-			}
-			for _, c := range plan {
-				have = append(have, c.Name)
-			}
-			fatal(fmt.Errorf("unknown cases %s (have %s)", strings.Join(unknown, ", "), strings.Join(have, ", ")))
-		}
-		plan = sel
 	}
 	cfg.Cases = plan
 
@@ -206,21 +187,10 @@ func main() {
 		logf("benchdns: %d cases, about %d points of %v: about %v of traffic and overhead, plus zone loads and rule installs (minutes for 1 M names), plus waits for quiet CPUs (at most %v)",
 			len(plan), points, cfg.Duration, est.Round(10*time.Second), cfg.QuietBudget)
 
-		// santad and santa from the working tree.
-		root, rerr := moduleRoot()
-		if rerr != nil {
-			fatal(rerr)
+		bin, berr := bench.BuildSanta(logf)
+		if berr != nil {
+			fatal(berr)
 		}
-		bin, terr := os.MkdirTemp("", "santa-benchdns-bin-")
-		if terr != nil {
-			fatal(terr)
-		}
-		t0 := time.Now()
-		if err := testbed.GoBuild(bin, root, "./cmd/santad", "./cmd/santa"); err != nil {
-			os.RemoveAll(bin)
-			fatal(err)
-		}
-		logf("built santad and santa from %s in %v", root, time.Since(t0).Round(100*time.Millisecond))
 		cfg.Bin = bin
 
 		ctx, stopSig := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -258,24 +228,6 @@ func main() {
 	}
 	if err != nil || failed {
 		os.Exit(1)
-	}
-}
-
-// moduleRoot is the directory of the go.mod above the working directory.
-func moduleRoot() (string, error) {
-	d, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
-			return d, nil
-		}
-		p := filepath.Dir(d)
-		if p == d {
-			return "", fmt.Errorf("no go.mod above the working directory: run from the repository")
-		}
-		d = p
 	}
 }
 
