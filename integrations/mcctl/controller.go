@@ -361,9 +361,23 @@ func (c *Controller) fetchAll(keys []string, each func(batch []fetched) error) e
 	return nil
 }
 
+// progressEvery is how often a long install logs its progress.
+const progressEvery = 5 * time.Second
+
 // install fetches keys that have no rules yet and adds their rules.
 func (c *Controller) install(keys []string) error {
+	start, done, logged := time.Now(), 0, time.Now()
+	defer func() {
+		if time.Since(start) > progressEvery {
+			c.log.Info("installed", "keys", done, "rules", len(c.entries), "elapsed", time.Since(start).Round(time.Millisecond))
+		}
+	}()
 	return c.fetchAll(keys, func(batch []fetched) error {
+		done += len(batch)
+		if time.Since(logged) > progressEvery { // long work: a million keys take minutes
+			logged = time.Now()
+			c.log.Info("installing", "done", done, "of", len(keys), "rules", len(c.entries), "elapsed", time.Since(start).Round(time.Millisecond))
+		}
 		var rules []api.Rule
 		var es []*entry
 		for _, f := range batch {
