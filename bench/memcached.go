@@ -15,6 +15,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cilium/ebpf"
+
 	"github.com/santa-offload/santa/bench/mcgen"
 	"github.com/santa-offload/santa/internal/testbed"
 )
@@ -122,6 +124,9 @@ type MCReport struct {
 	StopAfter   int               `json:"stop_after"`
 	Meta        map[string]MCCase `json:"meta"`
 	Setup       []SetupStep       `json:"setup"`
+	// Tracker is the write tracker's BPF cost over each Santa case (all
+	// its points): run time per run and runs per reply.
+	Tracker map[string]TrackerCost `json:"tracker,omitempty"`
 	// Done is each controller's done line (rules installed, rebuilt,
 	// removed; the write tracker's counters), by the case that started it.
 	Done map[string]string `json:"controller_done,omitempty"`
@@ -173,7 +178,7 @@ func RunMemcached(ctx context.Context, cfg MCConfig) (*MCReport, error) {
 		},
 		ServerRates: cfg.ServerRates, MixRequests: cfg.MixRequests, ZipfS: cfg.ZipfS, SetShare: cfg.SetShare, Seed: cfg.Seed,
 		Pacing: map[mcgen.Pacing]string{mcgen.PaceCalls: "calls", mcgen.PaceSpin: "spin"}[cfg.Pacing], Refresh: cfg.Refresh.Seconds(),
-		ProbeRate: cfg.ProbeRate, StopAfter: cfg.StopAfter, Meta: map[string]MCCase{}, Done: map[string]string{},
+		ProbeRate: cfg.ProbeRate, StopAfter: cfg.StopAfter, Meta: map[string]MCCase{}, Done: map[string]string{}, Tracker: map[string]TrackerCost{},
 	}
 	if out, err := testbed.Run("", testbed.MemcachedPath, "-V"); err == nil {
 		rep.Host["memcached"] = strings.TrimSpace(out)
@@ -389,7 +394,52 @@ func (r *mcRun) runCase(ctx context.Context, c MCCase) CaseResult {
 	if err := r.pinSanta(r.cfg.Placement.ServerCPU); err != nil {
 		return fail(err)
 	}
-	return r.h.runCase(ctx, mcase)
+	ns0, runs0, err := trackerRunTime()
+	if err != nil {
+		return fail(err)
+	}
+	cr := r.h.runCase(ctx, mcase)
+	if ns, runs, err := trackerRunTime(); err == nil && runs > runs0 {
+		var replies uint64
+		for _, p := range cr.Points {
+			for _, s := range p.Reps {
+				replies += s.Replies
+			}
+		}
+		t := TrackerCost{NsPerRun: float64(ns-ns0) / float64(runs-runs0)}
+		if replies > 0 {
+			t.RunsPerReply = float64(runs-runs0) / float64(replies)
+		}
+		r.rep.Tracker[c.Name] = t
+	}
+	return cr
+}
+
+// TrackerCost is the write tracker's BPF run time over a case.
+type TrackerCost struct {
+	NsPerRun     float64 `json:"ns_per_run"`
+	RunsPerReply float64 `json:"runs_per_reply"` // ingress and egress, every interface
+}
+
+// trackerRunTime sums the run time and runs of every loaded write tracker
+// program (mc_ingress, mc_egress), with BPF statistics on.
+func trackerRunTime() (ns, runs uint64, err error) {
+	for id := ebpf.ProgramID(0); ; {
+		if id, err = ebpf.ProgramGetNextID(id); err != nil {
+			return ns, runs, nil // the last id
+		}
+		p, err := ebpf.NewProgramFromID(id)
+		if err != nil {
+			continue // gone meanwhile
+		}
+		info, ierr := p.Info()
+		st, serr := p.Stats()
+		p.Close()
+		if ierr != nil || serr != nil || (info.Name != "mc_ingress" && info.Name != "mc_egress") {
+			continue
+		}
+		ns, runs = ns+uint64(st.Runtime), runs+st.RunCount
+	}
 }
 
 func (r *mcRun) stopController() {

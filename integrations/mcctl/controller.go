@@ -111,6 +111,7 @@ type Controller struct {
 	start    time.Time
 
 	wanted  map[string]bool // Static and Top: keys to offload once they exist
+	missing map[string]bool // the wanted keys without a rule, tried again every second
 	hot     *sketch.Sketch  // Adaptive
 	samples chan string
 	// Adaptive: when idle rules were last looked for
@@ -180,7 +181,7 @@ func New(cfg Config) (*Controller, error) {
 		return nil, fmt.Errorf("max rules %d: must be at least 1", cfg.MaxRules)
 	}
 	c := &Controller{cfg: cfg, log: cfg.Log, entries: map[string]*entry{}, bySlot: map[uint32][]*entry{},
-		expiry: map[int64]map[string]*entry{}, start: time.Now(), wanted: map[string]bool{},
+		expiry: map[int64]map[string]*entry{}, start: time.Now(), wanted: map[string]bool{}, missing: map[string]bool{},
 		samples: make(chan string, 4096)}
 	keys := cfg.Keys
 	if cfg.Mode == Top && len(keys) > cfg.MaxRules {
@@ -190,7 +191,7 @@ func New(cfg Config) (*Controller, error) {
 		if !validKey(k) {
 			return nil, fmt.Errorf("key %q: memcached keys are 1 to %d bytes without spaces or control characters", k, maxKeyLen)
 		}
-		c.wanted[k] = true
+		c.wanted[k], c.missing[k] = true, true
 	}
 	if cfg.Mode == Adaptive {
 		c.hot = sketch.New(4 * min(cfg.MaxRules, 16384))
@@ -451,6 +452,7 @@ func (c *Controller) put(e *entry) {
 		c.drop(old)
 	}
 	c.entries[e.key] = e
+	delete(c.missing, e.key)
 	c.bySlot[e.slot] = append(c.bySlot[e.slot], e)
 	if !e.expires.IsZero() {
 		// never behind the walk of expired, so that it is found
@@ -465,6 +467,9 @@ func (c *Controller) put(e *entry) {
 // drop removes e from c.entries and the indexes.
 func (c *Controller) drop(e *entry) {
 	delete(c.entries, e.key)
+	if c.wanted[e.key] {
+		c.missing[e.key] = true
+	}
 	if es := slices.DeleteFunc(c.bySlot[e.slot], func(x *entry) bool { return x == e }); len(es) > 0 {
 		c.bySlot[e.slot] = es
 	} else {
@@ -655,12 +660,7 @@ func (c *Controller) everySecond(now time.Time) error {
 		}
 		c.hot.Decay()
 	} else {
-		for k := range c.wanted {
-			if c.entries[k] == nil {
-				missing = append(missing, k)
-			}
-		}
-		slices.Sort(missing)
+		missing = sortedKeys(c.missing) // not every wanted key: at a million keys that took 19 % of a CPU
 	}
 	return c.install(missing)
 }
