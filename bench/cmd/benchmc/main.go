@@ -41,7 +41,7 @@ func main() {
 		seed     = flag.Int64("seed", 1, "seed of the keys and the mixes")
 		pacing   = flag.String("pacing", "spin", "generator pacing: spin (frames evenly spaced, the client CPU spins) or calls (bursts per BPF_PROG_RUN call)")
 		refresh  = flag.Duration("refresh", 5*time.Millisecond, "santa memcached --refresh: how soon a rule retired by a write is rebuilt")
-		ratesF   = flag.String("rates", "", "offered rates for cases answered mostly in XDP (default 200k,400k,600k,800k,1M,1.2M,1.5M,1.8M)")
+		ratesF   = flag.String("rates", "", "offered rates for cases answered mostly in XDP (default 100k,200k,300k,400k,600k,800k,1M,1.2M,1.5M,1.8M)")
 		srvRates = flag.String("server-rates", "", "offered rates for cases memcached answers mostly (default 50k,100k,150k,200k,250k,300k)")
 		dur      = flag.Duration("duration", 0, "traffic per point, whole seconds (default 3s; quick 2s)")
 		reps     = flag.Int("reps", 0, "repetitions per point (default 3; quick 1)")
@@ -73,7 +73,7 @@ func main() {
 	stem, md := "memcached", "docs/benchmarks.md"
 	cfg := bench.MCConfig{
 		Config: bench.Config{
-			Rates:       []int{200_000, 400_000, 600_000, 800_000, 1_000_000, 1_200_000, 1_500_000, 1_800_000},
+			Rates:       []int{100_000, 200_000, 300_000, 400_000, 600_000, 800_000, 1_000_000, 1_200_000, 1_500_000, 1_800_000},
 			Duration:    3 * time.Second,
 			Reps:        3,
 			Placement:   testbed.Placement{ServerCPU: *serverC, ClientCPU: *clientC},
