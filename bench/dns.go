@@ -9,7 +9,6 @@ import (
 	"math"
 	"os"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"time"
@@ -168,13 +167,10 @@ type SetupStep struct {
 // error and the run goes on; the testbed, santad, the controllers and the
 // servers are always removed.
 func RunDNS(ctx context.Context, cfg DNSConfig) (*DNSReport, error) {
-	if cfg.Logf == nil {
-		cfg.Logf = func(string, ...any) {}
+	if err := prepareHost(&cfg.Config); err != nil {
+		return nil, err
 	}
 	logf := cfg.Logf
-	if os.Geteuid() != 0 {
-		return nil, errors.New("needs root")
-	}
 	if err := checkTools(); err != nil {
 		return nil, err
 	}
@@ -188,18 +184,6 @@ func RunDNS(ctx context.Context, cfg DNSConfig) (*DNSReport, error) {
 			return nil, fmt.Errorf("%s not built: %w", b, err)
 		}
 	}
-	if runtime.NumCPU() < 2 || cfg.Placement.ServerCPU == cfg.Placement.ClientCPU {
-		return nil, fmt.Errorf("need two distinct CPUs for server and client (have %d)", runtime.NumCPU())
-	}
-	if err := testbed.PinProcess(os.Getpid(), cfg.Placement.ClientCPU); err != nil {
-		return nil, fmt.Errorf("pin harness: %w", err)
-	}
-	if removed, err := testbed.RemoveStale(); err != nil {
-		logf("warning: removing stale testbeds: %v", err)
-	} else if len(removed) > 0 {
-		logf("removed stale namespaces %v", removed)
-	}
-	removeStalePins(logf)
 
 	rep := &DNSReport{
 		Report: Report{
@@ -220,30 +204,12 @@ func RunDNS(ctx context.Context, cfg DNSConfig) (*DNSReport, error) {
 			rep.Host[c[0]] = line
 		}
 	}
-	step := func(what string, start time.Time, err error) {
-		s := SetupStep{What: what, Seconds: time.Since(start).Seconds()}
-		if err != nil {
-			s.Error = err.Error()
-		}
-		rep.Setup = append(rep.Setup, s)
-		logf("setup: %s took %.1f s%s", what, s.Seconds, map[bool]string{true: " (failed: " + s.Error + ")", false: ""}[err != nil])
-	}
-
-	tb, closeTB, err := placedTestbed(cfg.Config, logf)
+	step := stepRecorder(&rep.Setup, logf)
+	tb, tmp, closeRun, err := openRun(cfg.Config, "santa-benchdns-")
 	if err != nil {
 		return nil, err
 	}
-	defer closeTB()
-	stats, err := testbed.EnableBPFStats()
-	if err != nil {
-		return nil, fmt.Errorf("enable BPF stats: %w", err)
-	}
-	defer stats.Close()
-	tmp, err := os.MkdirTemp("", "santa-benchdns-")
-	if err != nil {
-		return nil, err
-	}
-	defer os.RemoveAll(tmp)
+	defer closeRun()
 
 	// The names, the Zipf mix and the controller's popularity list.
 	t0 := time.Now()

@@ -11,7 +11,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"time"
 
@@ -139,13 +138,10 @@ const unusedKey = "santa-bench-unused-key"
 
 // RunMemcached runs the memcached benchmark.
 func RunMemcached(ctx context.Context, cfg MCConfig) (*MCReport, error) {
-	if cfg.Logf == nil {
-		cfg.Logf = func(string, ...any) {}
+	if err := prepareHost(&cfg.Config); err != nil {
+		return nil, err
 	}
 	logf := cfg.Logf
-	if os.Geteuid() != 0 {
-		return nil, errors.New("needs root")
-	}
 	if _, err := os.Stat(testbed.MemcachedPath); err != nil {
 		return nil, fmt.Errorf("%s missing (Debian package memcached; run scripts/install-deps.sh)", testbed.MemcachedPath)
 	}
@@ -154,22 +150,9 @@ func RunMemcached(ctx context.Context, cfg MCConfig) (*MCReport, error) {
 			return nil, fmt.Errorf("%s not built: %w", b, err)
 		}
 	}
-	if runtime.NumCPU() < 2 || cfg.Placement.ServerCPU == cfg.Placement.ClientCPU {
-		return nil, fmt.Errorf("need two distinct CPUs for server and client (have %d)", runtime.NumCPU())
-	}
 	if cfg.Keys < 1 || cfg.MixRequests < 1 || cfg.SetShare < 0 || cfg.SetShare >= 1 {
 		return nil, fmt.Errorf("keys %d, mix of %d requests, set share %g: out of range", cfg.Keys, cfg.MixRequests, cfg.SetShare)
 	}
-	if err := testbed.PinProcess(os.Getpid(), cfg.Placement.ClientCPU); err != nil {
-		return nil, fmt.Errorf("pin harness: %w", err)
-	}
-	if removed, err := testbed.RemoveStale(); err != nil {
-		logf("warning: removing stale testbeds: %v", err)
-	} else if len(removed) > 0 {
-		logf("removed stale namespaces %v", removed)
-	}
-	removeStalePins(logf)
-
 	rep := &MCReport{
 		Report: Report{
 			Started: time.Now(), Host: hostInfo(), Command: cfg.Command, Quick: cfg.Quick,
@@ -183,30 +166,12 @@ func RunMemcached(ctx context.Context, cfg MCConfig) (*MCReport, error) {
 	if out, err := testbed.Run("", testbed.MemcachedPath, "-V"); err == nil {
 		rep.Host["memcached"] = strings.TrimSpace(out)
 	}
-	step := func(what string, start time.Time, err error) {
-		s := SetupStep{What: what, Seconds: time.Since(start).Seconds()}
-		if err != nil {
-			s.Error = err.Error()
-		}
-		rep.Setup = append(rep.Setup, s)
-		logf("setup: %s took %.1f s%s", what, s.Seconds, map[bool]string{true: " (failed: " + s.Error + ")", false: ""}[err != nil])
-	}
-
-	tb, closeTB, err := placedTestbed(cfg.Config, logf)
+	step := stepRecorder(&rep.Setup, logf)
+	tb, tmp, closeRun, err := openRun(cfg.Config, "santa-benchmc-")
 	if err != nil {
 		return nil, err
 	}
-	defer closeTB()
-	stats, err := testbed.EnableBPFStats()
-	if err != nil {
-		return nil, fmt.Errorf("enable BPF stats: %w", err)
-	}
-	defer stats.Close()
-	tmp, err := os.MkdirTemp("", "santa-benchmc-")
-	if err != nil {
-		return nil, err
-	}
-	defer os.RemoveAll(tmp)
+	defer closeRun()
 
 	// The keys (ranked: keys[0] is the most popular), the two mixes and the
 	// controller's key lists.

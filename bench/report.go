@@ -6,10 +6,12 @@ import (
 	"bytes"
 	"encoding/csv"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -496,4 +498,43 @@ func writeRepeats(b *strings.Builder, c CaseResult) {
 		}
 		b.WriteString(".")
 	}
+}
+
+// Failed reports whether a case of the run failed.
+func (r *Report) Failed() bool {
+	return slices.ContainsFunc(r.Cases, func(c CaseResult) bool { return c.Error != "" })
+}
+
+// Publishable is a report with its files, markdown section and outcome
+// (DNSReport, MCReport).
+type Publishable interface {
+	WriteFiles(dir, stem string) ([]string, []string, error)
+	Markdown(stem string) string
+	Failed() bool
+}
+
+// Publish writes a report's files under dir, replaces its section of the
+// markdown file md (none if md is ""), prints the section and logs what
+// was written. It fails if writing did or a case failed.
+func Publish(r Publishable, dir, stem, md string, logf func(string, ...any)) error {
+	files, warns, err := r.WriteFiles(dir, stem)
+	if err != nil {
+		return err
+	}
+	for _, w := range warns {
+		logf("warning: %s", w)
+	}
+	section := r.Markdown(stem)
+	if md != "" {
+		if err := UpdateMarkdown(md, section); err != nil {
+			return err
+		}
+		files = append(files, md)
+	}
+	fmt.Println(section)
+	logf("wrote %s", strings.Join(files, ", "))
+	if r.Failed() {
+		return errors.New("a case failed (see the report)")
+	}
+	return nil
 }

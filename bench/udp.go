@@ -179,28 +179,12 @@ func (r *Report) Case(name string) *CaseResult {
 // fails is recorded with its error and the run goes on; the testbed is
 // always removed.
 func Run(ctx context.Context, cfg Config) (*Report, error) {
-	if cfg.Logf == nil {
-		cfg.Logf = func(string, ...any) {}
-	}
-	logf := cfg.Logf
-	if os.Geteuid() != 0 {
-		return nil, errors.New("needs root")
-	}
-	if err := checkTools(); err != nil {
+	if err := prepareHost(&cfg); err != nil {
 		return nil, err
 	}
-	if runtime.NumCPU() < 2 || cfg.Placement.ServerCPU == cfg.Placement.ClientCPU {
-		return nil, fmt.Errorf("need two distinct CPUs for server and client (have %d)", runtime.NumCPU())
-	}
-	// Everything this process does (sampling, kxdpgun and the tools it
-	// starts) stays off the server CPU.
-	if err := testbed.PinProcess(os.Getpid(), cfg.Placement.ClientCPU); err != nil {
-		return nil, fmt.Errorf("pin harness: %w", err)
-	}
-	if removed, err := testbed.RemoveStale(); err != nil {
-		logf("warning: removing stale testbeds: %v", err)
-	} else if len(removed) > 0 {
-		logf("removed stale namespaces %v", removed)
+	logf := cfg.Logf
+	if err := checkTools(); err != nil {
+		return nil, err
 	}
 
 	rep := &Report{
@@ -212,11 +196,11 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		rep.Batch = 10
 	}
 
-	tb, closeTB, err := placedTestbed(cfg, logf)
+	tb, tmp, closeRun, err := openRun(cfg, "santa-benchudp-")
 	if err != nil {
 		return nil, err
 	}
-	defer closeTB()
+	defer closeRun()
 
 	zone := tb.ExampleZone(cfg.Names)
 	nsd, err := tb.StartNSD(testbed.NSDOptions{Zone: &zone, Pin: true, CPU: cfg.Placement.ServerCPU})
@@ -224,18 +208,6 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, err
 	}
 	logf("nsd running (pid %d), zone %s with %d generated names", nsd.PID(), zone.Origin, zone.Generated)
-
-	stats, err := testbed.EnableBPFStats()
-	if err != nil {
-		return nil, fmt.Errorf("enable BPF stats: %w", err)
-	}
-	defer stats.Close()
-
-	tmp, err := os.MkdirTemp("", "santa-benchudp-")
-	if err != nil {
-		return nil, err
-	}
-	defer os.RemoveAll(tmp)
 
 	env := &Env{TB: tb, NSD: nsd, Server: nsd, Zone: zone, Placement: cfg.Placement, Logf: logf}
 	for i := 0; i < cfg.Names; i++ {
@@ -932,4 +904,67 @@ func placedTestbed(cfg Config, logf func(string, ...any)) (tb *testbed.Testbed, 
 		return nil, nil, fmt.Errorf("placement: %w", err)
 	}
 	return tb, closeTB, nil
+}
+
+// prepareHost checks what every benchmark needs (root, two distinct CPUs),
+// pins this process to the client CPU (everything it does, sampling and
+// the generators it starts, stays off the server CPU) and removes what
+// killed runs left behind.
+func prepareHost(cfg *Config) error {
+	if cfg.Logf == nil {
+		cfg.Logf = func(string, ...any) {}
+	}
+	if os.Geteuid() != 0 {
+		return errors.New("needs root")
+	}
+	if runtime.NumCPU() < 2 || cfg.Placement.ServerCPU == cfg.Placement.ClientCPU {
+		return fmt.Errorf("need two distinct CPUs for server and client (have %d)", runtime.NumCPU())
+	}
+	if err := testbed.PinProcess(os.Getpid(), cfg.Placement.ClientCPU); err != nil {
+		return fmt.Errorf("pin harness: %w", err)
+	}
+	if removed, err := testbed.RemoveStale(); err != nil {
+		cfg.Logf("warning: removing stale testbeds: %v", err)
+	} else if len(removed) > 0 {
+		cfg.Logf("removed stale namespaces %v", removed)
+	}
+	removeStalePins(cfg.Logf)
+	return nil
+}
+
+// openRun creates the placed testbed, turns BPF run-time statistics on and
+// makes a temporary directory named after prefix; closeRun undoes all.
+func openRun(cfg Config, prefix string) (tb *testbed.Testbed, tmp string, closeRun func(), err error) {
+	tb, closeTB, err := placedTestbed(cfg, cfg.Logf)
+	if err != nil {
+		return nil, "", nil, err
+	}
+	stats, err := testbed.EnableBPFStats()
+	if err != nil {
+		closeTB()
+		return nil, "", nil, fmt.Errorf("enable BPF stats: %w", err)
+	}
+	if tmp, err = os.MkdirTemp("", prefix); err != nil {
+		stats.Close()
+		closeTB()
+		return nil, "", nil, err
+	}
+	return tb, tmp, func() {
+		os.RemoveAll(tmp)
+		stats.Close()
+		closeTB()
+	}, nil
+}
+
+// stepRecorder returns a function that records a setup step's duration and
+// error in steps and logs it.
+func stepRecorder(steps *[]SetupStep, logf func(string, ...any)) func(what string, start time.Time, err error) {
+	return func(what string, start time.Time, err error) {
+		s := SetupStep{What: what, Seconds: time.Since(start).Seconds()}
+		if err != nil {
+			s.Error = err.Error()
+		}
+		*steps = append(*steps, s)
+		logf("setup: %s took %.1f s%s", what, s.Seconds, map[bool]string{true: " (failed: " + s.Error + ")", false: ""}[err != nil])
+	}
 }

@@ -204,30 +204,11 @@ func main() {
 			logf("interrupted: %v (writing what was measured)", err)
 		}
 	}
-	files, warns, werr := rep.WriteFiles(*outDir, stem)
-	if werr != nil {
-		fatal(werr)
+	if perr := bench.Publish(rep, *outDir, stem, md, logf); perr != nil {
+		fatal(perr)
 	}
-	for _, w := range warns {
-		logf("warning: %s", w)
-	}
-	section := rep.Markdown(stem)
-	if md != "" {
-		if err := bench.UpdateMarkdown(md, section); err != nil {
-			fatal(err)
-		}
-		files = append(files, md)
-	}
-	fmt.Println(section)
-	logf("wrote %s", strings.Join(files, ", "))
-	failed := false
-	for _, c := range rep.Cases {
-		if c.Error != "" {
-			failed = true
-		}
-	}
-	if err != nil || failed {
-		os.Exit(1)
+	if err != nil {
+		os.Exit(1) // interrupted
 	}
 }
 
