@@ -4,7 +4,6 @@ package bench
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math"
 	"os"
@@ -357,7 +356,7 @@ func (r *dnsRun) runCase(ctx context.Context, c DNSCase) CaseResult {
 			r.ctl, r.ctlN = ctl, c.N
 		}
 		// Everything of Santa's runs on the server CPU while measuring.
-		if err := r.pinSanta(r.cfg.Placement.ServerCPU); err != nil {
+		if err := pinSanta(r.santad, r.ctl, r.cfg.Placement.ServerCPU); err != nil {
 			return fail(err)
 		}
 	}
@@ -417,23 +416,11 @@ func (r *dnsRun) stopController() {
 	}
 	// Install the next rule set at full speed: santad may use every CPU
 	// again while the controller deletes its rules and the next one adds.
-	r.pinSanta(-1)
+	pinSanta(r.santad, r.ctl, -1)
 	t0 := time.Now()
 	err := r.ctl.stop()
 	r.step(fmt.Sprintf("stop santa dns top --count %d (deletes its rules)", r.ctlN), t0, err)
 	r.ctl, r.ctlN = nil, 0
-}
-
-// pinSanta pins santad and the controller to cpu (-1: every CPU).
-func (r *dnsRun) pinSanta(cpu int) error {
-	var errs []error
-	if r.santad != nil {
-		errs = append(errs, setAffinity(r.santad.sd.PID(), cpu))
-	}
-	if r.ctl != nil {
-		errs = append(errs, setAffinity(r.ctl.PID(), cpu))
-	}
-	return errors.Join(errs...)
 }
 
 // dnsCase is a DNS case for the harness; the run sets up and tears down

@@ -356,7 +356,7 @@ func (r *mcRun) runCase(ctx context.Context, c MCCase) CaseResult {
 		r.ctl, r.ctlN, r.ctlStartedBy = ctl, want, c.Name
 	}
 	// Everything of Santa's runs on the server CPU while measuring.
-	if err := r.pinSanta(r.cfg.Placement.ServerCPU); err != nil {
+	if err := pinSanta(r.santad, r.ctl, r.cfg.Placement.ServerCPU); err != nil {
 		return fail(err)
 	}
 	ns0, runs0, err := trackerRunTime()
@@ -411,7 +411,7 @@ func (r *mcRun) stopController() {
 	if r.ctl == nil {
 		return
 	}
-	r.pinSanta(-1) // delete the rules at full speed
+	pinSanta(r.santad, r.ctl, -1) // delete the rules at full speed
 	t0 := time.Now()
 	err := r.ctl.stop()
 	if line := doneLine(r.ctl.Output()); line != "" {
@@ -441,18 +441,6 @@ func (r *mcRun) stopSantad() {
 	err := r.santad.stop()
 	r.step("stop santad, santad cleanup", t0, err)
 	r.santad = nil
-}
-
-// pinSanta pins santad and the controller to cpu (-1: every CPU).
-func (r *mcRun) pinSanta(cpu int) error {
-	var errs []error
-	if r.santad != nil {
-		errs = append(errs, setAffinity(r.santad.sd.PID(), cpu))
-	}
-	if r.ctl != nil {
-		errs = append(errs, setAffinity(r.ctl.PID(), cpu))
-	}
-	return errors.Join(errs...)
 }
 
 // mcCase is a memcached case for the harness; the run sets up what cases

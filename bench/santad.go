@@ -151,6 +151,19 @@ func (c *controllerProc) stop() error {
 	return c.Stop(time.Minute + time.Duration(c.n)*200*time.Microsecond)
 }
 
+// pinSanta pins santad and the controller (either may be nil) to cpu (-1:
+// every CPU).
+func pinSanta(santad *santadRig, ctl *controllerProc, cpu int) error {
+	var errs []error
+	if santad != nil {
+		errs = append(errs, setAffinity(santad.sd.PID(), cpu))
+	}
+	if ctl != nil {
+		errs = append(errs, setAffinity(ctl.PID(), cpu))
+	}
+	return errors.Join(errs...)
+}
+
 // setAffinity pins every thread of pid to cpu, or lets them run on every
 // CPU (cpu < 0). Threads created later inherit it.
 func setAffinity(pid, cpu int) error {
