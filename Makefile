@@ -80,8 +80,10 @@ check-generated:
 
 # Order: set up, make sure the committed BPF objects match the sources, build,
 # then the Go tests (standard ok/FAIL lines per package) and a short fuzz run.
+# One package at a time (-p 1): the benchmark harness smoke tests and the
+# load generator's rate tests measure CPU and must not share it.
 test: need-root deps check-generated build
-	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) $(TEST_FLAGS) ./...
+	$(GO) test -p 1 -count=1 -timeout $(TEST_TIMEOUT) $(TEST_FLAGS) ./...
 	@$(MAKE) --no-print-directory test-c test-python
 	@$(MAKE) --no-print-directory fuzz-run FUZZ_FOR=$(FUZZTIME)
 
