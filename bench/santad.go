@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -257,6 +258,21 @@ func BuildSanta(logf func(string, ...any)) (string, error) {
 	}
 	logf("built santad and santa from %s in %v", root, time.Since(t0).Round(100*time.Millisecond))
 	return bin, nil
+}
+
+// WithSanta builds santad and santa from the working tree, calls run with
+// their directory and a context that ends on SIGINT or SIGTERM, and removes
+// them afterwards.
+func WithSanta[R any](logf func(string, ...any), run func(ctx context.Context, bin string) (R, error)) (R, error) {
+	bin, err := BuildSanta(logf)
+	if err != nil {
+		var none R
+		return none, err
+	}
+	defer os.RemoveAll(bin)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	return run(ctx, bin)
 }
 
 // SelectCases keeps the cases of plan named in the comma-separated list

@@ -388,13 +388,8 @@ func New(cfg Config) (*Generator, error) {
 		copy(vals[i].Data[:], f)
 	}
 	if _, err := g.objs.Frames.BatchUpdate(keys, vals, nil); err != nil {
-		// Older kernels: one by one.
-		for i := range keys {
-			if err := g.objs.Frames.Put(keys[i], &vals[i]); err != nil {
-				g.objs.Close()
-				return nil, fmt.Errorf("mcgen: store frame %d: %w", i, err)
-			}
-		}
+		g.objs.Close()
+		return nil, fmt.Errorf("mcgen: store %d frames: %w", len(frames), err)
 	}
 	// Live mode starts every page with this content and length: 8 bytes
 	// of metadata (the magic that selects the generator role) and a

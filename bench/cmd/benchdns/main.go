@@ -20,10 +20,8 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/signal"
 	"slices"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/santa-offload/santa/bench"
@@ -187,16 +185,10 @@ func main() {
 		logf("benchdns: %d cases, about %d points of %v: about %v of traffic and overhead, plus zone loads and rule installs (minutes for 1 M names), plus waits for quiet CPUs (at most %v)",
 			len(plan), points, cfg.Duration, est.Round(10*time.Second), cfg.QuietBudget)
 
-		bin, berr := bench.BuildSanta(logf)
-		if berr != nil {
-			fatal(berr)
-		}
-		cfg.Bin = bin
-
-		ctx, stopSig := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-		defer stopSig()
-		rep, err = bench.RunDNS(ctx, cfg)
-		os.RemoveAll(bin)
+		rep, err = bench.WithSanta(logf, func(ctx context.Context, bin string) (*bench.DNSReport, error) {
+			cfg.Bin = bin
+			return bench.RunDNS(ctx, cfg)
+		})
 		if rep == nil {
 			fatal(err)
 		}

@@ -19,9 +19,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/santa-offload/santa/bench"
@@ -168,15 +166,10 @@ func main() {
 		est := time.Duration(points) * (cfg.Duration + 2*time.Second)
 		logf("benchmc: %d cases, about %d points of %v: about %v of traffic and overhead, plus storing the keys and installing rules (minutes for 1 M keys), plus waits for quiet CPUs (at most %v)",
 			len(plan), points, cfg.Duration, est.Round(10*time.Second), cfg.QuietBudget)
-		bin, berr := bench.BuildSanta(logf)
-		if berr != nil {
-			fatal(berr)
-		}
-		cfg.Bin = bin
-		ctx, stopSig := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-		defer stopSig()
-		rep, err = bench.RunMemcached(ctx, cfg)
-		os.RemoveAll(bin)
+		rep, err = bench.WithSanta(logf, func(ctx context.Context, bin string) (*bench.MCReport, error) {
+			cfg.Bin = bin
+			return bench.RunMemcached(ctx, cfg)
+		})
 		if rep == nil {
 			fatal(err)
 		}
