@@ -17,13 +17,14 @@ enum santa_limit {
 	SANTA_MAX_REPLY = 1472,      /* UDP payload of a reply (IPv4, 1500-byte MTU) */
 	SANTA_PAGE_DATA = 1 << 20,   /* bytes of rule data in one page */
 	SANTA_PAGE_SLACK = 2048,     /* offset < PAGE_DATA plus length <= 2048 stays in bounds */
-	SANTA_SAMPLE_MAX = 256,      /* request bytes in one miss sample */
+	SANTA_SAMPLE_MAX = 1472,     /* request bytes in one miss sample: a whole request window */
 	SANTA_OFF_MASK = 2047,       /* bounds offsets and lengths for the verifier */
 	SANTA_SCRATCH_REQ = 4096,    /* > 2 * SANTA_OFF_MASK: offset plus length stays inside */
 	SANTA_RULESET_DISJOINT = 1,  /* rule set flag: at most one rule can match a packet */
 	SANTA_ADDR_LOCAL = 1,        /* santa_local_addrs: an address of this host */
 	SANTA_ADDR_BROADCAST = 2,    /* santa_local_addrs: a subnet broadcast address */
 	SANTA_COND_MASKED = 1u << 31, /* santa_cond.data flag: the pattern has a mask */
+	SANTA_RULE_CLOSE = 1,        /* santa_rule.flags: TCP, the reply ends the connection (FIN with it) */
 };
 
 /* n in [1, mask + 1] for the verifier, where the caller knows 1 <= n <= mask + 1. */
@@ -94,7 +95,8 @@ struct santa_rule {
 	__u8 nconds;
 	__u8 ncopies;
 	__u8 nguards;
-	__u8 pad[3];
+	__u8 flags;             /* SANTA_RULE_* */
+	__u8 pad[2];
 	struct santa_cond conds[SANTA_MAX_CONDS];
 	struct santa_copy copies[SANTA_MAX_COPIES];
 	struct santa_guard guards[SANTA_MAX_GUARDS];

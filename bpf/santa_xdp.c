@@ -107,11 +107,14 @@ static __always_inline void sample_miss(__u64 cookie, __u32 rs_id, const struct 
 	m->cookie = cookie;
 	m->ruleset = rs_id;
 	m->len = req->payload_len;
-	m->caplen = req->payload_len < rs->sample_len ? req->payload_len : rs->sample_len;
-	if (m->caplen > SANTA_SAMPLE_MAX)
-		m->caplen = SANTA_SAMPLE_MAX;
+	__u32 caplen = req->payload_len < rs->sample_len ? req->payload_len : rs->sample_len;
+	if (caplen > SANTA_SAMPLE_MAX)
+		caplen = SANTA_SAMPLE_MAX;
+	m->caplen = caplen;
 	m->family = req->family;
-	__builtin_memcpy(m->data, s->req, SANTA_SAMPLE_MAX);
+	/* a plain copy of this size is not inlined; the helper copies what was taken */
+	if (caplen > 0)
+		bpf_probe_read_kernel(m->data, caplen, s->req);
 	bpf_ringbuf_submit(m, 0);
 	COUNT(miss_sampled);
 }

@@ -51,13 +51,14 @@ const (
 	santaSantaLimitSANTA_MAX_REPLY        santaSantaLimit = 1472
 	santaSantaLimitSANTA_PAGE_DATA        santaSantaLimit = 1048576
 	santaSantaLimitSANTA_PAGE_SLACK       santaSantaLimit = 2048
-	santaSantaLimitSANTA_SAMPLE_MAX       santaSantaLimit = 256
+	santaSantaLimitSANTA_SAMPLE_MAX       santaSantaLimit = 1472
 	santaSantaLimitSANTA_OFF_MASK         santaSantaLimit = 2047
 	santaSantaLimitSANTA_SCRATCH_REQ      santaSantaLimit = 4096
 	santaSantaLimitSANTA_RULESET_DISJOINT santaSantaLimit = 1
 	santaSantaLimitSANTA_ADDR_LOCAL       santaSantaLimit = 1
 	santaSantaLimitSANTA_ADDR_BROADCAST   santaSantaLimit = 2
 	santaSantaLimitSANTA_COND_MASKED      santaSantaLimit = 2147483648
+	santaSantaLimitSANTA_RULE_CLOSE       santaSantaLimit = 1
 )
 
 type santaSantaLocalAddr struct {
@@ -76,7 +77,7 @@ type santaSantaMissSample struct {
 	Caplen  uint16
 	Family  uint8
 	Pad     [7]uint8
-	Data    [256]uint8
+	Data    [1472]uint8
 }
 
 type santaSantaPage struct {
@@ -136,7 +137,8 @@ type santaSantaRule struct {
 	Nconds     uint8
 	Ncopies    uint8
 	Nguards    uint8
-	Pad        [3]uint8
+	Flags      uint8
+	Pad        [2]uint8
 	Conds      [4]santaSantaCond
 	Copies     [8]santaSantaCopy
 	_          [4]byte

@@ -152,7 +152,7 @@ func (c *Client) Health() (*api.DaemonInfo, map[string]uint64, error) {
 }
 
 // SampleOptions sets a rule set's miss samples: request bytes per sample
-// (0 = off, at most 256) and samples per second and CPU.
+// (0 = off, at most 1472) and samples per second and CPU.
 type SampleOptions struct {
 	Bytes uint32
 	Rate  uint32

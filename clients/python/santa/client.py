@@ -114,7 +114,7 @@ class Client:
 
         Idempotent: binding a socket that has one returns it with ``created``
         false and updates its miss sampling if ``sample_bytes`` is given
-        (request bytes per sample, at most 256; ``sample_rate`` samples per
+        (request bytes per sample, at most 1472; ``sample_rate`` samples per
         second and CPU).
         """
         if isinstance(target, Cookie):
