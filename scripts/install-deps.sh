@@ -31,6 +31,11 @@ PACKAGES=(
 	make git
 	# clients/c (libsanta): CBOR codec; json-c and pkg-config for its build and tests
 	libcbor-dev libjson-c-dev pkg-config
+	# the TCP/HTTP offload: the web server the tests start in the server
+	# namespace (plain nginx: on Debian 12 nginx-light is only nginx plus
+	# the echo module), an HTTP load generator, curl for fetches and a
+	# headless browser (chromium --headless=new) for the browser test
+	nginx wrk curl chromium python3
 )
 
 log() { printf 'install-deps: %s\n' "$*" >&2; }
@@ -93,11 +98,11 @@ if ((${#missing[@]})); then
 		out=$(apt-get "${APT_OPTS[@]}" install -y --no-install-recommends "${want[@]}" 2>&1) ||
 			{ printf '%s\n' "$out" >&2; die "apt-get install failed"; }
 
-		# Debian starts the DNS servers and memcached it installs. Tests
-		# start their own inside network namespaces; stop and disable the
-		# services of the packages installed just now, so they do not hold
-		# port 53 or 11211 on the host (a server that was there before is
-		# left alone).
+		# Debian starts the DNS servers, memcached and nginx it installs.
+		# Tests start their own inside network namespaces; stop and disable
+		# the services of the packages installed just now, so they do not
+		# hold port 53, 11211 or 80 on the host (a server that was there
+		# before is left alone).
 		if [[ -d /run/systemd/system ]]; then
 			services=()
 			for p in "${want[@]}"; do
@@ -106,6 +111,7 @@ if ((${#missing[@]})); then
 				knot) services+=(knot) ;;
 				bind9) services+=(named) ;;
 				memcached) services+=(memcached) ;;
+				nginx) services+=(nginx) ;;
 				esac
 			done
 			if ((${#services[@]})); then
