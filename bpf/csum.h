@@ -47,11 +47,12 @@ static __always_inline __u64 csum_bytes(const __u8 *p, __u32 len)
 	return sum + tail;
 }
 
-/* Pseudo-header sum of a UDP datagram of l4_len bytes. Symmetric in the
- * addresses, so it serves request and reply alike. */
-static __always_inline __u64 csum_pseudo(const struct bpf_sock_tuple *t, __u8 family, __u32 l4_len)
+/* Pseudo-header sum of a UDP datagram or TCP segment of l4_len bytes.
+ * Symmetric in the addresses, so it serves request and reply alike. */
+static __always_inline __u64 csum_pseudo(const struct bpf_sock_tuple *t, __u8 family, __u8 proto,
+					 __u32 l4_len)
 {
-	__u64 sum = bpf_htons(IPPROTO_UDP) + bpf_htons((__u16)l4_len);
+	__u64 sum = bpf_htons(proto) + bpf_htons((__u16)l4_len);
 	if (family == 4) {
 		sum += t->ipv4.saddr;
 		sum += t->ipv4.daddr;

@@ -135,6 +135,24 @@ struct {
 	__uint(max_entries, 1 << 16); /* set by user space: room for every rule set's socket */
 } santa_released SEC(".maps");
 
+/* Stamp epoch % SANTA_TCP_KEYS -> that epoch's SipHash key (TCP stamps);
+ * santad writes each epoch's key before it begins. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct santa_tcp_key);
+	__uint(max_entries, SANTA_TCP_KEYS);
+} santa_tcp_keys SEC(".maps");
+
+/* TCP 4-tuple of a socket-less connection -> the last request eBPF answered
+ * on it: the pipelining guard. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct bpf_sock_tuple);
+	__type(value, struct santa_tcp_flow);
+	__uint(max_entries, SANTA_TCP_FLOWS);
+} santa_tcp_flows SEC(".maps");
+
 /* Emit the miss sample's layout into BTF for bpf2go (the ring buffer has no value type). */
 const struct santa_miss_sample *santa_miss_sample_layout __attribute__((unused));
 const enum santa_limit *santa_limit_layout __attribute__((unused));

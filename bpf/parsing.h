@@ -12,19 +12,23 @@
 #define IP_MF 0x2000
 #define IP_OFFSET 0x1FFF
 #define NEXTHDR_UDP 17
+#define NEXTHDR_TCP 6
 
 struct cursor {
 	void *pos;
 	void *end;
 };
 
-/* What the parser learned about a UDP request; offsets are from the frame start. */
-struct udp_request {
+/* What the parser learned about a UDP datagram or TCP segment; offsets are
+ * from the frame start. */
+struct pkt_info {
 	__u32 l2_len;      /* 14, or 18 with an 802.1Q tag */
 	__u32 l3_len;      /* 20 or 40 */
-	__u32 payload_off; /* l2_len + l3_len + 8 */
-	__u32 payload_len; /* UDP payload bytes (excluding any Ethernet padding) */
+	__u32 l4_len;      /* transport header: 8 (UDP), 20..60 (TCP) */
+	__u32 payload_off; /* l2_len + l3_len + l4_len */
+	__u32 payload_len; /* payload bytes (excluding any Ethernet padding) */
 	__u8 family;       /* 4 or 6 */
+	__u8 proto;        /* IPPROTO_UDP or IPPROTO_TCP */
 	struct bpf_sock_tuple tuple;
 };
 
@@ -33,7 +37,7 @@ enum parse_result {
 	PARSE_OK = 0,
 	PARSE_NOT_IP,
 	PARSE_NOT_UNICAST,
-	PARSE_NOT_UDP,
+	PARSE_NOT_UDP_TCP,
 	PARSE_IP_OPTIONS,
 	PARSE_IPV6_EXT,
 	PARSE_FRAGMENT,
@@ -72,6 +76,17 @@ static __always_inline int ipv4_header_ok(const struct iphdr *ip)
 	return sum == 0xffff;
 }
 
+static __always_inline void set_ports(struct pkt_info *req, __be16 sport, __be16 dport)
+{
+	if (req->family == 4) {
+		req->tuple.ipv4.sport = sport;
+		req->tuple.ipv4.dport = dport;
+	} else {
+		req->tuple.ipv6.sport = sport;
+		req->tuple.ipv6.dport = dport;
+	}
+}
+
 static __always_inline int parse_eth(struct cursor *c, __u16 *proto, __u32 *l2_len)
 {
 	struct ethhdr *eth = c->pos;
@@ -93,8 +108,9 @@ static __always_inline int parse_eth(struct cursor *c, __u16 *proto, __u32 *l2_l
 	return PARSE_OK;
 }
 
-/* IPv4 without options, not a fragment, carrying UDP. Sets *l4_len from tot_len. */
-static __always_inline int parse_ipv4(struct cursor *c, struct udp_request *req, __u32 *l4_len)
+/* IPv4 without options, not a fragment, carrying UDP or TCP. Sets *l4_len from tot_len. */
+static __always_inline int parse_ipv4(struct cursor *c, struct pkt_info *req, __u32 *l4_len,
+				      int whole)
 {
 	struct iphdr *ip = c->pos;
 	if ((void *)(ip + 1) > c->end)
@@ -105,16 +121,17 @@ static __always_inline int parse_ipv4(struct cursor *c, struct udp_request *req,
 		return PARSE_IP_OPTIONS;
 	if (ip->frag_off & bpf_htons(IP_MF | IP_OFFSET))
 		return PARSE_FRAGMENT;
-	if (ip->protocol != IPPROTO_UDP)
-		return PARSE_NOT_UDP;
+	if (ip->protocol != IPPROTO_UDP && ip->protocol != IPPROTO_TCP)
+		return PARSE_NOT_UDP_TCP;
 	if (!ipv4_header_ok(ip))
 		return PARSE_MALFORMED;
 	if (ipv4_not_unicast(ip->saddr) || ipv4_not_unicast(ip->daddr))
 		return PARSE_BAD_ADDRESS;
 	__u32 tot = bpf_ntohs(ip->tot_len);
-	if (tot < sizeof(*ip) + sizeof(struct udphdr) || (void *)ip + tot > c->end)
+	if (tot < sizeof(*ip) + sizeof(struct udphdr) || (whole && (void *)ip + tot > c->end))
 		return PARSE_MALFORMED;
 	req->family = 4;
+	req->proto = ip->protocol;
 	req->l3_len = sizeof(*ip);
 	req->tuple.ipv4.saddr = ip->saddr;
 	req->tuple.ipv4.daddr = ip->daddr;
@@ -142,8 +159,9 @@ static __always_inline int ipv6_is_ext(__u8 nexthdr)
 	return 0;
 }
 
-/* IPv6 with UDP directly after the fixed header. */
-static __always_inline int parse_ipv6(struct cursor *c, struct udp_request *req, __u32 *l4_len)
+/* IPv6 with UDP or TCP directly after the fixed header. */
+static __always_inline int parse_ipv6(struct cursor *c, struct pkt_info *req, __u32 *l4_len,
+				      int whole)
 {
 	struct ipv6hdr *ip6 = c->pos;
 	if ((void *)(ip6 + 1) > c->end)
@@ -152,14 +170,15 @@ static __always_inline int parse_ipv6(struct cursor *c, struct udp_request *req,
 		return PARSE_MALFORMED;
 	if (ipv6_is_ext(ip6->nexthdr))
 		return PARSE_IPV6_EXT;
-	if (ip6->nexthdr != NEXTHDR_UDP)
-		return PARSE_NOT_UDP;
+	if (ip6->nexthdr != NEXTHDR_UDP && ip6->nexthdr != NEXTHDR_TCP)
+		return PARSE_NOT_UDP_TCP;
 	if (ipv6_not_unicast(&ip6->saddr) || ipv6_not_unicast(&ip6->daddr))
 		return PARSE_BAD_ADDRESS;
 	__u32 plen = bpf_ntohs(ip6->payload_len);
-	if (plen < sizeof(struct udphdr) || (void *)(ip6 + 1) + plen > c->end)
+	if (plen < sizeof(struct udphdr) || (whole && (void *)(ip6 + 1) + plen > c->end))
 		return PARSE_MALFORMED;
 	req->family = 6;
+	req->proto = ip6->nexthdr;
 	req->l3_len = sizeof(*ip6);
 	__builtin_memcpy(req->tuple.ipv6.saddr, &ip6->saddr, 16);
 	__builtin_memcpy(req->tuple.ipv6.daddr, &ip6->daddr, 16);
@@ -169,48 +188,57 @@ static __always_inline int parse_ipv6(struct cursor *c, struct udp_request *req,
 }
 
 /* A UDP header whose length agrees with the IP layer's. */
-static __always_inline int parse_udp(struct cursor *c, struct udp_request *req, __u32 l4_len)
+static __always_inline int parse_udp(struct cursor *c, struct pkt_info *req, __u32 l4_len)
 {
 	struct udphdr *udp = c->pos;
 	if ((void *)(udp + 1) > c->end)
 		return PARSE_MALFORMED;
 	if (bpf_ntohs(udp->len) != l4_len)
 		return PARSE_MALFORMED;
-	if (req->family == 4) {
-		req->tuple.ipv4.sport = udp->source;
-		req->tuple.ipv4.dport = udp->dest;
-	} else {
-		req->tuple.ipv6.sport = udp->source;
-		req->tuple.ipv6.dport = udp->dest;
-	}
+	set_ports(req, udp->source, udp->dest);
+	req->l4_len = sizeof(*udp);
 	req->payload_len = l4_len - sizeof(*udp);
-	c->pos = udp + 1;
 	return PARSE_OK;
 }
 
-/* Parse Ethernet (+802.1Q), IPv4/IPv6 and UDP into *req. */
-static __always_inline int parse_udp_request(struct xdp_md *ctx, struct udp_request *req)
+/* A TCP header (options included) within the IP layer's length. */
+static __always_inline int parse_tcp(struct cursor *c, struct pkt_info *req, __u32 l4_len)
 {
-	struct cursor c = {
-		.pos = (void *)(long)ctx->data,
-		.end = (void *)(long)ctx->data_end,
-	};
+	struct tcphdr *th = c->pos;
+	if ((void *)(th + 1) > c->end)
+		return PARSE_MALFORMED;
+	__u32 doff = th->doff * 4;
+	if (doff < sizeof(*th) || doff > l4_len)
+		return PARSE_MALFORMED;
+	set_ports(req, th->source, th->dest);
+	req->l4_len = doff;
+	req->payload_len = l4_len - doff;
+	return PARSE_OK;
+}
+
+/* Parse Ethernet (+802.1Q), IPv4/IPv6 and UDP or TCP in [data, end) into
+ * *req. With whole, the payload must be in [data, end) too (XDP); else only
+ * the headers up to the transport header's first 20 bytes (a TC skb's
+ * linear part). */
+static __always_inline int parse_request(void *data, void *end, struct pkt_info *req, int whole)
+{
+	struct cursor c = { .pos = data, .end = end };
 	__u16 proto;
 	__u32 l4_len;
 	int err = parse_eth(&c, &proto, &req->l2_len);
 	if (err)
 		return err;
 	if (proto == bpf_htons(ETH_P_IP))
-		err = parse_ipv4(&c, req, &l4_len);
+		err = parse_ipv4(&c, req, &l4_len, whole);
 	else if (proto == bpf_htons(ETH_P_IPV6))
-		err = parse_ipv6(&c, req, &l4_len);
+		err = parse_ipv6(&c, req, &l4_len, whole);
 	else
 		return PARSE_NOT_IP;
 	if (err)
 		return err;
-	err = parse_udp(&c, req, l4_len);
+	err = req->proto == IPPROTO_UDP ? parse_udp(&c, req, l4_len) : parse_tcp(&c, req, l4_len);
 	if (err)
 		return err;
-	req->payload_off = req->l2_len + req->l3_len + sizeof(struct udphdr);
+	req->payload_off = req->l2_len + req->l3_len + req->l4_len;
 	return PARSE_OK;
 }

@@ -20,11 +20,18 @@ enum santa_limit {
 	SANTA_SAMPLE_MAX = 1472,     /* request bytes in one miss sample: a whole request window */
 	SANTA_OFF_MASK = 2047,       /* bounds offsets and lengths for the verifier */
 	SANTA_SCRATCH_REQ = 4096,    /* > 2 * SANTA_OFF_MASK: offset plus length stays inside */
+	SANTA_SCRATCH_L4 = 128,      /* a TCP header (at most 60 bytes) with slack for option reads */
 	SANTA_RULESET_DISJOINT = 1,  /* rule set flag: at most one rule can match a packet */
 	SANTA_ADDR_LOCAL = 1,        /* santa_local_addrs: an address of this host */
 	SANTA_ADDR_BROADCAST = 2,    /* santa_local_addrs: a subnet broadcast address */
 	SANTA_COND_MASKED = 1u << 31, /* santa_cond.data flag: the pattern has a mask */
 	SANTA_RULE_CLOSE = 1,        /* santa_rule.flags: TCP, the reply ends the connection (FIN with it) */
+	SANTA_TCP_UNIT_SHIFT = 33,   /* stamp time unit: 2^33 ns (8.6 s) of CLOCK_MONOTONIC */
+	SANTA_TCP_EPOCH_SHIFT = 8,   /* a stamp key serves 2^8 units (36.7 min) */
+	SANTA_TCP_VALID_UNITS = 16,  /* a stamp proves its connection for 16 units (137 s) */
+	SANTA_TCP_KEYS = 3,          /* santa_tcp_keys slots: epochs e-1, e, e+1 by e % 3 */
+	SANTA_TCP_WSCALE = 7,        /* the window scale eBPF announces (the kernel's usual) */
+	SANTA_TCP_FLOWS = 1 << 16,   /* flows remembered for the pipelining guard (LRU) */
 };
 
 /* n in [1, mask + 1] for the verifier, where the caller knows 1 <= n <= mask + 1. */
@@ -128,7 +135,7 @@ struct santa_reasons {
 	__u64 answered;          /* a rule matched and the reply was sent with XDP_TX */
 	__u64 pass_not_ip;       /* not IPv4/IPv6 (ARP, LLDP, ...) */
 	__u64 pass_not_unicast;  /* Ethernet multicast/broadcast: never answered */
-	__u64 pass_not_udp;      /* another transport protocol */
+	__u64 pass_not_udp;      /* another transport protocol than UDP and TCP */
 	__u64 pass_ip_options;   /* IPv4 header with options */
 	__u64 pass_ipv6_ext;     /* IPv6 extension header */
 	__u64 pass_fragment;     /* IPv4 fragment */
@@ -150,6 +157,25 @@ struct santa_reasons {
 	__u64 miss_sample_limited; /* samples skipped by the rate limit */
 	__u64 chain_truncated;   /* a bucket chain was longer than SANTA_MAX_CHAIN */
 	__u64 released_dropped;  /* a closed socket's cookie was lost: santa_released full */
+	/* TCP (docs/tcp.md). "Handover" passes mark segments of a socket-less
+	 * connection that the TC hook gives to the kernel with its listener. */
+	__u64 tcp_syn_answered;     /* SYN answered with a stamped SYN-ACK */
+	__u64 tcp_ack_consumed;     /* pure ACK of a socket-less connection, nothing to do */
+	__u64 tcp_keepalive_answered; /* pure ACK or 1-byte probe after an idle unit: ACKed, stamp renewed */
+	__u64 tcp_fin_answered;     /* client FIN answered (FIN-ACK, or ACK after our FIN) */
+	__u64 tcp_rst_consumed;     /* RST to a listener with a rule set: nothing to tear down */
+	__u64 tcp_pass_kernel_socket; /* the kernel has a socket for the 4-tuple (handed over, or its own) */
+	__u64 tcp_pass_no_timestamps; /* SYN without the timestamp option: the kernel accepts it */
+	__u64 tcp_pass_syn_other;   /* SYN with data, SYN-ACK, bad options or MSS < 536: the kernel's */
+	__u64 tcp_pass_no_key;      /* no stamp key for this epoch (santad not rotating): the kernel's */
+	__u64 tcp_pass_bad_stamp;   /* ACK to a listener without a valid stamp (expired, forged, kernel syncookie) */
+	__u64 tcp_handover_flags;   /* handover: URG, or FIN with data */
+	__u64 tcp_handover_window;  /* handover: the client's window is smaller than the reply */
+	__u64 tcp_handover_long_reply; /* handover: the reply does not fit one segment of the client's MSS */
+	__u64 tcp_drop_pipelined;   /* a request before the client acked the last reply: dropped, it retransmits */
+	__u64 tcp_drop_after_fin;   /* data after eBPF's FIN: dropped */
+	__u64 tcp_handed_over;      /* TC: a socket-less connection given to its listener */
+	__u64 tcp_handover_failed;  /* TC: bpf_sk_assign_tcp_reqsk refused it (the kernel then resets it) */
 };
 
 /* A miss sample as it appears in the ring buffer. */
@@ -164,10 +190,24 @@ struct santa_miss_sample {
 };
 
 /* Per-CPU work area: the request window (with slack for word-wise compares
- * past a pattern's end) and the reply's headers. */
+ * past a pattern's end), the reply's headers and the request's TCP header. */
 struct santa_scratch {
 	__u8 req[SANTA_SCRATCH_REQ];
 	__u8 hdr[128];
+	__u8 l4[SANTA_SCRATCH_L4];
+};
+
+/* The SipHash key of one stamp epoch (TCP). */
+struct santa_tcp_key {
+	__u64 k0;
+	__u64 k1;
+	__u64 epoch_plus1; /* the epoch this key serves, plus one; 0 = empty slot */
+};
+
+/* What the pipelining guard remembers of a flow eBPF answered (TCP). */
+struct santa_tcp_flow {
+	__u32 req_seq;   /* sequence number of the request last answered */
+	__u32 reply_end; /* sequence number after that reply: what the client acks once it has it */
 };
 
 /* Per-CPU miss sample budget of one rule set. */

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
-/* The UDP rule processor at XDP: answers requests that match a rule of the
- * socket the kernel would deliver them to; passes everything else untouched. */
+/* The rule processor at XDP: answers UDP requests that match a rule of the
+ * socket the kernel would deliver them to, and runs the socket-less TCP path
+ * for listeners with rules (docs/tcp.md); passes everything else untouched. */
 #include "include/vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
@@ -10,6 +11,7 @@
 #include "parsing.h"
 #include "csum.h"
 #include "matcher.h"
+#include "tcp.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -18,7 +20,7 @@ static __always_inline int count_parse_result(int err)
 	switch (err) {
 	case PARSE_NOT_IP: COUNT(pass_not_ip); break;
 	case PARSE_NOT_UNICAST: COUNT(pass_not_unicast); break;
-	case PARSE_NOT_UDP: COUNT(pass_not_udp); break;
+	case PARSE_NOT_UDP_TCP: COUNT(pass_not_udp); break;
 	case PARSE_IP_OPTIONS: COUNT(pass_ip_options); break;
 	case PARSE_IPV6_EXT: COUNT(pass_ipv6_ext); break;
 	case PARSE_FRAGMENT: COUNT(pass_fragment); break;
@@ -35,7 +37,7 @@ extern void *bpf_rdonly_cast(const void *obj, __u32 btf_id) __ksym;
 /* The cookie of the socket this request would be delivered to, 0 if none.
  * A socket's cookie is made when first asked for (SO_COOKIE): santad asks
  * before binding rules, so a socket without one has no rules. */
-static __always_inline __u64 receiving_socket(struct xdp_md *ctx, struct udp_request *req,
+static __always_inline __u64 receiving_socket(struct xdp_md *ctx, struct pkt_info *req,
 					      int *wildcard)
 {
 	__u32 tuple_len = req->family == 4 ? sizeof(req->tuple.ipv4) : sizeof(req->tuple.ipv6);
@@ -69,7 +71,7 @@ static __always_inline __u8 local_addr_kind(struct xdp_md *ctx, __u8 family, con
 /* The kernel would deliver the request: its source is no address of this
  * host nor a broadcast address (a martian), and, since the socket lookup does
  * no routing, a wildcard-bound socket only gets requests for this host. */
-static __always_inline int kernel_would_deliver(struct xdp_md *ctx, struct udp_request *req,
+static __always_inline int kernel_would_deliver(struct xdp_md *ctx, struct pkt_info *req,
 						int wildcard)
 {
 	const void *src = req->family == 4 ? (void *)&req->tuple.ipv4.saddr : (void *)req->tuple.ipv6.saddr;
@@ -82,7 +84,7 @@ static __always_inline int kernel_would_deliver(struct xdp_md *ctx, struct udp_r
 /* Copy the first bytes of an unmatched request to the miss-sample ring,
  * within the rule set's per-CPU budget. */
 static __always_inline void sample_miss(__u64 cookie, __u32 rs_id, const struct santa_ruleset *rs,
-					const struct santa_scratch *s, struct udp_request *req)
+					const struct santa_scratch *s, struct pkt_info *req)
 {
 	if (!rs->sample_len)
 		return;
@@ -119,23 +121,31 @@ static __always_inline void sample_miss(__u64 cookie, __u32 rs_id, const struct 
 	COUNT(miss_sampled);
 }
 
-/* The request's UDP checksum is absent (IPv4), valid, or in the partial form
- * of a locally generated packet (the field holds the folded pseudo-header sum). */
-static __always_inline int request_checksum_ok(struct xdp_md *ctx, struct udp_request *req,
-					       const struct santa_scratch *s)
+/* The request's UDP or TCP checksum is valid, in the partial form of a
+ * locally generated packet (the field holds the folded pseudo-header sum),
+ * or absent (UDP over IPv4). The transport header is in s->l4. Global, so
+ * the verifier checks it once. */
+__noinline int request_checksum_ok(struct pkt_info *req, const struct santa_scratch *s)
 {
-	struct udphdr udp;
-	if (bpf_xdp_load_bytes(ctx, req->payload_off - sizeof(udp), &udp, sizeof(udp)))
+	if (!req || !s)
 		return 0;
-	if (udp.check == 0)
+	__u16 check = req->proto == IPPROTO_UDP ? ((struct udphdr *)s->l4)->check :
+						  ((struct tcphdr *)s->l4)->check;
+	if (check == 0 && req->proto == IPPROTO_UDP)
 		return req->family == 4;
-	__u32 l4_len = req->payload_len + sizeof(udp);
-	__u64 pseudo = csum_pseudo(&req->tuple, req->family, l4_len);
-	if (udp.check == csum_fold64(pseudo))
+	__u32 l4_len = req->l4_len + req->payload_len;
+	__u64 pseudo = csum_pseudo(&req->tuple, req->family, req->proto, l4_len);
+	if (check == csum_fold64(pseudo))
 		return 1;
-	__u64 sum = pseudo + udp.source + udp.dest + udp.len + udp.check;
+	__u64 sum = pseudo + csum_bytes(s->l4, req->l4_len & 63);
 	sum += csum_bytes(s->req, req->payload_len & SANTA_OFF_MASK);
 	return csum_fold64(sum) == 0xffff;
+}
+
+/* Load the request's transport header into s->l4. */
+static __always_inline int load_l4_header(struct xdp_md *ctx, struct pkt_info *req, struct santa_scratch *s)
+{
+	return bpf_xdp_load_bytes(ctx, req->l2_len + req->l3_len, s->l4, NONZERO(req->l4_len, 63));
 }
 
 /* The request bits masked copy cp of rule r puts into the reply: its 8
@@ -147,15 +157,33 @@ static __always_inline __u64 masked_copy_bits(const struct santa_scratch *s, con
 	return *(const __u64 *)(s->req + (cp->src & SANTA_OFF_MASK)) & mask;
 }
 
-/* Write the reply headers into s->hdr: addresses and ports swapped, lengths
- * and checksums for a reply of rule r (data in page). Returns the header
- * length or 0. */
-static __always_inline __u32 build_headers(struct xdp_md *ctx, struct udp_request *req,
-					   struct santa_scratch *s, const struct santa_rule *r,
-					   const struct santa_page *page)
+/* The sum of rule r's reply payload: the template with the copies in its
+ * zeroed gaps (a masked copy's bits in its zeroed bits), so the template's
+ * sum plus the copies', each at its offset's parity. */
+static __always_inline __u64 reply_payload_sum(const struct santa_scratch *s, const struct santa_rule *r,
+					       const struct santa_page *page)
 {
-	__u32 hdr_len = req->payload_off;
-	if (hdr_len > 66 || bpf_xdp_load_bytes(ctx, 0, s->hdr, NONZERO(hdr_len, 127)))
+	__u64 sum = r->tpl_csum;
+	for (__u32 k = 0; k < SANTA_MAX_COPIES; k++) {
+		if (k >= r->ncopies)
+			break;
+		const struct santa_copy *cp = &r->copies[k];
+		__u16 part = cp->mask ? csum_fold64(masked_copy_bits(s, page, r, cp)) :
+					csum_fold64(csum_bytes(s->req + (cp->src & SANTA_OFF_MASK),
+							       cp->len & SANTA_OFF_MASK));
+		sum += (cp->dst & 1) ? csum_swap(part) : part;
+	}
+	return sum;
+}
+
+/* Write the reply's Ethernet and IP headers into s->hdr: the request's,
+ * addresses swapped, for a transport segment of l4_len bytes. Returns
+ * their length (the transport header goes there) or 0. */
+static __always_inline __u32 reverse_l2_l3(struct xdp_md *ctx, struct pkt_info *req,
+					   struct santa_scratch *s, __u32 l4_len)
+{
+	__u32 l23 = req->l2_len + req->l3_len;
+	if (l23 > 58 || bpf_xdp_load_bytes(ctx, 0, s->hdr, NONZERO(l23, 63)))
 		return 0;
 
 	struct ethhdr *eth = (void *)s->hdr;
@@ -164,7 +192,6 @@ static __always_inline __u32 build_headers(struct xdp_md *ctx, struct udp_reques
 	__builtin_memcpy(eth->h_dest, eth->h_source, 6);
 	__builtin_memcpy(eth->h_source, mac, 6);
 
-	__u32 l4_len = sizeof(struct udphdr) + r->reply_len;
 	__u32 l3 = req->l2_len == 14 ? 14 : 18;
 	if (req->family == 4) {
 		struct iphdr *ip = (void *)s->hdr + l3;
@@ -187,31 +214,29 @@ static __always_inline __u32 build_headers(struct xdp_md *ctx, struct udp_reques
 		ip6->payload_len = bpf_htons(l4_len);
 		ip6->hop_limit = 64;
 	}
+	return l23;
+}
 
-	struct udphdr *udp = (void *)s->hdr + ((hdr_len - sizeof(*udp)) & 63);
-	__be16 port = udp->source;
-	udp->source = udp->dest;
-	udp->dest = port;
+/* Write rule r's UDP reply headers into s->hdr. Returns their length or 0. */
+static __always_inline __u32 build_udp_headers(struct xdp_md *ctx, struct pkt_info *req,
+					       struct santa_scratch *s, const struct santa_rule *r,
+					       const struct santa_page *page)
+{
+	__u32 l4_len = sizeof(struct udphdr) + r->reply_len;
+	__u32 l23 = reverse_l2_l3(ctx, req, s, l4_len);
+	if (!l23)
+		return 0;
+	barrier_var(l23); /* keep the mask below for the verifier */
+	struct udphdr *udp = (void *)s->hdr + (l23 & 63);
+	udp->source = req->family == 4 ? req->tuple.ipv4.dport : req->tuple.ipv6.dport;
+	udp->dest = req->family == 4 ? req->tuple.ipv4.sport : req->tuple.ipv6.sport;
 	udp->len = bpf_htons(l4_len);
 	udp->check = 0;
-
-	/* The reply is the template with the copies in its zeroed gaps (a
-	 * masked copy's bits in its zeroed bits), so its sum is the template's
-	 * plus the copies', each at its offset's parity. */
-	__u64 sum = csum_pseudo(&req->tuple, req->family, l4_len) + udp->source + udp->dest +
-		    udp->len + r->tpl_csum;
-	for (__u32 k = 0; k < SANTA_MAX_COPIES; k++) {
-		if (k >= r->ncopies)
-			break;
-		const struct santa_copy *cp = &r->copies[k];
-		__u16 part = cp->mask ? csum_fold64(masked_copy_bits(s, page, r, cp)) :
-					csum_fold64(csum_bytes(s->req + (cp->src & SANTA_OFF_MASK),
-							       cp->len & SANTA_OFF_MASK));
-		sum += (cp->dst & 1) ? csum_swap(part) : part;
-	}
+	__u64 sum = csum_pseudo(&req->tuple, req->family, IPPROTO_UDP, l4_len) + udp->source +
+		    udp->dest + udp->len + reply_payload_sum(s, r, page);
 	__u16 check = ~csum_fold64(sum);
 	udp->check = check ? check : 0xffff;
-	return hdr_len;
+	return l23 + sizeof(*udp);
 }
 
 /* Resize the frame to new_len bytes: grow at the tail where the driver left
@@ -228,34 +253,22 @@ static __always_inline int resize_frame(struct xdp_md *ctx, __u32 new_len)
 	return bpf_xdp_adjust_head(ctx, -delta);
 }
 
-/* Turn the request into rule r's reply, in place. */
-static __always_inline int answer(struct xdp_md *ctx, struct udp_request *req,
-				  struct santa_scratch *s, const struct santa_rule *r, __u32 slot)
+/* Replace the frame by the headers in s->hdr and rule r's reply (if r),
+ * and count it for rule slot slot. */
+static __always_inline int send_frame(struct xdp_md *ctx, struct santa_scratch *s, __u32 hdr_len,
+				      const struct santa_rule *r, const struct santa_page *page, __u32 slot)
 {
-	__u32 reply_len = r->reply_len;
-	/* an IPv4 MTU-sized reply does not fit IPv6's larger header */
-	if (reply_len == 0 || req->l3_len + sizeof(struct udphdr) + reply_len > SANTA_MAX_REPLY + 28) {
-		COUNT(pass_reply_too_big);
-		return XDP_PASS;
-	}
-	__u32 page_id = r->page;
-	const struct santa_page *page = bpf_map_lookup_elem(&santa_pages, &page_id);
-	if (!page) {
-		COUNT(pass_error);
-		return XDP_PASS;
-	}
-	__u32 hdr_len = build_headers(ctx, req, s, r, page);
-	if (!hdr_len) {
-		COUNT(pass_error);
-		return XDP_PASS;
-	}
+	__u32 reply_len = r ? r->reply_len : 0;
 	if (resize_frame(ctx, hdr_len + reply_len)) {
 		COUNT(pass_no_room);
 		return XDP_PASS;
 	}
 	/* From here on the request is gone: a failure must drop, not pass. */
-	if (bpf_xdp_store_bytes(ctx, 0, s->hdr, NONZERO(hdr_len, 127)) ||
-	    bpf_xdp_store_bytes(ctx, hdr_len, (void *)page->b + (r->tpl & (SANTA_PAGE_DATA - 1)),
+	if (bpf_xdp_store_bytes(ctx, 0, s->hdr, NONZERO(hdr_len, 127)))
+		goto fail;
+	if (!r || !page)
+		return XDP_TX;
+	if (bpf_xdp_store_bytes(ctx, hdr_len, (void *)page->b + (r->tpl & (SANTA_PAGE_DATA - 1)),
 				NONZERO(reply_len, SANTA_OFF_MASK)))
 		goto fail;
 	for (__u32 k = 0; k < SANTA_MAX_COPIES; k++) {
@@ -284,70 +297,140 @@ fail:
 	return XDP_DROP;
 }
 
-SEC("xdp")
-int santa_xdp(struct xdp_md *ctx)
+/* The data page of rule r, counting why not if it has none. */
+static __always_inline const struct santa_page *rule_page(const struct santa_rule *r)
 {
-	struct udp_request req = {};
-	int err = parse_udp_request(ctx, &req);
-	if (err)
-		return count_parse_result(err);
+	__u32 page_id = r->page;
+	const struct santa_page *page = bpf_map_lookup_elem(&santa_pages, &page_id);
+	if (!page)
+		COUNT(pass_error);
+	return page;
+}
 
-	int wildcard = 0;
-	__u64 cookie = receiving_socket(ctx, &req, &wildcard);
-	if (!cookie) {
-		COUNT(pass_no_socket);
+/* Turn the UDP request into rule r's reply, in place. */
+static __always_inline int answer_udp(struct xdp_md *ctx, struct pkt_info *req,
+				      struct santa_scratch *s, const struct santa_rule *r, __u32 slot)
+{
+	/* an IPv4 MTU-sized reply does not fit IPv6's larger header */
+	if (r->reply_len == 0 || req->l3_len + sizeof(struct udphdr) + r->reply_len > SANTA_MAX_REPLY + 28) {
+		COUNT(pass_reply_too_big);
 		return XDP_PASS;
 	}
-	__u32 *rs_id = bpf_map_lookup_elem(&santa_sockets, &cookie);
-	if (!rs_id) {
-		COUNT(pass_no_ruleset);
+	const struct santa_page *page = rule_page(r);
+	if (!page)
 		return XDP_PASS;
-	}
-	__u32 id = *rs_id;
-	const struct santa_ruleset *rs = bpf_map_lookup_elem(&santa_rulesets, &id);
-	if (!rs) {
-		COUNT(pass_no_ruleset);
-		return XDP_PASS;
-	}
-	if (req.payload_len > SANTA_REQ_WINDOW) {
-		COUNT(pass_too_long);
-		return XDP_PASS;
-	}
-	if (req.payload_len == 0) {
-		COUNT(pass_no_match); /* every rule needs at least one payload byte */
-		return XDP_PASS;
-	}
-	__u32 zero = 0;
-	struct santa_scratch *s = bpf_map_lookup_elem(&santa_scratch, &zero);
-	if (!s || bpf_xdp_load_bytes(ctx, req.payload_off, s->req, NONZERO(req.payload_len, SANTA_OFF_MASK))) {
+	__u32 hdr_len = build_udp_headers(ctx, req, s, r, page);
+	if (!hdr_len) {
 		COUNT(pass_error);
 		return XDP_PASS;
 	}
+	return send_frame(ctx, s, hdr_len, r, page, slot);
+}
 
+/* The rule set of the socket with cookie, with its id, or NULL (counted). */
+static __always_inline const struct santa_ruleset *socket_ruleset(__u64 cookie, __u32 *id)
+{
+	__u32 *rs_id = bpf_map_lookup_elem(&santa_sockets, &cookie);
+	if (!rs_id) {
+		COUNT(pass_no_ruleset);
+		return NULL;
+	}
+	*id = *rs_id;
+	const struct santa_ruleset *rs = bpf_map_lookup_elem(&santa_rulesets, id);
+	if (!rs)
+		COUNT(pass_no_ruleset);
+	return rs;
+}
+
+/* Copy the payload into s->req and find the rule that answers it. Returns
+ * the rule (its slot in *slot), or NULL with the reason counted and a miss
+ * sampled. */
+static __always_inline const struct santa_rule *match_request(struct xdp_md *ctx, struct pkt_info *req,
+							      struct santa_scratch *s, __u64 cookie,
+							      __u32 id, const struct santa_ruleset *rs,
+							      __u32 *slot)
+{
+	if (req->payload_len > SANTA_REQ_WINDOW) {
+		COUNT(pass_too_long);
+		return NULL;
+	}
+	if (req->payload_len == 0) {
+		COUNT(pass_no_match); /* every rule needs at least one payload byte */
+		return NULL;
+	}
+	if (bpf_xdp_load_bytes(ctx, req->payload_off, s->req, NONZERO(req->payload_len, SANTA_OFF_MASK))) {
+		COUNT(pass_error);
+		return NULL;
+	}
 	int truncated = 0, invalidated = 0;
-	__u32 slot = match_rules(id, rs, s, req.payload_len, &truncated, &invalidated);
+	*slot = match_rules(id, rs, s, req->payload_len, &truncated, &invalidated);
 	if (truncated)
 		COUNT(chain_truncated);
-	if (!slot) {
+	if (!*slot) {
 		if (invalidated)
 			COUNT(pass_invalidated);
 		else
 			COUNT(pass_no_match);
-		sample_miss(cookie, id, rs, s, &req);
-		return XDP_PASS;
+		sample_miss(cookie, id, rs, s, req);
+		return NULL;
 	}
-	const struct santa_rule *r = bpf_map_lookup_elem(&santa_rules, &slot);
-	if (!r) {
+	const struct santa_rule *r = bpf_map_lookup_elem(&santa_rules, slot);
+	if (!r)
 		COUNT(pass_error);
+	return r;
+}
+
+/* The per-CPU scratch area. */
+static __always_inline struct santa_scratch *scratch(void)
+{
+	__u32 zero = 0;
+	struct santa_scratch *s = bpf_map_lookup_elem(&santa_scratch, &zero);
+	if (!s)
+		COUNT(pass_error);
+	return s;
+}
+
+/* A UDP datagram. Global, so the verifier checks it once. */
+__noinline int udp_request(struct xdp_md *ctx, struct pkt_info *req)
+{
+	if (!req)
+		return XDP_PASS;
+	int wildcard = 0;
+	__u64 cookie = receiving_socket(ctx, req, &wildcard);
+	if (!cookie) {
+		COUNT(pass_no_socket);
 		return XDP_PASS;
 	}
-	if (!request_checksum_ok(ctx, &req, s)) {
+	__u32 id;
+	const struct santa_ruleset *rs = socket_ruleset(cookie, &id);
+	struct santa_scratch *s = scratch();
+	if (!rs || !s)
+		return XDP_PASS;
+	__u32 slot = 0;
+	const struct santa_rule *r = match_request(ctx, req, s, cookie, id, rs, &slot);
+	if (!r)
+		return XDP_PASS;
+	if (load_l4_header(ctx, req, s) || !request_checksum_ok(req, s)) {
 		COUNT(pass_bad_checksum);
 		return XDP_PASS;
 	}
-	if (!kernel_would_deliver(ctx, &req, wildcard)) {
+	if (!kernel_would_deliver(ctx, req, wildcard)) {
 		COUNT(pass_not_local);
 		return XDP_PASS;
 	}
-	return answer(ctx, &req, s, r, slot);
+	return answer_udp(ctx, req, s, r, slot);
+}
+
+#include "tcp_responder.h"
+
+SEC("xdp")
+int santa_xdp(struct xdp_md *ctx)
+{
+	struct pkt_info req = {};
+	int err = parse_request((void *)(long)ctx->data, (void *)(long)ctx->data_end, &req, 1);
+	if (err)
+		return count_parse_result(err);
+	if (req.proto == IPPROTO_TCP)
+		return tcp_segment(ctx, &req);
+	return udp_request(ctx, &req);
 }

@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 
+	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
@@ -24,13 +25,15 @@ const (
 	AttachGeneric
 )
 
-// Attachment is the rule processor attached to one interface.
+// Attachment is the rule processor attached to one interface: XDP, and the
+// TCP handover at TC ingress.
 type Attachment struct {
 	Interface string
 	Native    bool
 	link      link.Link
+	handover  link.Link
 	local     *localAddrs
-	pin       string // where the link is pinned, "" if it is not
+	pin       string // where the XDP link is pinned, "" if it is not; the handover's is pin + "-handover"
 }
 
 // Attach attaches the rule processor to the interface ifname in the calling
@@ -66,7 +69,57 @@ func (d *Dataplane) attach(ifname string, mode AttachMode, pinPath string) (*Att
 		local.stop()
 		return nil, err
 	}
+	if err := d.linkHandover(att, iface.Index); err != nil {
+		att.Close()
+		return nil, err
+	}
 	return att, nil
+}
+
+// linkHandover gives att its TC ingress link for the TCP handover: the
+// pinned one with this program swapped in, or a new one, pinned if att is.
+func (d *Dataplane) linkHandover(att *Attachment, ifindex int) error {
+	pin := att.handoverPin()
+	if pin != "" {
+		l, err := link.LoadPinnedLink(pin, nil)
+		switch {
+		case errors.Is(err, os.ErrNotExist):
+		case err != nil:
+			return fmt.Errorf("open pinned link %s: %w", pin, err)
+		default:
+			info, err := l.Info()
+			if err == nil && info.TCX() != nil && info.TCX().Ifindex == uint32(ifindex) {
+				if err := l.Update(d.objs.SantaHandover); err != nil {
+					l.Close()
+					return fmt.Errorf("swap the TCP handover into %s: %w", pin, err)
+				}
+				att.handover = l
+				return nil
+			}
+			l.Close()
+			if err := os.Remove(pin); err != nil {
+				return err
+			}
+		}
+	}
+	l, err := link.AttachTCX(link.TCXOptions{Interface: ifindex, Program: d.objs.SantaHandover, Attach: ebpf.AttachTCXIngress})
+	if err != nil {
+		return fmt.Errorf("attach the TCP handover to TC ingress (tcx) of %s: %w", att.Interface, err)
+	}
+	att.handover = l
+	if pin != "" {
+		if err := l.Pin(pin); err != nil {
+			return fmt.Errorf("pin TC link of %s at %s: %w", att.Interface, pin, err)
+		}
+	}
+	return nil
+}
+
+func (a *Attachment) handoverPin() string {
+	if a.pin == "" {
+		return ""
+	}
+	return a.pin + "-handover"
 }
 
 // linkXDP gives att its XDP link: the pinned one, updated, or a new one,
@@ -160,10 +213,15 @@ func (d *Dataplane) swapPinned(att *Attachment, ifindex int, mode AttachMode) (b
 // pinned, detached, for AttachPinned to replace; Detach removes it.
 func (a *Attachment) Close() error {
 	var err error
-	if a.pin != "" { // the pin would keep it attached
-		err = a.link.Detach()
+	for _, l := range []link.Link{a.link, a.handover} {
+		if l == nil {
+			continue
+		}
+		if a.pin != "" { // the pin would keep it attached
+			err = errors.Join(err, l.Detach())
+		}
+		err = errors.Join(err, l.Close())
 	}
-	err = errors.Join(err, a.link.Close())
 	a.local.stop()
 	return err
 }
@@ -172,7 +230,7 @@ func (a *Attachment) Close() error {
 func (a *Attachment) Detach() error {
 	var err error
 	if a.pin != "" {
-		err = os.Remove(a.pin)
+		err = errors.Join(os.Remove(a.pin), os.Remove(a.handoverPin()))
 	}
 	return errors.Join(err, a.Close())
 }
@@ -183,7 +241,11 @@ func (a *Attachment) Detach() error {
 // not pinned is detached.)
 func (a *Attachment) Release() error {
 	a.local.halt()
-	return a.link.Close()
+	err := a.link.Close()
+	if a.handover != nil {
+		err = errors.Join(err, a.handover.Close())
+	}
+	return err
 }
 
 // WatchLocalAddresses makes wildcard-bound sockets answerable for packets

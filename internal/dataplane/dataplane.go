@@ -38,21 +38,23 @@ type Dataplane struct {
 	closed   bool
 	lastID   RuleID
 	order    uint32
+	stopKeys chan struct{} // ends the stamp key rotation
 }
 
 // RuleID names an installed rule for as long as it exists.
 type RuleID uint64
 
-// objects is the rule processor's one collection: the XDP program and the
-// socket release hook (a separate entry file, so a second bpf2go object)
-// share every map.
+// objects is the rule processor's one collection: the XDP program, the
+// socket release hook and the TCP handover (separate entry files, so more
+// bpf2go objects) share every map.
 type objects struct {
 	santaObjects
 	releasePrograms
+	handoverPrograms
 }
 
 func (o *objects) Close() error {
-	return errors.Join(o.santaObjects.Close(), o.releasePrograms.Close())
+	return errors.Join(o.santaObjects.Close(), o.releasePrograms.Close(), o.handoverPrograms.Close())
 }
 
 // Field offsets the data plane publishes with atomic stores, or reads from a
@@ -152,6 +154,10 @@ func Load(cfg Config) (*Dataplane, error) {
 			return nil, fmt.Errorf("pin guard map: %w", err)
 		}
 	}
+	if err := d.startStampKeys(); err != nil {
+		d.Close()
+		return nil, err
+	}
 	d.slots = newSlotAllocator(uint32(cfg.MaxRules) + 1)
 	d.rsIDs = newSlotAllocator(rulesetIDs(cfg))
 	d.data = newDataAllocator(uint32(cfg.DataMiB))
@@ -179,8 +185,9 @@ func openGuards(pin string, spec *ebpf.MapSpec) (m *ebpf.Map, fresh bool, err er
 	return m, false, nil
 }
 
-// loadSpec reads both entry files' objects into one collection spec: the
-// release hook refers to the maps by name, so it uses the XDP object's.
+// loadSpec reads every entry file's object into one collection spec: the
+// release hook and the handover refer to the maps by name, so they use the
+// XDP object's.
 func loadSpec() (*ebpf.CollectionSpec, error) {
 	spec, err := loadSanta()
 	if err != nil {
@@ -191,6 +198,11 @@ func loadSpec() (*ebpf.CollectionSpec, error) {
 		return nil, fmt.Errorf("read release hook ELF: %w", err)
 	}
 	spec.Programs["santa_release"] = release.Programs["santa_release"]
+	handover, err := loadHandover()
+	if err != nil {
+		return nil, fmt.Errorf("read TCP handover ELF: %w", err)
+	}
+	spec.Programs["santa_handover"] = handover.Programs["santa_handover"]
 	return spec, nil
 }
 
@@ -217,6 +229,7 @@ func (d *Dataplane) Close() error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.closed = true
+	d.stopStampKeys()
 	var errs []error
 	for _, a := range []*mmapArray{d.rules, d.buckets, d.pages, d.rulesets, d.bases} {
 		errs = append(errs, a.close())

@@ -30,6 +30,8 @@ const (
 	releaseMapSantaSampleBudget     = "santa_sample_budget"
 	releaseMapSantaScratch          = "santa_scratch"
 	releaseMapSantaSockets          = "santa_sockets"
+	releaseMapSantaTcpFlows         = "santa_tcp_flows"
+	releaseMapSantaTcpKeys          = "santa_tcp_keys"
 	releaseProgSantaRelease         = "santa_release"
 	releaseVarSantaLimitLayout      = "santa_limit_layout"
 	releaseVarSantaMissSampleLayout = "santa_miss_sample_layout"
@@ -98,6 +100,8 @@ type releaseMapSpecs struct {
 	SantaSampleBudget *ebpf.MapSpec `ebpf:"santa_sample_budget"`
 	SantaScratch      *ebpf.MapSpec `ebpf:"santa_scratch"`
 	SantaSockets      *ebpf.MapSpec `ebpf:"santa_sockets"`
+	SantaTcpFlows     *ebpf.MapSpec `ebpf:"santa_tcp_flows"`
+	SantaTcpKeys      *ebpf.MapSpec `ebpf:"santa_tcp_keys"`
 }
 
 // releaseVariableSpecs contains global variables before they are loaded into the kernel.
@@ -142,6 +146,8 @@ type releaseMaps struct {
 	SantaSampleBudget *ebpf.Map `ebpf:"santa_sample_budget"`
 	SantaScratch      *ebpf.Map `ebpf:"santa_scratch"`
 	SantaSockets      *ebpf.Map `ebpf:"santa_sockets"`
+	SantaTcpFlows     *ebpf.Map `ebpf:"santa_tcp_flows"`
+	SantaTcpKeys      *ebpf.Map `ebpf:"santa_tcp_keys"`
 }
 
 func (m *releaseMaps) Close() error {
@@ -160,6 +166,8 @@ func (m *releaseMaps) Close() error {
 		m.SantaSampleBudget,
 		m.SantaScratch,
 		m.SantaSockets,
+		m.SantaTcpFlows,
+		m.SantaTcpKeys,
 	)
 }
 

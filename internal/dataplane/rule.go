@@ -67,7 +67,9 @@ type Guard struct {
 // A request (UDP payload) shorter than MinLen or longer than MaxLen does not
 // match; 0 is no bound. A rule whose Guards do not all hold does not match.
 // Of several matching rules the one with the lowest Priority wins, then the
-// one added first.
+// one added first. Close (TCP only) makes the reply end the connection: it
+// goes out with FIN. The data plane stores it for any rule set; santad
+// refuses it for UDP sockets.
 type Rule struct {
 	Conditions []Condition `json:"conditions" yaml:"conditions"`
 	Processors []Processor `json:"processors" yaml:"processors"`
@@ -76,6 +78,7 @@ type Rule struct {
 	MinLen     int         `json:"min_len,omitempty" yaml:"min_len,omitempty"`
 	MaxLen     int         `json:"max_len,omitempty" yaml:"max_len,omitempty"`
 	Guards     []Guard     `json:"guards,omitempty" yaml:"guards,omitempty"`
+	Close      bool        `json:"close,omitempty" yaml:"close,omitempty"`
 }
 
 // ErrInvalidRule wraps every reason a rule is refused.
@@ -99,6 +102,7 @@ type compiledRule struct {
 	tplCsum   uint16
 	priority  uint32
 	guards    []santaSantaGuard
+	flags     uint8 // santa_rule.flags: SANTA_RULE_*
 }
 
 // fullLen is how many bytes at the start of cond are compared in full.
@@ -129,6 +133,9 @@ func compileRule(r Rule) (*compiledRule, error) {
 		return nil, invalid("%d conditions: at most %d per rule", len(r.Conditions), MaxConds)
 	}
 	c := &compiledRule{priority: r.Priority}
+	if r.Close {
+		c.flags |= uint8(santaSantaLimitSANTA_RULE_CLOSE)
+	}
 	for i, cond := range r.Conditions {
 		switch {
 		case len(cond.Pattern) == 0:

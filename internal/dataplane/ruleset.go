@@ -559,6 +559,7 @@ func (d *Dataplane) install(id, gen uint32, r *installed) error {
 		Nconds:     uint8(len(c.conds)),
 		Ncopies:    uint8(len(c.copies)),
 		Nguards:    uint8(len(c.guards)),
+		Flags:      c.flags,
 	}
 	copy(v.Guards[:], c.guards)
 	// the layout dataLen counts and compileRule's copy mask offsets assume

@@ -3,8 +3,10 @@ package dataplane
 import (
 	"errors"
 	"net/netip"
+	"reflect"
 	"strings"
 	"testing"
+	"unsafe"
 )
 
 func TestRuleLifecycle(t *testing.T) {
@@ -136,4 +138,40 @@ func TestInvalidRulesInstallNothing(t *testing.T) {
 	e.expect("nothing installed", request(c, s, "fine").build(t), xdpPass, nil, "pass_no_match")
 	p := request(c, s, "good")
 	e.expect("old rule kept", p.build(t), xdpTx, p.answer([]byte("G")).build(t), "answered")
+}
+
+// A rule's Close sets SANTA_RULE_CLOSE in its slot's flags, through add and
+// modify, and is listed back as given.
+func TestCloseFlagStored(t *testing.T) {
+	e := newEnv(t, Config{})
+	_, s := fixtureAddrs(e, false, 7204)
+	sock := e.socket(s, false)
+	closing := reply("bye", "B")
+	closing.Close = true
+	ids := e.bindRules(sock, closing, reply("stay", "S"))
+	flags := func(id RuleID) uint8 {
+		t.Helper()
+		r, ok := e.d.byID[id]
+		if !ok {
+			t.Fatalf("rule %d not installed", id)
+		}
+		return e.d.rules.value(r.slot)[unsafe.Offsetof(santaSantaRule{}.Flags)]
+	}
+	if got, want := flags(ids[0]), uint8(santaSantaLimitSANTA_RULE_CLOSE); got != want {
+		t.Errorf("closing rule: flags %#x, want %#x", got, want)
+	}
+	if got := flags(ids[1]); got != 0 {
+		t.Errorf("plain rule: flags %#x, want 0", got)
+	}
+	list, err := e.d.ListRules(sock)
+	if err != nil || len(list) != 2 || !reflect.DeepEqual(list[0].Rule, closing) || list[1].Rule.Close {
+		t.Fatalf("listed %+v (%v)", list, err)
+	}
+	// modify turns it off and on
+	if err := e.d.ModifyRules(sock, []RuleUpdate{{ID: ids[0], Rule: reply("bye", "B")}, {ID: ids[1], Rule: closing}}); err != nil {
+		t.Fatal(err)
+	}
+	if flags(ids[0]) != 0 || flags(ids[1]) != uint8(santaSantaLimitSANTA_RULE_CLOSE) {
+		t.Errorf("after modify: flags %#x and %#x", flags(ids[0]), flags(ids[1]))
+	}
 }

@@ -13,6 +13,18 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type santaBpfSockTuple struct {
+	_    structs.HostLayout
+	Ipv4 struct {
+		_     structs.HostLayout
+		Saddr uint32
+		Daddr uint32
+		Sport uint16
+		Dport uint16
+	}
+	_ [24]byte
+}
+
 type santaSantaCond struct {
 	_    structs.HostLayout
 	Off  uint16
@@ -54,11 +66,18 @@ const (
 	santaSantaLimitSANTA_SAMPLE_MAX       santaSantaLimit = 1472
 	santaSantaLimitSANTA_OFF_MASK         santaSantaLimit = 2047
 	santaSantaLimitSANTA_SCRATCH_REQ      santaSantaLimit = 4096
+	santaSantaLimitSANTA_SCRATCH_L4       santaSantaLimit = 128
 	santaSantaLimitSANTA_RULESET_DISJOINT santaSantaLimit = 1
 	santaSantaLimitSANTA_ADDR_LOCAL       santaSantaLimit = 1
 	santaSantaLimitSANTA_ADDR_BROADCAST   santaSantaLimit = 2
 	santaSantaLimitSANTA_COND_MASKED      santaSantaLimit = 2147483648
 	santaSantaLimitSANTA_RULE_CLOSE       santaSantaLimit = 1
+	santaSantaLimitSANTA_TCP_UNIT_SHIFT   santaSantaLimit = 33
+	santaSantaLimitSANTA_TCP_EPOCH_SHIFT  santaSantaLimit = 8
+	santaSantaLimitSANTA_TCP_VALID_UNITS  santaSantaLimit = 16
+	santaSantaLimitSANTA_TCP_KEYS         santaSantaLimit = 3
+	santaSantaLimitSANTA_TCP_WSCALE       santaSantaLimit = 7
+	santaSantaLimitSANTA_TCP_FLOWS        santaSantaLimit = 65536
 )
 
 type santaSantaLocalAddr struct {
@@ -86,31 +105,48 @@ type santaSantaPage struct {
 }
 
 type santaSantaReasons struct {
-	_                 structs.HostLayout
-	Answered          uint64
-	PassNotIp         uint64
-	PassNotUnicast    uint64
-	PassNotUdp        uint64
-	PassIpOptions     uint64
-	PassIpv6Ext       uint64
-	PassFragment      uint64
-	PassMalformed     uint64
-	PassBadAddress    uint64
-	PassNotLocal      uint64
-	PassNoSocket      uint64
-	PassNoRuleset     uint64
-	PassNoMatch       uint64
-	PassInvalidated   uint64
-	PassTooLong       uint64
-	PassBadChecksum   uint64
-	PassNoRoom        uint64
-	PassReplyTooBig   uint64
-	PassError         uint64
-	MissSampled       uint64
-	MissSampleDropped uint64
-	MissSampleLimited uint64
-	ChainTruncated    uint64
-	ReleasedDropped   uint64
+	_                    structs.HostLayout
+	Answered             uint64
+	PassNotIp            uint64
+	PassNotUnicast       uint64
+	PassNotUdp           uint64
+	PassIpOptions        uint64
+	PassIpv6Ext          uint64
+	PassFragment         uint64
+	PassMalformed        uint64
+	PassBadAddress       uint64
+	PassNotLocal         uint64
+	PassNoSocket         uint64
+	PassNoRuleset        uint64
+	PassNoMatch          uint64
+	PassInvalidated      uint64
+	PassTooLong          uint64
+	PassBadChecksum      uint64
+	PassNoRoom           uint64
+	PassReplyTooBig      uint64
+	PassError            uint64
+	MissSampled          uint64
+	MissSampleDropped    uint64
+	MissSampleLimited    uint64
+	ChainTruncated       uint64
+	ReleasedDropped      uint64
+	TcpSynAnswered       uint64
+	TcpAckConsumed       uint64
+	TcpKeepaliveAnswered uint64
+	TcpFinAnswered       uint64
+	TcpRstConsumed       uint64
+	TcpPassKernelSocket  uint64
+	TcpPassNoTimestamps  uint64
+	TcpPassSynOther      uint64
+	TcpPassNoKey         uint64
+	TcpPassBadStamp      uint64
+	TcpHandoverFlags     uint64
+	TcpHandoverWindow    uint64
+	TcpHandoverLongReply uint64
+	TcpDropPipelined     uint64
+	TcpDropAfterFin      uint64
+	TcpHandedOver        uint64
+	TcpHandoverFailed    uint64
 }
 
 type santaSantaRegion struct {
@@ -175,6 +211,20 @@ type santaSantaScratch struct {
 	_   structs.HostLayout
 	Req [4096]uint8
 	Hdr [128]uint8
+	L4  [128]uint8
+}
+
+type santaSantaTcpFlow struct {
+	_        structs.HostLayout
+	ReqSeq   uint32
+	ReplyEnd uint32
+}
+
+type santaSantaTcpKey struct {
+	_          structs.HostLayout
+	K0         uint64
+	K1         uint64
+	EpochPlus1 uint64
 }
 
 // Names of all BPF objects in the ELF.
@@ -195,6 +245,8 @@ const (
 	santaMapSantaSampleBudget     = "santa_sample_budget"
 	santaMapSantaScratch          = "santa_scratch"
 	santaMapSantaSockets          = "santa_sockets"
+	santaMapSantaTcpFlows         = "santa_tcp_flows"
+	santaMapSantaTcpKeys          = "santa_tcp_keys"
 	santaProgSantaXdp             = "santa_xdp"
 	santaVarBucketMask            = "bucket_mask"
 	santaVarBucketSeed            = "bucket_seed"
@@ -265,6 +317,8 @@ type santaMapSpecs struct {
 	SantaSampleBudget *ebpf.MapSpec `ebpf:"santa_sample_budget"`
 	SantaScratch      *ebpf.MapSpec `ebpf:"santa_scratch"`
 	SantaSockets      *ebpf.MapSpec `ebpf:"santa_sockets"`
+	SantaTcpFlows     *ebpf.MapSpec `ebpf:"santa_tcp_flows"`
+	SantaTcpKeys      *ebpf.MapSpec `ebpf:"santa_tcp_keys"`
 }
 
 // santaVariableSpecs contains global variables before they are loaded into the kernel.
@@ -311,6 +365,8 @@ type santaMaps struct {
 	SantaSampleBudget *ebpf.Map `ebpf:"santa_sample_budget"`
 	SantaScratch      *ebpf.Map `ebpf:"santa_scratch"`
 	SantaSockets      *ebpf.Map `ebpf:"santa_sockets"`
+	SantaTcpFlows     *ebpf.Map `ebpf:"santa_tcp_flows"`
+	SantaTcpKeys      *ebpf.Map `ebpf:"santa_tcp_keys"`
 }
 
 func (m *santaMaps) Close() error {
@@ -329,6 +385,8 @@ func (m *santaMaps) Close() error {
 		m.SantaSampleBudget,
 		m.SantaScratch,
 		m.SantaSockets,
+		m.SantaTcpFlows,
+		m.SantaTcpKeys,
 	)
 }
 

@@ -1,0 +1,221 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* The socket-less TCP path's building blocks, shared by the XDP responder
+ * and the TC handover: TCP options, and the stamps that prove a connection.
+ *
+ * A stamp is the TSval eBPF sends; the client echoes it in TSecr, which is
+ * how a later segment proves that eBPF answered its SYN, with no state kept:
+ *
+ *   bits 31..26  time unit (2^33 ns of CLOCK_MONOTONIC), low 6 bits
+ *   bit  25      eBPF has sent its FIN
+ *   bits 24..18  the options negotiated in the handshake (mss index, window
+ *                scale, SACK), needed to hand the connection to the kernel
+ *   bits 17..0   SipHash-2-4 of (4-tuple, family, fin, options, full unit)
+ *                under the key of the unit's epoch, low 18 bits
+ *
+ * The MAC covers every other bit, so the options cannot be changed without
+ * breaking it. A stamp older than SANTA_TCP_VALID_UNITS units is refused: no
+ * replay beyond that. The time bits make stamps grow, as PAWS wants (a
+ * stamp's bits below the time bits are fixed for one unit and connection). */
+#pragma once
+
+#include "include/vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+#include "santa.h"
+#include "maps.h"
+#include "parsing.h"
+
+#define TCP_FIN 0x01
+#define TCP_SYN 0x02
+#define TCP_RST 0x04
+#define TCP_PSH 0x08
+#define TCP_ACK 0x10
+#define TCP_URG 0x20
+
+#define STAMP_MAC_BITS 18
+#define STAMP_OPTS_SHIFT 18
+#define STAMP_FIN (1u << 25)
+#define STAMP_TIME_SHIFT 26
+#define OPTS_NO_WSCALE 15
+
+/* The options of a TCP header that matter here. */
+struct tcp_opts {
+	__u16 mss;      /* 0: absent */
+	__u8 wscale;    /* OPTS_NO_WSCALE: absent */
+	__u8 sack_ok;
+	__u8 has_ts;
+	__u8 bad;       /* malformed option list */
+	__u32 tsval;
+	__u32 tsecr;
+};
+
+/* The MSS values a stamp can carry (2 bits). */
+static __always_inline __u16 stamp_mss(__u32 idx)
+{
+	switch (idx & 3) {
+	case 0: return 536;
+	case 1: return 1220;
+	case 2: return 1440;
+	}
+	return 1460;
+}
+
+/* bpf_loop state of tcp_parse_options. */
+struct opts_walk {
+	const __u8 *h;
+	__u32 doff;
+	__u32 i;
+	struct tcp_opts *o;
+};
+
+/* One option at w->i; 1 ends the walk. */
+static long tcp_parse_option(__u64 index, struct opts_walk *w)
+{
+	__u32 i = w->i;
+	if (i >= w->doff || i >= 60)
+		return 1;
+	const __u8 *h = w->h;
+	__u8 kind = h[i & 63];
+	if (kind == 0)
+		return 1;
+	if (kind == 1) {
+		w->i = i + 1;
+		return 0;
+	}
+	__u8 len = h[(i + 1) & 63];
+	if (i + 1 >= w->doff || len < 2 || i + len > w->doff) {
+		w->o->bad = 1;
+		return 1;
+	}
+	const __u8 *v = h + ((i + 2) & 63);
+	struct tcp_opts *o = w->o;
+	if (kind == 2 && len == 4) {
+		o->mss = (__u16)v[0] << 8 | v[1];
+	} else if (kind == 3 && len == 3) {
+		o->wscale = v[0] > 14 ? 14 : v[0];
+	} else if (kind == 4 && len == 2) {
+		o->sack_ok = 1;
+	} else if (kind == 8 && len == 10) {
+		o->has_ts = 1;
+		o->tsval = (__u32)v[0] << 24 | (__u32)v[1] << 16 | (__u32)v[2] << 8 | v[3];
+		o->tsecr = (__u32)v[4] << 24 | (__u32)v[5] << 16 | (__u32)v[6] << 8 | v[7];
+	}
+	w->i = i + len;
+	return 0;
+}
+
+/* Parse the options of the TCP header in s->l4 (doff bytes). */
+static __always_inline void tcp_parse_options(struct santa_scratch *s, __u32 doff, struct tcp_opts *o)
+{
+	o->wscale = OPTS_NO_WSCALE;
+	struct opts_walk w = { .h = s->l4, .doff = doff, .i = sizeof(struct tcphdr), .o = o };
+	bpf_loop(40, tcp_parse_option, &w, 0);
+}
+
+/* The 7 option bits of a stamp for a client SYN's options. */
+static __always_inline __u32 stamp_opts(const struct tcp_opts *o)
+{
+	/* the largest not above the client's */
+	__u32 idx = o->mss >= 1460 ? 3 : o->mss >= 1440 ? 2 : o->mss >= 1220 ? 1 : 0;
+	return idx << 5 | (__u32)o->wscale << 1 | o->sack_ok;
+}
+
+static __always_inline __u16 opts_mss(__u32 opts) { return stamp_mss(opts >> 5); }
+static __always_inline __u8 opts_wscale(__u32 opts) { return (opts >> 1) & 15; }
+static __always_inline __u8 opts_sack(__u32 opts) { return opts & 1; }
+
+static __always_inline __u64 stamp_unit(void) { return bpf_ktime_get_ns() >> SANTA_TCP_UNIT_SHIFT; }
+
+#define ROTL64(x, b) (((x) << (b)) | ((x) >> (64 - (b))))
+#define SIPROUND                                                                 \
+	do {                                                                     \
+		v0 += v1; v1 = ROTL64(v1, 13); v1 ^= v0; v0 = ROTL64(v0, 32);    \
+		v2 += v3; v3 = ROTL64(v3, 16); v3 ^= v2;                         \
+		v0 += v3; v3 = ROTL64(v3, 21); v3 ^= v0;                         \
+		v2 += v1; v1 = ROTL64(v1, 17); v1 ^= v2; v2 = ROTL64(v2, 32);    \
+	} while (0)
+
+/* A stamp's MAC input: 48 bytes as 6 little-endian words. */
+struct stamp_msg {
+	__u64 w[6];
+};
+
+/* SipHash-2-4 of m. Global, so the verifier checks it once. */
+__noinline __u64 siphash24_6(__u64 k0, __u64 k1, const struct stamp_msg *msg)
+{
+	if (!msg)
+		return 0;
+	const __u64 *m = msg->w;
+	__u64 v0 = k0 ^ 0x736f6d6570736575ull, v1 = k1 ^ 0x646f72616e646f6dull;
+	__u64 v2 = k0 ^ 0x6c7967656e657261ull, v3 = k1 ^ 0x7465646279746573ull;
+	for (int i = 0; i < 6; i++) {
+		v3 ^= m[i];
+		SIPROUND;
+		SIPROUND;
+		v0 ^= m[i];
+	}
+	__u64 b = 48ull << 56;
+	v3 ^= b;
+	SIPROUND;
+	SIPROUND;
+	v0 ^= b;
+	v2 ^= 0xff;
+	SIPROUND;
+	SIPROUND;
+	SIPROUND;
+	SIPROUND;
+	return v0 ^ v1 ^ v2 ^ v3;
+}
+
+/* The MAC bits of a stamp of unit for the request's connection, or -1 when
+ * no key serves the unit's epoch. internal/dataplane/tcp.go has the twin. */
+static __always_inline __s64 stamp_mac(const struct pkt_info *req, __u64 unit, __u32 fin_opts)
+{
+	__u64 epoch = unit >> SANTA_TCP_EPOCH_SHIFT;
+	__u32 slot = epoch % SANTA_TCP_KEYS;
+	const struct santa_tcp_key *k = bpf_map_lookup_elem(&santa_tcp_keys, &slot);
+	if (!k || k->epoch_plus1 != epoch + 1)
+		return -1;
+	/* the tuple (36 bytes, zero past an IPv4 tuple), then family, fin and
+	 * options, then the unit */
+	const __u32 *t = (const __u32 *)&req->tuple;
+	struct stamp_msg m;
+#pragma unroll
+	for (int i = 0; i < 4; i++)
+		m.w[i] = t[2 * i] | (__u64)t[2 * i + 1] << 32;
+	m.w[4] = t[8] | (__u64)(fin_opts | (__u32)req->family << 8) << 32;
+	m.w[5] = unit;
+	return siphash24_6(k->k0, k->k1, &m) & ((1u << STAMP_MAC_BITS) - 1);
+}
+
+/* A stamp of the current unit, or 0 with no key (0 is never a stamp: its
+ * MAC would have to be 0 at unit 0 with no options). */
+static __always_inline __u32 stamp_make(const struct pkt_info *req, __u64 unit, int fin, __u32 opts)
+{
+	__u32 fin_opts = (fin ? 1 : 0) | opts << 1;
+	__s64 mac = stamp_mac(req, unit, fin_opts);
+	if (mac < 0)
+		return 0;
+	return (__u32)(unit & 63) << STAMP_TIME_SHIFT | (fin ? STAMP_FIN : 0) |
+	       opts << STAMP_OPTS_SHIFT | (__u32)mac;
+}
+
+/* Check a stamp echoed by the client. On success returns 1 and sets its
+ * options, FIN bit and age in units. */
+static __always_inline int stamp_check(const struct pkt_info *req, __u32 stamp, __u64 unit,
+				       __u32 *opts, int *fin, __u64 *age)
+{
+	*age = (unit - (stamp >> STAMP_TIME_SHIFT)) & 63;
+	if (*age > SANTA_TCP_VALID_UNITS)
+		return 0;
+	*opts = (stamp >> STAMP_OPTS_SHIFT) & 127;
+	*fin = !!(stamp & STAMP_FIN);
+	__s64 mac = stamp_mac(req, unit - *age, (*fin ? 1 : 0) | *opts << 1);
+	return mac >= 0 && (__u32)mac == (stamp & ((1u << STAMP_MAC_BITS) - 1));
+}
+
+/* The 8 flag bits of a TCP header (FIN ... CWR). */
+static __always_inline __u8 tcp_flags(const struct tcphdr *th)
+{
+	return ((const __u8 *)th)[13];
+}

@@ -1,0 +1,277 @@
+package dataplane
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/santa-offload/santa/internal/testbed"
+)
+
+// tcpServer is a kernel TCP server in the server namespace: it answers
+// every request (up to "\r\n\r\n") with "kernel <request line>" and records
+// each accepted connection's byte stream.
+type tcpServer struct {
+	ln      net.Listener
+	cookie  uint64
+	mu      sync.Mutex
+	streams []*bytes.Buffer
+}
+
+func startTCPServer(t *testing.T, tb *testbed.Testbed, addr netip.AddrPort) *tcpServer {
+	t.Helper()
+	srv := &tcpServer{}
+	err := tb.Server.Do(func() error {
+		lc := net.ListenConfig{}
+		lc.SetMultipathTCP(false) // the kernel's lookup finds plain TCP listeners
+		ln, err := lc.Listen(context.Background(), "tcp", addr.String())
+		if err != nil {
+			return err
+		}
+		srv.ln = ln
+		raw, err := ln.(*net.TCPListener).SyscallConn()
+		if err != nil {
+			return err
+		}
+		return raw.Control(func(fd uintptr) {
+			srv.cookie, err = unix.GetsockoptUint64(int(fd), unix.SOL_SOCKET, unix.SO_COOKIE)
+		})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.ln.Close() })
+	go srv.serve()
+	return srv
+}
+
+func (s *tcpServer) serve() {
+	for {
+		c, err := s.ln.Accept()
+		if err != nil {
+			return
+		}
+		stream := &bytes.Buffer{}
+		s.mu.Lock()
+		s.streams = append(s.streams, stream)
+		s.mu.Unlock()
+		go func() {
+			defer c.Close()
+			r := bufio.NewReader(io.TeeReader(c, &lockedWriter{&s.mu, stream}))
+			for {
+				line, err := r.ReadString('\n')
+				if err != nil {
+					return
+				}
+				for {
+					h, err := r.ReadString('\n')
+					if err != nil {
+						return
+					}
+					if h == "\r\n" {
+						break
+					}
+				}
+				body := "kernel " + strings.TrimSpace(line)
+				fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+			}
+		}()
+	}
+}
+
+// Streams returns the byte streams of the connections accepted so far.
+func (s *tcpServer) Streams() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []string
+	for _, b := range s.streams {
+		out = append(out, b.String())
+	}
+	return out
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	b  *bytes.Buffer
+}
+
+func (w *lockedWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.Write(p)
+}
+
+func httpGet(path string, extra string) string {
+	return "GET " + path + " HTTP/1.1\r\nHost: santa\r\n" + extra + "\r\n"
+}
+
+func httpReply(body string, extra string) string {
+	return fmt.Sprintf("HTTP/1.1 200 OK\r\nContent-Length: %d\r\n%s\r\n%s", len(body), extra, body)
+}
+
+// readReply reads one HTTP reply with a Content-Length from r.
+func readReply(t *testing.T, c net.Conn, r *bufio.Reader) string {
+	t.Helper()
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	var head strings.Builder
+	n := 0
+	for {
+		line, err := r.ReadString('\n')
+		if err != nil {
+			t.Fatalf("read reply: %v (so far %q)", err, head.String())
+		}
+		head.WriteString(line)
+		if line == "\r\n" {
+			break
+		}
+		fmt.Sscanf(line, "Content-Length: %d", &n)
+	}
+	body := make([]byte, n)
+	if _, err := io.ReadFull(r, body); err != nil {
+		t.Fatalf("read body: %v", err)
+	}
+	return head.String() + string(body)
+}
+
+// dialFromClient connects from the client namespace.
+func dialFromClient(t *testing.T, tb *testbed.Testbed, addr netip.AddrPort) net.Conn {
+	t.Helper()
+	var c net.Conn
+	err := tb.Client.Do(func() error {
+		d := net.Dialer{Timeout: 5 * time.Second}
+		d.SetMultipathTCP(false)
+		var err error
+		c, err = d.Dial("tcp", addr.String())
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// TestTCPSocketless runs real kernel TCP clients against a listener with
+// rules: eBPF answers the handshake and matching requests, a request that
+// matches no rule hands the connection to the kernel, which then serves it
+// with an intact byte stream; a rule with Close ends the connection.
+func TestTCPSocketless(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("needs root: network namespaces, XDP, TC")
+	}
+	tb := testbed.New(t)
+	d, err := Load(Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	if err := tb.Server.Do(func() error {
+		att, err := d.Attach(tb.Server.Dev, AttachAuto)
+		if err == nil {
+			t.Cleanup(func() { att.Close() })
+		}
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for _, ip := range []netip.Addr{tb.Server.IP4, tb.Server.IP6} {
+		t.Run(map[bool]string{true: "IPv4", false: "IPv6"}[ip.Is4()], func(t *testing.T) {
+			addr := netip.AddrPortFrom(ip, 8080)
+			srv := startTCPServer(t, tb, addr)
+			if err := d.Bind(srv.cookie, SampleOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			hot, bye := httpGet("/hot", ""), httpGet("/bye", "Connection: close\r\n")
+			hotReply, byeReply := httpReply("from eBPF", ""), httpReply("bye from eBPF", "Connection: close\r\n")
+			rules := []Rule{
+				{Conditions: []Condition{cond(0, hot)}, Processors: []Processor{put(0, hotReply)},
+					ReplyLen: len(hotReply), MinLen: len(hot), MaxLen: len(hot)},
+				{Conditions: []Condition{cond(0, bye)}, Processors: []Processor{put(0, byeReply)},
+					ReplyLen: len(byeReply), MinLen: len(bye), MaxLen: len(bye), Close: true},
+			}
+			if _, err := d.AddRules(srv.cookie, rules); err != nil {
+				t.Fatal(err)
+			}
+			before := counterNames(t, d)
+
+			// keep-alive: three answers from eBPF, then a miss hands over
+			c := dialFromClient(t, tb, addr)
+			r := bufio.NewReader(c)
+			for i := 0; i < 3; i++ {
+				io.WriteString(c, hot)
+				if got := readReply(t, c, r); got != hotReply {
+					t.Fatalf("reply %d: %q, want %q", i, got, hotReply)
+				}
+			}
+			cold := httpGet("/cold", "")
+			io.WriteString(c, cold)
+			if got, want := readReply(t, c, r), httpReply("kernel GET /cold HTTP/1.1", ""); got != want {
+				t.Fatalf("after handover: %q, want %q", got, want)
+			}
+			io.WriteString(c, hot) // the kernel owns the connection now
+			if got, want := readReply(t, c, r), httpReply("kernel GET /hot HTTP/1.1", ""); got != want {
+				t.Fatalf("hot request after handover: %q, want %q", got, want)
+			}
+			if s := srv.Streams(); len(s) != 1 || s[0] != cold+hot {
+				t.Fatalf("server streams %q, want one: %q", s, cold+hot)
+			}
+
+			// Connection: close, answered by eBPF
+			c2 := dialFromClient(t, tb, addr)
+			r2 := bufio.NewReader(c2)
+			io.WriteString(c2, hot)
+			if got := readReply(t, c2, r2); got != hotReply {
+				t.Fatalf("second connection: %q", got)
+			}
+			io.WriteString(c2, bye)
+			if got := readReply(t, c2, r2); got != byeReply {
+				t.Fatalf("close reply: %q", got)
+			}
+			c2.SetReadDeadline(time.Now().Add(5 * time.Second))
+			if n, err := r2.Read(make([]byte, 1)); err != io.EOF {
+				t.Fatalf("after the close reply: read %d, %v; want EOF", n, err)
+			}
+			c2.Close()
+
+			// the client's FIN after eBPF's: the kernel's socket leaves FIN_WAIT
+			time.Sleep(200 * time.Millisecond)
+			after := counterNames(t, d)
+			for name, want := range map[string]uint64{
+				"tcp_syn_answered": 2, "answered": 5, "tcp_handed_over": 1, "tcp_fin_answered": 1,
+			} {
+				if got := after[name] - before[name]; got != want {
+					t.Errorf("%s: +%d, want +%d (counters %v)", name, got, want, after)
+				}
+			}
+			if got := after["tcp_handover_failed"] - before["tcp_handover_failed"]; got != 0 {
+				t.Errorf("tcp_handover_failed +%d", got)
+			}
+			if len(srv.Streams()) != 1 {
+				t.Errorf("the kernel accepted %d connections, want 1", len(srv.Streams()))
+			}
+			if err := d.Unbind(srv.cookie); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+func counterNames(t *testing.T, d *Dataplane) map[string]uint64 {
+	t.Helper()
+	c, err := d.Counters()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return CounterNames(c)
+}
