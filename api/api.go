@@ -100,7 +100,7 @@ type Message struct {
 	Socket      uint64            `cbor:"5,keyasint,omitempty" json:"socket,omitempty"` // socket cookie
 	PID         uint32            `cbor:"6,keyasint,omitempty" json:"pid,omitempty"`    // root: a process to take a socket from
 	FD          uint32            `cbor:"7,keyasint,omitempty" json:"fd,omitempty"`     // root: that process's fd number
-	Port        uint16            `cbor:"8,keyasint,omitempty" json:"port,omitempty"`   // root: take the UDP sockets bound to this port
+	Port        uint16            `cbor:"8,keyasint,omitempty" json:"port,omitempty"`   // root: take the sockets bound to this port
 	Rules       []Rule            `cbor:"9,keyasint,omitempty" json:"rules,omitempty"`
 	IDs         []uint64          `cbor:"10,keyasint,omitempty" json:"ids,omitempty"`
 	Sockets     []SocketInfo      `cbor:"11,keyasint,omitempty" json:"sockets,omitempty"`
@@ -111,7 +111,15 @@ type Message struct {
 	Daemon      *DaemonInfo       `cbor:"16,keyasint,omitempty" json:"daemon,omitempty"`
 	Counters    map[string]uint64 `cbor:"17,keyasint,omitempty" json:"counters,omitempty"`
 	RequestLen  uint32            `cbor:"18,keyasint,omitempty" json:"request_len,omitempty"`
+	Protocol    uint32            `cbor:"19,keyasint,omitempty" json:"protocol,omitempty"` // bind by port: ProtocolUDP (also 0) or ProtocolTCP
 }
+
+// IP protocol numbers: of a bound socket (SocketInfo.Protocol), and of the
+// sockets a bind by port takes (Message.Protocol; 0 is UDP).
+const (
+	ProtocolTCP = 6  // TCP: listening sockets
+	ProtocolUDP = 17 // UDP: unconnected sockets
+)
 
 // Rule is a rule as the protocol carries it; see dataplane.Rule for its meaning.
 type Rule struct {
@@ -124,6 +132,7 @@ type Rule struct {
 	MinLen     uint32      `cbor:"6,keyasint,omitempty" json:"min_len,omitempty"` // shortest request payload answered, 0 = no bound
 	MaxLen     uint32      `cbor:"7,keyasint,omitempty" json:"max_len,omitempty"` // longest request payload answered, 0 = no bound
 	Guards     []Guard     `cbor:"8,keyasint,omitempty" json:"guards,omitempty"`  // the rule answers only while these hold
+	Close      bool        `cbor:"9,keyasint,omitempty" json:"close,omitempty"`   // TCP only: the reply ends the connection (sent with FIN)
 }
 
 // Guard holds while slot Slot of santad's guard map holds Version (see
@@ -161,7 +170,7 @@ type Processor struct {
 type SocketInfo struct {
 	Cookie        uint64 `cbor:"0,keyasint,omitempty" json:"cookie,omitempty"`
 	Family        uint32 `cbor:"1,keyasint,omitempty" json:"family,omitempty"`   // 4 or 6
-	Protocol      uint32 `cbor:"2,keyasint,omitempty" json:"protocol,omitempty"` // IP protocol number, 17 = UDP
+	Protocol      uint32 `cbor:"2,keyasint,omitempty" json:"protocol,omitempty"` // IP protocol number: 17 UDP, 6 TCP (a listening socket)
 	Address       Bytes  `cbor:"3,keyasint,omitempty" json:"address,omitempty"`  // bound address, 4 or 16 bytes
 	Port          uint16 `cbor:"4,keyasint,omitempty" json:"port,omitempty"`
 	Owner         uint32 `cbor:"5,keyasint,omitempty" json:"owner,omitempty"` // uid

@@ -96,6 +96,14 @@ var vectorMessages = []Vector{
 	{Name: "miss sample event", Message: Message{V: 1, Op: OpSample, Seq: 14, Socket: 4097, RequestLen: 29, Sample: Bytes("\x12\x34\x01\x00\x00\x01")}},
 	{Name: "error response", Message: Message{V: 1, Op: OpAdd, Seq: 5, Status: StatusInvalid,
 		Error: "rule 0: invalid rule: reply length 0: must be between 1 and 1472"}},
+	{Name: "bind the TCP listeners on a port (root)", Message: Message{V: 1, Op: OpBind, Seq: 18, Port: 80, Protocol: ProtocolTCP}},
+	{Name: "bind response for a TCP listener", Message: Message{V: 1, Op: OpBind, Seq: 18, Sockets: []SocketInfo{{
+		Cookie: 12289, Family: 6, Protocol: ProtocolTCP, Address: Bytes(make([]byte, 16)), Port: 80,
+		Created: true, PID: 4321}}}},
+	{Name: "add a TCP rule whose reply closes the connection", Message: Message{V: 1, Op: OpAdd, Seq: 19, Socket: 12289, Rules: []Rule{{
+		Conditions: []Condition{{Offset: 0, Pattern: Bytes("GET /health HTTP/1.1\r\n")}},
+		Processors: []Processor{{Kind: KindPut, Template: Bytes("HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")}},
+		ReplyLen:   59, Close: true}}}},
 }
 
 func TestVectors(t *testing.T) {

@@ -27,7 +27,18 @@ func printJSON(w io.Writer, v any) error {
 
 func table(w io.Writer) *tabwriter.Writer { return tabwriter.NewWriter(w, 0, 4, 2, ' ', 0) }
 
-func addr(s api.SocketInfo) string { return s.AddrPort().String() + "/udp" }
+// addr shows a socket as address/protocol, e.g. 198.18.0.1:53/udp or [::]:80/tcp.
+func addr(s api.SocketInfo) string { return s.AddrPort().String() + "/" + protoName(s.Protocol) }
+
+func protoName(p uint32) string {
+	switch p {
+	case api.ProtocolUDP:
+		return "udp"
+	case api.ProtocolTCP:
+		return "tcp"
+	}
+	return "proto" + strconv.FormatUint(uint64(p), 10)
+}
 
 func statusCmd(e env, g *globals) *cobra.Command {
 	return readFlag(&cobra.Command{
@@ -260,7 +271,8 @@ func listRules(e env, g *globals, c *santa.Client, cookie uint64) error {
 
 // matches shows what a rule matches: its conditions (@offset="pattern", a
 // mask in hex after a slash), its request length bounds (len=N, len>=N,
-// len<=N) and its guards (guard=slot@version).
+// len<=N) and its guards (guard=slot@version); "close" ends it if its reply
+// ends the connection.
 func matches(r api.Rule) string {
 	var out []string
 	for _, cd := range r.Conditions {
@@ -282,6 +294,9 @@ func matches(r api.Rule) string {
 	}
 	for _, g := range r.Guards {
 		out = append(out, fmt.Sprintf("guard=%d@%d", g.Slot, g.Version))
+	}
+	if r.Close {
+		out = append(out, "close")
 	}
 	return strings.Join(out, " ")
 }
@@ -334,22 +349,24 @@ func attachCmd(e env, g *globals) *cobra.Command {
 	var port string
 	var sample santa.SampleOptions
 	cmd := readFlag(&cobra.Command{
-		Use:   "attach (--pid PID --fd FD | --port PORT/udp)",
+		Use:   "attach (--pid PID --fd FD | --port PORT/udp | --port PORT/tcp)",
 		Short: "Take over the sockets of a running, unmodified server (root)",
 		Long: `attach gives the sockets of a running server rule sets, so rules can be
-added for them by cookie: --pid and --fd name one socket of one process,
---port every UDP socket bound to that port (all workers, IPv4 and IPv6).
-Needs root: santad takes the sockets with pidfd_getfd.`,
+added for them by cookie: --pid and --fd name one socket of one process (a
+bound UDP socket or a listening TCP socket), --port PORT/udp every UDP socket
+bound to that port (all workers, IPv4 and IPv6), --port PORT/tcp every TCP
+socket listening on it. Needs root: santad takes the sockets with pidfd_getfd.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			byPort := port != "" && pid == 0
 			if !byPort && (pid == 0 || port != "" || !cmd.Flags().Changed("fd")) {
-				return errors.New("give --pid and --fd, or --port PORT/udp")
+				return errors.New("give --pid and --fd, or --port PORT/udp or PORT/tcp")
 			}
 			var p uint16
+			var proto uint32
 			if byPort {
 				var err error
-				if p, err = parsePort(port); err != nil {
+				if p, proto, err = parsePortProto(port); err != nil {
 					return err
 				}
 			}
@@ -360,7 +377,7 @@ Needs root: santad takes the sockets with pidfd_getfd.`,
 			defer c.Close()
 			var socks []api.SocketInfo
 			if byPort {
-				socks, err = c.BindPort(p)
+				socks, err = c.BindPortProtocol(p, proto)
 			} else {
 				var s api.SocketInfo
 				s, err = c.BindPID(pid, fd)
@@ -389,22 +406,37 @@ Needs root: santad takes the sockets with pidfd_getfd.`,
 	}, g)
 	cmd.Flags().IntVar(&pid, "pid", 0, "process holding the socket")
 	cmd.Flags().IntVar(&fd, "fd", 0, "the socket's fd number in that process (see ls -l /proc/PID/fd)")
-	cmd.Flags().StringVar(&port, "port", "", "take every UDP socket bound to this port, e.g. 53/udp")
+	cmd.Flags().StringVar(&port, "port", "", "take every UDP socket bound to this port (e.g. 53/udp), or every TCP socket listening on it (e.g. 80/tcp)")
 	cmd.Flags().Uint32Var(&sample.Bytes, "sample-bytes", 0, "copy this many bytes of each missed request to subscribers (max 256)")
 	cmd.Flags().Uint32Var(&sample.Rate, "sample-rate", 1000, "miss samples per second and CPU, with --sample-bytes")
 	return cmd
 }
 
+// parsePort reads a UDP port, N or N/udp, for the controllers (UDP only).
 func parsePort(s string) (uint16, error) {
-	num, proto, found := strings.Cut(s, "/")
-	if found && proto != "udp" {
-		return 0, fmt.Errorf("port %q: only udp sockets can be attached", s)
+	p, proto, err := parsePortProto(s)
+	if err == nil && proto != api.ProtocolUDP {
+		return 0, fmt.Errorf("port %q: only udp sockets can be attached here", s)
+	}
+	return p, err
+}
+
+// parsePortProto reads N/udp, N/tcp or N (udp) as attach --port takes it.
+func parsePortProto(s string) (uint16, uint32, error) {
+	num, name, found := strings.Cut(s, "/")
+	proto := uint32(api.ProtocolUDP)
+	switch {
+	case !found || name == "udp":
+	case name == "tcp":
+		proto = api.ProtocolTCP
+	default:
+		return 0, 0, fmt.Errorf("port %q: only udp and tcp sockets can be attached, e.g. 53/udp or 80/tcp", s)
 	}
 	p, err := strconv.ParseUint(num, 10, 16)
 	if err != nil || p == 0 {
-		return 0, fmt.Errorf("port %q: want a number from 1 to 65535, e.g. 53/udp", s)
+		return 0, 0, fmt.Errorf("port %q: want a number from 1 to 65535, e.g. 53/udp", s)
 	}
-	return uint16(p), nil
+	return uint16(p), proto, nil
 }
 
 func detachCmd(e env, g *globals) *cobra.Command {

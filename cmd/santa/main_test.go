@@ -42,7 +42,7 @@ func TestHelp(t *testing.T) {
 func TestErrorsSayWhatToDo(t *testing.T) {
 	for args, want := range map[string]string{
 		"rules rm --socket 1 abc":                   "not a rule id",
-		"attach --port 53/tcp":                      "only udp",
+		"attach --port 53/sctp":                     "only udp and tcp",
 		"attach --port 0":                           "from 1 to 65535",
 		"rules add FILE":                            `required flag(s) "socket"`,
 		"status --socket-path /nonexistent/santa.s": "is santad running?",
@@ -54,6 +54,30 @@ func TestErrorsSayWhatToDo(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("santa %s: %v, want an error saying %q", args, err, want)
 		}
+	}
+}
+
+// TestParsePort checks the port forms attach takes, and that the UDP
+// controllers' --port refuses tcp.
+func TestParsePort(t *testing.T) {
+	for in, want := range map[string]struct {
+		port  uint16
+		proto uint32
+	}{"53": {53, api.ProtocolUDP}, "53/udp": {53, api.ProtocolUDP}, "80/tcp": {80, api.ProtocolTCP}, "65535/tcp": {65535, api.ProtocolTCP}} {
+		if p, proto, err := parsePortProto(in); err != nil || p != want.port || proto != want.proto {
+			t.Errorf("parsePortProto(%q) = %d, %d, %v; want %d, %d", in, p, proto, err, want.port, want.proto)
+		}
+	}
+	for _, bad := range []string{"0/tcp", "65536/tcp", "x/udp", "53/sctp", "53/"} {
+		if _, _, err := parsePortProto(bad); err == nil {
+			t.Errorf("parsePortProto(%q): no error", bad)
+		}
+	}
+	if p, err := parsePort("53/udp"); err != nil || p != 53 {
+		t.Errorf("parsePort(53/udp) = %d, %v", p, err)
+	}
+	if _, err := parsePort("53/tcp"); err == nil || !strings.Contains(err.Error(), "only udp") {
+		t.Errorf("parsePort(53/tcp): %v, want only udp", err)
 	}
 }
 
@@ -69,6 +93,7 @@ func TestMatches(t *testing.T) {
 		`@0="a" len<=512`:        {Conditions: []api.Condition{{Pattern: api.Bytes("a")}}, MaxLen: 512},
 		`@0="a" len=16 guard=7@3 guard=0@4294967297`: {Conditions: []api.Condition{{Pattern: api.Bytes("a")}}, MinLen: 16, MaxLen: 16,
 			Guards: []api.Guard{{Slot: 7, Version: 3}, {Slot: 0, Version: 1<<32 + 1}}},
+		`@0="GET / " close`: {Conditions: []api.Condition{{Pattern: api.Bytes("GET / ")}}, Close: true},
 	} {
 		if got := matches(r); got != want {
 			t.Errorf("matches(%+v) = %s, want %s", r, got, want)

@@ -65,6 +65,7 @@ func TestBadInput(t *testing.T) {
 			Processors: []api.Processor{{Kind: api.KindCopy, Length: 9, Mask: api.Bytes("\x01\x01\x01\x01\x01\x01\x01\x01\x01")}}},
 		"max length below a condition": {Conditions: good[0].Conditions, Processors: good[0].Processors, ReplyLen: 1, MaxLen: 2},
 		"min length above max length":  {Conditions: good[0].Conditions, Processors: good[0].Processors, ReplyLen: 1, MinLen: 9, MaxLen: 8},
+		"close on a UDP socket":        {Conditions: good[0].Conditions, Processors: good[0].Processors, ReplyLen: 1, Close: true},
 	}
 	for name, r := range invalid {
 		// the invalid rule comes last in a batch of valid ones: none may stay
@@ -145,7 +146,7 @@ func TestBadInput(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer unix.Close(unbound)
-	for name, fd := range map[string]int{"a pipe": int(r.Fd()), "a TCP socket": tcp, "an unbound UDP socket": unbound} {
+	for name, fd := range map[string]int{"a pipe": int(r.Fd()), "a TCP socket that does not listen": tcp, "an unbound UDP socket": unbound} {
 		if _, err := c.Add(santa.FD(fd), good); !errors.Is(err, santa.ErrInvalid) {
 			t.Errorf("rules for %s: %v, want invalid", name, err)
 		}
@@ -227,7 +228,11 @@ func TestMalformedRequests(t *testing.T) {
 		"no target":       {mustEncode(t, &api.Message{V: 1, Op: api.OpAdd, Seq: 1}), api.StatusInvalid},
 		"port on add":     {mustEncode(t, &api.Message{V: 1, Op: api.OpAdd, Seq: 1, Port: 53}), api.StatusInvalid},
 		"bind by nothing": {mustEncode(t, &api.Message{V: 1, Op: api.OpBind, Seq: 1}), api.StatusInvalid},
-		"sample event":    {mustEncode(t, &api.Message{V: 1, Op: api.OpSample, Seq: 1}), api.StatusInvalid},
+		"protocol on add": {mustEncode(t, &api.Message{V: 1, Op: api.OpAdd, Seq: 1, Socket: 1, Protocol: api.ProtocolTCP}), api.StatusInvalid},
+		"protocol without a port": {mustEncode(t, &api.Message{V: 1, Op: api.OpBind, Seq: 1, PID: 1, FD: 3, Protocol: api.ProtocolTCP}),
+			api.StatusInvalid},
+		"bind by port, protocol 132": {mustEncode(t, &api.Message{V: 1, Op: api.OpBind, Seq: 1, Port: 53, Protocol: 132}), api.StatusInvalid},
+		"sample event":               {mustEncode(t, &api.Message{V: 1, Op: api.OpSample, Seq: 1}), api.StatusInvalid},
 	} {
 		m := raw(tc.body)
 		if m.Status != tc.want || m.Error == "" {

@@ -123,8 +123,8 @@ func (s *session) dispatch(req *api.Message, files []*os.File) (*api.Message, *s
 	if len(files) > 1 {
 		return nil, nil, fail(api.StatusInvalid, "%d fds passed: pass at most one socket per request", len(files))
 	}
-	if req.Op != api.OpBind && (req.PID != 0 || req.FD != 0 || req.Port != 0) {
-		return nil, nil, fail(api.StatusInvalid, "pid, fd and port belong to bind only")
+	if req.Op != api.OpBind && (req.PID != 0 || req.FD != 0 || req.Port != 0 || req.Protocol != 0) {
+		return nil, nil, fail(api.StatusInvalid, "pid, fd, port and protocol belong to bind only")
 	}
 	d := s.d
 	switch req.Op {
@@ -250,6 +250,15 @@ func (s *session) bind(req *api.Message, files []*os.File) (*api.Message, *subsc
 	d := s.d
 	sample := dataplane.SampleOptions{Bytes: int(req.SampleBytes), PerSecond: int(req.SampleRate)}
 	var found []api.SocketInfo
+	if req.Protocol != 0 && req.Port == 0 {
+		return nil, nil, fail(api.StatusInvalid, "protocol belongs to a bind by port: pid and fd, or a passed fd, name the socket itself")
+	}
+	switch req.Protocol {
+	case 0, api.ProtocolUDP, api.ProtocolTCP:
+	default:
+		return nil, nil, fail(api.StatusInvalid, "protocol %d: a bind by port takes %d (UDP, the default) or %d (TCP listeners)",
+			req.Protocol, api.ProtocolUDP, api.ProtocolTCP)
+	}
 	switch {
 	case req.PID != 0 || req.FD != 0 || req.Port != 0:
 		if len(files) > 0 {
@@ -264,7 +273,11 @@ func (s *session) bind(req *api.Message, files []*os.File) (*api.Message, *subsc
 			if req.PID != 0 || req.FD != 0 {
 				return nil, nil, fail(api.StatusInvalid, "bind takes pid and fd, or port: not both")
 			}
-			found, err = socketsOnPort(req.Port)
+			proto := req.Protocol
+			if proto == 0 {
+				proto = api.ProtocolUDP
+			}
+			found, err = socketsOnPort(req.Port, proto)
 		} else {
 			var info api.SocketInfo
 			info, err = socketOfProcess(int(req.PID), int(req.FD))

@@ -13,7 +13,7 @@ import (
 )
 
 // inspectSocket reads what santad needs from a socket fd: its cookie, and
-// that it is a bound UDP socket.
+// that it is a bound UDP socket or a listening TCP socket.
 func inspectSocket(fd int) (api.SocketInfo, error) {
 	typ, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_TYPE)
 	if err != nil {
@@ -27,15 +27,29 @@ func inspectSocket(fd int) (api.SocketInfo, error) {
 	if err != nil {
 		return api.SocketInfo{}, fail(api.StatusInvalid, "socket domain: %v", err)
 	}
-	if typ != unix.SOCK_DGRAM || proto != unix.IPPROTO_UDP || (domain != unix.AF_INET && domain != unix.AF_INET6) {
-		return api.SocketInfo{}, fail(api.StatusInvalid, "the passed socket is not an IPv4 or IPv6 UDP socket "+
-			"(domain %d, type %d, protocol %d): this santad offloads UDP only", domain, typ, proto)
+	ip := domain == unix.AF_INET || domain == unix.AF_INET6
+	switch {
+	case ip && typ == unix.SOCK_DGRAM && proto == unix.IPPROTO_UDP:
+	case ip && typ == unix.SOCK_STREAM && proto == unix.IPPROTO_TCP:
+		listening, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ACCEPTCONN)
+		if err != nil {
+			return api.SocketInfo{}, fail(api.StatusInvalid, "SO_ACCEPTCONN: %v", err)
+		}
+		if listening != 1 {
+			return api.SocketInfo{}, fail(api.StatusInvalid, "TCP socket is not listening: rules bind to the listening socket")
+		}
+	case ip && typ == unix.SOCK_STREAM && proto == unix.IPPROTO_MPTCP:
+		return api.SocketInfo{}, fail(api.StatusInvalid, "the passed socket is an MPTCP socket: santad binds plain TCP "+
+			"listeners (Go listens with MPTCP by default: net.ListenConfig.SetMultipathTCP(false))")
+	default:
+		return api.SocketInfo{}, fail(api.StatusInvalid, "the passed socket is neither an IPv4 or IPv6 UDP socket nor a TCP socket "+
+			"(domain %d, type %d, protocol %d): santad offloads UDP sockets and listening TCP sockets", domain, typ, proto)
 	}
 	sa, err := unix.Getsockname(fd)
 	if err != nil {
 		return api.SocketInfo{}, fail(api.StatusInvalid, "socket address: %v", err)
 	}
-	info := api.SocketInfo{Protocol: unix.IPPROTO_UDP}
+	info := api.SocketInfo{Protocol: uint32(proto)}
 	switch a := sa.(type) {
 	case *unix.SockaddrInet4:
 		info.Family, info.Address, info.Port = 4, api.Bytes(a.Addr[:]), uint16(a.Port)
@@ -71,10 +85,15 @@ func socketOfProcess(pid, fd int) (api.SocketInfo, error) {
 	return info, nil
 }
 
-// socketsOnPort finds every unconnected UDP socket bound to port by a
-// process in santad's network namespace (the only one its interfaces
-// answer for), each socket once however many processes share it.
-func socketsOnPort(port uint16) ([]api.SocketInfo, error) {
+// socketsOnPort finds every unconnected UDP socket (proto api.ProtocolUDP)
+// or every listening TCP socket (api.ProtocolTCP) bound to port by a process
+// in santad's network namespace (the only one its interfaces answer for),
+// each socket once however many processes share it.
+func socketsOnPort(port uint16, proto uint32) ([]api.SocketInfo, error) {
+	find, what := sockets.FindUDPSockets, "a UDP socket bound to port %d"
+	if proto == api.ProtocolTCP {
+		find, what = sockets.FindTCPListeners, "a TCP socket listening on port %d (MPTCP listeners cannot be bound)"
+	}
 	procs, err := os.ReadDir("/proc")
 	if err != nil {
 		return nil, err
@@ -94,7 +113,7 @@ func socketsOnPort(port uint16) ([]api.SocketInfo, error) {
 		if ns, err := os.Stat(filepath.Join("/proc", p.Name(), "ns", "net")); err != nil || !os.SameFile(ns, ourNS) {
 			continue
 		}
-		found, err := sockets.FindUDPSockets(pid, port)
+		found, err := find(pid, port)
 		if err != nil {
 			continue // exited meanwhile, or a kernel thread
 		}
@@ -110,7 +129,7 @@ func socketsOnPort(port uint16) ([]api.SocketInfo, error) {
 		sockets.CloseAll(found)
 	}
 	if len(out) == 0 {
-		return nil, fail(api.StatusNotFound, "no process in santad's network namespace has a UDP socket bound to port %d", port)
+		return nil, fail(api.StatusNotFound, "no process in santad's network namespace has "+what, port)
 	}
 	return out, nil
 }

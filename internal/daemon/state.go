@@ -95,16 +95,19 @@ func (d *Daemon) checkQuota(caller uint32, rs *ruleSet, addRules, dropRules, add
 	return nil
 }
 
-// checkFamily refuses replies that cannot fit the socket's frames: an IPv6
-// header is 20 bytes longer, so IPv6 sockets get 20 bytes less of reply.
-func checkFamily(rs *ruleSet, rules []api.Rule) error {
-	if rs.info.Family != 6 {
-		return nil
-	}
+// checkSocket refuses rules the rule set's socket cannot carry: replies that
+// cannot fit its frames (an IPv6 header is 20 bytes longer, so IPv6 sockets
+// get 20 bytes less of reply), and Close, which ends a TCP connection, on
+// anything but a TCP socket.
+func checkSocket(rs *ruleSet, rules []api.Rule) error {
 	for i, r := range rules {
-		if r.ReplyLen > uint32(dataplane.MaxReplyIPv6) {
+		if rs.info.Family == 6 && r.ReplyLen > uint32(dataplane.MaxReplyIPv6) {
 			return fail(api.StatusInvalid, "rule %d: reply length %d: an IPv6 socket's replies hold at most %d bytes",
 				i, r.ReplyLen, dataplane.MaxReplyIPv6)
+		}
+		if r.Close && rs.info.Protocol != api.ProtocolTCP {
+			return fail(api.StatusInvalid, "rule %d: close ends a TCP connection, but socket %d is a UDP socket: "+
+				"leave close out of its rules", i, rs.info.Cookie)
 		}
 	}
 	return nil
@@ -119,7 +122,7 @@ func totalCost(rules []api.Rule) uint64 {
 }
 
 func (d *Daemon) add(caller uint32, rs *ruleSet, rules []api.Rule) ([]uint64, error) {
-	if err := checkFamily(rs, rules); err != nil {
+	if err := checkSocket(rs, rules); err != nil {
 		return nil, err
 	}
 	if err := d.checkQuota(caller, rs, uint64(len(rules)), 0, totalCost(rules), 0); err != nil {
@@ -172,7 +175,7 @@ func (rs *ruleSet) dropRules(u *usage, ids []uint64) {
 }
 
 func (d *Daemon) replace(caller uint32, rs *ruleSet, rules []api.Rule) ([]uint64, error) {
-	if err := checkFamily(rs, rules); err != nil {
+	if err := checkSocket(rs, rules); err != nil {
 		return nil, err
 	}
 	if err := d.checkQuota(caller, rs, uint64(len(rules)), uint64(len(rs.rules)), totalCost(rules), rs.bytes); err != nil {
@@ -191,7 +194,7 @@ func (d *Daemon) replace(caller uint32, rs *ruleSet, rules []api.Rule) ([]uint64
 }
 
 func (d *Daemon) modify(caller uint32, rs *ruleSet, rules []api.Rule) ([]uint64, error) {
-	if err := checkFamily(rs, rules); err != nil {
+	if err := checkSocket(rs, rules); err != nil {
 		return nil, err
 	}
 	var addBytes, dropBytes uint64

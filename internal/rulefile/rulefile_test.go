@@ -27,6 +27,7 @@ rules:
     guards:
       - {slot: 0, version: 18446744073709551615}
       - {slot: 1048575, version: 3}
+    close: true
 `
 
 var want = []api.Rule{{
@@ -40,6 +41,7 @@ var want = []api.Rule{{
 	MinLen:   12,
 	MaxLen:   512,
 	Guards:   []api.Guard{{Slot: 0, Version: 1<<64 - 1}, {Slot: 1<<20 - 1, Version: 3}},
+	Close:    true,
 }}
 
 func TestParseYAMLAndJSONRoundTrip(t *testing.T) {
@@ -67,6 +69,12 @@ func TestParseYAMLAndJSONRoundTrip(t *testing.T) {
 	if !strings.Contains(string(js), `"mask":{"hex":"0f80"}`) || !strings.Contains(string(js), `"mask":{"hex":"01"}`) {
 		t.Errorf("masks should print as hex: %s", js)
 	}
+	if !strings.Contains(string(js), `"close":true`) {
+		t.Errorf("close should print: %s", js)
+	}
+	if plain, err := json.Marshal(FromAPI([]api.Rule{{ReplyLen: 1}})); err != nil || strings.Contains(string(plain), "close") {
+		t.Errorf("a rule without close should not name it: %s (%v)", plain, err)
+	}
 	if !strings.Contains(string(js), `"guards":[{"slot":0,"version":18446744073709551615},{"slot":1048575,"version":3}]`) {
 		t.Errorf("guards should print in full, slot 0 included: %s", js)
 	}
@@ -90,6 +98,7 @@ func TestParseErrors(t *testing.T) {
 		"rules:\n- processors: [{put: {at: 0, text: a}, copy: {at: 0}}]\n":             "processor 0: give exactly one of put or copy",
 		"rules:\n- processors: [{}]\n":                                                 "exactly one of put or copy",
 		"rules:\n- reply: 5\n":                                                         "field reply not found",
+		"rules:\n- close: 1\n":                                                         "cannot unmarshal !!int `1` into bool",
 		"rules:\n- guards: [{slot: 1, versoin: 2}]\n":                                  "field versoin not found",
 		"rules:\n- guards: [{slot: -1, version: 2}]\n":                                 "cannot unmarshal !!int `-1`",
 		`{"rules": [{"guards": [{"slot": 1, "version": 18446744073709551616}]}]}`:      "cannot unmarshal number",

@@ -1,9 +1,9 @@
 //go:build linux
 
-// Package sockets finds the UDP sockets another process serves on and
-// duplicates them into this process, so rules can be bound to them (a rule
-// set is keyed by the socket's SO_COOKIE, and the kernel only makes a cookie
-// when someone asks for it).
+// Package sockets finds the sockets another process serves on (unconnected
+// UDP sockets, listening TCP sockets) and duplicates them into this process,
+// so rules can be bound to them (a rule set is keyed by the socket's
+// SO_COOKIE, and the kernel only makes a cookie when someone asks for it).
 //
 // It is how Santa offloads an unmodified server: santad's `attach --pid`
 // and the namespace tests use it with NSD. It needs the right to ptrace the
@@ -27,7 +27,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Socket is one UDP socket of the target process, duplicated into this one.
+// Socket is one socket of the target process, duplicated into this one.
 type Socket struct {
 	FD     int            // our duplicate (O_CLOEXEC); close it with Close
 	Cookie uint64         // SO_COOKIE, the same for every fd of the socket
@@ -57,14 +57,47 @@ func CloseAll(ss []Socket) error {
 // peer and serve no port. No matching socket is not an error: the result is
 // then empty. The caller closes the returned fds (CloseAll).
 func FindUDPSockets(pid int, port uint16) ([]Socket, error) {
+	return find(pid, port, udpTables)
+}
+
+// FindTCPListeners returns the TCP sockets (IPv4 and IPv6) that process pid
+// holds open and that listen on port (0: any port), like FindUDPSockets
+// (/proc/PID/net/tcp{,6}, state LISTEN). Connections, accepted or not, are
+// left out: rules bind to the listening socket. So are MPTCP listeners
+// (SO_PROTOCOL IPPROTO_MPTCP, Go's default since 1.24), which the table lists
+// by their TCP subflow: the fd is not the socket the kernel looks up.
+func FindTCPListeners(pid int, port uint16) ([]Socket, error) {
+	return find(pid, port, tcpTables)
+}
+
+// table is how to find one protocol's sockets in /proc/PID/net.
+type table struct {
+	name  string   // for errors: "UDP sockets", "TCP listeners"
+	files []string // under /proc/PID, the v4 table first
+	proto int      // SO_PROTOCOL of a socket found
+	// want says whether an entry of the files is a socket to return
+	want func(e procEntry) bool
+}
+
+var (
+	udpTables = table{name: "UDP sockets", files: []string{"net/udp", "net/udp6"}, proto: unix.IPPROTO_UDP,
+		want: func(e procEntry) bool { return e.remote.Port() == 0 }} // unconnected
+	tcpTables = table{name: "TCP listeners", files: []string{"net/tcp", "net/tcp6"}, proto: unix.IPPROTO_TCP,
+		want: func(e procEntry) bool { return e.state == tcpListen }}
+)
+
+// tcpListen is TCP_LISTEN, the st column of a listening socket.
+const tcpListen = 0x0a
+
+func find(pid int, port uint16, tab table) ([]Socket, error) {
 	if pid <= 0 {
-		return nil, fmt.Errorf("find UDP sockets: bad pid %d", pid)
+		return nil, fmt.Errorf("find %s: bad pid %d", tab.name, pid)
 	}
 	proc := filepath.Join("/proc", strconv.Itoa(pid))
 	bound := map[uint64]netip.AddrPort{}
-	for _, f := range []string{"net/udp", "net/udp6"} {
-		if err := readUDPTable(filepath.Join(proc, f), port, bound); err != nil {
-			return nil, fmt.Errorf("find UDP sockets of pid %d: %w", pid, err)
+	for _, f := range tab.files {
+		if err := readTable(filepath.Join(proc, f), port, tab.want, bound); err != nil {
+			return nil, fmt.Errorf("find %s of pid %d: %w", tab.name, pid, err)
 		}
 	}
 	if len(bound) == 0 {
@@ -74,7 +107,7 @@ func FindUDPSockets(pid int, port uint16) ([]Socket, error) {
 	fdDir := filepath.Join(proc, "fd")
 	ents, err := os.ReadDir(fdDir)
 	if err != nil {
-		return nil, fmt.Errorf("find UDP sockets of pid %d: %w", pid, err)
+		return nil, fmt.Errorf("find %s of pid %d: %w", tab.name, pid, err)
 	}
 	type cand struct {
 		fd    int
@@ -132,7 +165,7 @@ func FindUDPSockets(pid int, port uint16) ([]Socket, error) {
 			unix.Close(fd)
 			continue
 		}
-		if proto, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_PROTOCOL); err != nil || proto != unix.IPPROTO_UDP {
+		if proto, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_PROTOCOL); err != nil || proto != tab.proto {
 			unix.Close(fd)
 			continue
 		}
@@ -169,9 +202,9 @@ func socketInode(link string) (uint64, bool) {
 	return n, err == nil
 }
 
-// readUDPTable adds the inodes of the unconnected sockets bound to port
-// (0: any) listed in a /proc/net/udp or udp6 file.
-func readUDPTable(path string, port uint16, into map[uint64]netip.AddrPort) error {
+// readTable adds the inodes of the sockets bound to port (0: any) that want
+// accepts, listed in a /proc/net/{udp,tcp}{,6} file.
+func readTable(path string, port uint16, want func(procEntry) bool, into map[uint64]netip.AddrPort) error {
 	f, err := os.Open(path)
 	if errors.Is(err, os.ErrNotExist) && strings.HasSuffix(path, "6") {
 		return nil // IPv6 disabled
@@ -188,11 +221,11 @@ func readUDPTable(path string, port uint16, into map[uint64]netip.AddrPort) erro
 			first = false
 			continue
 		}
-		e, err := parseUDPLine(sc.Text())
+		e, err := parseProcLine(sc.Text())
 		if err != nil {
 			return fmt.Errorf("%s: %w", path, err)
 		}
-		if e.remote.Port() != 0 || (port != 0 && e.local.Port() != port) || e.inode == 0 {
+		if !want(e) || (port != 0 && e.local.Port() != port) || e.inode == 0 {
 			continue
 		}
 		into[e.inode] = e.local
@@ -200,24 +233,27 @@ func readUDPTable(path string, port uint16, into map[uint64]netip.AddrPort) erro
 	return sc.Err()
 }
 
-type udpEntry struct {
+// procEntry is one socket of a /proc/net/{udp,tcp}{,6} table.
+type procEntry struct {
 	local, remote netip.AddrPort
+	state         uint8 // st: TCP_* (UDP sockets show 07, TCP_CLOSE, unless connected)
 	inode         uint64
 }
 
-// parseUDPLine parses one entry of /proc/net/udp{,6}:
+// parseProcLine parses one entry of /proc/net/{udp,tcp}{,6}, which share
+// their first columns:
 //
 //	sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode ...
 //	0: 0100007F:0035 00000000:0000 07 00000000:00000000 00:00000000 00000000     0        0 12345 ...
 //
-// Addresses are printed as 32-bit words in host byte order, ports as
-// numbers.
-func parseUDPLine(line string) (udpEntry, error) {
+// Addresses are printed as 32-bit words in host byte order, ports and the
+// state as hex numbers.
+func parseProcLine(line string) (procEntry, error) {
 	f := strings.Fields(line)
 	if len(f) < 10 {
-		return udpEntry{}, fmt.Errorf("short line %q", line)
+		return procEntry{}, fmt.Errorf("short line %q", line)
 	}
-	var e udpEntry
+	var e procEntry
 	var err error
 	if e.local, err = parseProcAddr(f[1]); err != nil {
 		return e, err
@@ -225,6 +261,11 @@ func parseUDPLine(line string) (udpEntry, error) {
 	if e.remote, err = parseProcAddr(f[2]); err != nil {
 		return e, err
 	}
+	st, err := strconv.ParseUint(f[3], 16, 8)
+	if err != nil {
+		return e, fmt.Errorf("state %q: %w", f[3], err)
+	}
+	e.state = uint8(st)
 	if e.inode, err = strconv.ParseUint(f[9], 10, 64); err != nil {
 		return e, fmt.Errorf("inode %q: %w", f[9], err)
 	}

@@ -70,7 +70,7 @@ enum santa_status_code {
 	SANTA_STATUS_LOCAL = -1,      /**< failed in this process or on the connection: bad argument, I/O error, bad response; see errno */
 	SANTA_STATUS_OK = 0,          /**< the most recent call succeeded */
 	SANTA_STATUS_MALFORMED = 1,   /**< santad could not parse the request */
-	SANTA_STATUS_INVALID = 2,     /**< a value was refused (invalid rule, IPv6 reply over 1452 bytes, not a bound UDP socket, an id listed twice) */
+	SANTA_STATUS_INVALID = 2,     /**< a value was refused (invalid rule, IPv6 reply over 1452 bytes, not a bound UDP or listening TCP socket, an id listed twice) */
 	SANTA_STATUS_PERMISSION = 3,  /**< the caller may not do this */
 	SANTA_STATUS_NOT_FOUND = 4,   /**< no rule set for that socket, or no such rule */
 	SANTA_STATUS_QUOTA = 5,       /**< the caller's uid would exceed its quota */
@@ -273,6 +273,15 @@ SANTA_API int santa_rule_length(struct santa_rule *rule, uint32_t min_len, uint3
  */
 SANTA_API int santa_rule_guard(struct santa_rule *rule, uint32_t slot, uint64_t version);
 
+/**
+ * Makes the rule's reply end the connection (@p on non-zero) or not (0, the
+ * default): the reply goes out with FIN. For rules of a listening TCP socket
+ * only; santad refuses such a rule for a UDP socket.
+ *
+ * @return 0, or -1 with errno EINVAL if @p rule is NULL.
+ */
+SANTA_API int santa_rule_close(struct santa_rule *rule, int on);
+
 /** Why a builder call on @p rule failed, or NULL if none did. */
 SANTA_API const char *santa_rule_error(const struct santa_rule *rule);
 
@@ -292,7 +301,7 @@ SANTA_API int santa_health(struct santa_client *c, struct santa_health *out);
  * Gives the socket @p sockfd a rule set (idempotent: binding a bound socket
  * returns its rule set and updates its sampling).
  *
- * @param sockfd a bound UDP socket of the caller (must be >= 0).
+ * @param sockfd a bound UDP socket or a listening TCP socket of the caller (must be >= 0).
  * @param sample_bytes request bytes per miss sample (0 = off, at most SANTA_MAX_SAMPLE).
  * @param sample_rate miss samples per second and CPU.
  * @param cookie if not NULL, receives the socket's cookie, which names the

@@ -62,6 +62,7 @@ static const struct sp_field rule_fields[] = {
 	F_UINT(6, struct sp_rule, min_len),
 	F_UINT(7, struct sp_rule, max_len),
 	F_ARRAY(8, struct sp_rule, guards, guard_schema),
+	F_BOOL(9, struct sp_rule, close),
 };
 static const struct sp_schema rule_schema = SCHEMA(struct sp_rule, "rule", rule_fields);
 
@@ -132,6 +133,7 @@ static const struct sp_field msg_fields[] = {
 	F_STRUCT(16, struct sp_msg, daemon, daemon_info_schema),
 	F_COUNTERS(17, struct sp_msg, counters),
 	F_UINT(18, struct sp_msg, request_len),
+	F_UINT(19, struct sp_msg, protocol),
 };
 const struct sp_schema santa_proto_msg_schema = SCHEMA(struct sp_msg, "message", msg_fields);
 

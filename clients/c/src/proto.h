@@ -76,6 +76,7 @@ struct sp_rule {
 	uint32_t max_len; /* 0: no bound */
 	struct sp_guard *guards;
 	size_t nguards;
+	bool close; /* TCP only: the reply ends the connection (sent with FIN) */
 };
 
 struct sp_socket_info {
@@ -154,6 +155,7 @@ struct sp_msg {
 	struct sp_counter *counters;   /* santa_proto_decode returns them in encoding order */
 	size_t ncounters;
 	uint32_t request_len;
+	uint32_t protocol; /* bind by port: 17 UDP (also 0) or 6 TCP */
 };
 
 /* Schema: how a struct maps to a CBOR map. The types from SP_TEXT on are

@@ -110,6 +110,14 @@ int santa_rule_guard(struct santa_rule *rule, uint32_t slot, uint64_t version)
 	return 0;
 }
 
+int santa_rule_close(struct santa_rule *rule, int on)
+{
+	if (!rule)
+		return rule_fail(NULL, EINVAL, "no rule");
+	rule->r.close = on != 0;
+	return 0;
+}
+
 /* Adds a condition; mask is NULL or has len bytes. */
 static int add_condition(struct santa_rule *rule, uint32_t offset, const void *pattern, const void *mask, size_t len)
 {

@@ -18,6 +18,11 @@ static const char masked_hex[] =
 static const char guarded_hex[] =
 	"a5000101040210051910010981a50282a20004014400010000a200080148676574206b310d0a0382a200020402a30001010202581d0000"
 	"0001000056414c5545206b31203020320d0a76310d0a454e440d0a04181f07100882a200070103a2001a000fffff011b0000000100000001";
+/* vectors.json, "add a TCP rule whose reply closes the connection" */
+static const char closing_hex[] =
+	"a5000101040213051930010981a40281a10156474554202f6865616c746820485454502f312e310d0a0381a2000102583b485454502f31"
+	"2e3120323030204f4b0d0a436f6e74656e742d4c656e6774683a20320d0a436f6e6e656374696f6e3a20636c6f73650d0a0d0a6f6b0418"
+	"3b09f5";
 
 /* Checks that a builder call failed with EINVAL and recorded why. */
 #define REFUSED(rule, call, text)                                                                          \
@@ -169,6 +174,7 @@ static void test_null(void)
 	CHECK(santa_rule_copy_masked(NULL, 0, 0, "a", 1) == -1, "masked copy on NULL");
 	CHECK(santa_rule_length(NULL, 1, 2) == -1, "length on NULL");
 	CHECK(santa_rule_guard(NULL, 1, 2) == -1, "guard on NULL");
+	CHECK(santa_rule_close(NULL, 1) == -1, "close on NULL");
 	CHECK(santa_rule_error(NULL) == NULL, "error of NULL");
 	santa_rule_free(NULL);
 }
@@ -234,6 +240,16 @@ static void test_wire(void)
 	      santa_rule_guard(r, SANTA_GUARD_SLOTS - 1, (UINT64_C(1) << 32) + 1) == 0,
 	      "guarded rule: %s", santa_rule_error(r));
 	encodes_as(&m, guarded_hex, "guarded rule");
+	santa_rule_free(r);
+
+	/* a TCP rule whose reply closes the connection: close is key 9 of the rule, true */
+	static const char http_ok[] = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok";
+	r = fresh(sizeof http_ok - 1);
+	m = (struct sp_msg){ .v = 1, .op = SP_OP_ADD, .seq = 19, .socket = 12289, .nrules = 1, .rules = &r->r };
+	CHECK(santa_rule_match(r, 0, "GET /health HTTP/1.1\r\n", 22) == 0 && santa_rule_put(r, 0, http_ok, sizeof http_ok - 1) == 0 &&
+	      santa_rule_close(r, 1) == 0, "closing rule: %s", santa_rule_error(r));
+	encodes_as(&m, closing_hex, "closing rule");
+	CHECK(santa_rule_close(r, 0) == 0 && !r->r.close, "close not cleared");
 	santa_rule_free(r);
 }
 

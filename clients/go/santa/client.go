@@ -56,8 +56,8 @@ func FD(fd int) Target { return Target{fd: fd} }
 // Cookie targets the rule set of the socket with this SO_COOKIE.
 func Cookie(cookie uint64) Target { return Target{fd: -1, cookie: cookie} }
 
-// Socket targets a socket the caller holds, e.g. a *net.UDPConn. Keep the
-// connection alive until the call returns.
+// Socket targets a socket the caller holds, e.g. a *net.UDPConn or a
+// *net.TCPListener. Keep it alive until the call returns.
 func Socket(sc syscall.Conn) (Target, error) {
 	raw, err := sc.SyscallConn()
 	if err != nil {
@@ -184,7 +184,18 @@ func (c *Client) BindPID(pid, fd int) (api.SocketInfo, error) {
 
 // BindPort (root) binds every UDP socket bound to port, in every process.
 func (c *Client) BindPort(port uint16) ([]api.SocketInfo, error) {
-	resp, err := c.call(&api.Message{Op: api.OpBind, Port: port}, nil)
+	return c.BindPortProtocol(port, api.ProtocolUDP)
+}
+
+// BindPortProtocol (root) binds every socket of the IP protocol bound to
+// port, in every process: the UDP sockets (api.ProtocolUDP) or the listening
+// TCP sockets (api.ProtocolTCP).
+func (c *Client) BindPortProtocol(port uint16, protocol uint32) ([]api.SocketInfo, error) {
+	req := &api.Message{Op: api.OpBind, Port: port, Protocol: protocol}
+	if protocol == api.ProtocolUDP {
+		req.Protocol = 0 // the default, which santads before TCP support take too
+	}
+	resp, err := c.call(req, nil)
 	if err != nil {
 		return nil, err
 	}

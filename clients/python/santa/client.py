@@ -127,10 +127,15 @@ class Client:
         resp = self._call(Op.BIND, pid=pid, fd=fd, sample_bytes=sample_bytes, sample_rate=sample_rate)
         return self._one_socket(resp)
 
-    def bind_port(self, port: int, sample_bytes: int = 0, sample_rate: int = 0) -> list[SocketInfo]:
+    def bind_port(self, port: int, sample_bytes: int = 0, sample_rate: int = 0, *,
+                  protocol: int = socket.IPPROTO_UDP) -> list[SocketInfo]:
         """(root) Give every UDP socket bound to ``port`` (v4 and v6, every
-        member of a reuseport group) a rule set of its own."""
-        return self._call(Op.BIND, port=port, sample_bytes=sample_bytes, sample_rate=sample_rate).sockets
+        member of a reuseport group) a rule set of its own; with ``protocol``
+        ``socket.IPPROTO_TCP``, every TCP socket listening on ``port``."""
+        # UDP goes without the key, which a santad without TCP support refuses
+        proto = 0 if protocol == socket.IPPROTO_UDP else protocol
+        return self._call(Op.BIND, port=port, protocol=proto, sample_bytes=sample_bytes,
+                          sample_rate=sample_rate).sockets
 
     def unbind(self, target: Target) -> None:
         """Remove the socket's rule set and all its rules."""

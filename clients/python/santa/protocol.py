@@ -341,6 +341,8 @@ class Rule:
     shorter than ``min_len`` or longer than ``max_len`` does not match the
     rule; 0 is no bound. The rule answers only while all its ``guards`` (at
     most 2) hold; a request it would answer otherwise goes to the application.
+    ``close`` (TCP only: santad refuses it for a UDP socket's rules) makes the
+    reply end the connection: it goes out with FIN.
     """
 
     conditions: list[Condition] = _key(2, _List(_Struct(Condition)), factory=list)
@@ -352,6 +354,7 @@ class Rule:
     min_len: int = _key(6, _U32, 0)
     max_len: int = _key(7, _U32, 0)
     guards: list[Guard] = _key(8, _List(_Struct(Guard)), factory=list)
+    close: bool = _key(9, _BOOL, False)
 
 
 @dataclass
@@ -360,7 +363,7 @@ class SocketInfo:
 
     cookie: int = _key(0, _U64, 0)  #: the socket's SO_COOKIE
     family: int = _key(1, _U32, 0)  #: 4 or 6
-    protocol: int = _key(2, _U32, 0)  #: IP protocol number, 17 = UDP
+    protocol: int = _key(2, _U32, 0)  #: IP protocol number: 17 UDP, 6 TCP (a listening socket)
     address: bytes = _key(3, _BYTES, b"")  #: bound address, 4 or 16 bytes; zeros for a wildcard
     port: int = _key(4, _U16, 0)
     owner: int = _key(5, _U32, 0)  #: uid that bound it
@@ -437,6 +440,7 @@ class Message:
     daemon: DaemonInfo | None = _key(16, _Struct(DaemonInfo), None)
     counters: dict[str, int] = _key(17, _TextMap(), factory=dict)
     request_len: int = _key(18, _U32, 0)
+    protocol: int = _key(19, _U32, 0)  #: bind by port: 17 UDP (also 0) or 6 TCP
 
 
 _MESSAGE = _Struct(Message)

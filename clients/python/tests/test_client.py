@@ -61,6 +61,7 @@ def test_every_request(santad: Callable[[Handler], FakeSantad], udp: socket.sock
         assert client.modify(target, [santa.Rule(id=3)]) == [3]
         client.delete(target, iter([3, 4]))
         client.unbind(target)
+        assert client.bind_port(80, protocol=socket.IPPROTO_TCP) == [info]
     sent = [m for m, _ in fake.requests]
     assert [m.seq for m in sent] == list(range(1, len(sent) + 1))
     assert sent[1] == Message(v=1, op=Op.BIND, seq=2, sample_bytes=64, sample_rate=100)
@@ -69,6 +70,7 @@ def test_every_request(santad: Callable[[Handler], FakeSantad], udp: socket.sock
     assert sent[3] == Message(v=1, op=Op.BIND, seq=4, port=53)
     assert sent[6].ids == [] and sent[7].ids == [3]
     assert sent[9] == Message(v=1, op=Op.DELETE, seq=10, socket=4097, ids=[3, 4])
+    assert sent[11] == Message(v=1, op=Op.BIND, seq=12, port=80, protocol=6)
     assert all(passed is None for _, passed in fake.requests[2:])
 
 
