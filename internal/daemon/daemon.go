@@ -107,6 +107,16 @@ func Start(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 	if d.dp, err = dataplane.Load(cfg.dataplaneConfig()); err != nil {
 		return nil, err
 	}
+	if prev != nil {
+		// the predecessor's socket-less TCP connections stay valid
+		keys, err := prev.StampKeys()
+		if err == nil {
+			err = d.dp.AdoptStampKeys(keys)
+		}
+		if err != nil {
+			d.log.Warn("previous TCP stamp keys unreadable: its socket-less connections will be reset", "error", err)
+		}
+	}
 	// Watch socket release from before the replay, so a socket closed during
 	// it is not missed: the old hook covers the time before, this one after.
 	if d.released, err = d.dp.OpenReleased(); err != nil {
