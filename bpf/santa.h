@@ -32,6 +32,9 @@ enum santa_limit {
 	SANTA_TCP_KEYS = 3,          /* santa_tcp_keys slots: epochs e-1, e, e+1 by e % 3 */
 	SANTA_TCP_WSCALE = 7,        /* the window scale eBPF announces (the kernel's usual) */
 	SANTA_TCP_FLOWS = 1 << 16,   /* flows remembered for the pipelining guard (LRU) */
+	SANTA_TCP_SEGMENTS = 10,     /* segments of one reply: the initial window (RFC 6928) */
+	SANTA_MAX_TCP_REPLY = 14480, /* longest TCP reply: 10 segments of a 1500-byte MTU with timestamps */
+	SANTA_TCP_EMIT_MAGIC = 0x53545345, /* santa_tcp_emit.magic */
 };
 
 /* n in [1, mask + 1] for the verifier, where the caller knows 1 <= n <= mask + 1. */
@@ -171,11 +174,21 @@ struct santa_reasons {
 	__u64 tcp_pass_bad_stamp;   /* ACK to a listener without a valid stamp (expired, forged, kernel syncookie) */
 	__u64 tcp_handover_flags;   /* handover: URG, or FIN with data */
 	__u64 tcp_handover_window;  /* handover: the client's window is smaller than the reply */
-	__u64 tcp_handover_long_reply; /* handover: the reply does not fit one segment of the client's MSS */
+	__u64 tcp_handover_long_reply; /* handover: the reply is longer than 10 segments of the client's MSS,
+				    * or takes several and copies request bytes */
 	__u64 tcp_drop_pipelined;   /* a request before the client acked the last reply: dropped, it retransmits */
 	__u64 tcp_drop_after_fin;   /* data after eBPF's FIN: dropped */
+	__u64 tcp_drop_old_request; /* a retransmitted request older than the last answered: dropped,
+				     * the later reply acks it */
+	__u64 tcp_request_repeated; /* the last request answered came again: its reply sent again
+				     * (from where the client is), or the request acked */
 	__u64 tcp_handed_over;      /* TC: a socket-less connection given to its listener */
 	__u64 tcp_handover_failed;  /* TC: bpf_sk_assign_tcp_reqsk refused it (the kernel then resets it) */
+	__u64 tcp_long_reply;       /* a reply of several segments, sent by TC */
+	__u64 tcp_resend;           /* a repeated ack (loss): TC resends the missing segment and the last */
+	__u64 tcp_request_acked;    /* the client has a long reply: eBPF acks its request */
+	__u64 tcp_segments_sent;    /* TC: segments of long replies and resends */
+	__u64 tcp_emit_failed;      /* TC: a segment could not be built or sent */
 };
 
 /* A miss sample as it appears in the ring buffer. */
@@ -204,10 +217,33 @@ struct santa_tcp_key {
 	__u64 epoch_plus1; /* the epoch this key serves, plus one; 0 = empty slot */
 };
 
-/* What the pipelining guard remembers of a flow eBPF answered (TCP). */
+/* What eBPF remembers of a flow it answered (TCP): the pipelining guard,
+ * and where a reply of several segments stands. */
 struct santa_tcp_flow {
-	__u32 req_seq;   /* sequence number of the request last answered */
-	__u32 reply_end; /* sequence number after that reply: what the client acks once it has it */
+	__u32 req_seq;     /* sequence number of the request last answered */
+	__u32 req_end;     /* after its last byte: what the reply acks */
+	__u32 reply_start; /* sequence number of that reply's first byte */
+	__u32 reply_end;   /* after its last (and FIN): what the client acks once it has it all */
+	__u32 slot;        /* its rule */
+	__u32 multi;       /* the reply takes several segments (sent by TC) */
+	__u32 last_ack;    /* the client's last ack: a repeat asks for a resend */
+};
+
+/* XDP -> TC metadata (before the frame): send segments of rule slot's reply
+ * (TC can send several frames, XDP one). */
+struct santa_tcp_emit {
+	__u32 magic;       /* SANTA_TCP_EMIT_MAGIC */
+	__u32 slot;
+	__u32 seq;         /* sequence number of reply byte 0 */
+	__u32 ack;         /* the request's first byte: no segment acks the request, so
+			    * that a lost segment makes the client retransmit it (there is
+			    * no timer here); eBPF acks it once the client has the reply */
+	__u32 tsecr;
+	__u32 opts;        /* the stamp's option bits */
+	__u16 from;        /* first reply byte to send */
+	__u16 mss;         /* reply bytes per segment */
+	__u8 resend;       /* a repeated ack: the segment at from, and the last one */
+	__u8 pad[3];
 };
 
 /* Per-CPU miss sample budget of one rule set. */

@@ -1,27 +1,137 @@
 // SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
-/* The TCP handover at TC ingress (docs/tcp.md): a segment of a socket-less
- * connection that the XDP responder passed (a request no rule answers, or
- * anything else it does not handle) is given to the kernel with the
- * listener it reached, as a request socket built from the options the stamp
- * carries: the kernel makes the connection's socket from this segment, the
- * application accepts it and reads the byte stream from this segment on. */
+/* The socket-less TCP path at TC ingress (docs/tcp.md):
+ *
+ * - Replies of several segments: the XDP responder passes the request with
+ *   metadata (struct santa_tcp_emit) and this hook sends the segments, each a
+ *   clone of the request rewritten, and drops the request.
+ * - The handover: a segment of a socket-less connection that the XDP
+ *   responder passed (a request no rule answers, or anything else it does
+ *   not handle) is given to the kernel with the listener it reached, as a
+ *   request socket built from the options the stamp carries: the kernel makes
+ *   the connection's socket from this segment, the application accepts it
+ *   and reads the byte stream from this segment on. */
 #include "include/vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
 #include "santa.h"
 #include "maps.h"
 #include "parsing.h"
+#include "csum.h"
+#include "reply.h"
 #include "tcp.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
 #define TC_ACT_OK 0
+#define TC_ACT_SHOT 2
 
 extern int bpf_sk_assign_tcp_reqsk(struct __sk_buff *skb, struct sock *sk,
 				   struct bpf_tcp_req_attrs *attrs, int attrs__sz) __ksym;
 
 /* Ethernet with a tag, IPv6, the longest TCP header. */
 #define HEADERS_MAX (18 + 40 + 60)
+
+/* One segment of a long reply: where it stands. */
+struct emit_state {
+	struct santa_tcp_emit e;
+	struct pkt_info req;
+	__u32 l23;
+	__u32 reply_len;
+	__u32 unit_lo, unit_hi; /* stamp_unit() */
+};
+
+/* Send reply bytes [off, off + n) of the rule in st->e.slot as one segment:
+ * rewrite the skb and send a clone out of the interface. Global, so the
+ * verifier checks it once. */
+__noinline int emit_segment(struct __sk_buff *skb, const struct emit_state *st, __u32 off, __u32 n)
+{
+	__u32 zero = 0;
+	struct santa_scratch *s = bpf_map_lookup_elem(&santa_scratch, &zero);
+	if (!skb || !st || !s || n == 0 || n > SANTA_MAX_REPLY)
+		return -1;
+	__u32 slot = st->e.slot;
+	const struct santa_rule *r = bpf_map_lookup_elem(&santa_rules, &slot);
+	if (!r)
+		return -1;
+	__u32 page_id = r->page;
+	const struct santa_page *page = bpf_map_lookup_elem(&santa_pages, &page_id);
+	if (!page)
+		return -1;
+	int last = off + n >= st->reply_len;
+	int close = last && (r->flags & SANTA_RULE_CLOSE);
+	__u32 l23 = st->l23 & 63;
+	if (l23 > 58)
+		return -1;
+	/* s->l4 holds the reply's Ethernet and IP headers, s->hdr gets this segment's */
+	__builtin_memcpy(s->hdr, s->l4, 64);
+	set_l3_lengths(s->hdr, &st->req, 32 + n);
+	__u64 unit = (__u64)st->unit_hi << 32 | st->unit_lo;
+	struct tcp_reply t = {
+		.flags = TCP_ACK | (last ? TCP_PSH : 0) | (close ? TCP_FIN : 0),
+		.seq = st->e.seq + off,
+		.ack = st->e.ack,
+		.tsval = stamp_make(&st->req, unit, close, st->e.opts),
+		.tsecr = st->e.tsecr,
+		.opts = st->e.opts,
+	};
+	struct tcphdr *th = write_tcp_header(s->hdr, l23, &st->req, &t);
+	const __u8 *chunk = page->b + ((r->tpl + off) & (SANTA_PAGE_DATA - 1));
+	__u64 sum = tcp_header_sum(th, 32, &st->req, n) + csum_bytes(chunk, n & SANTA_OFF_MASK);
+	th->check = ~csum_fold64(sum);
+	if (bpf_skb_change_tail(skb, l23 + 32 + n, 0) ||
+	    bpf_skb_store_bytes(skb, 0, s->hdr, NONZERO(l23 + 32, 127), 0) ||
+	    bpf_skb_store_bytes(skb, l23 + 32, chunk, NONZERO(n, SANTA_OFF_MASK), 0))
+		return -1;
+	return bpf_clone_redirect(skb, skb->ifindex, 0);
+}
+
+/* Send the reply segments the XDP responder asked for, then drop the request. */
+static __always_inline int emit_reply(struct __sk_buff *skb, struct emit_state *st)
+{
+	__u32 zero = 0;
+	struct santa_scratch *s = bpf_map_lookup_elem(&santa_scratch, &zero);
+	__u32 slot = st->e.slot;
+	const struct santa_rule *r = bpf_map_lookup_elem(&santa_rules, &slot);
+	st->l23 = st->req.l2_len + st->req.l3_len;
+	if (!s || !r || st->l23 > 58 || bpf_skb_load_bytes(skb, 0, s->l4, NONZERO(st->l23, 63))) {
+		COUNT(tcp_emit_failed);
+		return TC_ACT_SHOT;
+	}
+	reverse_addresses(s->l4, &st->req);
+	st->reply_len = r->reply_len;
+	__u64 unit = stamp_unit();
+	st->unit_lo = unit;
+	st->unit_hi = unit >> 32;
+	__u32 mss = st->e.mss, off = st->e.from;
+	if (mss == 0)
+		return TC_ACT_SHOT;
+	for (int k = 0; k < SANTA_TCP_SEGMENTS; k++) {
+		if (off >= st->reply_len)
+			break;
+		__u32 n = st->reply_len - off < mss ? st->reply_len - off : mss;
+		if (emit_segment(skb, st, off, n)) {
+			COUNT(tcp_emit_failed);
+			return TC_ACT_SHOT;
+		}
+		COUNT(tcp_segments_sent);
+		off += n;
+		/* a resend: the missing segment, then the last, whose arrival
+		 * makes the client ack again if more is missing */
+		if (st->e.resend && off < st->reply_len) {
+			__u32 tail = (st->reply_len - off) % mss;
+			off = st->reply_len - (tail ? tail : mss);
+		}
+	}
+	if (!st->e.resend) {
+		struct santa_rule_counters *c = bpf_map_lookup_elem(&santa_rule_stats, &slot);
+		if (c) {
+			c->hits++;
+			c->bytes += st->reply_len;
+		}
+		COUNT(answered);
+	}
+	return TC_ACT_SHOT;
+}
 
 SEC("tc")
 int santa_handover(struct __sk_buff *skb)
@@ -35,6 +145,11 @@ int santa_handover(struct __sk_buff *skb)
 	if (parse_request((void *)(long)skb->data, (void *)(long)skb->data_end, &req, 0) ||
 	    req.proto != IPPROTO_TCP)
 		return TC_ACT_OK;
+	struct santa_tcp_emit *meta = (void *)(long)skb->data_meta;
+	if ((void *)(meta + 1) <= (void *)(long)skb->data && meta->magic == SANTA_TCP_EMIT_MAGIC) {
+		struct emit_state st = { .e = *meta, .req = req };
+		return emit_reply(skb, &st);
+	}
 	__u32 zero = 0;
 	struct santa_scratch *s = bpf_map_lookup_elem(&santa_scratch, &zero);
 	if (!s || bpf_skb_load_bytes(skb, req.l2_len + req.l3_len, s->l4, NONZERO(req.l4_len, 63)))

@@ -11,6 +11,7 @@
 #include "parsing.h"
 #include "csum.h"
 #include "matcher.h"
+#include "reply.h"
 #include "tcp.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
@@ -176,44 +177,17 @@ static __always_inline __u64 reply_payload_sum(const struct santa_scratch *s, co
 	return sum;
 }
 
-/* Write the reply's Ethernet and IP headers into s->hdr: the request's,
- * addresses swapped, for a transport segment of l4_len bytes. Returns
- * their length (the transport header goes there) or 0. */
+/* Load the request's Ethernet and IP headers into s->hdr and turn them into
+ * the reply's, for a transport segment of l4_len bytes. Returns their length
+ * (the transport header goes there) or 0. */
 static __always_inline __u32 reverse_l2_l3(struct xdp_md *ctx, struct pkt_info *req,
 					   struct santa_scratch *s, __u32 l4_len)
 {
 	__u32 l23 = req->l2_len + req->l3_len;
 	if (l23 > 58 || bpf_xdp_load_bytes(ctx, 0, s->hdr, NONZERO(l23, 63)))
 		return 0;
-
-	struct ethhdr *eth = (void *)s->hdr;
-	__u8 mac[6];
-	__builtin_memcpy(mac, eth->h_dest, 6);
-	__builtin_memcpy(eth->h_dest, eth->h_source, 6);
-	__builtin_memcpy(eth->h_source, mac, 6);
-
-	__u32 l3 = req->l2_len == 14 ? 14 : 18;
-	if (req->family == 4) {
-		struct iphdr *ip = (void *)s->hdr + l3;
-		__be32 a = ip->saddr;
-		ip->saddr = ip->daddr;
-		ip->daddr = a;
-		ip->tos = 0;
-		ip->tot_len = bpf_htons(sizeof(*ip) + l4_len);
-		ip->id = 0;
-		ip->frag_off = bpf_htons(0x4000); /* DF */
-		ip->ttl = 64;
-		ip->check = 0;
-		ip->check = ~csum_fold64((__u32)bpf_csum_diff(NULL, 0, (void *)ip, sizeof(*ip), 0));
-	} else {
-		struct ipv6hdr *ip6 = (void *)s->hdr + l3;
-		struct in6_addr a = ip6->saddr;
-		ip6->saddr = ip6->daddr;
-		ip6->daddr = a;
-		*(__be32 *)ip6 = bpf_htonl(0x60000000); /* version, no class, no flow label */
-		ip6->payload_len = bpf_htons(l4_len);
-		ip6->hop_limit = 64;
-	}
+	reverse_addresses(s->hdr, req);
+	set_l3_lengths(s->hdr, req, l4_len);
 	return l23;
 }
 

@@ -24,6 +24,7 @@
 #include "santa.h"
 #include "maps.h"
 #include "parsing.h"
+#include "csum.h"
 
 #define TCP_FIN 0x01
 #define TCP_SYN 0x02
@@ -45,6 +46,7 @@ struct tcp_opts {
 	__u8 sack_ok;
 	__u8 has_ts;
 	__u8 bad;       /* malformed option list */
+	__u8 sack_blocks; /* a SACK option: the client misses data */
 	__u32 tsval;
 	__u32 tsecr;
 };
@@ -104,12 +106,16 @@ static long tcp_parse_option(__u64 index, struct opts_walk *w)
 	return 0;
 }
 
-/* Parse the options of the TCP header in s->l4 (doff bytes). */
-static __always_inline void tcp_parse_options(struct santa_scratch *s, __u32 doff, struct tcp_opts *o)
+/* Parse the options of the TCP header in s->l4 (doff bytes). Global, so
+ * that its stack is its own. */
+__noinline int tcp_parse_options(struct santa_scratch *s, __u32 doff, struct tcp_opts *o)
 {
+	if (!s || !o)
+		return 0;
 	o->wscale = OPTS_NO_WSCALE;
 	struct opts_walk w = { .h = s->l4, .doff = doff, .i = sizeof(struct tcphdr), .o = o };
 	bpf_loop(40, tcp_parse_option, &w, 0);
+	return 0;
 }
 
 /* The 7 option bits of a stamp for a client SYN's options. */
@@ -168,9 +174,11 @@ __noinline __u64 siphash24_6(__u64 k0, __u64 k1, const struct stamp_msg *msg)
 }
 
 /* The MAC bits of a stamp of unit for the request's connection, or -1 when
- * no key serves the unit's epoch. internal/dataplane/tcp.go has the twin. */
-static __always_inline __s64 stamp_mac(const struct pkt_info *req, __u64 unit, __u32 fin_opts)
+ * no key serves the unit's epoch. Global, so that its stack is its own. */
+__noinline __s64 stamp_mac(const struct pkt_info *req, __u64 unit, __u32 fin_opts)
 {
+	if (!req)
+		return -1;
 	__u64 epoch = unit >> SANTA_TCP_EPOCH_SHIFT;
 	__u32 slot = epoch % SANTA_TCP_KEYS;
 	const struct santa_tcp_key *k = bpf_map_lookup_elem(&santa_tcp_keys, &slot);
@@ -218,4 +226,74 @@ static __always_inline int stamp_check(const struct pkt_info *req, __u32 stamp, 
 static __always_inline __u8 tcp_flags(const struct tcphdr *th)
 {
 	return ((const __u8 *)th)[13];
+}
+
+#define SANTA_MSS4 1460 /* the MSS eBPF announces: a 1500-byte MTU */
+#define SANTA_MSS6 1440
+#define SANTA_WINDOW 64240 /* the receive window eBPF announces, as the kernel's first */
+#define TS_OPTION_LEN 12 /* NOP NOP TS: what every segment after the SYN-ACK carries */
+
+/* What a reply segment carries besides its payload. */
+struct tcp_reply {
+	__u8 flags;
+	__u8 syn;     /* a SYN-ACK: the handshake's options */
+	__u32 seq;
+	__u32 ack;
+	__u32 tsval;
+	__u32 tsecr;
+	__u32 opts;   /* the stamp's option bits */
+};
+
+/* Write the reply's TCP header at hdr + l23 (40 bytes for a SYN-ACK, else
+ * 32), checksum 0. */
+static __always_inline struct tcphdr *write_tcp_header(__u8 *hdr, __u32 l23, const struct pkt_info *req,
+						       const struct tcp_reply *t)
+{
+	struct tcphdr *th = (void *)hdr + (l23 & 63);
+	__u8 ws = opts_wscale(t->opts);
+	__u8 *h = (__u8 *)th;
+	__u32 tcp_len = t->syn ? 40 : 32;
+	th->source = req->family == 4 ? req->tuple.ipv4.dport : req->tuple.ipv6.dport;
+	th->dest = req->family == 4 ? req->tuple.ipv4.sport : req->tuple.ipv6.sport;
+	th->seq = bpf_htonl(t->seq);
+	th->ack_seq = bpf_htonl(t->ack);
+	h[12] = (tcp_len / 4) << 4;
+	h[13] = t->flags;
+	th->window = bpf_htons(t->syn || ws == OPTS_NO_WSCALE ? SANTA_WINDOW : SANTA_WINDOW >> SANTA_TCP_WSCALE);
+	th->check = 0;
+	th->urg_ptr = 0;
+	__u8 *o = h + 20;
+	if (t->syn) {
+		__u16 mss = req->family == 4 ? SANTA_MSS4 : SANTA_MSS6;
+		o[0] = 2, o[1] = 4, o[2] = mss >> 8, o[3] = mss & 0xff;
+		if (opts_sack(t->opts))
+			o[4] = 4, o[5] = 2;
+		else
+			o[4] = 1, o[5] = 1;
+		o += 6;
+	} else {
+		o[0] = 1, o[1] = 1;
+		o += 2;
+	}
+	o[0] = 8, o[1] = 10;
+	__be32 tsval = bpf_htonl(t->tsval), tsecr = bpf_htonl(t->tsecr);
+	__builtin_memcpy(o + 2, &tsval, 4);
+	__builtin_memcpy(o + 6, &tsecr, 4);
+	if (t->syn) {
+		o[10] = 1;
+		if (ws != OPTS_NO_WSCALE)
+			o[11] = 3, o[12] = 3, o[13] = SANTA_TCP_WSCALE;
+		else
+			o[11] = 1, o[12] = 1, o[13] = 1;
+	}
+	return th;
+}
+
+/* The checksum sum of a reply's pseudo header and TCP header (tcp_len
+ * bytes), for a payload of payload_len bytes (whose sum the caller adds). */
+static __always_inline __u64 tcp_header_sum(const struct tcphdr *th, __u32 tcp_len, const struct pkt_info *req,
+					    __u32 payload_len)
+{
+	return csum_pseudo(&req->tuple, req->family, IPPROTO_TCP, tcp_len + payload_len) +
+	       (__u32)bpf_csum_diff(NULL, 0, (void *)th, tcp_len == 40 ? 40 : 32, 0);
 }

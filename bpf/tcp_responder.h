@@ -10,10 +10,6 @@
  * connection to the kernel with that segment. */
 #pragma once
 
-#define SANTA_MSS4 1460 /* the MSS eBPF announces: a 1500-byte MTU */
-#define SANTA_MSS6 1440
-#define SANTA_WINDOW 64240 /* the receive window eBPF announces, as the kernel's first */
-
 /* The cookie of the listener a segment reaches, 0 if none. *kernel_sock says
  * the kernel has a socket of its own for the 4-tuple (then 0 is returned). */
 static __always_inline __u64 tcp_listener(struct xdp_md *ctx, struct pkt_info *req, int *wildcard,
@@ -35,17 +31,6 @@ static __always_inline __u64 tcp_listener(struct xdp_md *ctx, struct pkt_info *r
 	bpf_sk_release(sk);
 	return cookie;
 }
-
-/* What a reply segment carries besides the payload of rule r. */
-struct tcp_reply {
-	__u8 flags;
-	__u8 syn;     /* a SYN-ACK: the handshake's options */
-	__u32 seq;
-	__u32 ack;
-	__u32 tsval;
-	__u32 tsecr;
-	__u32 opts;   /* the stamp's option bits */
-};
 
 /* Replace the segment by a reply segment with the payload of the rule in
  * slot (0: none). Global, so the verifier checks it once. */
@@ -75,48 +60,71 @@ __noinline int tcp_send(struct xdp_md *ctx, struct pkt_info *req, const struct t
 		return XDP_PASS;
 	}
 	barrier_var(l23); /* keep the mask below for the verifier */
-	struct tcphdr *th = (void *)s->hdr + (l23 & 63);
-	__u8 ws = opts_wscale(t->opts);
-	__u8 *h = (__u8 *)th;
-	th->source = req->family == 4 ? req->tuple.ipv4.dport : req->tuple.ipv6.dport;
-	th->dest = req->family == 4 ? req->tuple.ipv4.sport : req->tuple.ipv6.sport;
-	th->seq = bpf_htonl(t->seq);
-	th->ack_seq = bpf_htonl(t->ack);
-	h[12] = (tcp_len / 4) << 4;
-	h[13] = t->flags;
-	th->window = bpf_htons(t->syn || ws == OPTS_NO_WSCALE ? SANTA_WINDOW : SANTA_WINDOW >> SANTA_TCP_WSCALE);
-	th->check = 0;
-	th->urg_ptr = 0;
-	__u8 *o = h + 20;
-	if (t->syn) {
-		__u16 mss = req->family == 4 ? SANTA_MSS4 : SANTA_MSS6;
-		o[0] = 2, o[1] = 4, o[2] = mss >> 8, o[3] = mss & 0xff;
-		if (opts_sack(t->opts))
-			o[4] = 4, o[5] = 2;
-		else
-			o[4] = 1, o[5] = 1;
-		o += 6;
-	} else {
-		o[0] = 1, o[1] = 1;
-		o += 2;
-	}
-	o[0] = 8, o[1] = 10;
-	__be32 tsval = bpf_htonl(t->tsval), tsecr = bpf_htonl(t->tsecr);
-	__builtin_memcpy(o + 2, &tsval, 4);
-	__builtin_memcpy(o + 6, &tsecr, 4);
-	if (t->syn) {
-		o[10] = 1;
-		if (ws != OPTS_NO_WSCALE)
-			o[11] = 3, o[12] = 3, o[13] = SANTA_TCP_WSCALE;
-		else
-			o[11] = 1, o[12] = 1, o[13] = 1;
-	}
-	__u64 sum = csum_pseudo(&req->tuple, req->family, IPPROTO_TCP, tcp_len + reply_len) +
-		    (__u32)bpf_csum_diff(NULL, 0, (void *)th, t->syn ? 40 : 32, 0);
+	struct tcphdr *th = write_tcp_header(s->hdr, l23, req, t);
+	__u64 sum = tcp_header_sum(th, tcp_len, req, reply_len);
 	if (r && page)
 		sum += reply_payload_sum(s, r, page);
 	th->check = ~csum_fold64(sum);
 	return send_frame(ctx, s, l23 + tcp_len, r, page, slot);
+}
+
+/* Pass the segment to TC with metadata that has it send the reply of flow f
+ * from reply byte from on (or, with resend, the segment there and the last):
+ * TC can send several frames, XDP only one. */
+static __always_inline int emit_by_tc(struct xdp_md *ctx, const struct santa_tcp_flow *f, __u32 from,
+				      __u32 tsecr, __u32 opts, int resend)
+{
+	if (bpf_xdp_adjust_meta(ctx, -(int)sizeof(struct santa_tcp_emit))) {
+		COUNT(tcp_emit_failed);
+		return XDP_DROP; /* the client asks again */
+	}
+	struct santa_tcp_emit *e = (void *)(long)ctx->data_meta;
+	if ((void *)(e + 1) > (void *)(long)ctx->data) {
+		COUNT(tcp_emit_failed);
+		return XDP_DROP;
+	}
+	e->magic = SANTA_TCP_EMIT_MAGIC;
+	e->slot = f->slot;
+	e->seq = f->reply_start;
+	e->ack = f->req_seq;
+	e->tsecr = tsecr;
+	e->opts = opts;
+	e->from = from;
+	e->mss = opts_mss(opts) - TS_OPTION_LEN;
+	e->resend = resend;
+	return XDP_PASS;
+}
+
+/* The last request flow f answered came again: if its reply is in flight,
+ * send it again from what the client acks; else ack the request (fin: the
+ * stamp says eBPF sent its FIN). */
+static __always_inline int answer_again(struct xdp_md *ctx, struct pkt_info *req, struct santa_scratch *s,
+					const struct santa_tcp_flow *f, struct tcp_reply *t,
+					const struct tcp_opts *o, __u64 unit, int in_flight, int fin)
+{
+	if (!in_flight) {
+		t->ack = f->req_end;
+		t->tsval = stamp_make(req, unit, fin, t->opts);
+		return tcp_send(ctx, req, t, 0);
+	}
+	if (f->multi)
+		return emit_by_tc(ctx, f, t->seq - f->reply_start, o->tsval, t->opts, 0);
+	/* the request's bytes, for the rule's copies */
+	__u32 len = f->req_end - f->req_seq;
+	__u32 skip = f->req_seq - bpf_ntohl(((struct tcphdr *)s->l4)->seq);
+	__u32 slot = f->slot;
+	const struct santa_rule *r = bpf_map_lookup_elem(&santa_rules, &slot);
+	if (!r || len == 0 || len > SANTA_REQ_WINDOW || skip > SANTA_REQ_WINDOW ||
+	    bpf_xdp_load_bytes(ctx, req->payload_off + skip, s->req, NONZERO(len, SANTA_OFF_MASK))) {
+		COUNT(pass_error);
+		return XDP_DROP; /* the client asks again */
+	}
+	int close = r->flags & SANTA_RULE_CLOSE;
+	t->flags |= TCP_PSH | (close ? TCP_FIN : 0);
+	t->seq = f->reply_start;
+	t->ack = f->req_end;
+	t->tsval = stamp_make(req, unit, close, t->opts);
+	return tcp_send(ctx, req, t, slot);
 }
 
 /* A SYN to a listener with a rule set: answer it with a stamped SYN-ACK. */
@@ -209,7 +217,27 @@ __noinline int tcp_segment(struct xdp_md *ctx, struct pkt_info *req)
 		.tsecr = o.tsval,
 		.opts = opts,
 	};
-	if ((flags & TCP_URG) || ((flags & TCP_FIN) && req->payload_len)) {
+	if ((flags & TCP_FIN) && req->payload_len) {
+		/* a client that closes before eBPF acked its last request sends
+		 * that request again with its FIN: once the reply is all acked,
+		 * answer the FIN; other data with a FIN is the kernel's */
+		struct santa_tcp_flow *f = bpf_map_lookup_elem(&santa_tcp_flows, &req->tuple);
+		if (f && (__s32)(seq - f->req_seq) <= 0 && seq + req->payload_len == f->req_end) {
+			if ((__s32)(t.seq - f->reply_end) < 0) /* the reply first */
+				return answer_again(ctx, req, s, f, &t, &o, unit, 1, fin);
+			if (req->payload_len > SANTA_REQ_WINDOW ||
+			    bpf_xdp_load_bytes(ctx, req->payload_off, s->req,
+					       NONZERO(req->payload_len, SANTA_OFF_MASK))) {
+				COUNT(tcp_handover_flags);
+				return XDP_PASS;
+			}
+			seq = f->req_end; /* the FIN's sequence number */
+		} else {
+			COUNT(tcp_handover_flags);
+			return XDP_PASS;
+		}
+	}
+	if (flags & TCP_URG) {
 		COUNT(tcp_handover_flags);
 		return XDP_PASS;
 	}
@@ -219,7 +247,7 @@ __noinline int tcp_segment(struct xdp_md *ctx, struct pkt_info *req)
 			COUNT(pass_bad_checksum);
 			return XDP_PASS;
 		}
-		bpf_map_delete_elem(&santa_tcp_flows, &req->tuple);
+		/* the flow stays (LRU) for a retransmitted FIN with the request */
 		t.flags |= fin ? 0 : TCP_FIN;
 		t.ack = seq + 1;
 		t.tsval = stamp_make(req, unit, 1, opts);
@@ -240,6 +268,29 @@ __noinline int tcp_segment(struct xdp_md *ctx, struct pkt_info *req)
 		return tcp_send(ctx, req, &t, 0);
 	}
 	if (req->payload_len == 0) {
+		struct santa_tcp_flow *f = bpf_map_lookup_elem(&santa_tcp_flows, &req->tuple);
+		if (f && f->multi && t.seq == f->reply_end) {
+			/* the client has the whole long reply: ack its request, once */
+			if (f->last_ack == t.seq) {
+				COUNT(tcp_ack_consumed);
+				return XDP_DROP;
+			}
+			f->last_ack = t.seq;
+			t.ack = f->req_end;
+			t.tsval = stamp_make(req, unit, fin, opts);
+			COUNT(tcp_request_acked);
+			return tcp_send(ctx, req, &t, 0);
+		}
+		if (f && f->multi && (__s32)(t.seq - f->reply_start) >= 0 && (__s32)(t.seq - f->reply_end) < 0) {
+			/* a reply of several segments is not all acked: a repeated
+			 * ack (or one with SACK blocks) says a segment went missing */
+			int repeated = o.sack_blocks || t.seq == f->last_ack;
+			f->last_ack = t.seq;
+			if (repeated) {
+				COUNT(tcp_resend);
+				return emit_by_tc(ctx, f, t.seq - f->reply_start, o.tsval, opts, 1);
+			}
+		}
 		COUNT(tcp_ack_consumed);
 		return XDP_DROP;
 	}
@@ -247,37 +298,80 @@ __noinline int tcp_segment(struct xdp_md *ctx, struct pkt_info *req)
 		COUNT(tcp_drop_after_fin);
 		return XDP_DROP;
 	}
-	/* Pipelining guard: while the client has not acked eBPF's last reply,
-	 * only that reply's request (retransmitted) may be answered; handing
-	 * the connection over now would lose the reply's sequence space. */
+	/* The flow's last answer: while the client has not acked all of it
+	 * (in flight), only its request (retransmitted) may be answered, and
+	 * nothing may go to the kernel, whose sequence space would miss it. */
 	struct santa_tcp_flow *f = bpf_map_lookup_elem(&santa_tcp_flows, &req->tuple);
-	if (f && (__s32)(t.seq - f->reply_end) < 0 && seq != f->req_seq) {
+	int in_flight = f && (__s32)(t.seq - f->reply_end) < 0;
+	__u32 end = seq + req->payload_len;
+	int trimmed = 0;
+	if (f && (__s32)(end - f->req_end) <= 0) {
+		if (end != f->req_end) {
+			COUNT(tcp_drop_old_request);
+			return XDP_DROP;
+		}
+		/* the last request answered, again (a client's retransmission may
+		 * carry older unacked requests before it) */
+		COUNT(tcp_request_repeated);
+		return answer_again(ctx, req, s, f, &t, &o, unit, in_flight, fin);
+	}
+	if (f && (__s32)(seq - f->req_end) < 0) {
+		/* answered bytes, then new ones (a retransmission that took in
+		 * the next request): the reply first; else only the new request
+		 * counts, and it cannot go to the kernel with the old bytes */
+		if (in_flight) {
+			COUNT(tcp_request_repeated);
+			return answer_again(ctx, req, s, f, &t, &o, unit, 1, fin);
+		}
+		if (req->payload_len > SANTA_REQ_WINDOW ||
+		    bpf_xdp_load_bytes(ctx, req->payload_off, s->req, NONZERO(req->payload_len, SANTA_OFF_MASK)) ||
+		    !request_checksum_ok(req, s)) {
+			COUNT(pass_bad_checksum);
+			return XDP_DROP;
+		}
+		__u32 old = f->req_end - seq;
+		req->payload_off += old;
+		req->payload_len -= old;
+		seq = f->req_end;
+		trimmed = 1;
+	} else if (in_flight) {
 		COUNT(tcp_drop_pipelined);
 		return XDP_DROP;
 	}
 	__u32 slot = 0;
 	const struct santa_rule *r = match_request(ctx, req, s, cookie, id, rs, &slot);
 	if (!r)
-		return XDP_PASS;
-	if (r->reply_len + 12 > opts_mss(opts)) {
+		return trimmed ? answer_again(ctx, req, s, f, &t, &o, unit, 0, fin) : XDP_PASS;
+	__u32 mss = opts_mss(opts) - TS_OPTION_LEN;
+	int multi = r->reply_len > mss;
+	if (multi && (r->ncopies || r->reply_len > SANTA_TCP_SEGMENTS * mss)) {
 		COUNT(tcp_handover_long_reply);
-		return XDP_PASS;
-	}
-	__u8 ws = opts_wscale(opts);
-	if (r->reply_len > ((__u32)bpf_ntohs(th->window) << (ws == OPTS_NO_WSCALE ? 0 : ws))) {
-		COUNT(tcp_handover_window);
-		return XDP_PASS;
-	}
-	if (!request_checksum_ok(req, s)) {
-		COUNT(pass_bad_checksum);
-		return XDP_PASS;
+		return trimmed ? answer_again(ctx, req, s, f, &t, &o, unit, 0, fin) : XDP_PASS;
 	}
 	int close = r->flags & SANTA_RULE_CLOSE;
 	struct santa_tcp_flow nf = {
 		.req_seq = seq,
-		.reply_end = t.seq + r->reply_len + (close ? 1 : 0),
+		.req_end = seq + req->payload_len,
+		.reply_start = t.seq,
+		.slot = slot,
+		.multi = multi,
+		.last_ack = t.seq,
 	};
+	nf.reply_end = nf.reply_start + r->reply_len + (close ? 1 : 0);
+	__u8 ws = opts_wscale(opts);
+	if (nf.reply_end - t.seq > ((__u32)bpf_ntohs(th->window) << (ws == OPTS_NO_WSCALE ? 0 : ws))) {
+		COUNT(tcp_handover_window);
+		return trimmed ? answer_again(ctx, req, s, f, &t, &o, unit, 0, fin) : XDP_PASS;
+	}
+	if (!trimmed && !request_checksum_ok(req, s)) {
+		COUNT(pass_bad_checksum);
+		return XDP_PASS;
+	}
 	bpf_map_update_elem(&santa_tcp_flows, &req->tuple, &nf, BPF_ANY);
+	if (multi) {
+		COUNT(tcp_long_reply);
+		return emit_by_tc(ctx, &nf, t.seq - nf.reply_start, o.tsval, opts, 0);
+	}
 	t.flags |= TCP_PSH | (close ? TCP_FIN : 0);
 	t.ack = seq + req->payload_len;
 	t.tsval = stamp_make(req, unit, close, opts);

@@ -95,13 +95,19 @@ func (d *Daemon) checkQuota(caller uint32, rs *ruleSet, addRules, dropRules, add
 	return nil
 }
 
-// checkSocket refuses rules the rule set's socket cannot carry: replies that
-// cannot fit its frames (an IPv6 header is 20 bytes longer, so IPv6 sockets
-// get 20 bytes less of reply), and Close, which ends a TCP connection, on
-// anything but a TCP socket.
+// checkSocket refuses rules the rule set's socket cannot carry: UDP replies
+// that cannot fit one frame (an IPv6 header is 20 bytes longer, so IPv6
+// sockets get 20 bytes less of reply; TCP replies may take several
+// segments), and Close, which ends a TCP connection, on anything but a TCP
+// socket.
 func checkSocket(rs *ruleSet, rules []api.Rule) error {
 	for i, r := range rules {
-		if rs.info.Family == 6 && r.ReplyLen > uint32(dataplane.MaxReplyIPv6) {
+		udp := rs.info.Protocol != api.ProtocolTCP
+		if udp && r.ReplyLen > uint32(dataplane.MaxReply) {
+			return fail(api.StatusInvalid, "rule %d: reply length %d: a UDP reply holds at most %d bytes (one frame)",
+				i, r.ReplyLen, dataplane.MaxReply)
+		}
+		if udp && rs.info.Family == 6 && r.ReplyLen > uint32(dataplane.MaxReplyIPv6) {
 			return fail(api.StatusInvalid, "rule %d: reply length %d: an IPv6 socket's replies hold at most %d bytes",
 				i, r.ReplyLen, dataplane.MaxReplyIPv6)
 		}

@@ -586,7 +586,7 @@ func fzBreak(r, ext *fzReader, ru *Rule) {
 	case 6:
 		ru.ReplyLen = 0
 	case 7:
-		ru.ReplyLen = MaxReply + 1
+		ru.ReplyLen = MaxTCPReply + 1
 	case 8:
 		ru.Processors = nil
 	case 9:

@@ -14,6 +14,7 @@ const (
 	MaxRegionLen = int(santaSantaLimitSANTA_MAX_REGION_LEN) // bytes hashed for one region
 	MaxReply     = int(santaSantaLimitSANTA_MAX_REPLY)      // UDP payload bytes of a reply over IPv4
 	MaxReplyIPv6 = MaxReply - 20                            // the same frame carries 20 bytes less over IPv6
+	MaxTCPReply  = int(santaSantaLimitSANTA_MAX_TCP_REPLY)  // TCP reply bytes: an initial window of segments
 	MaxSample    = int(santaSantaLimitSANTA_SAMPLE_MAX)     // request bytes in one miss sample
 	pageData     = int(santaSantaLimitSANTA_PAGE_DATA)
 	pageSlack    = int(santaSantaLimitSANTA_PAGE_SLACK)

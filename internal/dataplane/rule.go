@@ -168,8 +168,9 @@ func compileRule(r Rule) (*compiledRule, error) {
 		return nil, invalid("no condition compares its first byte in full (mask 0xff): " +
 			"the matcher finds rules by hashing such bytes")
 	}
-	if r.ReplyLen < 1 || r.ReplyLen > MaxReply {
-		return nil, invalid("reply length %d: must be between 1 and %d", r.ReplyLen, MaxReply)
+	// UDP replies are one frame (santad checks MaxReply against the socket)
+	if r.ReplyLen < 1 || r.ReplyLen > MaxTCPReply {
+		return nil, invalid("reply length %d: must be between 1 and %d", r.ReplyLen, MaxTCPReply)
 	}
 	if len(r.Processors) == 0 {
 		return nil, invalid("a rule needs at least one processor")

@@ -102,7 +102,7 @@ func TestInvalidRulesInstallNothing(t *testing.T) {
 		"offset past window":  {Conditions: []Condition{cond(ReqWindow, "x")}, Processors: []Processor{put(0, "x")}, ReplyLen: 1},
 		"negative offset":     {Conditions: []Condition{cond(-1, "x")}, Processors: []Processor{put(0, "x")}, ReplyLen: 1},
 		"too many conditions": {Conditions: []Condition{cond(0, "a"), cond(1, "b"), cond(2, "c"), cond(3, "d"), cond(4, "e")}, Processors: []Processor{put(0, "x")}, ReplyLen: 1},
-		"reply too long":      {Conditions: []Condition{cond(0, "x")}, Processors: []Processor{put(0, "x")}, ReplyLen: MaxReply + 1},
+		"reply too long":      {Conditions: []Condition{cond(0, "x")}, Processors: []Processor{put(0, "x")}, ReplyLen: MaxTCPReply + 1},
 		"zero reply":          {Conditions: []Condition{cond(0, "x")}, Processors: []Processor{put(0, "x")}, ReplyLen: 0},
 		"no processor":        {Conditions: []Condition{cond(0, "x")}, ReplyLen: 1},
 		"put past reply":      {Conditions: []Condition{cond(0, "x")}, Processors: []Processor{put(1, "xy")}, ReplyLen: 2},

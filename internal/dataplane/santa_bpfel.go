@@ -78,6 +78,9 @@ const (
 	santaSantaLimitSANTA_TCP_KEYS         santaSantaLimit = 3
 	santaSantaLimitSANTA_TCP_WSCALE       santaSantaLimit = 7
 	santaSantaLimitSANTA_TCP_FLOWS        santaSantaLimit = 65536
+	santaSantaLimitSANTA_TCP_SEGMENTS     santaSantaLimit = 10
+	santaSantaLimitSANTA_MAX_TCP_REPLY    santaSantaLimit = 14480
+	santaSantaLimitSANTA_TCP_EMIT_MAGIC   santaSantaLimit = 1398035269
 )
 
 type santaSantaLocalAddr struct {
@@ -145,8 +148,15 @@ type santaSantaReasons struct {
 	TcpHandoverLongReply uint64
 	TcpDropPipelined     uint64
 	TcpDropAfterFin      uint64
+	TcpDropOldRequest    uint64
+	TcpRequestRepeated   uint64
 	TcpHandedOver        uint64
 	TcpHandoverFailed    uint64
+	TcpLongReply         uint64
+	TcpResend            uint64
+	TcpRequestAcked      uint64
+	TcpSegmentsSent      uint64
+	TcpEmitFailed        uint64
 }
 
 type santaSantaRegion struct {
@@ -215,9 +225,14 @@ type santaSantaScratch struct {
 }
 
 type santaSantaTcpFlow struct {
-	_        structs.HostLayout
-	ReqSeq   uint32
-	ReplyEnd uint32
+	_          structs.HostLayout
+	ReqSeq     uint32
+	ReqEnd     uint32
+	ReplyStart uint32
+	ReplyEnd   uint32
+	Slot       uint32
+	Multi      uint32
+	LastAck    uint32
 }
 
 type santaSantaTcpKey struct {
