@@ -20,11 +20,21 @@ import (
 // crash mid-write) is dropped, and with it only a change that was never
 // acknowledged.
 type journal struct {
-	path    string
-	f       *os.File
-	w       *bufio.Writer
-	records int // since the last compaction
+	path     string
+	f        *os.File
+	w        *bufio.Writer
+	records  int   // since the last compaction
+	appended int64 // bytes appended since the last compaction
+	base     int64 // bytes the compaction wrote
 }
+
+// compactAt is how far a journal grows past its compacted size before
+// santad compacts it while running: controllers that rewrite rules often
+// (`santa http` refreshes Date every second) would otherwise fill the disk.
+const compactAt = 16 << 20
+
+// overgrown says the journal is worth compacting now.
+func (j *journal) overgrown() bool { return j.appended > 2*j.base+compactAt }
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
@@ -95,6 +105,7 @@ func writeJournal(path string, records []*api.Message) (*journal, error) {
 		return nil, fmt.Errorf("write journal %s: %w", path, err)
 	}
 	j.records = 0
+	j.base, j.appended = j.appended, 0
 	return j, nil
 }
 
@@ -110,6 +121,7 @@ func (j *journal) write(m *api.Message) error {
 		return err
 	}
 	_, err = j.w.Write(body)
+	j.appended += int64(len(hdr) + len(body))
 	return err
 }
 

@@ -268,6 +268,11 @@ func (d *Daemon) record(m *api.Message, undo func()) error {
 		}
 		return fail(api.StatusInternal, "santad could not record the change (%v); see its log", err)
 	}
+	if d.j.overgrown() {
+		if err := d.compact(); err != nil { // the journal stays whole, only longer
+			d.log.Warn("journal compaction failed", "error", err)
+		}
+	}
 	return nil
 }
 

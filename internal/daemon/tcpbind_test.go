@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -286,4 +287,54 @@ func TestAttachTCPServer(t *testing.T) {
 	a.cmd.Process.Kill()
 	a.cmd.Wait()
 	waitGone(t, sd, cookie)
+}
+
+// TestJournalCompactsWhileRunning modifies one rule with a 10 kB reply over
+// and over (as `santa http` refreshes Date): the journal is compacted while
+// santad runs, so it stays small, and a restart still has the last version.
+func TestJournalCompactsWhileRunning(t *testing.T) {
+	tb := testbed.New(t)
+	sd := newSantad(t, tb)
+	sd.start()
+	c := sd.client()
+	l := listenTCP(t, tb, netip.AddrPortFrom(tb.Server.IP4, 7901))
+	target, err := santa.Socket(l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := c.Bind(target, santa.SampleOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := strings.Repeat("x", 10000)
+	ids, err := c.Add(target, []api.Rule{httpRule("/page", body, false)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 6000 // 60 MB of modifications
+	for i := 0; i < n; i++ {
+		r := httpRule("/page", fmt.Sprintf("%05d", i)+body[5:], false)
+		r.ID = ids[0]
+		if err := c.Modify(target, []api.Rule{r}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st, err := os.Stat(filepath.Join(sd.dir, "state", "journal"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const bound = 48 << 20 // compaction starts at twice the compacted size plus 16 MiB
+	if st.Size() > bound {
+		t.Fatalf("journal is %d bytes after %d modifications of a 10 kB rule; compaction keeps it under %d",
+			st.Size(), n, bound)
+	}
+	sd.stop(syscall.SIGTERM)
+	sd.start()
+	rules, err := sd.client().ListRules(santa.Cookie(info.Cookie))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rules) != 1 || !strings.Contains(string(rules[0].Processors[0].Template), fmt.Sprintf("%05d", n-1)) {
+		t.Fatalf("after a restart, santad does not have the last version of the rule")
+	}
 }
