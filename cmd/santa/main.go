@@ -46,7 +46,7 @@ over the sockets of a running server with 'santa attach'.`,
 	root.SetOut(e.stdout)
 	root.SetErr(e.stderr)
 	root.PersistentFlags().StringVar(&g.socketPath, "socket-path", "", "santad control socket (default $SANTA_SOCKET or /run/santa/santa.sock)")
-	root.AddCommand(statusCmd(e, g), rulesCmd(e, g), statsCmd(e, g), topCmd(e, g), attachCmd(e, g), detachCmd(e, g), dnsCmd(e, g), memcachedCmd(e, g))
+	root.AddCommand(statusCmd(e, g), rulesCmd(e, g), statsCmd(e, g), topCmd(e, g), attachCmd(e, g), detachCmd(e, g), dnsCmd(e, g), memcachedCmd(e, g), httpCmd(e, g))
 	return root
 }
 

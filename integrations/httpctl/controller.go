@@ -1,0 +1,973 @@
+// Package httpctl is `santa http`: it offloads the hot static GET and HEAD
+// requests of an unmodified nginx to the rule processor's TCP path
+// (docs/http.md).
+//
+// A rule answers one exact request: its conditions cover every byte of the
+// request line and headers, and the request must be exactly that long. Its
+// reply is nginx's own response to those bytes, fetched by replaying them
+// to nginx on a connection of the controller's own. So every header a
+// client sends is part of the match, and the same bytes get the same
+// response, Connection and Keep-Alive included. The controller learns the
+// exact requests from the listening sockets' miss samples (the hottest,
+// optionally only for configured paths), keeps each reply's Date current,
+// retires a rule the moment inotify reports a change of its file under the
+// document root and installs it again with the new response, and
+// re-validates every rule against nginx periodically for what inotify does
+// not see.
+package httpctl
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/santa-offload/santa/api"
+	"github.com/santa-offload/santa/clients/go/santa"
+	"github.com/santa-offload/santa/internal/sketch"
+)
+
+// Config configures a Controller. New gives zero fields DefaultConfig's
+// values, except DateRefresh, Idle and Report, where zero means off.
+type Config struct {
+	Socket string // santad's control socket; "": $SANTA_SOCKET, else api.DefaultSocket
+	Port   uint16 // nginx's TCP port: every socket listening on it gets the rules
+	// Server is where requests are replayed to fetch responses. Zero: each
+	// listening socket's own address, loopback (127.0.0.1 or ::1) for a
+	// wildcard one.
+	Server netip.AddrPort
+	Root   string // nginx's document root (its `root`), watched for changes
+	// Paths, if not empty, are the only request paths offloaded (as nginx
+	// resolves them: percent-decoded, without the query; "/" and "/dir/" for
+	// index files). The exact requests are still learned from miss samples.
+	Paths      []string
+	MaxRules   int    // requests offloaded at most (each has a rule per listening socket)
+	MinSamples uint64 // sampled misses of a request (halved every second) before it is offloaded
+	SampleRate uint32 // miss samples per second and CPU
+	// MaxReply is the longest response offloaded, status line, headers and
+	// body, on IPv4 listeners; IPv6 listeners take 20 bytes less (the
+	// larger IP header).
+	MaxReply int
+	// DateRefresh is how many rules per second get their reply's Date
+	// rewritten to the current second, oldest first; 0: replies keep the
+	// Date of their fetch.
+	DateRefresh int
+	Interval    time.Duration // re-validate every rule against nginx once per Interval
+	Idle        time.Duration // remove a rule without hits for this long; 0: never
+	Settle      time.Duration // after a change on disk, fetch again once the file was quiet this long
+	Timeout     time.Duration // for nginx's responses
+	Report      time.Duration // log a status line this often; 0: never
+	Log         *slog.Logger
+	// Ready, if set, is called once the controller is attached, watching
+	// and learning.
+	Ready func(Report)
+}
+
+// DefaultConfig holds the defaults.
+var DefaultConfig = Config{
+	Port:        80,
+	MaxRules:    1000,
+	MinSamples:  8,
+	SampleRate:  2000,
+	MaxReply:    1448,
+	DateRefresh: 1000,
+	Interval:    10 * time.Second,
+	Idle:        30 * time.Second,
+	Settle:      100 * time.Millisecond,
+	Timeout:     2 * time.Second,
+	Report:      time.Minute,
+}
+
+// Report counts what the controller did.
+type Report struct {
+	Sockets     int    `json:"sockets"`      // listening sockets with rules
+	Rules       int    `json:"rules"`        // requests offloaded now
+	Installed   uint64 `json:"installed"`    // requests offloaded (learned, or back after a change)
+	Invalidated uint64 `json:"invalidated"`  // requests whose rules a change on disk deleted
+	Changed     uint64 `json:"changed"`      // rules rebuilt because re-validation found a new response
+	Removed     uint64 `json:"removed"`      // requests no longer offloaded (idle, or no longer offloadable)
+	Dated       uint64 `json:"dated"`        // rules whose Date was rewritten
+	Skipped     uint64 `json:"skipped"`      // learned requests not offloaded (see the log for why)
+	TooBig      uint64 `json:"too_big"`      // of those, responses longer than MaxReply
+	FetchErrors uint64 `json:"fetch_errors"` // requests to nginx that failed
+	Samples     uint64 `json:"samples"`      // miss samples read
+	Ignored     uint64 `json:"ignored"`      // of those, not one complete GET or HEAD of an eligible path
+	Hits        uint64 `json:"hits"`         // replies the rules sent, at the last statistics read
+}
+
+// ruleClient is what the controller asks of santad (a *santa.Client); the
+// tests give it a fake.
+type ruleClient interface {
+	Add(t santa.Target, rules []api.Rule) ([]uint64, error)
+	Modify(t santa.Target, rules []api.Rule) error
+	Delete(t santa.Target, ids []uint64) error
+	Stats(t santa.Target, ids ...uint64) ([]api.RuleStats, error)
+}
+
+// group is the listening sockets whose responses come from one address:
+// a request learned on one of them gets a rule on each.
+type group struct {
+	index    int
+	fetch    netip.AddrPort
+	family   uint32
+	cookies  []uint64
+	maxReply int
+}
+
+// entry is one exact request of one group: offloaded (its rules' ids in
+// ids, one per socket of the group), or pending (its rules deleted after
+// a change on disk, fetched again at due).
+type entry struct {
+	key     string
+	g       *group
+	req     request
+	obj     string // the file or directory nginx serves it from
+	dir     bool
+	resp    *response // as fetched
+	reply   []byte    // as installed: resp.raw, its Date rewritten
+	dated   time.Time // the Date in reply (zero without one)
+	checked time.Time // fetched or re-validated last
+	since   time.Time // installed at
+	ids     []uint64
+	hits    uint64    // of its rules, at the last statistics read
+	idle    uint64    // hits at the last idle check
+	due     time.Time // pending: when to fetch again
+}
+
+func (e *entry) rule() api.Rule { return exactRule(e.req.raw, e.reply, e.req.close || e.resp.close) }
+
+// refusal is a request not offloaded, not tried again before until
+// (or before a change of its file).
+type refusal struct {
+	obj   string
+	dir   bool
+	until time.Time
+}
+
+// retryRefused is how long a request that was not offloadable is left
+// alone (unless its file changes); retryVaries how long one whose
+// response varies from request to request or with time.
+const (
+	retryRefused = time.Minute
+	retryVaries  = 10 * time.Minute
+)
+
+// errVaries says nginx's response to a request is not the same for every
+// copy of it (beyond its Date).
+var errVaries = fmt.Errorf("%w: nginx's response varies", errNotOffloadable)
+
+// workPerSecond bounds the time the controller spends fetching from nginx
+// for learning and for re-validation in one second, so that a slow nginx
+// does not hold up the Date rewrites and the handling of changes.
+const workPerSecond = 300 * time.Millisecond
+
+// maxLearnPerSecond bounds the requests fetched and installed per second.
+const maxLearnPerSecond = 256
+
+// Controller is one `santa http` run.
+type Controller struct {
+	cfg      Config
+	log      *slog.Logger
+	rules    ruleClient
+	groups   []*group
+	byCookie map[uint64]*group
+	created  []uint64 // sockets the attach bound, unbound on exit if left empty
+	entries  map[string]*entry
+	pending  map[string]*entry
+	refused  map[string]refusal
+	logged   map[string]bool // requests whose refusal was logged at Info
+	paths    map[string]bool // Paths, cleaned; nil: every path
+	hot      *sketch.Sketch
+	samples  chan sample
+
+	idleChecked, reported time.Time
+	reportHits            uint64
+
+	repMu sync.Mutex
+	rep   Report
+}
+
+type sample struct {
+	cookie     uint64
+	data       []byte
+	requestLen int
+}
+
+// New checks cfg and makes a controller.
+func New(cfg Config) (*Controller, error) {
+	d := DefaultConfig
+	if cfg.Port == 0 {
+		cfg.Port = d.Port
+	}
+	if cfg.MaxRules == 0 {
+		cfg.MaxRules = d.MaxRules
+	}
+	if cfg.MinSamples == 0 {
+		cfg.MinSamples = d.MinSamples
+	}
+	if cfg.SampleRate == 0 {
+		cfg.SampleRate = d.SampleRate
+	}
+	if cfg.MaxReply == 0 {
+		cfg.MaxReply = d.MaxReply
+	}
+	for _, s := range []struct{ v, d *time.Duration }{{&cfg.Interval, &d.Interval}, {&cfg.Settle, &d.Settle}, {&cfg.Timeout, &d.Timeout}} {
+		if *s.v == 0 {
+			*s.v = *s.d
+		}
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	if cfg.Root == "" {
+		return nil, errors.New("say where nginx's document root is (its root directive)")
+	}
+	// Events and request paths are compared as paths under the real root.
+	root, err := filepath.EvalSymlinks(cfg.Root)
+	if err == nil {
+		root, err = filepath.Abs(root)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("document root: %w", err)
+	}
+	cfg.Root = root
+	switch {
+	case cfg.MaxRules < 1:
+		return nil, fmt.Errorf("max rules %d: must be at least 1", cfg.MaxRules)
+	case cfg.MaxReply < 64:
+		return nil, fmt.Errorf("max reply %d: too small for any response", cfg.MaxReply)
+	case cfg.DateRefresh < 0:
+		return nil, fmt.Errorf("date refresh %d: must be 0 (off) or more", cfg.DateRefresh)
+	case cfg.Interval < time.Second:
+		return nil, fmt.Errorf("interval %v: at least a second", cfg.Interval)
+	case cfg.Idle < 0 || cfg.Report < 0:
+		return nil, errors.New("idle and report intervals cannot be negative")
+	}
+	c := &Controller{cfg: cfg, log: cfg.Log, byCookie: map[uint64]*group{}, entries: map[string]*entry{},
+		pending: map[string]*entry{}, refused: map[string]refusal{}, logged: map[string]bool{},
+		hot: sketch.New(4 * min(cfg.MaxRules, 16384)), samples: make(chan sample, 4096)}
+	if len(cfg.Paths) > 0 {
+		c.paths = map[string]bool{}
+		for _, p := range cfg.Paths {
+			clean, err := targetPath(p)
+			if err != nil {
+				return nil, fmt.Errorf("path %q: %w", p, err)
+			}
+			c.paths[clean] = true
+		}
+	}
+	return c, nil
+}
+
+// Report returns the counters.
+func (c *Controller) Report() Report {
+	c.repMu.Lock()
+	defer c.repMu.Unlock()
+	return c.rep
+}
+
+func (c *Controller) count(f func(r *Report)) {
+	c.repMu.Lock()
+	f(&c.rep)
+	c.rep.Rules = len(c.entries)
+	c.repMu.Unlock()
+}
+
+// Run attaches to nginx's listening sockets through santad, watches the
+// document root, learns and offloads hot requests and keeps their replies
+// current until ctx ends; then it deletes its rules.
+func (c *Controller) Run(ctx context.Context) error {
+	client, err := santa.Dial(c.cfg.Socket)
+	if err != nil {
+		return err
+	}
+	defer client.Close()
+	socks, err := bindListeners(client, c.cfg.Port)
+	if err != nil {
+		return err
+	}
+	c.attach(client, socks)
+	defer c.unbindCreated(client)
+	defer c.removeAll()
+	w, err := watch(c.cfg.Root, c.log)
+	if err != nil {
+		return fmt.Errorf("watch %s: %w", c.cfg.Root, err)
+	}
+	defer w.close()
+	subCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	if err := c.subscribe(subCtx); err != nil {
+		return err
+	}
+	if c.cfg.Ready != nil {
+		c.cfg.Ready(c.Report())
+	}
+	err = c.loop(ctx, w.changed)
+	if errors.Is(err, santa.ErrNotFound) {
+		err = fmt.Errorf("%w: a listening socket is gone with its rules (nginx restarted?); start santa http again", err)
+	}
+	return err
+}
+
+// attach takes the listening sockets and groups them by the address their
+// responses are fetched from.
+func (c *Controller) attach(rules ruleClient, socks []api.SocketInfo) {
+	c.rules = rules
+	type gkey struct {
+		fetch  netip.AddrPort
+		family uint32
+	}
+	byKey := map[gkey]*group{}
+	for _, s := range socks {
+		k := gkey{c.cfg.Server, s.Family}
+		if !k.fetch.IsValid() {
+			a := s.AddrPort().Addr().Unmap()
+			switch {
+			case a.IsValid() && !a.IsUnspecified():
+			case s.Family == 4:
+				a = netip.AddrFrom4([4]byte{127, 0, 0, 1})
+			default:
+				a = netip.IPv6Loopback()
+			}
+			k.fetch = netip.AddrPortFrom(a, c.cfg.Port)
+		}
+		g := byKey[k]
+		if g == nil {
+			g = &group{index: len(c.groups), fetch: k.fetch, family: s.Family, maxReply: c.cfg.MaxReply}
+			if s.Family == 6 {
+				g.maxReply -= 20
+			}
+			byKey[k] = g
+			c.groups = append(c.groups, g)
+		}
+		g.cookies = append(g.cookies, s.Cookie)
+		c.byCookie[s.Cookie] = g
+		if s.Created {
+			c.created = append(c.created, s.Cookie)
+		}
+	}
+	c.count(func(r *Report) { r.Sockets = len(socks) })
+	for _, g := range c.groups {
+		c.log.Info("attached", "port", c.cfg.Port, "sockets", len(g.cookies), "family", g.family, "fetch_from", g.fetch)
+	}
+}
+
+// subscribe streams every listening socket's miss samples into c.samples.
+func (c *Controller) subscribe(ctx context.Context) error {
+	for cookie := range c.byCookie {
+		sub, err := santa.Subscribe(c.cfg.Socket, santa.Cookie(cookie), santa.SampleOptions{Bytes: reqWindow, Rate: c.cfg.SampleRate})
+		if err != nil {
+			return fmt.Errorf("subscribe to the misses of socket %d: %w", cookie, err)
+		}
+		go func() {
+			<-ctx.Done()
+			sub.Close()
+		}()
+		go func() {
+			for {
+				s, err := sub.Next()
+				if err != nil {
+					if ctx.Err() == nil {
+						c.log.Warn("miss samples stopped", "socket", cookie, "error", err)
+					}
+					return
+				}
+				select {
+				case c.samples <- sample{cookie, s.Data, s.RequestLen}:
+				default: // busy: a sample more or less does not matter
+				}
+			}
+		}()
+	}
+	return nil
+}
+
+// loop handles samples and changes on disk as they come; every
+// 10 ms it fetches what changed and settled; just after every second of
+// the wall clock it offloads what got hot, rewrites Dates, re-validates
+// and removes idle rules.
+func (c *Controller) loop(ctx context.Context, changed <-chan string) error {
+	fine := time.NewTicker(10 * time.Millisecond)
+	defer fine.Stop()
+	second := time.NewTimer(untilNextSecond(time.Now()))
+	defer second.Stop()
+	now := time.Now()
+	c.idleChecked, c.reported = now, now
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case s := <-c.samples:
+			c.sample(s.cookie, s.data, s.requestLen)
+		case p, ok := <-changed:
+			if !ok {
+				return errors.New("the watch of the document root stopped")
+			}
+			if err := c.invalidate(p, time.Now()); err != nil {
+				return err
+			}
+		case now := <-fine.C:
+			if err := c.refetchPending(now); err != nil {
+				return err
+			}
+		case <-second.C:
+			now := time.Now()
+			second.Reset(untilNextSecond(now))
+			if err := c.everySecond(now); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// untilNextSecond is the time until just after the next second of the
+// wall clock, when a new Date is due.
+func untilNextSecond(now time.Time) time.Duration {
+	return now.Truncate(time.Second).Add(time.Second + 2*time.Millisecond).Sub(now)
+}
+
+func (c *Controller) everySecond(now time.Time) error {
+	if err := c.refreshDates(now); err != nil {
+		return err
+	}
+	if err := c.learn(now); err != nil {
+		return err
+	}
+	if err := c.revalidate(now); err != nil {
+		return err
+	}
+	if c.cfg.Idle > 0 && now.Sub(c.idleChecked) >= c.cfg.Idle {
+		c.idleChecked = now
+		if err := c.dropIdle(now); err != nil {
+			return err
+		}
+	}
+	if c.cfg.Report > 0 && now.Sub(c.reported) >= c.cfg.Report {
+		if err := c.readHits(); err != nil {
+			return err
+		}
+		r := c.Report()
+		c.log.Info("status", "rules", r.Rules, "sockets", r.Sockets,
+			"hits_per_second", float64(r.Hits-c.reportHits)/now.Sub(c.reported).Seconds(),
+			"installed", r.Installed, "invalidated", r.Invalidated, "changed", r.Changed, "removed", r.Removed,
+			"skipped", r.Skipped, "too_big", r.TooBig, "dated", r.Dated, "samples", r.Samples)
+		c.reported, c.reportHits = now, r.Hits
+	}
+	return nil
+}
+
+// entryKey names a request of group g.
+func entryKey(g *group, raw []byte) string { return strconv.Itoa(g.index) + "\n" + string(raw) }
+
+// sample counts a miss sample of a listening socket: a complete GET or
+// HEAD of an eligible path that is not offloaded yet.
+func (c *Controller) sample(cookie uint64, data []byte, requestLen int) {
+	c.count(func(r *Report) { r.Samples++ })
+	g := c.byCookie[cookie]
+	if g == nil {
+		return
+	}
+	ignore := func() { c.count(func(r *Report) { r.Ignored++ }) }
+	if requestLen != len(data) { // the request is longer than the sample: longer than a rule sees
+		ignore()
+		return
+	}
+	req, err := parseRequest(data)
+	if err != nil || (c.paths != nil && !c.paths[req.path]) {
+		ignore()
+		return
+	}
+	key := entryKey(g, req.raw)
+	if c.entries[key] != nil || c.pending[key] != nil {
+		return
+	}
+	if r, ok := c.refused[key]; ok && time.Now().Before(r.until) {
+		return
+	}
+	c.hot.Add(key)
+}
+
+// learn offloads the requests sampled at least MinSamples times (the
+// hottest first, up to MaxRules), then halves the counts.
+func (c *Controller) learn(now time.Time) error {
+	defer c.hot.Decay()
+	room := min(c.cfg.MaxRules-len(c.entries)-len(c.pending), maxLearnPerSecond)
+	var news []*entry
+	start := time.Now()
+	for _, key := range c.hot.Hot(c.cfg.MinSamples) {
+		if len(news) >= room || time.Since(start) > workPerSecond {
+			break
+		}
+		if c.entries[key] != nil || c.pending[key] != nil {
+			continue
+		}
+		if r, ok := c.refused[key]; ok {
+			if now.Before(r.until) {
+				continue
+			}
+			delete(c.refused, key)
+		}
+		gi, raw, _ := strings.Cut(key, "\n")
+		i, _ := strconv.Atoi(gi)
+		req, err := parseRequest([]byte(raw))
+		if err != nil {
+			continue
+		}
+		e := c.newEntry(c.groups[i], req)
+		if c.probe(e, now) {
+			news = append(news, e)
+		}
+	}
+	return c.install(news, now)
+}
+
+func (c *Controller) newEntry(g *group, req request) *entry {
+	return &entry{key: entryKey(g, req.raw), g: g, req: req, obj: objectPath(c.cfg.Root, req.path), dir: strings.HasSuffix(req.path, "/")}
+}
+
+// probe fetches e's response twice and keeps it if it may be offloaded:
+// both responses are complete, offloadable and, Date aside, the same
+// (a response that differs between two identical requests, such as one
+// with a per-request cookie or id, must not be answered from a rule). On
+// failure it refuses e for a while and returns false.
+func (c *Controller) probe(e *entry, now time.Time) bool {
+	var resps [2]*response
+	for i := range resps {
+		r, err := fetch(e.g.fetch, e.req, e.g.maxReply, c.cfg.Timeout)
+		if err != nil {
+			c.refuse(e, err, now)
+			return false
+		}
+		resps[i] = r
+	}
+	first, second := resps[0], resps[1]
+	if d, _ := second.at(second.date); !bytes.Equal(first.withDate(d), second.raw) {
+		c.refuse(e, fmt.Errorf("%w: two responses to the same request differ beyond Date", errVaries), now)
+		return false
+	}
+	c.setResponse(e, second, now)
+	return true
+}
+
+// setResponse makes r e's response and reply (with its Date as fetched).
+func (c *Controller) setResponse(e *entry, r *response, now time.Time) {
+	e.resp, e.reply, e.checked = r, r.raw, now
+	e.dated, _ = r.at(r.date)
+}
+
+// refuse records that e is not offloaded, for retryRefused or until its
+// file changes, and says why in the log: at Info the first time for the
+// request, at Debug after that.
+func (c *Controller) refuse(e *entry, err error, now time.Time) {
+	retry := retryRefused
+	if errors.Is(err, errVaries) {
+		retry = retryVaries
+	}
+	c.refused[e.key] = refusal{obj: e.obj, dir: e.dir, until: now.Add(retry)}
+	c.hot.Forget(e.key)
+	c.count(func(r *Report) {
+		switch {
+		case errors.Is(err, errTooBig):
+			r.Skipped++
+			r.TooBig++
+		case isNotOffloadable(err), isRefusal(err):
+			r.Skipped++
+		default:
+			r.FetchErrors++
+		}
+	})
+	level := slog.LevelDebug
+	if !c.logged[e.key] {
+		level = slog.LevelInfo
+		if len(c.logged) > 100000 {
+			clear(c.logged)
+		}
+		c.logged[e.key] = true
+	}
+	c.log.Log(context.Background(), level, "not offloaded", "request", e.req.line(), "from", e.g.fetch, "reason", err)
+	if len(c.refused) > 16*c.cfg.MaxRules {
+		for k, r := range c.refused {
+			if now.After(r.until) {
+				delete(c.refused, k)
+			}
+		}
+	}
+}
+
+// isRefusal reports whether santad refused a rule (rather than failing).
+func isRefusal(err error) bool {
+	var se *santa.Error
+	return errors.As(err, &se) && !errors.Is(err, santa.ErrNotFound) && !errors.Is(err, santa.ErrInternal)
+}
+
+// install adds the rules of new entries. santad may refuse one (e.g. a
+// bucket chain would grow too long): then the entries are added one by
+// one and the refused ones are not offloaded.
+func (c *Controller) install(es []*entry, now time.Time) error {
+	byGroup := map[*group][]*entry{}
+	for _, e := range es {
+		byGroup[e.g] = append(byGroup[e.g], e)
+	}
+	for _, g := range c.groups {
+		batch := byGroup[g]
+		if len(batch) == 0 {
+			continue
+		}
+		err := c.addRules(g, batch)
+		if err != nil && isRefusal(err) && len(batch) > 1 {
+			for _, e := range batch {
+				if err := c.addRules(g, []*entry{e}); err != nil {
+					if !isRefusal(err) {
+						return err
+					}
+					c.refuse(e, err, now)
+				}
+			}
+			continue
+		}
+		if err != nil {
+			if !isRefusal(err) {
+				return err
+			}
+			c.refuse(batch[0], err, now)
+		}
+	}
+	return nil
+}
+
+// addRules adds the entries' rules on every socket of g, all or none, and
+// records them.
+func (c *Controller) addRules(g *group, es []*entry) error {
+	rules := make([]api.Rule, len(es))
+	for i, e := range es {
+		rules[i] = e.rule()
+	}
+	ids := make([][]uint64, len(es))
+	for ci, cookie := range g.cookies {
+		got, err := c.rules.Add(santa.Cookie(cookie), rules)
+		if err != nil {
+			for undo := range ci {
+				del := make([]uint64, len(es))
+				for k := range es {
+					del[k] = ids[k][undo]
+				}
+				c.rules.Delete(santa.Cookie(g.cookies[undo]), del)
+			}
+			return fmt.Errorf("add %d rules: %w", len(rules), err)
+		}
+		for k, id := range got {
+			ids[k] = append(ids[k], id)
+		}
+	}
+	now := time.Now()
+	for k, e := range es {
+		e.ids, e.since, e.hits, e.idle = ids[k], now, 0, 0
+		c.entries[e.key] = e
+		delete(c.pending, e.key)
+		c.hot.Forget(e.key)
+		c.log.Debug("offloaded", "request", e.req.line(), "reply_bytes", len(e.reply), "status", e.resp.status, "close", e.rule().Close)
+	}
+	c.count(func(r *Report) { r.Installed += uint64(len(es)) })
+	return nil
+}
+
+// modifyRules replaces the rules of the entries by their current rule()
+// in place, on every socket of their group.
+func (c *Controller) modifyRules(es []*entry) error {
+	byCookie := map[uint64][]api.Rule{}
+	for _, e := range es {
+		r := e.rule()
+		for ci, cookie := range e.g.cookies {
+			r.ID = e.ids[ci]
+			byCookie[cookie] = append(byCookie[cookie], r)
+		}
+	}
+	for _, g := range c.groups {
+		for _, cookie := range g.cookies {
+			if rules := byCookie[cookie]; len(rules) > 0 {
+				if err := c.rules.Modify(santa.Cookie(cookie), rules); err != nil {
+					return fmt.Errorf("modify %d rules: %w", len(rules), err)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// deleteRules deletes the entries' rules from every socket and forgets
+// the entries.
+func (c *Controller) deleteRules(es []*entry) error {
+	byCookie := map[uint64][]uint64{}
+	for _, e := range es {
+		for ci, cookie := range e.g.cookies {
+			byCookie[cookie] = append(byCookie[cookie], e.ids[ci])
+		}
+		delete(c.entries, e.key)
+		e.ids = nil
+	}
+	var errs []error
+	for _, g := range c.groups {
+		for _, cookie := range g.cookies {
+			if ids := byCookie[cookie]; len(ids) > 0 {
+				if err := c.rules.Delete(santa.Cookie(cookie), ids); err != nil {
+					errs = append(errs, fmt.Errorf("delete %d rules: %w", len(ids), err))
+				}
+			}
+		}
+	}
+	c.count(func(*Report) {})
+	return errors.Join(errs...)
+}
+
+// remove deletes the entries' rules: they are no longer offloaded.
+func (c *Controller) remove(es []*entry) error {
+	if len(es) == 0 {
+		return nil
+	}
+	for _, e := range es {
+		c.hot.Forget(e.key)
+	}
+	c.count(func(r *Report) { r.Removed += uint64(len(es)) })
+	return c.deleteRules(es)
+}
+
+// invalidate deletes at once the rules of every request whose response
+// a change of path p may have changed (see affects), and fetches them
+// again once p has been quiet for Settle (refetchPending). Requests
+// refused before are tried again at the next chance.
+func (c *Controller) invalidate(p string, now time.Time) error {
+	var hit []*entry
+	for _, e := range c.entries {
+		if affects(p, e.obj, e.dir) {
+			hit = append(hit, e)
+		}
+	}
+	for _, e := range c.pending {
+		if affects(p, e.obj, e.dir) {
+			e.due = now.Add(c.cfg.Settle)
+		}
+	}
+	for k, r := range c.refused {
+		if affects(p, r.obj, r.dir) {
+			delete(c.refused, k)
+		}
+	}
+	if len(hit) == 0 {
+		return nil
+	}
+	err := c.deleteRules(hit)
+	for _, e := range hit {
+		e.due = now.Add(c.cfg.Settle)
+		c.pending[e.key] = e
+	}
+	c.count(func(r *Report) { r.Invalidated += uint64(len(hit)) })
+	c.log.Debug("file changed: rules deleted", "path", p, "requests", len(hit))
+	return err
+}
+
+// refetchPending fetches the requests whose files changed and have been
+// quiet since for Settle, and offloads them again if they still may be.
+func (c *Controller) refetchPending(now time.Time) error {
+	var again []*entry
+	for _, e := range c.pending {
+		if now.Before(e.due) {
+			continue
+		}
+		delete(c.pending, e.key)
+		if c.probe(e, now) {
+			again = append(again, e)
+		}
+	}
+	return c.install(again, now)
+}
+
+// refreshDates rewrites the Date of up to DateRefresh rules (counting
+// one per socket) to the current second, those with the oldest Date
+// first. A Date has a fixed length, so the rule keeps its size, and an
+// Expires that moves with the Date (nginx's `expires TIME`) moves with
+// it.
+func (c *Controller) refreshDates(now time.Time) error {
+	if c.cfg.DateRefresh == 0 {
+		return nil
+	}
+	sec := now.Truncate(time.Second)
+	var stale []*entry
+	for _, e := range c.entries {
+		if !e.dated.IsZero() && e.dated.Before(sec) {
+			stale = append(stale, e)
+		}
+	}
+	slices.SortFunc(stale, func(a, b *entry) int { return a.dated.Compare(b.dated) })
+	budget, n := c.cfg.DateRefresh, 0
+	for ; n < len(stale); n++ {
+		cost := len(stale[n].g.cookies)
+		if n > 0 && cost > budget { // at least one request a second, however many sockets
+			break
+		}
+		budget -= cost
+		stale[n].reply, stale[n].dated = stale[n].resp.withDate(sec), sec
+	}
+	if n == 0 {
+		return nil
+	}
+	if err := c.modifyRules(stale[:n]); err != nil {
+		if !isRefusal(err) {
+			return err
+		}
+		// e.g. santad full: the Dates are rewritten again next second
+		c.log.Warn("rewriting Dates failed", "rules", n, "error", err)
+		return nil
+	}
+	rules := 0
+	for _, e := range stale[:n] {
+		rules += len(e.g.cookies)
+	}
+	c.count(func(r *Report) { r.Dated += uint64(rules) })
+	return nil
+}
+
+// revalidate fetches the responses of the rules not checked for Interval
+// again (at most their share of a second, oldest first) and compares them
+// with what the rules send, Date aside. A new body or ETag is a change
+// inotify did not report (a file outside the watched tree, a network file
+// system, a change of nginx's configuration): the rule is rebuilt with
+// the new response. Other differences are headers that change with time
+// (a max-age counting down, a per-request cookie): the request is no
+// longer offloaded.
+func (c *Controller) revalidate(now time.Time) error {
+	var due []*entry
+	for _, e := range c.entries {
+		if now.Sub(e.checked) >= c.cfg.Interval {
+			due = append(due, e)
+		}
+	}
+	if len(due) == 0 {
+		return nil
+	}
+	slices.SortFunc(due, func(a, b *entry) int { return a.checked.Compare(b.checked) })
+	share := (len(c.entries)*int(time.Second) + int(c.cfg.Interval) - 1) / int(c.cfg.Interval)
+	due = due[:min(len(due), max(share, 1))]
+	var changed, gone []*entry
+	start := time.Now()
+	for _, e := range due {
+		if time.Since(start) > workPerSecond {
+			break
+		}
+		r, err := fetch(e.g.fetch, e.req, e.g.maxReply, c.cfg.Timeout)
+		switch {
+		case err != nil && !isNotOffloadable(err):
+			c.count(func(r *Report) { r.FetchErrors++ })
+			c.log.Warn("re-validation failed; the rule stays", "request", e.req.line(), "error", err)
+			e.checked = now
+			continue
+		case err != nil:
+			c.refuse(e, err, now)
+			gone = append(gone, e)
+			continue
+		}
+		e.checked = now
+		d, _ := r.at(r.date)
+		if bytes.Equal(e.resp.withDate(d), r.raw) {
+			continue
+		}
+		if !bytes.Equal(e.resp.body, r.body) || e.resp.etag != r.etag {
+			c.log.Info("response changed: rule rebuilt", "request", e.req.line(), "etag", r.etag, "was", e.resp.etag)
+			c.setResponse(e, r, now)
+			changed = append(changed, e)
+			continue
+		}
+		c.refuse(e, fmt.Errorf("%w: its headers change with time (beyond Date and an Expires that moves with it)", errVaries), now)
+		gone = append(gone, e)
+	}
+	if len(changed) > 0 {
+		if err := c.modifyRules(changed); err != nil {
+			if !isRefusal(err) {
+				return err
+			}
+			c.log.Warn("rebuilding rules failed: they are removed", "rules", len(changed), "error", err)
+			gone = append(gone, changed...)
+		} else {
+			c.count(func(r *Report) { r.Changed += uint64(len(changed)) })
+		}
+	}
+	return c.remove(gone)
+}
+
+// readHits reads the rules' hits from santad into the entries and the
+// report.
+func (c *Controller) readHits() error {
+	hits := map[uint64]uint64{}
+	for cookie := range c.byCookie {
+		stats, err := c.rules.Stats(santa.Cookie(cookie))
+		if err != nil {
+			return fmt.Errorf("rule statistics: %w", err)
+		}
+		for _, st := range stats {
+			hits[st.ID] = st.Hits
+		}
+	}
+	var total uint64
+	for _, e := range c.entries {
+		var n uint64
+		for _, id := range e.ids {
+			n += hits[id]
+		}
+		e.hits = n
+		total += n
+	}
+	c.count(func(r *Report) { r.Hits = total })
+	return nil
+}
+
+// dropIdle removes the rules that answered nothing since the last check
+// and were installed before it.
+func (c *Controller) dropIdle(now time.Time) error {
+	if err := c.readHits(); err != nil {
+		return err
+	}
+	var idle []*entry
+	for _, e := range c.entries {
+		if e.hits == e.idle && now.Sub(e.since) >= c.cfg.Idle {
+			idle = append(idle, e)
+		}
+		e.idle = e.hits
+	}
+	if len(idle) > 0 {
+		c.log.Debug("idle rules removed", "requests", len(idle))
+	}
+	return c.remove(idle)
+}
+
+// removeAll deletes every rule of the controller (on exit).
+func (c *Controller) removeAll() {
+	all := make([]*entry, 0, len(c.entries))
+	for _, e := range c.entries {
+		all = append(all, e)
+	}
+	if err := c.deleteRules(all); err != nil {
+		c.log.Warn("removing the rules on exit failed", "error", err)
+	}
+	clear(c.pending)
+	c.count(func(r *Report) { r.Removed += uint64(len(all)) })
+	c.log.Info("removed the controller's rules", "rules", len(all))
+}
+
+// unbindCreated removes the rule sets the attach made, if they are empty.
+func (c *Controller) unbindCreated(client *santa.Client) {
+	for _, cookie := range c.created {
+		if rules, err := client.ListRules(santa.Cookie(cookie)); err != nil || len(rules) > 0 {
+			continue // gone with its socket, or somebody else's rules are in it
+		}
+		if err := client.Unbind(santa.Cookie(cookie)); err != nil {
+			c.log.Warn("detaching a socket failed", "socket", cookie, "error", err)
+		}
+	}
+}

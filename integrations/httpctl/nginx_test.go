@@ -1,0 +1,689 @@
+package httpctl
+
+// Tests against a real nginx (internal/testbed's StartNginx) in the server
+// namespace of a testbed: the controller fetches from it over loopback,
+// and a fake santad (fakeSanta) records the rules it would install.
+// End-to-end tests through santad and the TCP data path come with the
+// data path.
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/santa-offload/santa/api"
+	"github.com/santa-offload/santa/clients/go/santa"
+	"github.com/santa-offload/santa/internal/testbed"
+)
+
+// rig is nginx in a testbed and a controller with a fake santad.
+type rig struct {
+	t  *testing.T
+	tb *testbed.Testbed
+	ng *testbed.Nginx
+	fs *fakeSanta
+	c  *Controller
+}
+
+// Sockets of the fake listeners: two reuseport members on IPv4, one on IPv6.
+var fakeListeners = []api.SocketInfo{
+	{Cookie: 11, Family: 4, Protocol: api.ProtocolTCP, Address: []byte{0, 0, 0, 0}, Port: 8080},
+	{Cookie: 12, Family: 4, Protocol: api.ProtocolTCP, Address: []byte{0, 0, 0, 0}, Port: 8080},
+	{Cookie: 21, Family: 6, Protocol: api.ProtocolTCP, Address: make([]byte, 16), Port: 8080},
+}
+
+const testPort = 8080
+
+// nginxExtra are locations of the test server: gzip makes chunked
+// responses, expires and add_header make headers that change.
+const nginxExtra = `
+		gzip on; gzip_min_length 1; gzip_types text/plain;
+		location /rel/ { expires 1h; }
+		location /mod/ { expires modified +1h; }
+		location /id/ { add_header X-Request-Id $request_id; }`
+
+func newRig(t *testing.T, cfg Config, files map[string][]byte) *rig {
+	t.Helper()
+	tb := testbed.New(t)
+	ng, err := tb.StartNginx(testbed.NginxOptions{Port: testPort, IPv6: true, Files: files, ExtraConfig: nginxExtra})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Port, cfg.Root = testPort, ng.Root
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	c, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fs := newFakeSanta()
+	c.attach(fs, fakeListeners)
+	return &rig{t: t, tb: tb, ng: ng, fs: fs, c: c}
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSuffix(string(p), "\n"))
+	return len(p), nil
+}
+
+// do runs f in the server namespace, where nginx listens on loopback.
+func (r *rig) do(f func() error) {
+	r.t.Helper()
+	if err := r.tb.Server.Do(f); err != nil {
+		r.t.Fatal(err)
+	}
+}
+
+func (r *rig) fetch(req string, maxReply int) (resp *response, err error) {
+	r.t.Helper()
+	q, perr := parseRequest([]byte(req))
+	if perr != nil {
+		r.t.Fatal(perr)
+	}
+	r.tb.Server.Do(func() error {
+		resp, err = fetch(netip.MustParseAddrPort(fmt.Sprintf("127.0.0.1:%d", testPort)), q, maxReply, 2*time.Second)
+		return nil
+	})
+	return resp, err
+}
+
+func get(path string, headers ...string) string {
+	return "GET " + path + " HTTP/1.1\r\nHost: test\r\n" + strings.Join(append(headers, ""), "\r\n") + "\r\n"
+}
+
+var smallFile = []byte(strings.Repeat("0123456789", 10))
+
+// TestFetch fetches exact requests from nginx and checks what a rule
+// would send: the exact response, its framing, and the connection
+// semantics.
+func TestFetch(t *testing.T) {
+	r := newRig(t, Config{}, map[string][]byte{
+		"small.txt": smallFile, "big.bin": bytes.Repeat([]byte{'b'}, 5000), "index.html": []byte("<p>hi</p>\n"),
+	})
+	for _, tc := range []struct {
+		name, req string
+		status    int
+		body      string
+		close     bool
+	}{
+		{name: "GET", req: get("/small.txt"), status: 200, body: string(smallFile)},
+		{name: "index", req: get("/"), status: 200, body: "<p>hi</p>\n"},
+		{name: "HEAD", req: "HEAD /small.txt HTTP/1.1\r\nHost: test\r\n\r\n", status: 200},
+		{name: "HEAD of a big file", req: "HEAD /big.bin HTTP/1.1\r\nHost: test\r\n\r\n", status: 200},
+		{name: "HTTP/1.0", req: "GET /small.txt HTTP/1.0\r\n\r\n", status: 200, body: string(smallFile), close: true},
+		{name: "HTTP/1.0 keep-alive", req: "GET /small.txt HTTP/1.0\r\nConnection: keep-alive\r\n\r\n", status: 200, body: string(smallFile)},
+		{name: "Connection: close", req: get("/small.txt", "Connection: close"), status: 200, body: string(smallFile), close: true},
+		{name: "Range", req: get("/small.txt", "Range: bytes=0-9"), status: 206, body: "0123456789"},
+	} {
+		resp, err := r.fetch(tc.req, 1448)
+		if err != nil {
+			t.Errorf("%s: %v", tc.name, err)
+			continue
+		}
+		req, _ := parseRequest([]byte(tc.req))
+		if resp.status != tc.status || string(resp.body) != tc.body || (req.close || resp.close) != tc.close {
+			t.Errorf("%s: status %d body %q close %v/%v, want %d %q %v", tc.name, resp.status, resp.body, req.close, resp.close, tc.status, tc.body, tc.close)
+		}
+		if !bytes.Equal(resp.raw[:resp.headerLen], resp.raw[:bytes.Index(resp.raw, []byte("\r\n\r\n"))+4]) {
+			t.Errorf("%s: the header block ends at %d", tc.name, resp.headerLen)
+		}
+		if _, ok := resp.at(resp.date); !ok {
+			t.Errorf("%s: no Date found in %q", tc.name, resp.raw)
+		}
+		// The rule: the request exactly, the response exactly, the connection semantics.
+		e := &entry{req: req, resp: resp, reply: resp.raw}
+		rule := e.rule()
+		var pat []byte
+		for _, c := range rule.Conditions {
+			pat = append(pat, c.Pattern...)
+		}
+		if string(pat) != tc.req || rule.MinLen != uint32(len(tc.req)) || rule.MaxLen != rule.MinLen ||
+			!bytes.Equal(rule.Processors[0].Template, resp.raw) || rule.Close != tc.close {
+			t.Errorf("%s: rule %+v", tc.name, rule)
+		}
+	}
+
+	// A conditional request with the current validator: 304, no body.
+	resp, err := r.fetch(get("/small.txt"), 1448)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err = r.fetch(get("/small.txt", "If-None-Match: "+resp.etag), 1448)
+	if err != nil || resp.status != 304 || len(resp.body) != 0 {
+		t.Errorf("If-None-Match: %v, %+v", err, resp)
+	}
+
+	for _, tc := range []struct {
+		name, req, refused string
+		maxReply           int
+	}{
+		{"404", get("/nothing"), "status 404", 1448},
+		{"directory without /", get("/rel"), "status 404", 1448},
+		{"too big", get("/big.bin"), "too big", 1448},
+		{"just too big", get("/small.txt"), "too big", 100},
+		{"chunked", get("/small.txt", "Accept-Encoding: gzip"), "Transfer-Encoding", 1448},
+	} {
+		_, err := r.fetch(tc.req, tc.maxReply)
+		if !isNotOffloadable(err) || !strings.Contains(err.Error(), tc.refused) {
+			t.Errorf("%s: %v, want a refusal saying %q", tc.name, err, tc.refused)
+		}
+	}
+}
+
+// TestDateModel checks the Date rewrite against nginx: a reply rewritten
+// to the Date of a later response is that response, byte for byte, also
+// with `expires 1h`; with `expires modified` (whose max-age counts down)
+// it is not, and re-validation stops offloading it.
+func TestDateModel(t *testing.T) {
+	r := newRig(t, Config{DateRefresh: 1000}, map[string][]byte{"small.txt": smallFile, "rel/a.txt": smallFile, "mod/a.txt": smallFile})
+	var first []*response
+	reqs := []string{get("/small.txt"), get("/rel/a.txt"), get("/mod/a.txt")}
+	for _, req := range reqs {
+		resp, err := r.fetch(req, 1448)
+		if err != nil {
+			t.Fatal(err)
+		}
+		first = append(first, resp)
+	}
+	if !first[1].relativeExpires() {
+		t.Fatalf("expires 1h: Expires does not move with the Date in %q", first[1].raw)
+	}
+	time.Sleep(time.Until(time.Now().Truncate(time.Second).Add(1100 * time.Millisecond)))
+	for i, req := range reqs[:2] {
+		later, err := r.fetch(req, 1448)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, _ := later.at(later.date)
+		if got := first[i].withDate(d); !bytes.Equal(got, later.raw) {
+			t.Errorf("%q: rewritten\n%q\nnginx\n%q", req, got, later.raw)
+		}
+	}
+
+	// The controller: learn all three, rewrite their Dates, re-validate.
+	// (Early in a second: the two fetches of /mod/ must see the same
+	// second, or its max-age differs.)
+	for _, req := range reqs {
+		for range r.c.cfg.MinSamples {
+			r.c.sample(11, []byte(req), len(req))
+		}
+	}
+	time.Sleep(time.Until(time.Now().Truncate(time.Second).Add(time.Second + 10*time.Millisecond)))
+	now := time.Now()
+	r.do(func() error { return r.c.learn(now) })
+	if n := len(r.c.entries); n != 3 {
+		t.Fatalf("%d requests offloaded, want 3", n)
+	}
+	before := r.fs.snapshot()
+	sec := now.Truncate(time.Second).Add(time.Second)
+	if err := r.c.refreshDates(sec); err != nil {
+		t.Fatal(err)
+	}
+	after := r.fs.snapshot()
+	if r.c.Report().Dated != 6 { // three requests on two IPv4 sockets
+		t.Errorf("%d rules dated, want 6", r.c.Report().Dated)
+	}
+	for id, rule := range after {
+		old, tpl := before[id].Processors[0].Template, rule.Processors[0].Template
+		if len(old) != len(tpl) || !bytes.Contains(tpl, []byte("Date: "+sec.UTC().Format(http.TimeFormat))) {
+			t.Errorf("rule %d: reply after the Date rewrite:\n%q\nbefore:\n%q", id, tpl, old)
+		}
+	}
+	for _, e := range r.c.entries {
+		e.checked = time.Time{}
+	}
+	time.Sleep(time.Until(sec.Add(100 * time.Millisecond))) // nginx's clock must have moved on too
+	// A second re-validates a share of the rules (here one) each time.
+	for range 3 {
+		r.do(func() error { return r.c.revalidate(time.Now()) })
+	}
+	if len(r.c.entries) != 2 || r.c.entries[entryKey(r.c.groups[0], []byte(reqs[2]))] != nil {
+		t.Errorf("after re-validation %d requests offloaded, want the two without expires modified", len(r.c.entries))
+	}
+	if rep := r.c.Report(); rep.Removed != 1 || rep.Changed != 0 {
+		t.Errorf("re-validation: %+v", rep)
+	}
+}
+
+// TestLearn feeds miss samples to the learner: a request sampled often
+// enough is offloaded on every socket of its group, and nothing else is.
+func TestLearn(t *testing.T) {
+	files := map[string][]byte{"a.txt": smallFile, "b.txt": smallFile, "big.bin": bytes.Repeat([]byte{'b'}, 5000), "id/x": smallFile}
+	r := newRig(t, Config{MinSamples: 3, MaxRules: 3}, files)
+	feed := func(cookie uint64, req string, n int) {
+		for range n {
+			r.c.sample(cookie, []byte(req), len(req))
+		}
+	}
+	hot := get("/a.txt", "Accept: */*")
+	feed(11, hot, 2)
+	feed(12, hot, 2)             // another member of the same group: one request
+	feed(11, get("/b.txt"), 1)   // not hot enough
+	feed(11, get("/big.bin"), 5) // too big
+	feed(11, get("/nothing"), 5) // 404
+	feed(11, get("/id/x"), 5)    // a different response to every request
+	feed(11, "POST /a.txt HTTP/1.1\r\nHost: test\r\n\r\n", 5)
+	feed(99, hot, 5) // not a listening socket of the controller
+	incomplete := get("/a.txt", "X-Long: 1")
+	for range 5 {
+		r.c.sample(11, []byte(incomplete), len(incomplete)+1000) // the sample is a prefix of a longer request
+	}
+	now := time.Now()
+	r.do(func() error { return r.c.learn(now) })
+	rules := r.fs.snapshot()
+	if len(r.c.entries) != 1 || len(rules) != 2 {
+		t.Fatalf("%d requests, %d rules offloaded, want one request on the two IPv4 sockets", len(r.c.entries), len(rules))
+	}
+	for _, cookie := range []uint64{11, 12} {
+		if got := r.fs.rulesOf(cookie); len(got) != 1 || string(got[0].Conditions[0].Pattern) != hot {
+			t.Errorf("socket %d: %d rules", cookie, len(got))
+		}
+	}
+	rep := r.c.Report()
+	if rep.Installed != 1 || rep.TooBig != 1 || rep.Skipped != 3 || rep.Ignored != 10 {
+		t.Errorf("report %+v, want 1 installed, 3 skipped (1 too big), 10 ignored", rep)
+	}
+	// Refused requests are not fetched again before retryRefused.
+	feed(11, get("/big.bin"), 5)
+	r.do(func() error { return r.c.learn(now.Add(time.Second)) })
+	if rep := r.c.Report(); rep.TooBig != 1 {
+		t.Errorf("a refused request was tried again at once (%d too big)", rep.TooBig)
+	}
+
+	// The same request on the IPv6 socket is a request of its group.
+	feed(21, hot, 6)
+	// MaxRules: of three more hot requests, one fits.
+	feed(11, get("/b.txt"), 4)
+	feed(11, get("/a.txt", "Accept: text/plain"), 4)
+	r.do(func() error { return r.c.learn(now.Add(2 * time.Second)) })
+	if len(r.c.entries) != 3 {
+		t.Errorf("%d requests offloaded, want MaxRules = 3", len(r.c.entries))
+	}
+	if len(r.fs.rulesOf(21)) != 1 {
+		t.Errorf("the IPv6 socket has %d rules, want 1", len(r.fs.rulesOf(21)))
+	}
+
+	// --path: only the paths given.
+	r2 := newRig(t, Config{MinSamples: 1, Paths: []string{"/b.txt"}}, files)
+	r2.c.sample(11, []byte(hot), len(hot))
+	b := get("/b.txt")
+	r2.c.sample(11, []byte(b), len(b))
+	r2.do(func() error { return r2.c.learn(time.Now()) })
+	if len(r2.c.entries) != 1 || r2.c.entries[entryKey(r2.c.groups[0], []byte(b))] == nil {
+		t.Errorf("with --path /b.txt: %d requests offloaded", len(r2.c.entries))
+	}
+}
+
+// TestInvalidate runs the controller's loop with its inotify watch: a
+// change of a file deletes its rules at once and installs them again with
+// nginx's new response; removing the file stops the offload; a file in a
+// directory created after the start is watched too.
+func TestInvalidate(t *testing.T) {
+	r := newRig(t, Config{MinSamples: 1, Idle: 0, DateRefresh: 1000}, map[string][]byte{"a.txt": smallFile, "d/index.html": []byte("one")})
+	w, err := watch(r.c.cfg.Root, r.c.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() { errc <- r.tb.Server.Do(func() error { return r.c.loop(ctx, w.changed) }) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-errc; err != nil {
+			t.Error(err)
+		}
+		w.close()
+	})
+	req, dirReq := get("/a.txt"), get("/d/")
+	learn := func(reqs ...string) {
+		for _, q := range reqs {
+			r.c.samples <- sample{11, []byte(q), len(q)}
+		}
+	}
+	reply := func(req string) string { // the reply of req's rule on socket 11, "" if none
+		for _, rule := range r.fs.rulesOf(11) {
+			if string(rule.Conditions[0].Pattern) == req {
+				return string(rule.Processors[0].Template)
+			}
+		}
+		return ""
+	}
+	waitReply := func(what, req string, ok func(string) bool) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for !ok(reply(req)) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: reply %q", what, reply(req))
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	learn(req, dirReq)
+	waitReply("learned", req, func(s string) bool { return strings.HasSuffix(s, string(smallFile)) })
+	waitReply("learned", dirReq, func(s string) bool { return strings.HasSuffix(s, "one") })
+
+	// The Date moves on every second, the length stays.
+	first := reply(req)
+	waitReply("Date rewritten", req, func(s string) bool { return s != first && len(s) == len(first) })
+
+	// A change: the rule goes at once (before nginx's new response is
+	// fetched) and comes back with the new body.
+	deletes := r.fs.deletes()
+	if err := os.WriteFile(filepath.Join(r.ng.Root, "a.txt"), []byte("changed"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	waitReply("after a write", req, func(s string) bool { return strings.HasSuffix(s, "\r\n\r\nchanged") })
+	if r.fs.deletes() == deletes {
+		t.Error("the rule was not deleted before it was installed again")
+	}
+	// An atomic replace (rename over it), as deploy tools do.
+	tmp := filepath.Join(r.ng.Root, ".a.txt.tmp")
+	os.WriteFile(tmp, []byte("renamed"), 0o644)
+	if err := os.Rename(tmp, filepath.Join(r.ng.Root, "a.txt")); err != nil {
+		t.Fatal(err)
+	}
+	waitReply("after a rename", req, func(s string) bool { return strings.HasSuffix(s, "\r\n\r\nrenamed") })
+	// The index file of a directory.
+	os.WriteFile(filepath.Join(r.ng.Root, "d/index.html"), []byte("two"), 0o644)
+	waitReply("after a write of the index file", dirReq, func(s string) bool { return strings.HasSuffix(s, "two") })
+	// Removed: nginx says 404, which is not offloaded.
+	os.Remove(filepath.Join(r.ng.Root, "a.txt"))
+	waitReply("after a remove", req, func(s string) bool { return s == "" })
+	time.Sleep(200 * time.Millisecond)
+	if reply(req) != "" {
+		t.Fatal("the rule of a removed file came back")
+	}
+	// Back: learned again, at once (the refusal ended with the change).
+	os.WriteFile(filepath.Join(r.ng.Root, "a.txt"), []byte("back"), 0o644)
+	time.Sleep(50 * time.Millisecond)
+	learn(req)
+	waitReply("re-created", req, func(s string) bool { return strings.HasSuffix(s, "\r\n\r\nback") })
+
+	// A directory created after the start.
+	newReq := get("/new/x.txt")
+	if err := os.MkdirAll(filepath.Join(r.ng.Root, "new"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(r.ng.Root, "new/x.txt"), []byte("new"), 0o644)
+	time.Sleep(50 * time.Millisecond)
+	learn(newReq)
+	waitReply("new directory", newReq, func(s string) bool { return strings.HasSuffix(s, "\r\n\r\nnew") })
+	os.WriteFile(filepath.Join(r.ng.Root, "new/x.txt"), []byte("newer"), 0o644)
+	waitReply("a file in a new directory", newReq, func(s string) bool { return strings.HasSuffix(s, "\r\n\r\nnewer") })
+	// Renaming the directory removes its files; their new paths are
+	// watched under the new name.
+	os.MkdirAll(filepath.Join(r.ng.Root, "new/sub"), 0o755)
+	time.Sleep(50 * time.Millisecond)
+	os.Rename(filepath.Join(r.ng.Root, "new"), filepath.Join(r.ng.Root, "old"))
+	waitReply("directory renamed", newReq, func(s string) bool { return s == "" })
+	time.Sleep(50 * time.Millisecond)
+	oldReq, subReq := get("/old/x.txt"), get("/old/sub/y.txt")
+	os.WriteFile(filepath.Join(r.ng.Root, "old/sub/y.txt"), []byte("sub"), 0o644)
+	time.Sleep(50 * time.Millisecond)
+	learn(oldReq, subReq)
+	waitReply("renamed directory", oldReq, func(s string) bool { return strings.HasSuffix(s, "\r\n\r\nnewer") })
+	waitReply("renamed directory", subReq, func(s string) bool { return strings.HasSuffix(s, "\r\n\r\nsub") })
+	os.WriteFile(filepath.Join(r.ng.Root, "old/x.txt"), []byte("older"), 0o644)
+	os.WriteFile(filepath.Join(r.ng.Root, "old/sub/y.txt"), []byte("subsub"), 0o644)
+	waitReply("a file in a renamed directory", oldReq, func(s string) bool { return strings.HasSuffix(s, "\r\n\r\nolder") })
+	waitReply("a file in a subdirectory of a renamed directory", subReq, func(s string) bool { return strings.HasSuffix(s, "\r\n\r\nsubsub") })
+}
+
+// TestRevalidate changes a file behind the watch's back: re-validation
+// finds the new response and rebuilds the rule in place; an unchanged
+// response costs no santad request.
+func TestRevalidate(t *testing.T) {
+	r := newRig(t, Config{MinSamples: 1, Interval: 10 * time.Second}, map[string][]byte{"a.txt": smallFile, "b.txt": smallFile})
+	for _, q := range []string{get("/a.txt"), get("/b.txt")} {
+		r.c.sample(11, []byte(q), len(q))
+	}
+	now := time.Now()
+	r.do(func() error { return r.c.learn(now) })
+	if len(r.c.entries) != 2 {
+		t.Fatalf("%d requests offloaded", len(r.c.entries))
+	}
+	// Re-validation is spread: a second re-validates the share of the
+	// rules one second of the interval holds (here one).
+	revalidate := func(at time.Duration) {
+		for i := range 2 {
+			r.do(func() error { return r.c.revalidate(now.Add(at + time.Duration(i)*time.Second)) })
+		}
+	}
+	ops := r.fs.ops()
+	revalidate(10 * time.Second)
+	if r.fs.ops() != ops {
+		t.Errorf("re-validating unchanged responses changed rules")
+	}
+	if err := os.WriteFile(filepath.Join(r.ng.Root, "a.txt"), []byte("changed behind the watch"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	revalidate(20 * time.Second)
+	if rep := r.c.Report(); rep.Changed != 1 {
+		t.Errorf("report %+v, want 1 changed", rep)
+	}
+	for _, rule := range r.fs.rulesOf(11) {
+		tpl := string(rule.Processors[0].Template)
+		if strings.Contains(string(rule.Conditions[0].Pattern), "/a.txt") != strings.HasSuffix(tpl, "behind the watch") {
+			t.Errorf("rule %d: %q", rule.ID, tpl)
+		}
+	}
+}
+
+// TestSantadRefusal: a rule santad refuses is not offloaded, the others
+// of its batch are.
+func TestSantadRefusal(t *testing.T) {
+	r := newRig(t, Config{MinSamples: 1}, map[string][]byte{"a.txt": smallFile, "b.txt": smallFile})
+	r.fs.refuse = func(rule api.Rule) error {
+		if bytes.Contains(rule.Conditions[0].Pattern, []byte("/b.txt")) {
+			return &santa.Error{Op: api.OpAdd, Status: api.StatusInvalid, Message: "bucket chain too long"}
+		}
+		return nil
+	}
+	for _, q := range []string{get("/a.txt"), get("/b.txt")} {
+		r.c.sample(11, []byte(q), len(q))
+	}
+	r.do(func() error { return r.c.learn(time.Now()) })
+	if len(r.c.entries) != 1 || len(r.fs.snapshot()) != 2 || r.c.Report().Skipped != 1 {
+		t.Errorf("%d requests, %d rules, report %+v; want /a.txt on both sockets", len(r.c.entries), len(r.fs.snapshot()), r.c.Report())
+	}
+	r.c.removeAll()
+	if n := len(r.fs.snapshot()); n != 0 {
+		t.Errorf("%d rules left after removeAll", n)
+	}
+}
+
+// TestIdle: a rule without hits for Idle is removed, one with hits stays.
+func TestIdle(t *testing.T) {
+	r := newRig(t, Config{MinSamples: 1, Idle: 30 * time.Second}, map[string][]byte{"a.txt": smallFile, "b.txt": smallFile})
+	for _, q := range []string{get("/a.txt"), get("/b.txt")} {
+		r.c.sample(11, []byte(q), len(q))
+	}
+	now := time.Now()
+	r.do(func() error { return r.c.learn(now) })
+	hit := func(path string) {
+		r.fs.mu.Lock()
+		defer r.fs.mu.Unlock()
+		for _, set := range r.fs.rules {
+			for id, rule := range set {
+				if bytes.Contains(rule.Conditions[0].Pattern, []byte(path)) {
+					r.fs.hits[id]++
+				}
+			}
+		}
+	}
+	hit("/a.txt")
+	if err := r.c.dropIdle(now.Add(10 * time.Second)); err != nil || len(r.c.entries) != 2 {
+		t.Fatalf("rules younger than Idle removed (%v): %d left", err, len(r.c.entries))
+	}
+	hit("/a.txt")
+	if err := r.c.dropIdle(now.Add(40 * time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if len(r.c.entries) != 1 || r.c.entries[entryKey(r.c.groups[0], []byte(get("/a.txt")))] == nil {
+		t.Errorf("after the idle check: %d requests offloaded, want /a.txt", len(r.c.entries))
+	}
+	if n := len(r.fs.snapshot()); n != 2 {
+		t.Errorf("%d rules left, want /a.txt's two", n)
+	}
+	if rep := r.c.Report(); rep.Removed != 1 || rep.Hits != 4 {
+		t.Errorf("report %+v, want 1 removed, 4 hits", rep)
+	}
+}
+
+// fakeSanta is santad's rule store without a data plane.
+type fakeSanta struct {
+	mu     sync.Mutex
+	next   uint64
+	rules  map[uint64]map[uint64]api.Rule // cookie -> id -> rule
+	nops   int
+	ndel   int
+	refuse func(api.Rule) error
+	hits   map[uint64]uint64 // by rule id
+}
+
+func newFakeSanta() *fakeSanta {
+	return &fakeSanta{next: 1, rules: map[uint64]map[uint64]api.Rule{}, hits: map[uint64]uint64{}}
+}
+
+func (f *fakeSanta) set(t santa.Target) (map[uint64]api.Rule, error) {
+	var cookie uint64
+	for _, s := range fakeListeners {
+		if santa.Cookie(s.Cookie) == t {
+			cookie = s.Cookie
+		}
+	}
+	if cookie == 0 {
+		return nil, &santa.Error{Status: api.StatusNotFound, Message: "no such socket"}
+	}
+	if f.rules[cookie] == nil {
+		f.rules[cookie] = map[uint64]api.Rule{}
+	}
+	return f.rules[cookie], nil
+}
+
+func (f *fakeSanta) Add(t santa.Target, rules []api.Rule) ([]uint64, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	set, err := f.set(t)
+	if err != nil {
+		return nil, err
+	}
+	for _, r := range rules {
+		if f.refuse != nil {
+			if err := f.refuse(r); err != nil {
+				return nil, err
+			}
+		}
+	}
+	f.nops++
+	var ids []uint64
+	for _, r := range rules {
+		r.ID = f.next
+		f.next++
+		set[r.ID] = r
+		ids = append(ids, r.ID)
+	}
+	return ids, nil
+}
+
+func (f *fakeSanta) Modify(t santa.Target, rules []api.Rule) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	set, err := f.set(t)
+	if err != nil {
+		return err
+	}
+	for _, r := range rules {
+		if _, ok := set[r.ID]; !ok {
+			return &santa.Error{Status: api.StatusNotFound, Message: fmt.Sprintf("no rule %d", r.ID)}
+		}
+	}
+	f.nops++
+	for _, r := range rules {
+		set[r.ID] = r
+	}
+	return nil
+}
+
+func (f *fakeSanta) Delete(t santa.Target, ids []uint64) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	set, err := f.set(t)
+	if err != nil {
+		return err
+	}
+	for _, id := range ids {
+		if _, ok := set[id]; !ok {
+			return &santa.Error{Status: api.StatusNotFound, Message: fmt.Sprintf("no rule %d", id)}
+		}
+	}
+	f.nops++
+	f.ndel++
+	for _, id := range ids {
+		delete(set, id)
+	}
+	return nil
+}
+
+func (f *fakeSanta) Stats(t santa.Target, ids ...uint64) ([]api.RuleStats, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	set, err := f.set(t)
+	if err != nil {
+		return nil, err
+	}
+	var out []api.RuleStats
+	for id := range set {
+		out = append(out, api.RuleStats{ID: id, Hits: f.hits[id]})
+	}
+	return out, nil
+}
+
+// snapshot returns every rule by id.
+func (f *fakeSanta) snapshot() map[uint64]api.Rule {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := map[uint64]api.Rule{}
+	for _, set := range f.rules {
+		for id, r := range set {
+			out[id] = r
+		}
+	}
+	return out
+}
+
+func (f *fakeSanta) rulesOf(cookie uint64) []api.Rule {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []api.Rule
+	for _, r := range f.rules[cookie] {
+		out = append(out, r)
+	}
+	slices.SortFunc(out, func(a, b api.Rule) int { return int(a.ID) - int(b.ID) })
+	return out
+}
+
+func (f *fakeSanta) ops() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.nops
+}
+
+func (f *fakeSanta) deletes() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.ndel
+}
