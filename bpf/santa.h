@@ -185,6 +185,7 @@ struct santa_reasons {
 	__u64 tcp_handed_over;      /* TC: a socket-less connection given to its listener */
 	__u64 tcp_handover_failed;  /* TC: bpf_sk_assign_tcp_reqsk refused it (the kernel then resets it) */
 	__u64 tcp_long_reply;       /* a reply of several segments, sent by TC */
+	__u64 tcp_xdp_no_room;      /* a reply of one segment the frame has no room for: sent by TC */
 	__u64 tcp_resend;           /* a repeated ack (loss): TC resends the missing segment and the last */
 	__u64 tcp_request_acked;    /* the client has a long reply: eBPF acks its request */
 	__u64 tcp_segments_sent;    /* TC: segments of long replies and resends */

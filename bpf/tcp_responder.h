@@ -32,6 +32,8 @@ static __always_inline __u64 tcp_listener(struct xdp_md *ctx, struct pkt_info *r
 	return cookie;
 }
 
+#define TCP_NO_ROOM (-1) /* tcp_send: the frame cannot grow to the reply, and is unchanged */
+
 /* Replace the segment by a reply segment with the payload of the rule in
  * slot (0: none). Global, so the verifier checks it once. */
 __noinline int tcp_send(struct xdp_md *ctx, struct pkt_info *req, const struct tcp_reply *t, __u32 slot)
@@ -65,6 +67,9 @@ __noinline int tcp_send(struct xdp_md *ctx, struct pkt_info *req, const struct t
 	if (r && page)
 		sum += reply_payload_sum(s, r, page);
 	th->check = ~csum_fold64(sum);
+	/* a frame without the room for the reply is left as it is, for TC */
+	if (resize_frame(ctx, l23 + tcp_len + reply_len))
+		return TCP_NO_ROOM;
 	return send_frame(ctx, s, l23 + tcp_len, r, page, slot);
 }
 
@@ -124,7 +129,15 @@ static __always_inline int answer_again(struct xdp_md *ctx, struct pkt_info *req
 	t->seq = f->reply_start;
 	t->ack = f->req_end;
 	t->tsval = stamp_make(req, unit, close, t->opts);
-	return tcp_send(ctx, req, t, slot);
+	int verdict = tcp_send(ctx, req, t, slot);
+	if (verdict != TCP_NO_ROOM)
+		return verdict;
+	if (r->ncopies) {
+		COUNT(pass_no_room);
+		return XDP_DROP; /* in flight: the client asks again */
+	}
+	((struct santa_tcp_flow *)f)->multi = 1; /* TC sends it, as a long reply */
+	return emit_by_tc(ctx, f, t->seq - f->reply_start, o->tsval, t->opts, 0);
 }
 
 /* A SYN to a listener with a rule set: answer it with a stamped SYN-ACK. */
@@ -375,5 +388,16 @@ __noinline int tcp_segment(struct xdp_md *ctx, struct pkt_info *req)
 	t.flags |= TCP_PSH | (close ? TCP_FIN : 0);
 	t.ack = seq + req->payload_len;
 	t.tsval = stamp_make(req, unit, close, opts);
-	return tcp_send(ctx, req, &t, slot);
+	int verdict = tcp_send(ctx, req, &t, slot);
+	if (verdict != TCP_NO_ROOM)
+		return verdict;
+	if (r->ncopies) {
+		COUNT(pass_no_room);
+		bpf_map_delete_elem(&santa_tcp_flows, &req->tuple);
+		return trimmed ? XDP_DROP : XDP_PASS;
+	}
+	nf.multi = 1; /* TC sends it, as a long reply */
+	bpf_map_update_elem(&santa_tcp_flows, &req->tuple, &nf, BPF_ANY);
+	COUNT(tcp_xdp_no_room);
+	return emit_by_tc(ctx, &nf, 0, o.tsval, opts, 0);
 }

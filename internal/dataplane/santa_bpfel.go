@@ -153,6 +153,7 @@ type santaSantaReasons struct {
 	TcpHandedOver        uint64
 	TcpHandoverFailed    uint64
 	TcpLongReply         uint64
+	TcpXdpNoRoom         uint64
 	TcpResend            uint64
 	TcpRequestAcked      uint64
 	TcpSegmentsSent      uint64
