@@ -22,13 +22,19 @@ const (
 // StampKey is the SipHash key of one stamp epoch.
 type StampKey = santaSantaTcpKey
 
-// stampEpoch is the current stamp epoch.
-func stampEpoch() (uint64, error) {
+// stampUnit is the current stamp time unit (bpf_ktime_get_ns is CLOCK_MONOTONIC).
+func stampUnit() (uint64, error) {
 	var ts unix.Timespec
 	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
 		return 0, err
 	}
-	return uint64(ts.Nano()) >> (stampUnitShift + stampEpochShift), nil
+	return uint64(ts.Nano()) >> stampUnitShift, nil
+}
+
+// stampEpoch is the current stamp epoch.
+func stampEpoch() (uint64, error) {
+	u, err := stampUnit()
+	return u >> stampEpochShift, err
 }
 
 // startStampKeys makes sure the previous, current and next epochs have keys

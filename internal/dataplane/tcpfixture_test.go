@@ -1,0 +1,208 @@
+package dataplane
+
+import (
+	"encoding/binary"
+	"math/bits"
+	"net"
+	"net/netip"
+	"testing"
+
+	"github.com/gopacket/gopacket"
+	"github.com/gopacket/gopacket/layers"
+)
+
+// tcpFrame builds an Ethernet/IPv4/TCP frame from the client to the server.
+func tcpFrame(t *testing.T, c, s netip.AddrPort, tcp *layers.TCP, payload string) []byte {
+	t.Helper()
+	eth := &layers.Ethernet{SrcMAC: net.HardwareAddr{2, 0, 0, 0, 0, 2}, DstMAC: net.HardwareAddr{2, 0, 0, 0, 0, 1},
+		EthernetType: layers.EthernetTypeIPv4}
+	ip := &layers.IPv4{Version: 4, TTL: 64, Protocol: layers.IPProtocolTCP, SrcIP: c.Addr().AsSlice(),
+		DstIP: s.Addr().AsSlice(), Flags: layers.IPv4DontFragment}
+	tcp.SrcPort, tcp.DstPort = layers.TCPPort(c.Port()), layers.TCPPort(s.Port())
+	tcp.SetNetworkLayerForChecksum(ip)
+	buf := gopacket.NewSerializeBuffer()
+	if err := gopacket.SerializeLayers(buf, gopacket.SerializeOptions{FixLengths: true, ComputeChecksums: true},
+		eth, ip, tcp, gopacket.Payload(payload)); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
+// parseTCP decodes a reply frame's TCP layer and payload.
+func parseTCP(t *testing.T, frame []byte) (*layers.TCP, string) {
+	t.Helper()
+	p := gopacket.NewPacket(frame, layers.LayerTypeEthernet, gopacket.Default)
+	tcp, ok := p.Layer(layers.LayerTypeTCP).(*layers.TCP)
+	if !ok {
+		t.Fatalf("not a TCP frame: %x", frame)
+	}
+	if err := p.ErrorLayer(); err != nil {
+		t.Fatalf("reply frame: %v", err.Error())
+	}
+	return tcp, string(tcp.Payload)
+}
+
+func tsOption(tsval, tsecr uint32) layers.TCPOption {
+	d := make([]byte, 8)
+	binary.BigEndian.PutUint32(d, tsval)
+	binary.BigEndian.PutUint32(d[4:], tsecr)
+	return layers.TCPOption{OptionType: layers.TCPOptionKindTimestamps, OptionLength: 10, OptionData: d}
+}
+
+func timestamps(t *testing.T, tcp *layers.TCP) (tsval, tsecr uint32) {
+	t.Helper()
+	for _, o := range tcp.Options {
+		if o.OptionType == layers.TCPOptionKindTimestamps {
+			return binary.BigEndian.Uint32(o.OptionData), binary.BigEndian.Uint32(o.OptionData[4:])
+		}
+	}
+	t.Fatalf("no timestamps in %v", tcp.Options)
+	return 0, 0
+}
+
+// siphash24 is SipHash-2-4 of whole little-endian words, the stamp MAC's.
+func siphash24(k0, k1 uint64, m []uint64) uint64 {
+	v0, v1, v2, v3 := k0^0x736f6d6570736575, k1^0x646f72616e646f6d, k0^0x6c7967656e657261, k1^0x7465646279746573
+	round := func() {
+		v0 += v1
+		v1 = bits.RotateLeft64(v1, 13) ^ v0
+		v0 = bits.RotateLeft64(v0, 32)
+		v2 += v3
+		v3 = bits.RotateLeft64(v3, 16) ^ v2
+		v0 += v3
+		v3 = bits.RotateLeft64(v3, 21) ^ v0
+		v2 += v1
+		v1 = bits.RotateLeft64(v1, 17) ^ v2
+		v2 = bits.RotateLeft64(v2, 32)
+	}
+	for _, w := range m {
+		v3 ^= w
+		round()
+		round()
+		v0 ^= w
+	}
+	b := uint64(len(m)*8) << 56
+	v3 ^= b
+	round()
+	round()
+	v0 ^= b
+	v2 ^= 0xff
+	for i := 0; i < 4; i++ {
+		round()
+	}
+	return v0 ^ v1 ^ v2 ^ v3
+}
+
+// TestSipHashVector checks the Go SipHash against the reference vector of
+// the empty message under key 00..0f (SipHash paper, vectors.h).
+func TestSipHashVector(t *testing.T) {
+	var key [16]byte
+	for i := range key {
+		key[i] = byte(i)
+	}
+	got := siphash24(binary.LittleEndian.Uint64(key[:8]), binary.LittleEndian.Uint64(key[8:]), nil)
+	if want := uint64(0x726fdb47dd0e0e31); got != want {
+		t.Fatalf("siphash24 = %#x, want %#x", got, want)
+	}
+}
+
+// stampValid checks a stamp the way bpf/tcp.h does, with the key user
+// space wrote for its epoch, for an IPv4 connection c -> s.
+func stampValid(t *testing.T, d *Dataplane, c, s netip.AddrPort, stamp uint32, unit uint64) bool {
+	t.Helper()
+	field := uint64(stamp >> 26)
+	age := (unit - field) & 63
+	u := unit - age
+	epoch := u >> stampEpochShift
+	var k StampKey
+	if err := d.objs.SantaTcpKeys.Lookup(uint32(epoch%stampKeySlots), &k); err != nil || k.EpochPlus1 != epoch+1 {
+		t.Fatalf("no key for epoch %d: %v", epoch, err)
+	}
+	finOpts := uint64(stamp>>25&1) | uint64(stamp>>18&127)<<1
+	ca, sa := c.Addr().As4(), s.Addr().As4()
+	var tuple [36]byte
+	copy(tuple[0:], ca[:])
+	copy(tuple[4:], sa[:])
+	binary.BigEndian.PutUint16(tuple[8:], c.Port())
+	binary.BigEndian.PutUint16(tuple[10:], s.Port())
+	m := make([]uint64, 6)
+	for i := 0; i < 4; i++ {
+		m[i] = binary.LittleEndian.Uint64(tuple[8*i:])
+	}
+	m[4] = uint64(binary.LittleEndian.Uint32(tuple[32:])) | (finOpts|4<<8)<<32
+	m[5] = u
+	return uint32(siphash24(k.K0, k.K1, m))&(1<<18-1) == stamp&(1<<18-1)
+}
+
+// TestTCPFixtures runs single segments through the XDP program: the
+// SYN-ACK and its stamp, a forged stamp, a request answered in place.
+func TestTCPFixtures(t *testing.T) {
+	e := newEnv(t, Config{})
+	addr := netip.AddrPortFrom(e.tb.Server.IP4, 8081)
+	srv := startTCPServer(t, e.tb, addr)
+	request := "GET / HTTP/1.1\r\n\r\n"
+	reply := "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nhi"
+	e.bindRules(srv.cookie, Rule{Conditions: []Condition{cond(0, request)}, Processors: []Processor{put(0, reply)},
+		ReplyLen: len(reply), MinLen: len(request), MaxLen: len(request)})
+	client := netip.AddrPortFrom(e.tb.Client.IP4, 40001)
+
+	syn := &layers.TCP{SYN: true, Seq: 1000, Window: 64240, Options: []layers.TCPOption{
+		{OptionType: layers.TCPOptionKindMSS, OptionLength: 4, OptionData: []byte{0x05, 0xb4}},
+		{OptionType: layers.TCPOptionKindSACKPermitted, OptionLength: 2},
+		tsOption(777, 0),
+		{OptionType: layers.TCPOptionKindWindowScale, OptionLength: 3, OptionData: []byte{7}},
+	}}
+	before := e.counters()
+	verdict, out := e.run(tcpFrame(t, client, addr, syn, ""))
+	if verdict != xdpTx || e.counters()["tcp_syn_answered"] != before["tcp_syn_answered"]+1 {
+		t.Fatalf("SYN: verdict %d, counters %v", verdict, e.counters())
+	}
+	synack, _ := parseTCP(t, out)
+	if !synack.SYN || !synack.ACK || synack.Ack != 1001 || synack.SrcPort != 8081 || synack.DstPort != 40001 {
+		t.Fatalf("SYN-ACK: %+v", synack)
+	}
+	stamp, echo := timestamps(t, synack)
+	if echo != 777 {
+		t.Fatalf("SYN-ACK echoes %d, want the SYN's TSval 777", echo)
+	}
+	if !stampValid(t, e.d, client, addr, stamp, nowUnit(t)) {
+		t.Fatalf("the SYN-ACK's TSval %#x is not a valid stamp", stamp)
+	}
+	if opts := stamp >> 18 & 127; opts != 3<<5|7<<1|1 {
+		t.Fatalf("stamp options %#b, want MSS 1460, window scale 7, SACK", opts)
+	}
+
+	ack := func(tsecr uint32, payload string) []byte {
+		return tcpFrame(t, client, addr, &layers.TCP{ACK: true, PSH: payload != "", Seq: 1001, Ack: synack.Seq + 1,
+			Window: 502, Options: []layers.TCPOption{{OptionType: layers.TCPOptionKindNop},
+				{OptionType: layers.TCPOptionKindNop}, tsOption(778, tsecr)}}, payload)
+	}
+	e.expect("forged stamp", ack(stamp^1, request), xdpPass, nil, "tcp_pass_bad_stamp")
+	e.expect("options changed", ack(stamp^1<<20, request), xdpPass, nil, "tcp_pass_bad_stamp")
+	e.expect("handshake ACK", ack(stamp, ""), xdpDrop, nil, "tcp_ack_consumed")
+	e.expect("other request", ack(stamp, "GET /x HTTP/1.1\r\n\r\n"), xdpPass, nil, "pass_no_match")
+
+	before = e.counters()
+	verdict, out = e.run(ack(stamp, request))
+	if verdict != xdpTx || e.counters()["answered"] != before["answered"]+1 {
+		t.Fatalf("request: verdict %d", verdict)
+	}
+	r, payload := parseTCP(t, out)
+	if payload != reply || r.Seq != synack.Seq+1 || r.Ack != 1001+uint32(len(request)) || !r.PSH || r.FIN {
+		t.Fatalf("reply: seq %d ack %d flags PSH %v FIN %v payload %q", r.Seq, r.Ack, r.PSH, r.FIN, payload)
+	}
+	tsval, tsecr := timestamps(t, r)
+	if tsecr != 778 || !stampValid(t, e.d, client, addr, tsval, nowUnit(t)) {
+		t.Fatalf("reply timestamps %#x %d", tsval, tsecr)
+	}
+}
+
+// nowUnit is the current stamp unit.
+func nowUnit(t *testing.T) uint64 {
+	t.Helper()
+	u, err := stampUnit()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return u
+}
