@@ -134,4 +134,3 @@ func (d *Dataplane) stopStampKeys() {
 		d.stopKeys = nil
 	}
 }
-

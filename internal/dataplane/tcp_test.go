@@ -280,9 +280,9 @@ func TestTCPSocketless(t *testing.T) {
 			after := counterNames(t, d)
 			for name, want := range map[string]uint64{
 				"tcp_syn_answered": 3, "answered": 9, "tcp_handed_over": 1, "tcp_fin_answered": 2,
-				"tcp_long_reply": 4,
+				"tcp_long_reply":    4,
 				"tcp_segments_sent": uint64(3*segments(bigReply)+segments(bigCloseReply)) + after["tcp_xdp_no_room"] - before["tcp_xdp_no_room"],
-				"tcp_emit_failed": 0,
+				"tcp_emit_failed":   0,
 			} {
 				if got := after[name] - before[name]; got != want {
 					t.Errorf("%s: +%d, want +%d (counters %v)", name, got, want, after)
