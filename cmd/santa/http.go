@@ -78,7 +78,7 @@ network namespace, next to santad. See docs/http.md.`,
 	f.IntVar(&cfg.MaxRules, "max-rules", cfg.MaxRules, "offload at most this many distinct requests")
 	f.Uint64Var(&cfg.MinSamples, "min-samples", cfg.MinSamples, "sampled misses a request needs to be offloaded")
 	f.Uint32Var(&cfg.SampleRate, "sample-rate", cfg.SampleRate, "miss samples per second and CPU")
-	f.IntVar(&cfg.MaxReply, "max-reply", cfg.MaxReply, "offload only responses of at most this many bytes, headers included (IPv6 listeners: 20 less)")
+	f.IntVar(&cfg.MaxReply, "max-reply", cfg.MaxReply, "offload only responses of at most this many bytes, headers included (at most 14480, 10 segments; IPv6 listeners: 20 less per segment)")
 	f.IntVar(&cfg.DateRefresh, "date-refresh", cfg.DateRefresh, "rewrite the Date of at most this many rules per second (0: keep the Date of the fetch)")
 	f.DurationVar(&cfg.Interval, "interval", cfg.Interval, "compare every rule with nginx's current response once per this long")
 	f.DurationVar(&cfg.Idle, "idle", cfg.Idle, "remove a rule after this long without hits (0: never)")

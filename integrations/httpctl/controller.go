@@ -35,6 +35,14 @@ import (
 	"github.com/santa-offload/santa/internal/sketch"
 )
 
+// What the TCP data path sends (docs/tcp.md): at most 10 segments of
+// tcpSegment4 reply bytes over IPv4 (a 1500-byte MTU, TCP timestamps).
+// santad refuses longer replies.
+const (
+	tcpSegment4 = 1448
+	maxTCPReply = 10 * tcpSegment4
+)
+
 // Config configures a Controller. New gives zero fields DefaultConfig's
 // values, except DateRefresh, Idle and Report, where zero means off.
 type Config struct {
@@ -53,8 +61,8 @@ type Config struct {
 	MinSamples uint64 // sampled misses of a request (halved every second) before it is offloaded
 	SampleRate uint32 // miss samples per second and CPU
 	// MaxReply is the longest response offloaded, status line, headers and
-	// body, on IPv4 listeners; IPv6 listeners take 20 bytes less (the
-	// larger IP header).
+	// body, on IPv4 listeners (the data path sends up to 10 segments); IPv6
+	// listeners take 20 bytes less per segment (the larger IP header).
 	MaxReply int
 	// DateRefresh is how many rules per second get their reply's Date
 	// rewritten to the current second, oldest first; 0: replies keep the
@@ -77,7 +85,7 @@ var DefaultConfig = Config{
 	MaxRules:    1000,
 	MinSamples:  8,
 	SampleRate:  2000,
-	MaxReply:    1448,
+	MaxReply:    maxTCPReply,
 	DateRefresh: 1000,
 	Interval:    10 * time.Second,
 	Idle:        30 * time.Second,
@@ -244,6 +252,8 @@ func New(cfg Config) (*Controller, error) {
 		return nil, fmt.Errorf("max rules %d: must be at least 1", cfg.MaxRules)
 	case cfg.MaxReply < 64:
 		return nil, fmt.Errorf("max reply %d: too small for any response", cfg.MaxReply)
+	case cfg.MaxReply > maxTCPReply:
+		return nil, fmt.Errorf("max reply %d: the data path sends at most %d bytes (10 segments)", cfg.MaxReply, maxTCPReply)
 	case cfg.DateRefresh < 0:
 		return nil, fmt.Errorf("date refresh %d: must be 0 (off) or more", cfg.DateRefresh)
 	case cfg.Interval < time.Second:
@@ -342,8 +352,8 @@ func (c *Controller) attach(rules ruleClient, socks []api.SocketInfo) {
 		g := byKey[k]
 		if g == nil {
 			g = &group{index: len(c.groups), fetch: k.fetch, family: s.Family, maxReply: c.cfg.MaxReply}
-			if s.Family == 6 {
-				g.maxReply -= 20
+			if s.Family == 6 { // each segment carries 20 bytes less
+				g.maxReply -= 20 * ((c.cfg.MaxReply + tcpSegment4 - 1) / tcpSegment4)
 			}
 			byKey[k] = g
 			c.groups = append(c.groups, g)
@@ -946,8 +956,12 @@ func (c *Controller) dropIdle(now time.Time) error {
 	return c.remove(idle)
 }
 
-// removeAll deletes every rule of the controller (on exit).
+// removeAll deletes every rule of the controller (on exit), after reading
+// their hits for the report.
 func (c *Controller) removeAll() {
+	if err := c.readHits(); err != nil {
+		c.log.Warn("reading the rules' hits on exit failed", "error", err)
+	}
 	all := make([]*entry, 0, len(c.entries))
 	for _, e := range c.entries {
 		all = append(all, e)

@@ -261,7 +261,7 @@ func TestDateModel(t *testing.T) {
 // TestLearn feeds miss samples to the learner: a request sampled often
 // enough is offloaded on every socket of its group, and nothing else is.
 func TestLearn(t *testing.T) {
-	files := map[string][]byte{"a.txt": smallFile, "b.txt": smallFile, "big.bin": bytes.Repeat([]byte{'b'}, 5000), "id/x": smallFile}
+	files := map[string][]byte{"a.txt": smallFile, "b.txt": smallFile, "big.bin": bytes.Repeat([]byte{'b'}, 20000), "id/x": smallFile}
 	r := newRig(t, Config{MinSamples: 3, MaxRules: 3}, files)
 	feed := func(cookie uint64, req string, n int) {
 		for range n {
