@@ -21,15 +21,27 @@
 //     over TCP (text set, binary incr) is seen by the very next GET, and
 //     the rule comes back with the new value; the offloaded keys are still
 //     answered while memcached is paused; at the end root stops the
-//     controller and memcached answers again.
+//     controller and memcached answers again;
+//   - nginx (Debian's, unmodified) serves a few files; root runs the HTTP
+//     controller of the build, `santa http`: it attaches to nginx's
+//     listening sockets, learns curl's exact requests of three files from
+//     santad's miss samples and installs rules whose replies are nginx's
+//     own responses (one of about 5 kB, several TCP segments); curl from
+//     the client namespace then gets them from eBPF, which answers whole
+//     connections with no socket: the same bytes as nginx's but the Date,
+//     and nginx's access log shows nothing; a keep-alive connection whose
+//     second request has no rule is handed to nginx mid-stream; a file
+//     changed on disk is seen by the next fetch (inotify); at the end root
+//     stops the controller and nginx answers again.
 //
 // It removes everything it made when it ends, also on Ctrl-C: the
-// controllers and santad are stopped, memcached resumed and stopped, and
-// `santad cleanup` detaches XDP and removes its pins.
+// controllers and santad are stopped, memcached resumed and stopped,
+// nginx stopped, and `santad cleanup` detaches XDP and removes its pins.
 //
 // Needs root, bin/santad and bin/santa (make build), the source tree's
-// clients/python, nsd, dig, memcached, iproute2, util-linux and Debian's
-// python3 with cbor2 (make demo installs and builds all of it).
+// clients/python, nsd, dig, memcached, nginx, curl, iproute2, util-linux
+// and Debian's python3 with cbor2 (make demo installs and builds all of
+// it).
 package main
 
 import (
@@ -80,7 +92,8 @@ func main() {
 			"kernel (XDP) and from NSD; then an unprivileged application adds its own\n"+
 			"rule through the Python client; then the memcached controller (santa\n"+
 			"memcached static) offloads GETs of a real memcached, and writes over TCP are\n"+
-			"seen by the very next GET.\n"+
+			"seen by the very next GET; then the HTTP controller (santa http) offloads\n"+
+			"static files of a real nginx, answered over TCP by eBPF with no socket.\n"+
 			"Needs root and bin/santad, bin/santa next to this program (make build).\n\n", os.Args[0])
 		flag.PrintDefaults()
 	}
@@ -117,6 +130,7 @@ type demo struct {
 	nsd      *testbed.NSD
 	ctl      *controller // the DNS controller
 	mcCtl    *controller // the memcached controller
+	httpCtl  *controller // the HTTP controller
 	app      *app
 	cookie   map[bool]uint64         // NSD's socket by v6
 	server   map[bool]netip.AddrPort // NSD's address by v6
@@ -156,7 +170,7 @@ func run(ctx context.Context, out io.Writer, verbose bool) (err error) {
 		if cerr := errors.Join(errs...); cerr != nil {
 			err = errors.Join(err, fmt.Errorf("cleanup: %w", cerr))
 		} else if err == nil {
-			fmt.Fprintln(out, "\nCleaned up: the app, NSD and memcached stopped, santad stopped and `santad cleanup` run"+
+			fmt.Fprintln(out, "\nCleaned up: the app, NSD, memcached and nginx stopped, santad stopped and `santad cleanup` run"+
 				" (XDP detached, pins removed), namespaces removed; no process of the demo is left.")
 		}
 	}()
@@ -200,7 +214,8 @@ func run(ctx context.Context, out io.Writer, verbose bool) (err error) {
 	}
 
 	fmt.Fprintln(out, "Santa demo: santad answers chosen requests in the kernel (XDP), for a real NSD,")
-	fmt.Fprintln(out, "for an unprivileged application that adds its own rule, and for a real memcached.")
+	fmt.Fprintln(out, "for an unprivileged application that adds its own rule, for a real memcached,")
+	fmt.Fprintln(out, "and over TCP, with no socket, for a real nginx.")
 	fmt.Fprintln(out)
 	fmt.Fprintf(out, "  testbed  client %-15s ── veth ──  server %s\n", tb.Client.IP4, tb.Server.IP4)
 	fmt.Fprintf(out, "           client %-15s            server %s\n", tb.Client.IP6, tb.Server.IP6)
@@ -302,7 +317,18 @@ func run(ctx context.Context, out io.Writer, verbose bool) (err error) {
 		}
 		return m.mcCtl.stop()
 	})
-	return m.memcached(verbose)
+	if err := m.memcached(verbose); err != nil {
+		return err
+	}
+
+	// nginx and the HTTP controller.
+	cleanups = append(cleanups, func() error {
+		if m.httpCtl == nil {
+			return nil
+		}
+		return m.httpCtl.stop()
+	})
+	return m.http(verbose)
 }
 
 func preflight() error {
@@ -310,13 +336,13 @@ func preflight() error {
 		return errors.New("must run as root (network namespaces, santad); try: sudo make demo")
 	}
 	var missing []string
-	for _, tool := range []string{testbed.NSDPath, testbed.NSDCheckconfPath, "dig", testbed.MemcachedPath, "ip", "nsenter", "setpriv", python} {
+	for _, tool := range []string{testbed.NSDPath, testbed.NSDCheckconfPath, "dig", testbed.MemcachedPath, testbed.NginxPath, "curl", "ip", "nsenter", "setpriv", python} {
 		if _, err := exec.LookPath(tool); err != nil {
 			missing = append(missing, tool)
 		}
 	}
 	if len(missing) > 0 {
-		return fmt.Errorf("missing %s: run scripts/install-deps.sh (packages nsd, dnsutils, memcached, iproute2, util-linux, python3-cbor2)",
+		return fmt.Errorf("missing %s: run scripts/install-deps.sh (packages nsd, dnsutils, memcached, nginx, curl, iproute2, util-linux, python3-cbor2)",
 			strings.Join(missing, ", "))
 	}
 	if out, err := exec.Command(python, "-c", "import cbor2").CombinedOutput(); err != nil {

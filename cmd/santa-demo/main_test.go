@@ -13,6 +13,7 @@ import (
 
 	"github.com/miekg/dns"
 
+	"github.com/santa-offload/santa/api"
 	"github.com/santa-offload/santa/integrations/dnsctl"
 )
 
@@ -85,6 +86,12 @@ func TestDemo(t *testing.T) {
 		"(binary protocol: Increment, opcode 0x05) → 101",
 		"memcached resumed (SIGCONT).",
 		"log: removed the controller's rules: rules=3",
+		// nginx: the real HTTP controller attached to its two listening sockets
+		"http --port 80 --root ",
+		"ready: learning on 2 sockets of port 80",
+		"log: attached: port=80 sockets=1 family=4 fetch_from=127.0.0.1:80",
+		"log: attached: port=80 sockets=1 family=6 fetch_from=[::1]:80",
+		"log: removed the controller's rules: rules=4",
 		"Cleaned up",
 	} {
 		if !strings.Contains(s, want) {
@@ -122,6 +129,29 @@ func TestDemo(t *testing.T) {
 		// after the controller stopped: memcached answers
 		`(?m)^  get user:42 +IPv4  "VALUE user:42 0 9\\r\\nAda Byron\\r\\nEND\\r\\n" +memcached \(its socket has no rule set, passed on\)`,
 		`(?m)^  get visits +IPv6  "VALUE visits 0 3\\r\\n101\\r\\nEND\\r\\n" +memcached \(its socket has no rule set, passed on\)`,
+		// nginx answers before the controller
+		`(?m)^  GET /index\.html IPv4  200 OK +205-byte body = file +nginx\n      pass_no_socket \+1; access log \+1: "GET /index\.html HTTP/1\.1" 200$`,
+		// each first fetch is a miss: eBPF answers the SYN and hands the connection to nginx; the controller learns the request
+		`(?m)^  GET /big\.html +IPv4  200 OK +\d+-byte body = file +nginx\n      tcp_syn_answered \+1, pass_no_match \+1, miss_sampled \+1, tcp_handed_over \+1; access log \+1: "GET /big\.html HTTP/1\.1" 200\n(.*\n.*\n)*?  → rule \d+ installed \d+ ms after the fetch$`,
+		// curl's exact request, nginx's response in several segments
+		`(?m)^  rule \d+  IPv4  "GET /big\.html HTTP/1\.1\\r\\nHost: [\d.]+\\r\\nUser-Agent: curl/[\d.]+\\r\\nAccept: \*/\*\\r\\n\\r\\n" +\d+ B → +\d+-byte reply \([2-9] segments\)$`,
+		`(?m)^  rule \d+  IPv6  "GET /index\.html HTTP/1\.1\\r\\nHost: \[[\da-f:]+\]\\r\\n[^"]*" +\d+ B → +\d+-byte reply \(1 segment\)$`,
+		// eBPF answers whole connections with nginx's bytes (but the Date); nginx logs nothing
+		`(?m)^  GET /index\.html IPv4  200 OK +205-byte body = file  = nginx's( but Date)? +Santa, rule \d+ hits 0 → 1\n      tcp_syn_answered \+1, answered \+1, .*tcp_fin_answered \+1; access log \+0$`,
+		`(?m)^  GET /index\.html IPv6  200 OK +205-byte body = file  = nginx's( but Date)? +Santa, rule \d+ hits 0 → 1\n      tcp_syn_answered \+1, answered \+1, .*tcp_fin_answered \+1; access log \+0$`,
+		`(?m)^  GET /style\.css  IPv4  200 OK +47-byte body = file  = nginx's( but Date)? +Santa, rule \d+ hits 0 → 1\n.*; access log \+0$`,
+		`(?m)^  GET /big\.html   IPv4  200 OK +\d+-byte body = file  = nginx's( but Date)? +Santa, rule \d+ hits 0 → 1\n      tcp_syn_answered \+1, answered \+1, tcp_long_reply \+1, tcp_segments_sent \+[2-9], .*tcp_fin_answered \+1; access log \+0$`,
+		`(?m)^  GET /about\.html IPv4  200 OK +82-byte body = file +nginx\n      tcp_syn_answered \+1, pass_no_match \+1, miss_sampled \+1, tcp_handed_over \+1; access log \+1: "GET /about\.html HTTP/1\.1" 200$`,
+		// one keep-alive connection: eBPF's reply, then the handover to nginx
+		`(?m)^  http://[\d.]+:80/index\.html: 200, 205-byte body, local port (\d+), new connections 1\n  http://[\d.]+:80/about\.html: 200, 82-byte body, local port \d+, new connections 0\n  bodies = files; rule \d+ hits \d+ → \d+; nginx's access log \+1: "GET /about\.html HTTP/1\.1" 200\n  .*\banswered \+1\b.*\btcp_handed_over \+1$`,
+		// a change on disk: the rule goes at once, nginx serves the new file, the rule comes back with it
+		`(?m)^  rule \d+ deleted \d+ ms after the rename \(inotify\)`,
+		`(?m)^  GET /style\.css  IPv4  200 OK  "body \{ font-family: sans-serif; color: #c00; \}\\n" = file +nginx\n`,
+		`(?m)^  GET /style\.css  IPv4  200 OK  "body \{ font-family: sans-serif; color: #c00; \}\\n" = file  = nginx's( but Date)? +Santa, rule \d+ hits 0 → 1\n.*\n  rule \d+ is back with the new content \d+ ms after the rename$`,
+		// the controller stopped: its rules are gone, nginx answers
+		`(?m)^  done: installed 5, invalidated 1, changed 0, removed 4 rules; `,
+		`(?m)^  GET /index\.html IPv4  200 OK +205-byte body = file +nginx\n      pass_no_ruleset \+1; access log \+1: "GET /index\.html HTTP/1\.1" 200$`,
+		`(?m)^  GET /big\.html   IPv6  200 OK +\d+-byte body = file +nginx\n      pass_no_ruleset \+1; access log \+1: "GET /big\.html HTTP/1\.1" 200$`,
 	} {
 		if n := len(regexp.MustCompile(re).FindAllString(s, -1)); n == 0 || (strings.Contains(re, "counters") && n != 2) {
 			t.Errorf("output lacks %s (%d matches)", re, n)
@@ -133,6 +163,14 @@ func TestDemo(t *testing.T) {
 	}
 	if strings.Contains(s, "unclear") {
 		t.Error("the demo could not tell who answered a request")
+	}
+	if strings.Contains(s, "≠") {
+		t.Error("a reply differs from the file or from nginx's response")
+	}
+	for _, c := range []string{"tcp_handover_failed", "tcp_emit_failed", "tcp_resend", "pass_no_room"} {
+		if strings.Contains(s, c+" +") {
+			t.Errorf("the HTTP part moved %s", c)
+		}
 	}
 	checkCleanedUp(t)
 }
@@ -223,6 +261,28 @@ func TestDemoInterruptedWhileMemcachedPaused(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "memcached paused") {
 		t.Errorf("the demo never paused memcached:\n%s", out.String())
+	}
+	checkCleanedUp(t)
+}
+
+// Ctrl-C while the HTTP controller runs: the demo stops it, nginx and
+// santad, and leaves nothing behind.
+func TestDemoInterruptedWithHTTPController(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("needs root: the demo builds network namespaces and runs santad")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	out := &cancelOn{prefix: "  ready: learning on", cancel: cancel}
+	err := run(ctx, out, false)
+	if err == nil || ctx.Err() == nil {
+		t.Fatalf("demo interrupted once the HTTP controller was ready: %v (context: %v)\n%s", err, ctx.Err(), out.String())
+	}
+	if strings.Contains(err.Error(), "cleanup:") {
+		t.Errorf("cleanup failed: %v", err)
+	}
+	if !strings.Contains(out.String(), "ready: learning on") {
+		t.Errorf("the HTTP controller never got ready:\n%s", out.String())
 	}
 	checkCleanedUp(t)
 }
@@ -359,5 +419,34 @@ func TestRuleDescription(t *testing.T) {
 		if got, ok := ruleQuestion(rule); !ok || got != (question{"www.example.test", "A"}) {
 			t.Errorf("%v: question %v, %t", c.b, got, ok)
 		}
+	}
+}
+
+// What the HTTP part reads from curl, nginx's access log and the rules.
+func TestHTTPHelpers(t *testing.T) {
+	raw := []byte("HTTP/1.1 200 OK\r\nServer: nginx\r\nDate: Sat, 21 Nov 2026 04:36:29 GMT\r\nContent-Length: 2\r\n\r\nhi")
+	r, err := parseHTTP(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.status != "200 OK" || r.date != "Sat, 21 Nov 2026 04:36:29 GMT" || string(r.body) != "hi" ||
+		r.withoutDate() != "HTTP/1.1 200 OK\r\nServer: nginx\r\nContent-Length: 2\r\n\r\n" {
+		t.Errorf("parsed %+v, without Date %q", r, r.withoutDate())
+	}
+	if _, err := parseHTTP([]byte("HTTP/1.1 200 OK\r\n")); err == nil {
+		t.Error("a response without the end of its header block parsed")
+	}
+	line := `198.18.1.2 - - [21/Nov/2026:04:36:29 +0000] "GET /about.html HTTP/1.1" 200 82 "-" "curl/7.88.1"`
+	if got, want := logged(line), `"GET /about.html HTTP/1.1" 200`; got != want {
+		t.Errorf("logged: %q, want %q", got, want)
+	}
+	req := "GET /big.html HTTP/1.1\r\nHost: x\r\n\r\n"
+	rule := api.Rule{MinLen: uint32(len(req)), MaxLen: uint32(len(req)),
+		Conditions: []api.Condition{{Offset: 0, Pattern: []byte(req[:20])}, {Offset: 20, Pattern: []byte(req[20:])}}}
+	if got := string(httpRuleRequest(rule)); got != req {
+		t.Errorf("request %q, want %q", got, req)
+	}
+	if got := httpRulePath(rule); got != "/big.html" {
+		t.Errorf("path %q", got)
 	}
 }
