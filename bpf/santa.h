@@ -21,6 +21,7 @@ enum santa_limit {
 	SANTA_OFF_MASK = 2047,       /* bounds offsets and lengths for the verifier */
 	SANTA_SCRATCH_REQ = 4096,    /* > 2 * SANTA_OFF_MASK: offset plus length stays inside */
 	SANTA_SCRATCH_L4 = 128,      /* a TCP header (at most 60 bytes) with slack for option reads */
+	SANTA_SCRATCH_TCP = 64,      /* the TCP responder's working state (bpf/tcp.h) */
 	SANTA_RULESET_DISJOINT = 1,  /* rule set flag: at most one rule can match a packet */
 	SANTA_ADDR_LOCAL = 1,        /* santa_local_addrs: an address of this host */
 	SANTA_ADDR_BROADCAST = 2,    /* santa_local_addrs: a subnet broadcast address */
@@ -204,11 +205,13 @@ struct santa_miss_sample {
 };
 
 /* Per-CPU work area: the request window (with slack for word-wise compares
- * past a pattern's end), the reply's headers and the request's TCP header. */
+ * past a pattern's end), the reply's headers, the request's TCP header and
+ * the TCP responder's state (off the short stack). */
 struct santa_scratch {
 	__u8 req[SANTA_SCRATCH_REQ];
 	__u8 hdr[128];
 	__u8 l4[SANTA_SCRATCH_L4];
+	__u8 tcp[SANTA_SCRATCH_TCP];
 };
 
 /* The SipHash key of one stamp epoch (TCP). */

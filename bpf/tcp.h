@@ -297,3 +297,10 @@ static __always_inline __u64 tcp_header_sum(const struct tcphdr *th, __u32 tcp_l
 	return csum_pseudo(&req->tuple, req->family, IPPROTO_TCP, tcp_len + payload_len) +
 	       (__u32)bpf_csum_diff(NULL, 0, (void *)th, tcp_len == 40 ? 40 : 32, 0);
 }
+
+/* The TCP responder's working state, kept in santa_scratch.tcp. */
+struct tcp_work {
+	struct tcp_opts o;
+	struct tcp_reply t;
+};
+_Static_assert(sizeof(struct tcp_work) <= SANTA_SCRATCH_TCP, "santa_scratch.tcp is too small");

@@ -204,8 +204,11 @@ __noinline int tcp_segment(struct xdp_md *ctx, struct pkt_info *req)
 	}
 	struct tcphdr *th = (void *)s->l4;
 	__u8 flags = tcp_flags(th);
-	struct tcp_opts o = {};
-	tcp_parse_options(s, req->l4_len, &o);
+	/* in scratch: the stack is short (the matcher's calls need it) */
+	struct tcp_work *w = (void *)s->tcp;
+	struct tcp_opts *o = &w->o;
+	__builtin_memset(o, 0, sizeof(*o));
+	tcp_parse_options(s, req->l4_len, o);
 	__u64 unit = stamp_unit();
 
 	if (flags & TCP_RST) {
@@ -215,19 +218,20 @@ __noinline int tcp_segment(struct xdp_md *ctx, struct pkt_info *req)
 		return XDP_DROP;
 	}
 	if (flags & TCP_SYN)
-		return tcp_syn(ctx, req, s, flags, &o, unit);
+		return tcp_syn(ctx, req, s, flags, o, unit);
 	__u32 opts;
 	int fin;
 	__u64 age;
-	if (!(flags & TCP_ACK) || !o.has_ts || !stamp_check(req, o.tsecr, unit, &opts, &fin, &age)) {
+	if (!(flags & TCP_ACK) || !o->has_ts || !stamp_check(req, o->tsecr, unit, &opts, &fin, &age)) {
 		COUNT(tcp_pass_bad_stamp);
 		return XDP_PASS;
 	}
 	__u32 seq = bpf_ntohl(th->seq);
-	struct tcp_reply t = {
+	struct tcp_reply *t = &w->t;
+	*t = (struct tcp_reply){
 		.flags = TCP_ACK,
 		.seq = bpf_ntohl(th->ack_seq),
-		.tsecr = o.tsval,
+		.tsecr = o->tsval,
 		.opts = opts,
 	};
 	if ((flags & TCP_FIN) && req->payload_len) {
@@ -236,8 +240,8 @@ __noinline int tcp_segment(struct xdp_md *ctx, struct pkt_info *req)
 		 * answer the FIN; other data with a FIN is the kernel's */
 		struct santa_tcp_flow *f = bpf_map_lookup_elem(&santa_tcp_flows, &req->tuple);
 		if (f && (__s32)(seq - f->req_seq) <= 0 && seq + req->payload_len == f->req_end) {
-			if ((__s32)(t.seq - f->reply_end) < 0) /* the reply first */
-				return answer_again(ctx, req, s, f, &t, &o, unit, 1, fin);
+			if ((__s32)(t->seq - f->reply_end) < 0) /* the reply first */
+				return answer_again(ctx, req, s, f, t, o, unit, 1, fin);
 			if (req->payload_len > SANTA_REQ_WINDOW ||
 			    bpf_xdp_load_bytes(ctx, req->payload_off, s->req,
 					       NONZERO(req->payload_len, SANTA_OFF_MASK))) {
@@ -261,11 +265,11 @@ __noinline int tcp_segment(struct xdp_md *ctx, struct pkt_info *req)
 			return XDP_PASS;
 		}
 		/* the flow stays (LRU) for a retransmitted FIN with the request */
-		t.flags |= fin ? 0 : TCP_FIN;
-		t.ack = seq + 1;
-		t.tsval = stamp_make(req, unit, 1, opts);
+		t->flags |= fin ? 0 : TCP_FIN;
+		t->ack = seq + 1;
+		t->tsval = stamp_make(req, unit, 1, opts);
 		COUNT(tcp_fin_answered);
-		return tcp_send(ctx, req, &t, 0);
+		return tcp_send(ctx, req, t, 0);
 	}
 	if (req->payload_len <= 1 && age >= 1) {
 		/* after an idle unit: a keepalive probe (seq = the client's next - 1,
@@ -275,47 +279,43 @@ __noinline int tcp_segment(struct xdp_md *ctx, struct pkt_info *req)
 			COUNT(pass_bad_checksum);
 			return XDP_PASS;
 		}
-		t.ack = seq + 1;
-		t.tsval = stamp_make(req, unit, fin, opts);
+		t->ack = seq + 1;
+		t->tsval = stamp_make(req, unit, fin, opts);
 		COUNT(tcp_keepalive_answered);
-		return tcp_send(ctx, req, &t, 0);
+		return tcp_send(ctx, req, t, 0);
 	}
 	if (req->payload_len == 0) {
 		struct santa_tcp_flow *f = bpf_map_lookup_elem(&santa_tcp_flows, &req->tuple);
-		if (f && f->multi && t.seq == f->reply_end) {
+		if (f && f->multi && t->seq == f->reply_end) {
 			/* the client has the whole long reply: ack its request, once */
-			if (f->last_ack == t.seq) {
+			if (f->last_ack == t->seq) {
 				COUNT(tcp_ack_consumed);
 				return XDP_DROP;
 			}
-			f->last_ack = t.seq;
-			t.ack = f->req_end;
-			t.tsval = stamp_make(req, unit, fin, opts);
+			f->last_ack = t->seq;
+			t->ack = f->req_end;
+			t->tsval = stamp_make(req, unit, fin, opts);
 			COUNT(tcp_request_acked);
-			return tcp_send(ctx, req, &t, 0);
+			return tcp_send(ctx, req, t, 0);
 		}
-		if (f && f->multi && (__s32)(t.seq - f->reply_start) >= 0 && (__s32)(t.seq - f->reply_end) < 0) {
+		if (f && f->multi && (__s32)(t->seq - f->reply_start) >= 0 && (__s32)(t->seq - f->reply_end) < 0) {
 			/* a reply of several segments is not all acked: a repeated
 			 * ack (or one with SACK blocks) says a segment went missing */
-			int repeated = o.sack_blocks || t.seq == f->last_ack;
-			f->last_ack = t.seq;
+			int repeated = o->sack_blocks || t->seq == f->last_ack;
+			f->last_ack = t->seq;
 			if (repeated) {
 				COUNT(tcp_resend);
-				return emit_by_tc(ctx, f, t.seq - f->reply_start, o.tsval, opts, 1);
+				return emit_by_tc(ctx, f, t->seq - f->reply_start, o->tsval, opts, 1);
 			}
 		}
 		COUNT(tcp_ack_consumed);
-		return XDP_DROP;
-	}
-	if (fin) {
-		COUNT(tcp_drop_after_fin);
 		return XDP_DROP;
 	}
 	/* The flow's last answer: while the client has not acked all of it
 	 * (in flight), only its request (retransmitted) may be answered, and
 	 * nothing may go to the kernel, whose sequence space would miss it. */
 	struct santa_tcp_flow *f = bpf_map_lookup_elem(&santa_tcp_flows, &req->tuple);
-	int in_flight = f && (__s32)(t.seq - f->reply_end) < 0;
+	int in_flight = f && (__s32)(t->seq - f->reply_end) < 0;
 	__u32 end = seq + req->payload_len;
 	int trimmed = 0;
 	if (f && (__s32)(end - f->req_end) <= 0) {
@@ -326,7 +326,11 @@ __noinline int tcp_segment(struct xdp_md *ctx, struct pkt_info *req)
 		/* the last request answered, again (a client's retransmission may
 		 * carry older unacked requests before it) */
 		COUNT(tcp_request_repeated);
-		return answer_again(ctx, req, s, f, &t, &o, unit, in_flight, fin);
+		return answer_again(ctx, req, s, f, t, o, unit, in_flight, fin);
+	}
+	if (fin) { /* only the request answered with the FIN may come again */
+		COUNT(tcp_drop_after_fin);
+		return XDP_DROP;
 	}
 	if (f && (__s32)(seq - f->req_end) < 0) {
 		/* answered bytes, then new ones (a retransmission that took in
@@ -334,7 +338,7 @@ __noinline int tcp_segment(struct xdp_md *ctx, struct pkt_info *req)
 		 * counts, and it cannot go to the kernel with the old bytes */
 		if (in_flight) {
 			COUNT(tcp_request_repeated);
-			return answer_again(ctx, req, s, f, &t, &o, unit, 1, fin);
+			return answer_again(ctx, req, s, f, t, o, unit, 1, fin);
 		}
 		if (req->payload_len > SANTA_REQ_WINDOW ||
 		    bpf_xdp_load_bytes(ctx, req->payload_off, s->req, NONZERO(req->payload_len, SANTA_OFF_MASK)) ||
@@ -354,27 +358,27 @@ __noinline int tcp_segment(struct xdp_md *ctx, struct pkt_info *req)
 	__u32 slot = 0;
 	const struct santa_rule *r = match_request(ctx, req, s, cookie, id, rs, &slot);
 	if (!r)
-		return trimmed ? answer_again(ctx, req, s, f, &t, &o, unit, 0, fin) : XDP_PASS;
+		return trimmed ? answer_again(ctx, req, s, f, t, o, unit, 0, fin) : XDP_PASS;
 	__u32 mss = opts_mss(opts) - TS_OPTION_LEN;
 	int multi = r->reply_len > mss;
 	if (multi && (r->ncopies || r->reply_len > SANTA_TCP_SEGMENTS * mss)) {
 		COUNT(tcp_handover_long_reply);
-		return trimmed ? answer_again(ctx, req, s, f, &t, &o, unit, 0, fin) : XDP_PASS;
+		return trimmed ? answer_again(ctx, req, s, f, t, o, unit, 0, fin) : XDP_PASS;
 	}
 	int close = r->flags & SANTA_RULE_CLOSE;
 	struct santa_tcp_flow nf = {
 		.req_seq = seq,
 		.req_end = seq + req->payload_len,
-		.reply_start = t.seq,
+		.reply_start = t->seq,
 		.slot = slot,
 		.multi = multi,
-		.last_ack = t.seq,
+		.last_ack = t->seq,
 	};
 	nf.reply_end = nf.reply_start + r->reply_len + (close ? 1 : 0);
 	__u8 ws = opts_wscale(opts);
-	if (nf.reply_end - t.seq > ((__u32)bpf_ntohs(th->window) << (ws == OPTS_NO_WSCALE ? 0 : ws))) {
+	if (nf.reply_end - t->seq > ((__u32)bpf_ntohs(th->window) << (ws == OPTS_NO_WSCALE ? 0 : ws))) {
 		COUNT(tcp_handover_window);
-		return trimmed ? answer_again(ctx, req, s, f, &t, &o, unit, 0, fin) : XDP_PASS;
+		return trimmed ? answer_again(ctx, req, s, f, t, o, unit, 0, fin) : XDP_PASS;
 	}
 	if (!trimmed && !request_checksum_ok(req, s)) {
 		COUNT(pass_bad_checksum);
@@ -383,12 +387,12 @@ __noinline int tcp_segment(struct xdp_md *ctx, struct pkt_info *req)
 	bpf_map_update_elem(&santa_tcp_flows, &req->tuple, &nf, BPF_ANY);
 	if (multi) {
 		COUNT(tcp_long_reply);
-		return emit_by_tc(ctx, &nf, t.seq - nf.reply_start, o.tsval, opts, 0);
+		return emit_by_tc(ctx, &nf, t->seq - nf.reply_start, o->tsval, opts, 0);
 	}
-	t.flags |= TCP_PSH | (close ? TCP_FIN : 0);
-	t.ack = seq + req->payload_len;
-	t.tsval = stamp_make(req, unit, close, opts);
-	int verdict = tcp_send(ctx, req, &t, slot);
+	t->flags |= TCP_PSH | (close ? TCP_FIN : 0);
+	t->ack = seq + req->payload_len;
+	t->tsval = stamp_make(req, unit, close, opts);
+	int verdict = tcp_send(ctx, req, t, slot);
 	if (verdict != TCP_NO_ROOM)
 		return verdict;
 	if (r->ncopies) {
@@ -399,5 +403,5 @@ __noinline int tcp_segment(struct xdp_md *ctx, struct pkt_info *req)
 	nf.multi = 1; /* TC sends it, as a long reply */
 	bpf_map_update_elem(&santa_tcp_flows, &req->tuple, &nf, BPF_ANY);
 	COUNT(tcp_xdp_no_room);
-	return emit_by_tc(ctx, &nf, 0, o.tsval, opts, 0);
+	return emit_by_tc(ctx, &nf, 0, o->tsval, opts, 0);
 }

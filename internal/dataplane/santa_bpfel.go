@@ -67,6 +67,7 @@ const (
 	santaSantaLimitSANTA_OFF_MASK         santaSantaLimit = 2047
 	santaSantaLimitSANTA_SCRATCH_REQ      santaSantaLimit = 4096
 	santaSantaLimitSANTA_SCRATCH_L4       santaSantaLimit = 128
+	santaSantaLimitSANTA_SCRATCH_TCP      santaSantaLimit = 64
 	santaSantaLimitSANTA_RULESET_DISJOINT santaSantaLimit = 1
 	santaSantaLimitSANTA_ADDR_LOCAL       santaSantaLimit = 1
 	santaSantaLimitSANTA_ADDR_BROADCAST   santaSantaLimit = 2
@@ -223,6 +224,7 @@ type santaSantaScratch struct {
 	Req [4096]uint8
 	Hdr [128]uint8
 	L4  [128]uint8
+	Tcp [64]uint8
 }
 
 type santaSantaTcpFlow struct {

@@ -1,0 +1,887 @@
+package httpctl
+
+// End-to-end tests through the real data path (issue 6, "Tests"): nginx in
+// the server namespace, santad attached to the server veth, the controller
+// (Run) learning the exact requests from the miss samples of real clients
+// in the client namespace (curl, wrk, Python's http.client, headless
+// Chromium), then the same clients answered by eBPF; under loss and
+// reordering; a differential test of offload on and off; connections that
+// start with eBPF replies and go on with nginx (docs/http.md, "Tests").
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"image"
+	"image/png"
+	"io"
+	"maps"
+	"math/rand"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/santa-offload/santa/internal/testbed"
+	"golang.org/x/sys/unix"
+)
+
+// e2eFiles are nginx's documents: a small file (one segment), an index
+// page, a file of 5 segments (a long reply, sent by TC) and one of 20 kB,
+// longer than 10 segments (never offloaded).
+func e2eFiles() map[string][]byte {
+	rnd := rand.New(rand.NewSource(6))
+	blob := func(n int) []byte {
+		b := make([]byte, n)
+		rnd.Read(b)
+		return b
+	}
+	return map[string][]byte{
+		"a.txt":      []byte("hello from nginx, or from eBPF\n"),
+		"index.html": []byte("<html><body><p>santa e2e index</p></body></html>\n"),
+		"m.bin":      blob(6000),
+		"big.bin":    blob(20000),
+		"q.txt":      []byte(strings.Repeat("query string file\n", 20)),
+		"other.txt":  []byte("never offloaded (not among the paths)\n"),
+	}
+}
+
+// fileFor is the file nginx serves for a request target: the path
+// without "/" and the query, index.html for "/".
+func fileFor(target string) string {
+	p, _, _ := strings.Cut(strings.TrimPrefix(target, "/"), "?")
+	if p == "" {
+		return "index.html"
+	}
+	return p
+}
+
+// TestE2ECurl: curl, one URL per invocation and several URLs on one
+// keep-alive connection, over IPv4 and IPv6: after the first misses are
+// learned, every reply comes from eBPF (counters, rule hits), byte for
+// byte the file; a keep-alive connection that asks for a file too big to
+// offload goes on with nginx.
+func TestE2ECurl(t *testing.T) {
+	files := e2eFiles()
+	r := newE2E(t, e2eOptions{files: files})
+	dir := t.TempDir()
+	out := func(name string) string { return filepath.Join(dir, name) }
+	urls := map[uint32]func(string) string{4: r.ng.URL4, 6: r.ng.URL6}
+	// learning: each request first on a connection of its own; it misses,
+	// is sampled and hands the connection to nginx
+	for _, fam := range []uint32{4, 6} {
+		url := urls[fam]
+		for _, p := range []string{"/a.txt", "/m.bin", "/", "/big.bin"} {
+			r.curl("-o", out("learn"), url(p))
+			checkFile(t, out("learn"), files[fileFor(p)], "learning "+url(p))
+		}
+		r.curl("-I", url("/a.txt"))
+	}
+	for _, fam := range []uint32{4, 6} {
+		r.waitLines(fam, "GET /a.txt HTTP/1.1", "GET /m.bin HTTP/1.1", "GET / HTTP/1.1", "HEAD /a.txt HTTP/1.1")
+	}
+	if rep := r.ctl.Report(); rep.TooBig == 0 {
+		t.Errorf("big.bin not refused as too big: %+v", rep)
+	}
+
+	before, rules0 := r.counters(), hitsByLine(r.rules())
+	for _, fam := range []uint32{4, 6} {
+		url := urls[fam]
+		// keep-alive: four URLs, one connection
+		got := r.curl("-w", "%{num_connects} ",
+			"-o", out("1"), url("/a.txt"), "-o", out("2"), url("/m.bin"), "-o", out("3"), url("/"), "-o", out("4"), url("/a.txt"))
+		if got != "1 0 0 0 " {
+			t.Errorf("IPv%d keep-alive: connects per request %q, want \"1 0 0 0 \"", fam, got)
+		}
+		for i, f := range []string{"a.txt", "m.bin", "index.html", "a.txt"} {
+			checkFile(t, out(fmt.Sprint(i+1)), files[f], fmt.Sprintf("IPv%d keep-alive %s", fam, f))
+		}
+		// separate invocations
+		for _, p := range []string{"/a.txt", "/m.bin"} {
+			r.curl("-o", out("sep"), url(p))
+			checkFile(t, out("sep"), files[p[1:]], fmt.Sprintf("IPv%d %s", fam, p))
+		}
+		head := r.curl("-I", url("/a.txt"))
+		if !strings.HasPrefix(head, "HTTP/1.1 200 OK\r\n") || !strings.Contains(head, fmt.Sprintf("\r\nContent-Length: %d\r\n", len(files["a.txt"]))) {
+			t.Errorf("IPv%d HEAD: %q", fam, head)
+		}
+	}
+	after, rules1 := r.counters(), hitsByLine(r.rules())
+	d := delta(before, after)
+	t.Logf("counters: %v", d)
+	// per family: 4 keep-alive, 2 separate, 1 HEAD
+	for name, want := range map[string]uint64{"answered": 14, "tcp_long_reply": 4, "tcp_handed_over": 0, "tcp_syn_answered": 8} {
+		if d[name] != want {
+			t.Errorf("%s +%d, want +%d", name, d[name], want)
+		}
+	}
+	for line, want := range map[string]uint64{"GET /a.txt HTTP/1.1": 6, "GET /m.bin HTTP/1.1": 4, "GET / HTTP/1.1": 2, "HEAD /a.txt HTTP/1.1": 2} {
+		if got := rules1[line] - rules0[line]; got != want {
+			t.Errorf("rule hits of %q +%d, want +%d", line, got, want)
+		}
+	}
+
+	// a keep-alive connection that asks for a file too big to offload:
+	// eBPF answers the first request, nginx the rest
+	before = r.counters()
+	got := r.curl("-w", "%{num_connects} ",
+		"-o", out("1"), r.ng.URL4("/a.txt"), "-o", out("2"), r.ng.URL4("/big.bin"), "-o", out("3"), r.ng.URL4("/m.bin"))
+	if got != "1 0 0 " {
+		t.Errorf("keep-alive with a handover: connects per request %q, want \"1 0 0 \"", got)
+	}
+	for i, f := range []string{"a.txt", "big.bin", "m.bin"} {
+		checkFile(t, out(fmt.Sprint(i+1)), files[f], "keep-alive with a handover: "+f)
+	}
+	d = delta(before, r.counters())
+	if d["answered"] != 1 || d["tcp_handed_over"] != 1 {
+		t.Errorf("keep-alive with a handover: counters %v, want answered +1, tcp_handed_over +1", d)
+	}
+}
+
+// TestE2EWrk: wrk's requests, learned from its first misses, are then all
+// answered by eBPF: thousands of replies, none but a 200 with the file's
+// bytes (checked by wrk's response callback).
+func TestE2EWrk(t *testing.T) {
+	files := e2eFiles()
+	r := newE2E(t, e2eOptions{files: files})
+	dir := t.TempDir()
+	// wrk's response callback counts the responses and those whose status
+	// or body is not the file's
+	script := writeTemp(t, dir, "check.lua", fmt.Sprintf(`
+checked, bad = 0, 0
+local want = %q
+response = function(status, headers, body)
+	checked = checked + 1
+	if status ~= 200 or body ~= want then bad = bad + 1 end
+end
+local threads = {}
+setup = function(thread) table.insert(threads, thread) end
+done = function(summary, latency, requests)
+	for _, th in ipairs(threads) do
+		io.write(string.format("checked %%d bad %%d\n", th:get("checked"), th:get("bad")))
+	end
+end
+`, files["a.txt"]))
+	wrk := func(d string) (out string, requests int) {
+		t.Helper()
+		var checked, bad int
+		out, err := r.tb.Client.Run("wrk", "-t1", "-c2", "-d"+d, "-s", script, r.ng.URL4("/a.txt"))
+		if err != nil {
+			t.Fatalf("wrk: %v", err)
+		}
+		for _, l := range strings.Split(out, "\n") {
+			fmt.Sscanf(strings.TrimSpace(l), "%d requests in", &requests)
+			fmt.Sscanf(l, "checked %d bad %d", &checked, &bad)
+		}
+		if strings.Contains(out, "Non-2xx") || strings.Contains(out, "Socket errors") || checked == 0 || checked < requests || bad != 0 {
+			t.Errorf("wrk -d%s: %d requests, %d checked, %d bad:\n%s", d, requests, checked, bad, out)
+		}
+		return out, requests
+	}
+	// learning: the first request of each of wrk's two connections misses
+	// and hands the connection over; nginx answers the rest
+	wrk("1s")
+	r.waitLines(4, "GET /a.txt HTTP/1.1")
+	before := r.counters()
+	out, requests := wrk("2s")
+	d := delta(before, r.counters())
+	t.Logf("wrk: %d requests; counters %v\n%s", requests, d, out)
+	// every request of the two connections is eBPF's
+	if d["answered"] < uint64(requests) || requests < 1000 || d["tcp_handed_over"] != 0 {
+		t.Errorf("answered +%d for wrk's %d requests (handed over +%d), want all of them, at least 1000",
+			d["answered"], requests, d["tcp_handed_over"])
+	}
+}
+
+// pythonClient is run with python3 in the client namespace: argv host
+// port mode. It makes its requests with http.client, and one over a raw
+// socket (http.client's HTTP/1.0 request has no header at all: "GET
+// /a.txt HTTP/1.0\r\n\r\n"), and prints, as JSON, for each: its name,
+// status, version, headers, body (base64), the local port of its
+// connection and whether the response ends the connection. Mode "learn"
+// makes each request on a new connection; "check" makes the first four on
+// one keep-alive connection.
+const pythonClient = `
+import base64, http.client, json, socket, sys
+
+host, port, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+
+class HTTP10(http.client.HTTPConnection):
+    _http_vsn = 10
+    _http_vsn_str = "HTTP/1.0"
+
+def call(conn, name, method, path, headers={}):
+    conn.request(method, path, headers=headers)
+    r = conn.getresponse()
+    body = r.read()
+    port = conn.sock.getsockname()[1] if conn.sock else None
+    out.append({"name": name, "status": r.status, "version": r.version, "headers": r.getheaders(),
+                "body": base64.b64encode(body).decode(), "port": port, "will_close": r.will_close})
+
+out = []
+reqs = [("GET", "GET", "/a.txt", {}), ("HEAD", "HEAD", "/a.txt", {}), ("GET long", "GET", "/m.bin", {}),
+        ("HEAD long", "HEAD", "/m.bin", {})]
+if mode == "learn":
+    for name, m, p, h in reqs:
+        c = http.client.HTTPConnection(host, port, timeout=10)
+        call(c, name, m, p, h)
+        c.close()
+else:
+    c = http.client.HTTPConnection(host, port, timeout=10)
+    for name, m, p, h in reqs:
+        call(c, name, m, p, h)
+    c.close()
+c = HTTP10(host, port, timeout=10)
+call(c, "HTTP/1.0", "GET", "/a.txt")
+c.close()
+c = http.client.HTTPConnection(host, port, timeout=10)
+call(c, "close", "GET", "/m.bin", {"Connection": "close"})
+c.close()
+s = socket.create_connection((host, port), timeout=10)
+s.sendall(b"GET /m.bin HTTP/1.0\r\nUser-Agent: raw-socket\r\n\r\n")
+raw = b""
+while True:
+    b = s.recv(65536)
+    if not b:
+        break
+    raw += b
+head, _, body = raw.partition(b"\r\n\r\n")
+lines = head.decode().split("\r\n")
+out.append({"name": "raw HTTP/1.0", "status": int(lines[0].split(" ")[1]), "version": 11 if lines[0].startswith("HTTP/1.1 ") else 10,
+            "headers": [l.split(": ", 1) for l in lines[1:]], "body": base64.b64encode(body).decode(),
+            "port": s.getsockname()[1], "will_close": True})
+s.close()
+print(json.dumps(out))
+`
+
+type pyResult struct {
+	Name      string     `json:"name"`
+	Status    int        `json:"status"`
+	Version   int        `json:"version"`
+	Headers   [][]string `json:"headers"`
+	Body      []byte     `json:"body"`
+	Port      int        `json:"port"`
+	WillClose bool       `json:"will_close"`
+}
+
+// runPython runs pythonClient and checks every response against the
+// files: status 200, the file's bytes (none for HEAD, with its length),
+// connection semantics.
+func (r *e2eRig) runPython(script, mode string) []pyResult {
+	t := r.t
+	t.Helper()
+	out, err := r.tb.Client.Run("timeout", "60", "python3", script, r.tb.Server.IP4.String(), fmt.Sprint(testPort), mode)
+	if err != nil {
+		t.Fatalf("python: %v", err)
+	}
+	var res []pyResult
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatalf("python's output: %v\n%s", err, out)
+	}
+	want := map[string]struct {
+		file      string
+		head      bool
+		willClose bool
+	}{
+		"GET": {"a.txt", false, false}, "HEAD": {"a.txt", true, false}, "GET long": {"m.bin", false, false},
+		"HEAD long": {"m.bin", true, false}, "HTTP/1.0": {"a.txt", false, true}, "close": {"m.bin", false, true},
+		"raw HTTP/1.0": {"m.bin", false, true},
+	}
+	if len(res) != len(want) {
+		t.Fatalf("python %s: %d results, want %d", mode, len(res), len(want))
+	}
+	for _, x := range res {
+		w := want[x.Name]
+		body := r.files[w.file]
+		length := ""
+		for _, h := range x.Headers {
+			if len(h) == 2 && strings.EqualFold(h[0], "Content-Length") {
+				length = h[1]
+			}
+		}
+		if w.head {
+			body = nil
+		}
+		if x.Status != 200 || x.Version != 11 || !bytes.Equal(x.Body, body) || length != fmt.Sprint(len(r.files[w.file])) || x.WillClose != w.willClose {
+			t.Errorf("python %s %q: status %d, HTTP %d, %d bytes (want %d), Content-Length %q, will close %v (want %v)",
+				mode, x.Name, x.Status, x.Version, len(x.Body), len(body), length, x.WillClose, w.willClose)
+		}
+	}
+	return res
+}
+
+// TestE2EPython: Python's http.client, GET and HEAD on one keep-alive
+// connection, HTTP/1.0 (close), Connection: close, and a raw socket's
+// HTTP/1.0 request (a long reply) read until the server closes: learned
+// from their first misses, then all answered by eBPF, byte for byte the
+// files.
+func TestE2EPython(t *testing.T) {
+	r := newE2E(t, e2eOptions{files: e2eFiles()})
+	script := writeTemp(t, t.TempDir(), "client.py", pythonClient)
+	r.runPython(script, "learn")
+	r.waitLines(4, "GET /a.txt HTTP/1.1", "HEAD /a.txt HTTP/1.1", "GET /m.bin HTTP/1.1", "HEAD /m.bin HTTP/1.1",
+		"GET /a.txt HTTP/1.0")
+	r.waitRules("the raw HTTP/1.0 request", func(rs []e2eRule) bool {
+		return slices.ContainsFunc(rs, func(x e2eRule) bool {
+			return x.request == "GET /m.bin HTTP/1.0\r\nUser-Agent: raw-socket\r\n\r\n" && x.close
+		})
+	})
+	before := r.counters()
+	res := r.runPython(script, "check")
+	d := delta(before, r.counters())
+	t.Logf("counters %v", d)
+	for _, x := range res[1:4] {
+		if x.Port != res[0].Port {
+			t.Errorf("%q on local port %d, want the keep-alive connection's %d", x.Name, x.Port, res[0].Port)
+		}
+	}
+	// 4 on the keep-alive connection, 3 on connections of their own
+	for name, want := range map[string]uint64{"answered": 7, "tcp_syn_answered": 4, "tcp_handed_over": 0, "tcp_long_reply": 3} {
+		if d[name] != want {
+			t.Errorf("%s +%d, want +%d", name, d[name], want)
+		}
+	}
+}
+
+// chromiumFiles are a page whose stylesheet, script and image are
+// offloaded. The script writes into the DOM what it saw: that it ran, the
+// stylesheet's color, and (on load) the image's size once decoded.
+func chromiumFiles(t *testing.T) map[string][]byte {
+	img := image.NewNRGBA(image.Rect(0, 0, 7, 5))
+	for i := range img.Pix {
+		img.Pix[i] = byte(i*37 + 11)
+	}
+	var png_ bytes.Buffer
+	if err := png.Encode(&png_, img); err != nil {
+		t.Fatal(err)
+	}
+	// a script of 3 segments: a long reply
+	js := `(function () {
+	var mark = "script ran: " + "offloaded";
+	document.getElementById("js").textContent = mark;
+	var c = getComputedStyle(document.getElementById("css")).color;
+	document.getElementById("css").textContent = "color " + c;
+	function img() {
+		var i = document.getElementById("img");
+		document.getElementById("imgout").textContent = "image " + i.naturalWidth + "x" + i.naturalHeight;
+	}
+	var i = document.getElementById("img");
+	if (i.complete) { img(); } else { i.addEventListener("load", img); }
+})();
+/*` + strings.Repeat(" padding so that the script takes three segments", 80) + ` */
+`
+	return map[string][]byte{
+		"index.html": []byte(`<!DOCTYPE html>
+<html><head><meta charset="utf-8"><title>santa e2e</title>
+<link rel="icon" href="data:,">
+<link rel="stylesheet" href="/static/style.css">
+</head><body>
+<p id="css">no stylesheet</p>
+<p><img id="img" src="/static/pixel.png" alt="pixel"></p>
+<p id="imgout">no image</p>
+<p id="js">no script</p>
+<script src="/static/app.js"></script>
+</body></html>
+`),
+		"static/style.css": []byte("body { font-family: sans-serif; }\n#css { color: rgb(1, 2, 3); }\n"),
+		"static/app.js":    []byte(js),
+		"static/pixel.png": png_.Bytes(),
+	}
+}
+
+// TestE2EChromium: headless Chromium loads a page and its stylesheet,
+// script and image. Chromium's requests are learned from its misses over
+// a few loads (each load's first miss on a connection hands it to nginx,
+// which then serves the rest of that connection), then a load is answered
+// by eBPF alone: the DOM shows the script ran, the style applied and the
+// image decoded, and every rule counted its hit.
+func TestE2EChromium(t *testing.T) {
+	if _, err := os.Stat("/usr/bin/chromium"); err != nil {
+		t.Fatal("no /usr/bin/chromium: run scripts/install-deps.sh")
+	}
+	files := chromiumFiles(t)
+	r := newE2E(t, e2eOptions{files: files})
+	home := t.TempDir()
+	load := func(i int) {
+		t.Helper()
+		// a new profile each time: no cache, the same requests
+		out, err := r.tb.Client.Run("env", "HOME="+home, "timeout", "60", "chromium",
+			"--headless=new", "--no-sandbox", "--user-data-dir="+filepath.Join(home, fmt.Sprint("profile", i)),
+			"--dump-dom", r.ng.URL4("/"))
+		if err != nil {
+			t.Fatalf("chromium: %v", err)
+		}
+		for _, want := range []string{`<p id="js">script ran: offloaded</p>`, `<p id="css">color rgb(1, 2, 3)</p>`,
+			`<p id="imgout">image 7x5</p>`, "<title>santa e2e</title>"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("load %d: no %q in the DOM:\n%s", i, want, out)
+			}
+		}
+	}
+	lines := []string{"GET / HTTP/1.1", "GET /static/style.css HTTP/1.1", "GET /static/app.js HTTP/1.1", "GET /static/pixel.png HTTP/1.1"}
+	offloaded := func(rs []e2eRule) int {
+		hits := hitsByLine(rs)
+		n := 0
+		for _, l := range lines {
+			if _, ok := hits[l]; ok {
+				n++
+			}
+		}
+		return n
+	}
+	loads := 0
+	for have := 0; have < len(lines); {
+		if loads == 6 {
+			t.Fatalf("after %d loads, %d of Chromium's %d requests offloaded; rules %v", loads, have, len(lines), hitsByLine(r.rules()))
+		}
+		load(loads)
+		loads++
+		// the next second's learning offloads what missed
+		last := have
+		deadline := time.Now().Add(2500 * time.Millisecond)
+		for have == last && time.Now().Before(deadline) {
+			time.Sleep(50 * time.Millisecond)
+			have = offloaded(r.rules())
+		}
+		t.Logf("after load %d: %d of %d requests offloaded", loads, have, len(lines))
+	}
+	before, hits0 := r.counters(), hitsByLine(r.rules())
+	load(loads)
+	d, hits1 := delta(before, r.counters()), hitsByLine(r.rules())
+	t.Logf("the last load: counters %v", d)
+	for _, l := range lines {
+		if hits1[l] <= hits0[l] {
+			t.Errorf("%q: no hit of its rule in the last load", l)
+		}
+	}
+	if d["answered"] < uint64(len(lines)) || d["tcp_handed_over"] != 0 {
+		t.Errorf("answered +%d, handed over +%d; want at least %d, none", d["answered"], d["tcp_handed_over"], len(lines))
+	}
+	// the rules' replies are nginx's responses: the files' bytes
+	for _, x := range r.rules() {
+		target := strings.Fields(requestLine(x.request))[1]
+		if _, body, _ := bytes.Cut(x.reply, []byte("\r\n\r\n")); !bytes.Equal(body, files[fileFor(target)]) {
+			t.Errorf("the rule for %q: body differs from the file", requestLine(x.request))
+		}
+	}
+}
+
+// diffCase is a connection of the differential test: requests sent one
+// after the other (each after the previous response).
+type diffCase struct {
+	name string
+	reqs []string
+}
+
+// TestE2EDifferential sends the same request bytes over raw TCP with the
+// offload on (the controller's rules installed, learned from these very
+// requests; the counters and the rules' hits prove eBPF answered exactly
+// the offloaded ones) and off (the controller stopped: its rules deleted,
+// the listeners detached, nginx answers all), and compares what the
+// client reads: every byte of every status line, header and body, and
+// whether the connection ends, must be the same, except the Date header's
+// value. GET and HEAD, HTTP/1.0 and 1.1, keep-alive and close, a Range
+// request (206), If-Modified-Since and If-None-Match (304), a query
+// string, an index, a 404 and a file too big to offload (both never
+// offloaded: they hand the connection to nginx).
+func TestE2EDifferential(t *testing.T) {
+	files := e2eFiles()
+	r := newE2E(t, e2eOptions{files: files})
+	host := "Host: " + r.ng.Addr4.String() + "\r\n"
+	fi, err := os.Stat(filepath.Join(r.ng.Root, "a.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mtime := fi.ModTime().UTC()
+	etag := fmt.Sprintf(`"%x-%x"`, mtime.Unix(), fi.Size()) // nginx's ETag
+	req := func(line, headers string) string { return line + "\r\n" + headers + "\r\n" }
+	q := map[string]string{
+		"GET":                req("GET /a.txt HTTP/1.1", host+"User-Agent: santa-e2e\r\nAccept: */*\r\n"),
+		"HEAD":               req("HEAD /a.txt HTTP/1.1", host+"User-Agent: santa-e2e\r\nAccept: */*\r\n"),
+		"HTTP/1.0":           req("GET /a.txt HTTP/1.0", "User-Agent: santa-e2e\r\n"),
+		"HTTP/1.0 keepalive": req("GET /a.txt HTTP/1.0", host+"Connection: keep-alive\r\n"),
+		"HEAD HTTP/1.0":      req("HEAD /m.bin HTTP/1.0", ""),
+		"close":              req("GET /a.txt HTTP/1.1", host+"Connection: close\r\n"),
+		"long":               req("GET /m.bin HTTP/1.1", host),
+		"long close":         req("GET /m.bin HTTP/1.1", host+"Connection: close\r\n"),
+		"range":              req("GET /m.bin HTTP/1.1", host+"Range: bytes=100-2099\r\n"),
+		"if-modified-since":  req("GET /a.txt HTTP/1.1", host+"If-Modified-Since: "+mtime.Format(http.TimeFormat)+"\r\n"),
+		"if-none-match":      req("GET /a.txt HTTP/1.1", host+"If-None-Match: "+etag+"\r\n"),
+		"query":              req("GET /q.txt?x=1&y=two%20words HTTP/1.1", host),
+		"index":              req("GET / HTTP/1.1", host+"Accept: text/html\r\n"),
+		"HEAD big":           req("HEAD /big.bin HTTP/1.1", host),
+		"404":                req("GET /missing.txt HTTP/1.1", host),
+		"big":                req("GET /big.bin HTTP/1.1", host),
+	}
+	never := map[string]bool{"404": true, "big": true}
+	var cases []diffCase
+	for _, name := range slices.Sorted(maps.Keys(q)) {
+		cases = append(cases, diffCase{name, []string{q[name]}})
+	}
+	cases = append(cases,
+		diffCase{"keep-alive", []string{q["GET"], q["HEAD"], q["long"], q["range"], q["if-modified-since"], q["if-none-match"],
+			q["query"], q["index"], q["HEAD big"], q["HTTP/1.0 keepalive"], q["GET"], q["close"]}},
+		diffCase{"keep-alive, 404", []string{q["GET"], q["404"], q["GET"], q["long"], q["HEAD"]}},
+		diffCase{"keep-alive, big", []string{q["long"], q["big"], q["range"], q["HTTP/1.0"]}},
+		diffCase{"HTTP/1.0 keep-alive", []string{q["HTTP/1.0 keepalive"], q["HTTP/1.0 keepalive"], q["HEAD HTTP/1.0"]}},
+		diffCase{"long close", []string{q["long"], q["long close"]}},
+	)
+	// expected: eBPF answers each offloaded request until the first that
+	// is not, which hands the connection over
+	wantHits, wantAnswered, wantHandovers := map[string]uint64{}, uint64(0), uint64(0)
+	for _, c := range cases {
+		for _, x := range c.reqs {
+			if never[reqName(q, x)] {
+				wantHandovers++
+				break
+			}
+			wantHits[x]++
+			wantAnswered++
+		}
+	}
+	run := func(phase string) map[string]conversation {
+		out := map[string]conversation{}
+		for _, c := range cases {
+			conv := r.converse(r.ng.Addr4, c.reqs, 100*time.Millisecond)
+			checkResponses(t, phase+" "+c.name, files, c.reqs, conv)
+			out[c.name] = conv
+		}
+		return out
+	}
+
+	// learning: each request first on a connection of its own
+	for _, x := range q {
+		r.converse(r.ng.Addr4, []string{x}, 0)
+	}
+	var offloaded []string
+	for name, x := range q {
+		if !never[name] {
+			offloaded = append(offloaded, x)
+		}
+	}
+	r.waitRequests(offloaded...)
+	if rep := r.ctl.Report(); rep.TooBig != 1 || rep.Skipped != 2 {
+		t.Errorf("controller %+v: want the big file too big and the 404 skipped", rep)
+	}
+
+	before, rules0 := r.counters(), r.rules()
+	on := run("on")
+	d, rules1 := delta(before, r.counters()), r.rules()
+	t.Logf("offload on: counters %v", d)
+	if d["answered"] != wantAnswered || d["tcp_handed_over"] != wantHandovers {
+		t.Errorf("offload on: answered +%d, handed over +%d; want +%d, +%d", d["answered"], d["tcp_handed_over"], wantAnswered, wantHandovers)
+	}
+	hits := func(rs []e2eRule) map[string]uint64 {
+		m := map[string]uint64{}
+		for _, x := range rs {
+			m[x.request] += x.hits
+		}
+		return m
+	}
+	h0, h1 := hits(rules0), hits(rules1)
+	for _, x := range offloaded {
+		if got := h1[x] - h0[x]; got != wantHits[x] {
+			t.Errorf("offload on: the rule of %s: +%d hits, want +%d", reqName(q, x), got, wantHits[x])
+		}
+	}
+	// the offloaded replies' Dates are current (rewritten every second)
+	now := time.Now()
+	for name, conv := range on {
+		for _, resp := range conv.resps {
+			if dt, err := http.ParseTime(resp.get("Date")); err != nil || dt.Before(now.Add(-3*time.Second)) || dt.After(now.Add(time.Second)) {
+				t.Errorf("offload on, %s: Date %q, now %v", name, resp.get("Date"), now.UTC().Format(http.TimeFormat))
+			}
+		}
+	}
+
+	r.stopController()
+	before = r.counters()
+	off := run("off")
+	d = delta(before, r.counters())
+	t.Logf("offload off: counters %v", d)
+	if d["answered"] != 0 || d["tcp_syn_answered"] != 0 {
+		t.Errorf("offload off: eBPF answered: %v", d)
+	}
+
+	for _, c := range cases {
+		a, b := on[c.name], off[c.name]
+		if a.closed != b.closed {
+			t.Errorf("%s: the connection ends after the last response: %v with offload, %v without", c.name, a.closed, b.closed)
+		}
+		if !bytes.Equal(maskDate(a.stream), maskDate(b.stream)) {
+			t.Errorf("%s: the byte streams differ beyond Date:\n on: %q\noff: %q", c.name, firstDiff(maskDate(a.stream), maskDate(b.stream)),
+				firstDiff(maskDate(b.stream), maskDate(a.stream)))
+		}
+		for i := range min(len(a.resps), len(b.resps)) {
+			if (a.resps[i].get("Date") == "") != (b.resps[i].get("Date") == "") {
+				t.Errorf("%s, response %d: a Date header with offload %v, without %v", c.name, i, a.resps[i].get("Date") != "", b.resps[i].get("Date") != "")
+			}
+		}
+	}
+}
+
+// reqName is the name of request x in q.
+func reqName(q map[string]string, x string) string {
+	for name, y := range q {
+		if y == x {
+			return name
+		}
+	}
+	return "?"
+}
+
+// firstDiff is a's bytes from a little before where it first differs
+// from b.
+func firstDiff(a, b []byte) []byte {
+	i := 0
+	for i < len(a) && i < len(b) && a[i] == b[i] {
+		i++
+	}
+	from := max(0, i-40)
+	return a[from:min(len(a), i+80)]
+}
+
+// checkResponses checks responses against the files: each request's
+// status and body (a Range's bytes, none for HEAD or 304), and that a
+// connection ends exactly when the last request asks for it.
+func checkResponses(t *testing.T, what string, files map[string][]byte, reqs []string, conv conversation) {
+	t.Helper()
+	for i, x := range reqs {
+		resp := conv.resps[i]
+		f := strings.Fields(requestLine(x))
+		status, body := "200 OK", files[fileFor(f[1])]
+		switch {
+		case strings.Contains(x, "\r\nRange: bytes=100-2099\r\n"):
+			status, body = "206 Partial Content", body[100:2100]
+		case strings.Contains(x, "\r\nIf-"):
+			status, body = "304 Not Modified", nil
+		case body == nil:
+			status = "404 Not Found"
+			body = resp.body // nginx's error page
+		}
+		if f[0] == "HEAD" {
+			body = nil
+		}
+		if resp.status != "HTTP/1.1 "+status || !bytes.Equal(resp.body, body) {
+			t.Errorf("%s, request %d %q: %q with %d bytes, want %q with %d", what, i, requestLine(x), resp.status, len(resp.body), status, len(body))
+		}
+	}
+	last := reqs[len(reqs)-1]
+	wantClose := strings.Contains(last, "Connection: close") || (strings.Contains(last, " HTTP/1.0\r\n") && !strings.Contains(last, "keep-alive"))
+	if conv.closed != wantClose {
+		t.Errorf("%s: connection closed %v, want %v", what, conv.closed, wantClose)
+	}
+}
+
+// TestE2EMixed: connections that start with replies from eBPF, then ask
+// for something nginx must answer (a path the controller does not
+// offload), then for offloaded paths again, which nginx now answers: the
+// kernel owns the connection. The byte stream the client reads is the one
+// nginx alone sends (Date aside), and nginx's access log holds exactly
+// the requests from the handover on.
+func TestE2EMixed(t *testing.T) {
+	files := e2eFiles()
+	r := newE2E(t, e2eOptions{files: files, paths: []string{"/a.txt", "/m.bin"}, accessLog: true})
+	host := "Host: " + r.ng.Addr4.String() + "\r\n"
+	get := func(p, extra string) string { return "GET " + p + " HTTP/1.1\r\n" + host + extra + "\r\n" }
+	a, m, other := get("/a.txt", ""), get("/m.bin", ""), get("/other.txt", "")
+	cases := []struct {
+		name  string
+		reqs  []string
+		eBPF  int // the first eBPF answers; nginx the rest
+		close bool
+	}{
+		{"short replies first", []string{a, a, other, a, m, "HEAD /a.txt HTTP/1.1\r\n" + host + "\r\n", get("/a.txt", "Connection: close\r\n")}, 2, true},
+		{"a long reply first", []string{m, other, m, a}, 1, false},
+		{"a close after the handover", []string{a, m, other, get("/m.bin", "Connection: close\r\n")}, 2, true},
+	}
+	for _, x := range []string{a, m} {
+		r.converse(r.ng.Addr4, []string{x}, 0)
+	}
+	r.converse(r.ng.Addr4, []string{other}, 0) // not offloaded: not among the paths
+	r.waitRequests(a, m)
+	time.Sleep(1100 * time.Millisecond) // the next learning round, which must not offload other.txt
+	if rep := r.ctl.Report(); rep.Rules != 2 || rep.Ignored == 0 {
+		t.Fatalf("controller %+v: want a.txt and m.bin offloaded, other.txt's sample ignored", rep)
+	}
+
+	run := func(phase string, offload bool) map[string]conversation {
+		out := map[string]conversation{}
+		for _, c := range cases {
+			log0 := len(r.clientAccessLog())
+			before := r.counters()
+			conv := r.converse(r.ng.Addr4, c.reqs, 200*time.Millisecond)
+			d := delta(before, r.counters())
+			checkResponses(t, phase+" "+c.name, files, c.reqs, conv)
+			out[c.name] = conv
+			want := c.reqs
+			if offload {
+				want = c.reqs[c.eBPF:]
+				if d["answered"] != uint64(c.eBPF) || d["tcp_handed_over"] != 1 {
+					t.Errorf("%s %s: answered +%d, handed over +%d; want +%d, +1", phase, c.name, d["answered"], d["tcp_handed_over"], c.eBPF)
+				}
+			} else if d["answered"] != 0 || d["tcp_handed_over"] != 0 {
+				t.Errorf("%s %s: counters %v", phase, c.name, d)
+			}
+			var wantLines []string
+			for _, q := range want {
+				wantLines = append(wantLines, requestLine(q))
+			}
+			// nginx logs a request once it has answered it
+			var got []string
+			for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+				got = r.clientAccessLog()[log0:]
+				if len(got) >= len(wantLines) || time.Now().After(deadline) {
+					break
+				}
+			}
+			if !slices.Equal(got, wantLines) {
+				t.Errorf("%s %s: nginx's access log:\n%q\nwant:\n%q", phase, c.name, got, wantLines)
+			}
+			if conv.closed != c.close {
+				t.Errorf("%s %s: closed %v, want %v", phase, c.name, conv.closed, c.close)
+			}
+		}
+		return out
+	}
+	on := run("on", true)
+	r.stopController()
+	off := run("off", false)
+	for _, c := range cases {
+		if a, b := maskDate(on[c.name].stream), maskDate(off[c.name].stream); !bytes.Equal(a, b) {
+			t.Errorf("%s: the byte streams differ beyond Date:\n on: %q\noff: %q", c.name, firstDiff(a, b), firstDiff(b, a))
+		}
+	}
+}
+
+// TestE2ELoss runs curl and Python's http.client over a link that loses
+// 10% of the frames and reorders some, both ways (XDP_TX replies
+// included): the requests are learned, then answered by eBPF, and every
+// response arrives intact, also on a keep-alive connection handed over to
+// nginx mid-stream.
+func TestE2ELoss(t *testing.T) {
+	files := e2eFiles()
+	r := newE2E(t, e2eOptions{files: files, impair: true})
+	if err := r.link.SetBoth(testbed.Impairment{Loss: 0.10, Reorder: 0.05, ReorderWait: time.Millisecond}); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	out := func(name string) string { return filepath.Join(dir, name) }
+	script := writeTemp(t, dir, "client.py", pythonClient)
+	url := r.ng.URL4
+	curlAll := func() {
+		got := r.curl("-w", "%{num_connects} ",
+			"-o", out("1"), url("/a.txt"), "-o", out("2"), url("/m.bin"), "-o", out("3"), url("/"), "-o", out("4"), url("/a.txt"))
+		if got != "1 0 0 0 " {
+			t.Errorf("keep-alive: connects per request %q, want \"1 0 0 0 \"", got)
+		}
+		for i, f := range []string{"a.txt", "m.bin", "index.html", "a.txt"} {
+			checkFile(t, out(fmt.Sprint(i+1)), files[f], "keep-alive "+f)
+		}
+		r.curl("-o", out("5"), url("/m.bin"))
+		checkFile(t, out("5"), files["m.bin"], "m.bin")
+		// handed over mid-stream, under loss: eBPF, then nginx
+		got = r.curl("-w", "%{num_connects} ",
+			"-o", out("6"), url("/m.bin"), "-o", out("7"), url("/big.bin"), "-o", out("8"), url("/a.txt"))
+		if got != "1 0 0 " {
+			t.Errorf("keep-alive with a handover: connects per request %q, want \"1 0 0 \"", got)
+		}
+		for i, f := range []string{"m.bin", "big.bin", "a.txt"} {
+			checkFile(t, out(fmt.Sprint(i+6)), files[f], "keep-alive with a handover: "+f)
+		}
+	}
+	// learning, under loss too
+	for _, p := range []string{"/a.txt", "/m.bin", "/"} {
+		r.curl("-o", out("learn"), url(p))
+	}
+	r.runPython(script, "learn")
+	r.waitLines(4, "GET /a.txt HTTP/1.1", "GET /m.bin HTTP/1.1", "GET / HTTP/1.1", "HEAD /a.txt HTTP/1.1", "HEAD /m.bin HTTP/1.1", "GET /a.txt HTTP/1.0")
+	r.waitRules("the raw HTTP/1.0 request and Python's", func(rs []e2eRule) bool { return len(rs) == 10 })
+
+	const rounds = 5
+	before := r.counters()
+	lost0 := r.link.Counters(testbed.ToClient).Dropped + r.link.Counters(testbed.ToServer).Dropped
+	start := time.Now()
+	for i := range rounds {
+		t0 := time.Now()
+		curlAll()
+		t1 := time.Now()
+		r.runPython(script, "check")
+		t.Logf("round %d: curl %v, python %v", i, t1.Sub(t0).Round(time.Millisecond), time.Since(t1).Round(time.Millisecond))
+	}
+	d := delta(before, r.counters())
+	lost := r.link.Counters(testbed.ToClient).Dropped + r.link.Counters(testbed.ToServer).Dropped - lost0
+	t.Logf("%d rounds in %v, %d frames lost; counters %v", rounds, time.Since(start).Round(time.Millisecond), lost, d)
+	if lost == 0 {
+		t.Fatal("the link lost nothing: the test proves nothing")
+	}
+	// per round: curl 6, python 7; a request retransmitted after its
+	// reply was lost is answered again (counted again); one handover
+	if want := uint64(rounds * 13); d["answered"] < want || d["tcp_handed_over"] != rounds {
+		t.Errorf("answered +%d, handed over +%d; want at least %d, %d", d["answered"], d["tcp_handed_over"], want, rounds)
+	}
+}
+
+// TestE2ELostAckAfterCloseReply: a long reply that ends the connection
+// (TC's segments, the last with FIN) acks the client's request only once
+// the client acks the whole reply (tcp_request_acked). If that ack is lost,
+// the client retransmits its request, echoing the stamp of eBPF's FIN: it
+// must be acked again (not dropped as data after the FIN), or the request
+// stays unacked for good, the client's FIN queues behind it and the
+// client's kernel ends the connection by timeout, minutes later.
+func TestE2ELostAckAfterCloseReply(t *testing.T) {
+	r := newE2E(t, e2eOptions{files: e2eFiles(), impair: true})
+	q := "GET /m.bin HTTP/1.1\r\nHost: " + r.ng.Addr4.String() + "\r\nConnection: close\r\n\r\n"
+	r.converse(r.ng.Addr4, []string{q}, 0)
+	r.waitRequests(q)
+	// the replies take 100 ms to the client: time to cut the way back
+	if err := r.link.Set(testbed.ToClient, testbed.Impairment{Delay: 100 * time.Millisecond}); err != nil {
+		t.Fatal(err)
+	}
+	c := r.dial(r.ng.Addr4)
+	defer c.Close()
+	before := r.counters()
+	if _, err := io.WriteString(c, q); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(30 * time.Millisecond) // eBPF has answered; the reply is on its way
+	// the client's acks of the reply (and its retransmissions) are lost
+	if err := r.link.Set(testbed.ToServer, testbed.Impairment{Loss: 1}); err != nil {
+		t.Fatal(err)
+	}
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	resp, err := io.ReadAll(c) // the whole reply and eBPF's FIN
+	if err != nil || !bytes.HasSuffix(resp, r.files["m.bin"]) {
+		t.Fatalf("read %d bytes (%v)", len(resp), err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	r.link.Set(testbed.ToServer, testbed.Impairment{})
+	r.link.Set(testbed.ToClient, testbed.Impairment{})
+	// the link is whole again: the client's next retransmission of its
+	// request (RTO at most 1 s here) should get it acked
+	unacked := func() uint32 {
+		raw, err := c.(*net.TCPConn).SyscallConn()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var info *unix.TCPInfo
+		raw.Control(func(fd uintptr) { info, err = unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO) })
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info.Unacked
+	}
+	deadline := time.Now().Add(3 * time.Second)
+	for unacked() != 0 && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if n := unacked(); n != 0 {
+		ss, _ := r.tb.Client.Run("ss", "-tnio", "dport", fmt.Sprint(testPort))
+		t.Errorf("3 s after the link recovered, the client's request is still unacked (%d segment): counters %v\n%s",
+			n, delta(before, r.counters()), ss)
+	}
+}
