@@ -407,3 +407,62 @@ func TestTCPSocketlessLoss(t *testing.T) {
 		}
 	}
 }
+
+// TestTCPKeepalive leaves a socket-less connection idle while the client's
+// keepalive probes (every 2 s, 5 unanswered ones kill it) run for 20 s:
+// eBPF answers them (after an idle stamp unit), the connection survives,
+// and its next request is answered by eBPF.
+func TestTCPKeepalive(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("needs root: network namespaces, XDP, TC")
+	}
+	tb := testbed.New(t)
+	d, err := Load(Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	if err := tb.Server.Do(func() error {
+		att, err := d.Attach(tb.Server.Dev, AttachAuto)
+		if err == nil {
+			t.Cleanup(func() { att.Close() })
+		}
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	addr := netip.AddrPortFrom(tb.Server.IP4, 8080)
+	srv := startTCPServer(t, tb, addr)
+	hot, reply := httpGet("/hot", ""), httpReply("from eBPF", "")
+	if err := d.Bind(srv.cookie, SampleOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.AddRules(srv.cookie, []Rule{{Conditions: []Condition{cond(0, hot)},
+		Processors: []Processor{put(0, reply)}, ReplyLen: len(reply), MinLen: len(hot), MaxLen: len(hot)}}); err != nil {
+		t.Fatal(err)
+	}
+	c := dialFromClient(t, tb, addr)
+	tc := c.(*net.TCPConn)
+	if err := tc.SetKeepAliveConfig(net.KeepAliveConfig{Enable: true, Idle: 2 * time.Second,
+		Interval: 2 * time.Second, Count: 5}); err != nil {
+		t.Fatal(err)
+	}
+	r := bufio.NewReader(c)
+	io.WriteString(c, hot)
+	if got := readReply(t, c, r); got != reply {
+		t.Fatalf("first reply %q", got)
+	}
+	before := counterNames(t, d)
+	time.Sleep(20 * time.Second) // longer than idle + 5 intervals, and than a stamp unit
+	io.WriteString(c, hot)
+	if got := readReply(t, c, r); got != reply {
+		t.Fatalf("after 20 s idle: %q", got)
+	}
+	after := counterNames(t, d)
+	if after["tcp_keepalive_answered"] == before["tcp_keepalive_answered"] || after["answered"] != before["answered"]+1 ||
+		after["tcp_handed_over"] != before["tcp_handed_over"] {
+		t.Fatalf("keepalive answered +%d, answered +%d, handed over +%d; want >0, 1, 0",
+			after["tcp_keepalive_answered"]-before["tcp_keepalive_answered"], after["answered"]-before["answered"],
+			after["tcp_handed_over"]-before["tcp_handed_over"])
+	}
+}
