@@ -243,6 +243,7 @@ struct santa_tcp_emit {
 			    * that a lost segment makes the client retransmit it (there is
 			    * no timer here); eBPF acks it once the client has the reply */
 	__u32 tsecr;
+	__u32 stamp;       /* the TSval of the segments without FIN */
 	__u32 opts;        /* the stamp's option bits */
 	__u16 from;        /* first reply byte to send */
 	__u16 mss;         /* reply bytes per segment */

@@ -40,9 +40,8 @@ struct emit_state {
 	__u32 unit_lo, unit_hi; /* stamp_unit() */
 };
 
-/* Send reply bytes [off, off + n) of the rule in st->e.slot as one segment:
- * rewrite the skb and send a clone out of the interface. Global, so the
- * verifier checks it once. */
+/* Rewrite the skb into reply bytes [off, off + n) of the rule in st->e.slot,
+ * as one segment. Global, so the verifier checks it once. */
 __noinline int emit_segment(struct __sk_buff *skb, const struct emit_state *st, __u32 off, __u32 n)
 {
 	__u32 zero = 0;
@@ -70,7 +69,7 @@ __noinline int emit_segment(struct __sk_buff *skb, const struct emit_state *st, 
 		.flags = TCP_ACK | (last ? TCP_PSH : 0) | (close ? TCP_FIN : 0),
 		.seq = st->e.seq + off,
 		.ack = st->e.ack,
-		.tsval = stamp_make(&st->req, unit, close, st->e.opts),
+		.tsval = close ? stamp_make(&st->req, unit, 1, st->e.opts) : st->e.stamp,
 		.tsecr = st->e.tsecr,
 		.opts = st->e.opts,
 	};
@@ -82,7 +81,7 @@ __noinline int emit_segment(struct __sk_buff *skb, const struct emit_state *st, 
 	    bpf_skb_store_bytes(skb, 0, s->hdr, NONZERO(l23 + 32, 127), 0) ||
 	    bpf_skb_store_bytes(skb, l23 + 32, chunk, NONZERO(n, SANTA_OFF_MASK), 0))
 		return -1;
-	return bpf_clone_redirect(skb, skb->ifindex, 0);
+	return 0;
 }
 
 /* Send the reply segments the XDP responder asked for, then drop the request. */
@@ -105,6 +104,15 @@ static __always_inline int emit_reply(struct __sk_buff *skb, struct emit_state *
 	__u32 mss = st->e.mss, off = st->e.from;
 	if (mss == 0)
 		return TC_ACT_SHOT;
+	if (!st->e.resend) {
+		struct santa_rule_counters *c = bpf_map_lookup_elem(&santa_rule_stats, &slot);
+		if (c) {
+			c->hits++;
+			c->bytes += st->reply_len;
+		}
+		COUNT(answered);
+	}
+	/* each segment but the last goes out as a clone; the last is the skb */
 	for (int k = 0; k < SANTA_TCP_SEGMENTS; k++) {
 		if (off >= st->reply_len)
 			break;
@@ -121,14 +129,12 @@ static __always_inline int emit_reply(struct __sk_buff *skb, struct emit_state *
 			__u32 tail = (st->reply_len - off) % mss;
 			off = st->reply_len - (tail ? tail : mss);
 		}
-	}
-	if (!st->e.resend) {
-		struct santa_rule_counters *c = bpf_map_lookup_elem(&santa_rule_stats, &slot);
-		if (c) {
-			c->hits++;
-			c->bytes += st->reply_len;
+		if (off >= st->reply_len)
+			return bpf_redirect(skb->ifindex, 0);
+		if (bpf_clone_redirect(skb, skb->ifindex, 0)) {
+			COUNT(tcp_emit_failed);
+			return TC_ACT_SHOT;
 		}
-		COUNT(answered);
 	}
 	return TC_ACT_SHOT;
 }

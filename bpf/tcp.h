@@ -113,7 +113,15 @@ __noinline int tcp_parse_options(struct santa_scratch *s, __u32 doff, struct tcp
 	if (!s || !o)
 		return 0;
 	o->wscale = OPTS_NO_WSCALE;
-	struct opts_walk w = { .h = s->l4, .doff = doff, .i = sizeof(struct tcphdr), .o = o };
+	const __u8 *h = s->l4;
+	if (doff == 32 && h[20] == 1 && h[21] == 1 && h[22] == 8 && h[23] == 10) {
+		/* NOP NOP TS: what every segment after the handshake carries */
+		o->has_ts = 1;
+		o->tsval = bpf_ntohl(*(__be32 *)(h + 24));
+		o->tsecr = bpf_ntohl(*(__be32 *)(h + 28));
+		return 0;
+	}
+	struct opts_walk w = { .h = h, .doff = doff, .i = sizeof(struct tcphdr), .o = o };
 	bpf_loop(40, tcp_parse_option, &w, 0);
 	return 0;
 }
@@ -206,6 +214,17 @@ static __always_inline __u32 stamp_make(const struct pkt_info *req, __u64 unit, 
 		return 0;
 	return (__u32)(unit & 63) << STAMP_TIME_SHIFT | (fin ? STAMP_FIN : 0) |
 	       opts << STAMP_OPTS_SHIFT | (__u32)mac;
+}
+
+/* The stamp for a reply, given the client's valid echo of one: the echo
+ * itself if it is of this unit with the same FIN bit and options (its MAC
+ * would be the same), else a new one. */
+static __always_inline __u32 reply_stamp(const struct pkt_info *req, __u64 unit, int fin, __u32 opts, __u32 echo)
+{
+	if ((echo >> STAMP_TIME_SHIFT) == (unit & 63) && !!(echo & STAMP_FIN) == !!fin &&
+	    ((echo >> STAMP_OPTS_SHIFT) & 127) == opts)
+		return echo;
+	return stamp_make(req, unit, fin, opts);
 }
 
 /* Check a stamp echoed by the client. On success returns 1 and sets its

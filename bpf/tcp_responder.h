@@ -77,7 +77,7 @@ __noinline int tcp_send(struct xdp_md *ctx, struct pkt_info *req, const struct t
  * from reply byte from on (or, with resend, the segment there and the last):
  * TC can send several frames, XDP only one. */
 static __always_inline int emit_by_tc(struct xdp_md *ctx, const struct santa_tcp_flow *f, __u32 from,
-				      __u32 tsecr, __u32 opts, int resend)
+				      __u32 tsecr, __u32 opts, __u32 stamp, int resend)
 {
 	if (bpf_xdp_adjust_meta(ctx, -(int)sizeof(struct santa_tcp_emit))) {
 		COUNT(tcp_emit_failed);
@@ -93,6 +93,7 @@ static __always_inline int emit_by_tc(struct xdp_md *ctx, const struct santa_tcp
 	e->seq = f->reply_start;
 	e->ack = f->req_seq;
 	e->tsecr = tsecr;
+	e->stamp = stamp;
 	e->opts = opts;
 	e->from = from;
 	e->mss = opts_mss(opts) - TS_OPTION_LEN;
@@ -109,11 +110,12 @@ static __always_inline int answer_again(struct xdp_md *ctx, struct pkt_info *req
 {
 	if (!in_flight) {
 		t->ack = f->req_end;
-		t->tsval = stamp_make(req, unit, fin, t->opts);
+		t->tsval = reply_stamp(req, unit, fin, t->opts, o->tsecr);
 		return tcp_send(ctx, req, t, 0);
 	}
 	if (f->multi)
-		return emit_by_tc(ctx, f, t->seq - f->reply_start, o->tsval, t->opts, 0);
+		return emit_by_tc(ctx, f, t->seq - f->reply_start, o->tsval, t->opts,
+				  reply_stamp(req, unit, 0, t->opts, o->tsecr), 0);
 	/* the request's bytes, for the rule's copies */
 	__u32 len = f->req_end - f->req_seq;
 	__u32 skip = f->req_seq - bpf_ntohl(((struct tcphdr *)s->l4)->seq);
@@ -128,7 +130,7 @@ static __always_inline int answer_again(struct xdp_md *ctx, struct pkt_info *req
 	t->flags |= TCP_PSH | (close ? TCP_FIN : 0);
 	t->seq = f->reply_start;
 	t->ack = f->req_end;
-	t->tsval = stamp_make(req, unit, close, t->opts);
+	t->tsval = reply_stamp(req, unit, close, t->opts, o->tsecr);
 	int verdict = tcp_send(ctx, req, t, slot);
 	if (verdict != TCP_NO_ROOM)
 		return verdict;
@@ -137,7 +139,8 @@ static __always_inline int answer_again(struct xdp_md *ctx, struct pkt_info *req
 		return XDP_DROP; /* in flight: the client asks again */
 	}
 	((struct santa_tcp_flow *)f)->multi = 1; /* TC sends it, as a long reply */
-	return emit_by_tc(ctx, f, t->seq - f->reply_start, o->tsval, t->opts, 0);
+	return emit_by_tc(ctx, f, t->seq - f->reply_start, o->tsval, t->opts,
+				  reply_stamp(req, unit, 0, t->opts, o->tsecr), 0);
 }
 
 /* A SYN to a listener with a rule set: answer it with a stamped SYN-ACK. */
@@ -267,7 +270,7 @@ __noinline int tcp_segment(struct xdp_md *ctx, struct pkt_info *req)
 		/* the flow stays (LRU) for a retransmitted FIN with the request */
 		t->flags |= fin ? 0 : TCP_FIN;
 		t->ack = seq + 1;
-		t->tsval = stamp_make(req, unit, 1, opts);
+		t->tsval = reply_stamp(req, unit, 1, opts, o->tsecr);
 		COUNT(tcp_fin_answered);
 		return tcp_send(ctx, req, t, 0);
 	}
@@ -280,7 +283,7 @@ __noinline int tcp_segment(struct xdp_md *ctx, struct pkt_info *req)
 			return XDP_PASS;
 		}
 		t->ack = seq + 1;
-		t->tsval = stamp_make(req, unit, fin, opts);
+		t->tsval = reply_stamp(req, unit, fin, opts, o->tsecr);
 		COUNT(tcp_keepalive_answered);
 		return tcp_send(ctx, req, t, 0);
 	}
@@ -294,7 +297,7 @@ __noinline int tcp_segment(struct xdp_md *ctx, struct pkt_info *req)
 			}
 			f->last_ack = t->seq;
 			t->ack = f->req_end;
-			t->tsval = stamp_make(req, unit, fin, opts);
+			t->tsval = reply_stamp(req, unit, fin, opts, o->tsecr);
 			COUNT(tcp_request_acked);
 			return tcp_send(ctx, req, t, 0);
 		}
@@ -305,7 +308,8 @@ __noinline int tcp_segment(struct xdp_md *ctx, struct pkt_info *req)
 			f->last_ack = t->seq;
 			if (repeated) {
 				COUNT(tcp_resend);
-				return emit_by_tc(ctx, f, t->seq - f->reply_start, o->tsval, opts, 1);
+				return emit_by_tc(ctx, f, t->seq - f->reply_start, o->tsval, opts,
+						  reply_stamp(req, unit, 0, opts, o->tsecr), 1);
 			}
 		}
 		COUNT(tcp_ack_consumed);
@@ -384,14 +388,18 @@ __noinline int tcp_segment(struct xdp_md *ctx, struct pkt_info *req)
 		COUNT(pass_bad_checksum);
 		return XDP_PASS;
 	}
-	bpf_map_update_elem(&santa_tcp_flows, &req->tuple, &nf, BPF_ANY);
+	if (f)
+		*f = nf;
+	else
+		bpf_map_update_elem(&santa_tcp_flows, &req->tuple, &nf, BPF_ANY);
 	if (multi) {
 		COUNT(tcp_long_reply);
-		return emit_by_tc(ctx, &nf, t->seq - nf.reply_start, o->tsval, opts, 0);
+		return emit_by_tc(ctx, &nf, t->seq - nf.reply_start, o->tsval, opts,
+				  reply_stamp(req, unit, 0, opts, o->tsecr), 0);
 	}
 	t->flags |= TCP_PSH | (close ? TCP_FIN : 0);
 	t->ack = seq + req->payload_len;
-	t->tsval = stamp_make(req, unit, close, opts);
+	t->tsval = reply_stamp(req, unit, close, opts, o->tsecr);
 	int verdict = tcp_send(ctx, req, t, slot);
 	if (verdict != TCP_NO_ROOM)
 		return verdict;
@@ -401,7 +409,10 @@ __noinline int tcp_segment(struct xdp_md *ctx, struct pkt_info *req)
 		return trimmed ? XDP_DROP : XDP_PASS;
 	}
 	nf.multi = 1; /* TC sends it, as a long reply */
-	bpf_map_update_elem(&santa_tcp_flows, &req->tuple, &nf, BPF_ANY);
+	if (f)
+		*f = nf;
+	else
+		bpf_map_update_elem(&santa_tcp_flows, &req->tuple, &nf, BPF_ANY);
 	COUNT(tcp_xdp_no_room);
-	return emit_by_tc(ctx, &nf, 0, o->tsval, opts, 0);
+	return emit_by_tc(ctx, &nf, 0, o->tsval, opts, reply_stamp(req, unit, 0, opts, o->tsecr), 0);
 }
