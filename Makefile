@@ -14,6 +14,7 @@
 #   BENCH_ARGS     arguments for bench/cmd/benchudp
 #   BENCH_DNS_ARGS arguments for bench/cmd/benchdns (e.g. -quick, -reps 1, -cases nsd,nsd-zipf-10k)
 #   BENCH_MC_ARGS  arguments for bench/cmd/benchmc (e.g. -quick, -reps 1, -cases memcached,santa-top-10k)
+#   BENCH_HTTP_ARGS arguments for bench/cmd/benchhttp (e.g. -quick, -reps 1, -sizes 100,1k, -cases nginx-ka-100,santa-ka-100)
 #   BPF2GO_CC / BPF2GO_STRIP  compiler / strip bpf2go uses (clang-16 / llvm-strip-16)
 
 SHELL := /bin/bash
@@ -46,6 +47,8 @@ FUZZTIME_LONG ?= 5m
 FUZZ_TARGETS ?= ./internal/dataplane:FuzzRuleProcessor ./api:FuzzDecode
 BENCH_ARGS ?=
 BENCH_DNS_ARGS ?=
+BENCH_MC_ARGS ?=
+BENCH_HTTP_ARGS ?=
 
 PREFIX ?= /usr/local
 DESTDIR ?=
@@ -53,7 +56,7 @@ DESTDIR ?=
 PYTHON ?= /usr/bin/python3
 PYVENV := out/pyvenv
 
-.PHONY: all deps generate build check-generated test test-c test-python fuzz fuzz-run demo bench bench-udp bench-dns bench-memcached install clean need-root
+.PHONY: all deps generate build check-generated test test-c test-python fuzz fuzz-run demo bench bench-udp bench-dns bench-memcached bench-http install clean need-root
 
 all: build
 
@@ -114,9 +117,9 @@ demo: need-root deps build
 	@[[ -x $(BIN)/santa-demo ]] || { echo "demo: $(BIN)/santa-demo was not built (cmd/santa-demo missing?)" >&2; exit 1; }
 	$(BIN)/santa-demo
 
-# All benchmarks (about 15 + 35 + 30 minutes); each rewrites its section of
+# All benchmarks (about 15 + 35 + 30 + 13 minutes); each rewrites its section of
 # docs/benchmarks.md and its files under docs/bench/.
-bench: bench-udp bench-dns bench-memcached
+bench: bench-udp bench-dns bench-memcached bench-http
 
 bench-udp: need-root deps build
 	$(GO) run ./bench/cmd/benchudp $(BENCH_ARGS)
@@ -132,6 +135,13 @@ bench-dns: need-root deps build
 # n = 0 … every key. About 30 minutes; BENCH_MC_ARGS=-quick for a short run.
 bench-memcached: need-root deps build
 	$(GO) run ./bench/cmd/benchmc $(BENCH_MC_ARGS)
+
+# The paper's Figure 8: one nginx worker serving files of 100 B to 10 kB to
+# wrk, keep-alive and a new connection per request, against nginx with
+# sendfile and nginx with santad and `santa http`. About 13 minutes;
+# BENCH_HTTP_ARGS=-quick for a short run.
+bench-http: need-root deps build
+	$(GO) run ./bench/cmd/benchhttp $(BENCH_HTTP_ARGS)
 
 install: build
 	install -D -m 0755 $(BIN)/santad $(DESTDIR)$(PREFIX)/sbin/santad

@@ -36,6 +36,9 @@ type LoadResult struct {
 	RepliesPPS float64
 	Duration   float64 // seconds, as requested (kxdpgun prints it rounded)
 	Output     string  // the generator's own report, for verbose logs
+	// Latency percentiles the generator measured itself (wrk), zero if it
+	// measures none; the harness reports them when no prober runs.
+	LatP50, LatP90, LatP99, LatMax time.Duration
 }
 
 var (

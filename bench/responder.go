@@ -47,7 +47,9 @@ type Server interface {
 }
 
 // Generator sends load from the client namespace for one point of a sweep.
-// Every Run is bounded: it ends after d.
+// Every Run is bounded: it ends after d. rate is the offered rate in
+// requests/s, or for a closed-loop generator (wrk) its number of
+// connections.
 type Generator interface {
 	Run(ctx context.Context, rate int, d time.Duration) (LoadResult, error)
 }
@@ -111,6 +113,19 @@ type (
 	// SharedXDP reports that the case's XDP program outlives it (e.g.
 	// santad's, shared by several cases): the harness leaves it attached.
 	SharedXDP interface{ SharedXDP() bool }
+
+	// ProbeLoader replaces the load of the short check, before the sweep,
+	// that the case answers almost every request (10000 queries/s): the
+	// load to pass to the generator and how to say it in the log, e.g. one
+	// connection for a closed-loop generator (wrk).
+	ProbeLoader interface{ ProbeLoad() (int, string) }
+
+	// ForeignLimiter replaces maxForeign (10 %) for the case: the share of
+	// the server CPU's busy time outside the known server threads above
+	// which a point counts as disturbed by others' work, for cases whose
+	// own kernel work runs outside any thread (e.g. the interrupts that
+	// wake an idle server CPU for every few packets).
+	ForeignLimiter interface{ MaxForeign() float64 }
 
 	// LatencyProbe reports whether the latency prober (Config.ProbeRate)
 	// makes sense for the case; false for responders whose replies a

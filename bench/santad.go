@@ -106,18 +106,18 @@ func (r *santadRig) cli(args ...string) (string, error) {
 // the testbed's id (santa-<pid>-<n>) follows.
 const santadPinPrefix = "/sys/fs/bpf/santa-bench-"
 
-// controllerProc is a running `santa dns` or `santa memcached` offloading n
-// names or keys.
+// controllerProc is a running `santa dns`, `santa memcached` or `santa
+// http` offloading n names or keys.
 type controllerProc struct {
 	*testbed.Controller
 	n int
 }
 
-// startController runs `santa KIND MODE ARGS` (kind dns or memcached) in
-// the server namespace and waits for its "ready:" line, logging its install
-// progress. It waits at most 2 minutes plus 1 ms per offloaded name and
-// socket (a million names on two sockets took 7 minutes when this was
-// written).
+// startController runs `santa KIND MODE ARGS` (kind dns, memcached or
+// http; http has no mode: "") in the server namespace and waits for its
+// "ready:" line, logging its install progress. It waits at most 2 minutes
+// plus 1 ms per offloaded name and socket (a million names on two sockets
+// took 7 minutes when this was written).
 func (r *santadRig) startController(ctx context.Context, kind, mode string, args ...string) (*controllerProc, error) {
 	c := &controllerProc{}
 	for i, a := range args {
@@ -137,7 +137,10 @@ func (r *santadRig) startController(ctx context.Context, kind, mode string, args
 			r.logf("  santa %s: %s", kind, l)
 		}
 	}
-	argv := testbed.ControllerArgv(filepath.Join(r.bin, "santa"), r.tb.Server.NS, r.sd.Socket, kind, append([]string{mode}, args...)...)
+	if mode != "" { // `santa http` has no mode
+		args = append([]string{mode}, args...)
+	}
+	argv := testbed.ControllerArgv(filepath.Join(r.bin, "santa"), r.tb.Server.NS, r.sd.Socket, kind, args...)
 	ctl, err := testbed.StartController(ctx, argv, 2*time.Minute+time.Duration(2*c.n)*time.Millisecond, progress)
 	if err != nil {
 		return nil, err

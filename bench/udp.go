@@ -307,7 +307,11 @@ func (h *harness) runCase(ctx context.Context, c Responder) (cr CaseResult) {
 	}
 
 	// Probe: a low rate must be answered almost completely.
-	probe, err := h.measure(ctx, pt, 10000, time.Second, 0)
+	probeLoad, probeWhat := 10000, "10k qps"
+	if pl, ok := c.(ProbeLoader); ok {
+		probeLoad, probeWhat = pl.ProbeLoad()
+	}
+	probe, err := h.measure(ctx, pt, probeLoad, time.Second, 0)
 	if err != nil {
 		cr.Error = "probe: " + err.Error()
 		return cr
@@ -315,12 +319,16 @@ func (h *harness) runCase(ctx context.Context, c Responder) (cr CaseResult) {
 	if probe.Sent > 0 {
 		cr.ProbeRatio = float64(probe.Replies) / float64(probe.Sent)
 	}
-	logf("[%s] probe at 10k qps: %d/%d answered (%.1f%%)%s", cr.Name, probe.Replies, probe.Sent, 100*cr.ProbeRatio, progInfo(probe))
+	logf("[%s] probe at %s: %d/%d answered (%.1f%%)%s", cr.Name, probeWhat, probe.Replies, probe.Sent, 100*cr.ProbeRatio, progInfo(probe))
 	if cr.ProbeRatio < 0.9 {
-		cr.Error = fmt.Sprintf("probe: only %.1f%% of queries answered at 10k qps", 100*cr.ProbeRatio)
+		cr.Error = fmt.Sprintf("probe: only %.1f%% of requests answered at %s", 100*cr.ProbeRatio, probeWhat)
 		return cr
 	}
 
+	foreignLimit := maxForeign
+	if fl, ok := c.(ForeignLimiter); ok {
+		foreignLimit = fl.MaxForeign()
+	}
 	best, below := 0.0, 0
 	for _, qps := range rates {
 		if h.cfg.StopAfter > 0 && below >= h.cfg.StopAfter {
@@ -346,7 +354,7 @@ func (h *harness) runCase(ctx context.Context, c Responder) (cr CaseResult) {
 					s = a // keep the least disturbed attempt
 				}
 				s.Attempts = attempt
-				if a.Foreign <= maxForeign {
+				if a.Foreign <= foreignLimit {
 					s = a
 					s.Attempts = attempt
 					break
@@ -619,6 +627,9 @@ func (h *harness) measure(ctx context.Context, pt *point, qps int, d time.Durati
 	s.ProbeSent, s.ProbeAnswered = po.r.Sent, po.r.Answered
 	us := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
 	s.LatP50Us, s.LatP90Us, s.LatP99Us, s.LatMaxUs = us(po.r.P50), us(po.r.P90), us(po.r.P99), us(po.r.Max)
+	if po.r.Sent == 0 && res.LatP50 > 0 { // no prober: the generator's own figures (wrk)
+		s.LatP50Us, s.LatP90Us, s.LatP99Us, s.LatMaxUs = us(res.LatP50), us(res.LatP90), us(res.LatP99), us(res.LatMax)
+	}
 	if pt.counter != nil {
 		a, err := pt.counter.Answered()
 		if err != nil {
