@@ -162,15 +162,13 @@ func dialFromClient(t *testing.T, tb *testbed.Testbed, addr netip.AddrPort) net.
 	return c
 }
 
-// TestTCPSocketless runs real kernel TCP clients against a listener with
-// rules: eBPF answers the handshake and matching requests, a request that
-// matches no rule hands the connection to the kernel, which then serves it
-// with an intact byte stream; a rule with Close ends the connection.
-func TestTCPSocketless(t *testing.T) {
+// loadAttached loads the rule processor and attaches it to tb's server veth
+// (XDP and the TC hook), for as long as the test runs.
+func loadAttached(t *testing.T, tb *testbed.Testbed) *Dataplane {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Fatal("needs root: network namespaces, XDP, TC")
 	}
-	tb := testbed.New(t)
 	d, err := Load(Config{})
 	if err != nil {
 		t.Fatal(err)
@@ -185,6 +183,16 @@ func TestTCPSocketless(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
+	return d
+}
+
+// TestTCPSocketless runs real kernel TCP clients against a listener with
+// rules: eBPF answers the handshake and matching requests, a request that
+// matches no rule hands the connection to the kernel, which then serves it
+// with an intact byte stream; a rule with Close ends the connection.
+func TestTCPSocketless(t *testing.T) {
+	tb := testbed.New(t)
+	d := loadAttached(t, tb)
 	for _, ip := range []netip.Addr{tb.Server.IP4, tb.Server.IP6} {
 		t.Run(map[bool]string{true: "IPv4", false: "IPv6"}[ip.Is4()], func(t *testing.T) {
 			addr := netip.AddrPortFrom(ip, 8080)
@@ -314,9 +322,6 @@ func counterNames(t *testing.T, d *Dataplane) map[string]uint64 {
 // reorders frames both ways (XDP_TX replies included): every reply still
 // arrives whole, through the clients' retransmissions and eBPF's resends.
 func TestTCPSocketlessLoss(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Fatal("needs root: network namespaces, XDP, TC")
-	}
 	tb, link := testbed.NewImpaired(t, testbed.Options{}, testbed.ImpairOptions{Seed: 7})
 	// short retransmission timeouts keep the test's duration bounded
 	for _, side := range []testbed.Side{tb.Client, tb.Server} {
@@ -325,20 +330,7 @@ func TestTCPSocketlessLoss(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	d, err := Load(Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { d.Close() })
-	if err := tb.Server.Do(func() error {
-		att, err := d.Attach(tb.Server.Dev, AttachAuto)
-		if err == nil {
-			t.Cleanup(func() { att.Close() })
-		}
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
+	d := loadAttached(t, tb)
 	addr := netip.AddrPortFrom(tb.Server.IP4, 8080)
 	srv := startTCPServer(t, tb, addr)
 	if err := d.Bind(srv.cookie, SampleOptions{}); err != nil {
@@ -413,24 +405,8 @@ func TestTCPSocketlessLoss(t *testing.T) {
 // eBPF answers them (after an idle stamp unit), the connection survives,
 // and its next request is answered by eBPF.
 func TestTCPKeepalive(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Fatal("needs root: network namespaces, XDP, TC")
-	}
 	tb := testbed.New(t)
-	d, err := Load(Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { d.Close() })
-	if err := tb.Server.Do(func() error {
-		att, err := d.Attach(tb.Server.Dev, AttachAuto)
-		if err == nil {
-			t.Cleanup(func() { att.Close() })
-		}
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
+	d := loadAttached(t, tb)
 	addr := netip.AddrPortFrom(tb.Server.IP4, 8080)
 	srv := startTCPServer(t, tb, addr)
 	hot, reply := httpGet("/hot", ""), httpReply("from eBPF", "")
