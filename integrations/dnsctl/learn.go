@@ -27,24 +27,16 @@ func (c *Controller) subscribe(ctx context.Context) error {
 				return fmt.Errorf("subscribe to the misses of socket %d: %w", cookie, err)
 			}
 			go func() {
-				<-ctx.Done()
-				sub.Close()
-			}()
-			go func(ep *endpoint) {
-				for {
-					s, err := sub.Next()
-					if err != nil {
-						if ctx.Err() == nil {
-							c.log.Warn("miss samples stopped", "socket", cookie, "error", err)
-						}
-						return
-					}
+				err := sub.Each(ctx, func(s santa.Sample) {
 					select {
 					case c.samples <- sampleEvent{ep, s}:
 					default: // the controller is busy: a sample more or less does not matter
 					}
+				})
+				if err != nil {
+					c.log.Warn("miss samples stopped", "socket", cookie, "error", err)
 				}
-			}(ep)
+			}()
 		}
 	}
 	return nil

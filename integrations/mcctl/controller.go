@@ -702,24 +702,16 @@ func (c *Controller) subscribe(ctx context.Context) error {
 			return fmt.Errorf("subscribe to the misses of socket %d: %w", cookie, err)
 		}
 		go func() {
-			<-ctx.Done()
-			sub.Close()
-		}()
-		go func() {
-			for {
-				s, err := sub.Next()
-				if err != nil {
-					if ctx.Err() == nil {
-						c.log.Warn("miss samples stopped", "socket", cookie, "error", err)
-					}
-					return
-				}
+			err := sub.Each(ctx, func(s santa.Sample) {
 				if key, ok := sampledKey(s.Data, s.RequestLen); ok {
 					select {
 					case c.samples <- key:
 					default: // busy: a sample more or less does not matter
 					}
 				}
+			})
+			if err != nil {
+				c.log.Warn("miss samples stopped", "socket", cookie, "error", err)
 			}
 		}()
 	}

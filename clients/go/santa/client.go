@@ -5,6 +5,7 @@
 package santa
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -312,3 +313,21 @@ func (s *Subscription) Next() (Sample, error) {
 
 // Close ends the subscription.
 func (s *Subscription) Close() error { return s.c.Close() }
+
+// Each calls f with every sample until ctx ends (it returns nil) or the
+// stream fails (it returns why), and then closes the subscription.
+func (s *Subscription) Each(ctx context.Context, f func(Sample)) error {
+	stop := context.AfterFunc(ctx, func() { s.Close() })
+	defer stop()
+	defer s.Close()
+	for {
+		smp, err := s.Next()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		f(smp)
+	}
+}
