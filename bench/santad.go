@@ -264,8 +264,8 @@ func BuildSanta(logf func(string, ...any)) (string, error) {
 }
 
 // WithSanta builds santad and santa from the working tree, calls run with
-// their directory and a context that ends on SIGINT or SIGTERM, and removes
-// them afterwards.
+// their directory and a context that ends on SIGINT or SIGTERM, logs why a
+// run stopped early, and removes them afterwards.
 func WithSanta[R any](logf func(string, ...any), run func(ctx context.Context, bin string) (R, error)) (R, error) {
 	bin, err := BuildSanta(logf)
 	if err != nil {
@@ -275,7 +275,11 @@ func WithSanta[R any](logf func(string, ...any), run func(ctx context.Context, b
 	defer os.RemoveAll(bin)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	return run(ctx, bin)
+	rep, err := run(ctx, bin)
+	if err != nil {
+		logf("interrupted: %v (writing what was measured)", err)
+	}
+	return rep, err
 }
 
 // SelectCases keeps the cases of plan named in the comma-separated list

@@ -192,9 +192,6 @@ func main() {
 		if rep == nil {
 			fatal(err)
 		}
-		if err != nil {
-			logf("interrupted: %v (writing what was measured)", err)
-		}
 	}
 	if perr := bench.Publish(rep, *outDir, stem, md, logf); perr != nil {
 		fatal(perr)
