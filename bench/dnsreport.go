@@ -311,7 +311,7 @@ all replies (kxdpgun's and the prober's); "threads" is the same from the exact r
 of the server's threads, the server NAPI kthread, santad and the controller, a
 cross-check that nothing else ran there ("santad + ctl" is santad's and the
 controller's part of it: miss samples, SOA polls). **BPF ns/packet** is run_time_ns / run_cnt of
-the program on the server veth. **Answered in XDP** is santad's count of answered
+the program on the server veth; `+bpfStatsNote+` **Answered in XDP** is santad's count of answered
 requests over the point divided by all replies.
 
 **Latency.** kxdpgun measures none, so during every measured point a light prober sends

@@ -135,7 +135,7 @@ refresh interval: writes cost server CPU in the tracker, memcached, the controll
 Each point runs %.0f s; %d repetitions, medians reported. **Server CPU** is CPU%d's busy time (wall − idle
 − iowait − steal, /proc/stat) over the window in which frames moved; **µs / reply** is that per reply
 received; "santad + ctl" is the share of santad and the controller (schedstat). **BPF ns** is the run
-time per packet of the XDP program on the server veth. **XDP** is the share of replies santad's rules
+time per packet of the XDP program on the server veth; `+bpfStatsNote+` **XDP** is the share of replies santad's rules
 sent. A latency prober (%d requests/s from a socket in the client namespace, same mix) gives p50/p99.
 Each case is reported at its **saturation point** (the offered rate with the most replies/s) and at its
 **knee** (the highest offered rate with ≥ 95 %% answered: the cleanest cost figure). The reflector is

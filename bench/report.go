@@ -31,6 +31,11 @@ const (
 // WriteFiles writes <dir>/<stem>.json, <stem>.csv and, if gnuplot is
 // installed, <stem>.gp and <stem>.png (replies/s against offered rate). It
 // returns the paths written and a warning if the plot was skipped.
+
+// bpfStatsNote says where the BPF figures come from (Sample.BPFStats).
+const bpfStatsNote = "BPF run-time accounting (BPF_ENABLE_STATS, two clock reads per packet) is on only in the first " +
+	"repetition of each point: the BPF figures come from it, every other figure from the repetitions without it."
+
 func (r *Report) WriteFiles(dir, stem string) ([]string, string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, "", err
@@ -201,7 +206,7 @@ this harness on CPU%d, TSO off on the client veth, GRO on at both ends. Each poi
 − steal from /proc/stat) over the window in which frames moved; "threads" is the exact
 run time (schedstat) of NSD's processes plus the server NAPI kthread over the same window,
 a cross-check that nothing else ran there. **BPF ns/packet** is run_time_ns / run_cnt of the
-program on the server veth (BPF_ENABLE_STATS). The generator is open loop: past a server's
+program on the server veth; `+bpfStatsNote+` The generator is open loop: past a server's
 capacity the answered rate falls, so the rate is swept and each case is reported at its
 **saturation point** (the offered rate with the most replies/s) and at its **knee** (the
 highest offered rate with at least 95 %% answered: no request or reply lost anywhere, the

@@ -29,6 +29,7 @@ struct pkt_info {
 	__u32 payload_len; /* payload bytes (excluding any Ethernet padding) */
 	__u8 family;       /* 4 or 6 */
 	__u8 proto;        /* IPPROTO_UDP or IPPROTO_TCP */
+	__u16 l4_check;    /* the transport header's checksum field, as on the wire */
 	struct bpf_sock_tuple tuple;
 };
 
@@ -196,6 +197,7 @@ static __always_inline int parse_udp(struct cursor *c, struct pkt_info *req, __u
 	if (bpf_ntohs(udp->len) != l4_len)
 		return PARSE_MALFORMED;
 	set_ports(req, udp->source, udp->dest);
+	req->l4_check = udp->check;
 	req->l4_len = sizeof(*udp);
 	req->payload_len = l4_len - sizeof(*udp);
 	return PARSE_OK;
@@ -211,6 +213,7 @@ static __always_inline int parse_tcp(struct cursor *c, struct pkt_info *req, __u
 	if (doff < sizeof(*th) || doff > l4_len)
 		return PARSE_MALFORMED;
 	set_ports(req, th->source, th->dest);
+	req->l4_check = th->check;
 	req->l4_len = doff;
 	req->payload_len = l4_len - doff;
 	return PARSE_OK;

@@ -92,7 +92,7 @@ static __always_inline void sample_miss(__u64 cookie, __u32 rs_id, const struct 
 	struct santa_sample_budget *b = bpf_map_lookup_elem(&santa_sample_budget, &rs_id);
 	if (!b)
 		return;
-	__u64 now = bpf_ktime_get_ns();
+	__u64 now = bpf_ktime_get_coarse_ns(); /* a jiffy's precision is plenty for 1 s windows */
 	if (now - b->window_start >= 1000000000ull) {
 		b->window_start = now;
 		b->used = 0;
@@ -124,21 +124,27 @@ static __always_inline void sample_miss(__u64 cookie, __u32 rs_id, const struct 
 
 /* The request's UDP or TCP checksum is valid, in the partial form of a
  * locally generated packet (the field holds the folded pseudo-header sum),
- * or absent (UDP over IPv4). The transport header is in s->l4. Global, so
- * the verifier checks it once. */
+ * or absent (UDP over IPv4). A TCP header must be in s->l4; a UDP header's
+ * sum is made from what the parser kept. Global, so the verifier checks it
+ * once. */
 __noinline int request_checksum_ok(struct pkt_info *req, const struct santa_scratch *s)
 {
 	if (!req || !s)
 		return 0;
-	__u16 check = req->proto == IPPROTO_UDP ? ((struct udphdr *)s->l4)->check :
-						  ((struct tcphdr *)s->l4)->check;
+	__u16 check = req->l4_check;
 	if (check == 0 && req->proto == IPPROTO_UDP)
 		return req->family == 4;
 	__u32 l4_len = req->l4_len + req->payload_len;
 	__u64 pseudo = csum_pseudo(&req->tuple, req->family, req->proto, l4_len);
 	if (check == csum_fold64(pseudo))
 		return 1;
-	__u64 sum = pseudo + csum_bytes(s->l4, req->l4_len & 63);
+	__u64 sum = pseudo;
+	if (req->proto == IPPROTO_UDP && req->family == 4)
+		sum += (__u32)req->tuple.ipv4.sport + req->tuple.ipv4.dport + bpf_htons((__u16)l4_len) + check;
+	else if (req->proto == IPPROTO_UDP)
+		sum += (__u32)req->tuple.ipv6.sport + req->tuple.ipv6.dport + bpf_htons((__u16)l4_len) + check;
+	else
+		sum += csum_bytes(s->l4, req->l4_len & 63);
 	sum += csum_bytes(s->req, req->payload_len & SANTA_OFF_MASK);
 	return csum_fold64(sum) == 0xffff;
 }
@@ -177,6 +183,27 @@ static __always_inline __u64 reply_payload_sum(const struct santa_scratch *s, co
 	return sum;
 }
 
+/* Read the frame's first len bytes (8 to 64, already parsed) into s->hdr
+ * with direct 8-byte loads, the last one overlapping; 0 on success. */
+static __always_inline int read_headers(struct xdp_md *ctx, struct santa_scratch *s, __u32 len)
+{
+	void *data = (void *)(long)ctx->data, *end = (void *)(long)ctx->data_end;
+	if (len < 8 || len > 64)
+		return -1;
+	for (__u32 i = 0; i < 8; i++) {
+		if (i * 8 + 8 > len)
+			break;
+		if (data + i * 8 + 8 > end)
+			return -1;
+		*(__u64 *)(s->hdr + i * 8) = *(const __u64 *)(data + i * 8);
+	}
+	__u32 last = (len - 8) & 63;
+	if (data + last + 8 > end)
+		return -1;
+	*(__u64 *)(s->hdr + last) = *(const __u64 *)(data + last);
+	return 0;
+}
+
 /* Load the request's Ethernet and IP headers into s->hdr and turn them into
  * the reply's, for a transport segment of l4_len bytes. Returns their length
  * (the transport header goes there) or 0. */
@@ -184,7 +211,7 @@ static __always_inline __u32 reverse_l2_l3(struct xdp_md *ctx, struct pkt_info *
 					   struct santa_scratch *s, __u32 l4_len)
 {
 	__u32 l23 = req->l2_len + req->l3_len;
-	if (l23 > 58 || bpf_xdp_load_bytes(ctx, 0, s->hdr, NONZERO(l23, 63)))
+	if (l23 > 58 || read_headers(ctx, s, l23))
 		return 0;
 	reverse_addresses(s->hdr, req);
 	set_l3_lengths(s->hdr, req, l4_len);
@@ -213,8 +240,9 @@ static __always_inline __u32 build_udp_headers(struct xdp_md *ctx, struct pkt_in
 	return l23 + sizeof(*udp);
 }
 
-/* Resize the frame to new_len bytes: grow at the tail where the driver left
- * room, else into the headroom; shrink at the tail. */
+/* Resize the frame to new_len bytes: grow into the headroom (always there
+ * with XDP, and the headers are rewritten anyway), else at the tail where
+ * the driver left room; shrink at the tail. */
 static __always_inline int resize_frame(struct xdp_md *ctx, __u32 new_len)
 {
 	int delta = (int)new_len - (int)(ctx->data_end - ctx->data);
@@ -222,9 +250,62 @@ static __always_inline int resize_frame(struct xdp_md *ctx, __u32 new_len)
 		return 0;
 	if (delta < 0)
 		return bpf_xdp_adjust_tail(ctx, delta);
-	if (bpf_xdp_adjust_tail(ctx, delta) == 0)
+	if (bpf_xdp_adjust_head(ctx, -delta) == 0)
 		return 0;
-	return bpf_xdp_adjust_head(ctx, -delta);
+	return bpf_xdp_adjust_tail(ctx, delta);
+}
+
+/* Write the len header bytes in s->hdr at the start of the frame with
+ * direct 8-byte stores (the last one overlapping), cheaper than a helper
+ * call; 0 on success. */
+static __always_inline int write_headers(struct xdp_md *ctx, const struct santa_scratch *s, __u32 len)
+{
+	void *data = (void *)(long)ctx->data, *end = (void *)(long)ctx->data_end;
+	if (len < 8 || len > 128)
+		return bpf_xdp_store_bytes(ctx, 0, (void *)s->hdr, NONZERO(len, 127));
+	for (__u32 i = 0; i < 16; i++) {
+		if (i * 8 + 8 > len)
+			break;
+		if (data + i * 8 + 8 > end)
+			return -1;
+		*(__u64 *)(data + i * 8) = *(const __u64 *)(s->hdr + i * 8);
+	}
+	__u32 last = (len - 8) & 127;
+	if (data + last + 8 > end)
+		return -1;
+	*(__u64 *)(data + last) = *(const __u64 *)(s->hdr + last);
+	return 0;
+}
+
+/* Apply copy cp of rule r to the reply at frame offset at, which already
+ * holds the template: a copy of up to 8 bytes is merged with the template's
+ * next 8 bytes (read from the page: reading them back from the frame would
+ * stall on the store that just wrote them) and stored directly; a longer
+ * one, or one at the frame's end, is written by the helper. */
+static __always_inline int apply_copy(struct xdp_md *ctx, const struct santa_scratch *s,
+				      const struct santa_page *page, const struct santa_rule *r,
+				      const struct santa_copy *cp, __u32 at)
+{
+	void *data = (void *)(long)ctx->data, *end = (void *)(long)ctx->data_end;
+	__u8 *p = data + (at & 4095);
+	__u64 tpl = *(const __u64 *)(page->b + ((r->tpl + cp->dst) & (SANTA_PAGE_DATA - 1)));
+	if (cp->mask) {
+		/* the template has zeros where a masked copy's bits go */
+		__u64 v = masked_copy_bits(s, page, r, cp) | tpl;
+		if ((void *)(p + 8) <= end) {
+			*(__u64 *)p = v;
+			return 0;
+		}
+		return bpf_xdp_store_bytes(ctx, at, &v, NONZERO(cp->len, SANTA_MAX_COPY_MASK - 1));
+	}
+	if (cp->len <= 8 && (void *)(p + 8) <= end) {
+		__u64 keep = cp->len == 8 ? 0 : ~0ull << (cp->len * 8);
+		__u64 v = *(const __u64 *)(s->req + (cp->src & SANTA_OFF_MASK));
+		*(__u64 *)p = (tpl & keep) | (v & ~keep);
+		return 0;
+	}
+	return bpf_xdp_store_bytes(ctx, at, (void *)s->req + (cp->src & SANTA_OFF_MASK),
+				   NONZERO(cp->len, SANTA_OFF_MASK));
 }
 
 /* Replace the frame by the headers in s->hdr and rule r's reply (if r),
@@ -238,7 +319,7 @@ static __always_inline int send_frame(struct xdp_md *ctx, struct santa_scratch *
 		return XDP_PASS;
 	}
 	/* From here on the request is gone: a failure must drop, not pass. */
-	if (bpf_xdp_store_bytes(ctx, 0, s->hdr, NONZERO(hdr_len, 127)))
+	if (write_headers(ctx, s, hdr_len))
 		goto fail;
 	if (!r || !page)
 		return XDP_TX;
@@ -249,15 +330,8 @@ static __always_inline int send_frame(struct xdp_md *ctx, struct santa_scratch *
 		if (k >= r->ncopies)
 			break;
 		const struct santa_copy *cp = &r->copies[k];
-		if (cp->mask) {
-			__u64 v = masked_copy_bits(s, page, r, cp) |
-				  *(const __u64 *)(page->b + ((r->tpl + cp->dst) & (SANTA_PAGE_DATA - 1)));
-			if (bpf_xdp_store_bytes(ctx, hdr_len + cp->dst, &v, NONZERO(cp->len, SANTA_MAX_COPY_MASK - 1)))
-				goto fail;
-		} else if (bpf_xdp_store_bytes(ctx, hdr_len + cp->dst, s->req + (cp->src & SANTA_OFF_MASK),
-					       NONZERO(cp->len, SANTA_OFF_MASK))) {
+		if (apply_copy(ctx, s, page, r, cp, hdr_len + cp->dst))
 			goto fail;
-		}
 	}
 	struct santa_rule_counters *st = bpf_map_lookup_elem(&santa_rule_stats, &slot);
 	if (st) {
@@ -384,7 +458,7 @@ __noinline int udp_request(struct xdp_md *ctx, struct pkt_info *req)
 	const struct santa_rule *r = match_request(ctx, req, s, cookie, id, rs, &slot);
 	if (!r)
 		return XDP_PASS;
-	if (load_l4_header(ctx, req, s) || !request_checksum_ok(req, s)) {
+	if (!request_checksum_ok(req, s)) {
 		COUNT(pass_bad_checksum);
 		return XDP_PASS;
 	}

@@ -138,7 +138,8 @@ static __always_inline __u16 opts_mss(__u32 opts) { return stamp_mss(opts >> 5);
 static __always_inline __u8 opts_wscale(__u32 opts) { return (opts >> 1) & 15; }
 static __always_inline __u8 opts_sack(__u32 opts) { return opts & 1; }
 
-static __always_inline __u64 stamp_unit(void) { return bpf_ktime_get_ns() >> SANTA_TCP_UNIT_SHIFT; }
+/* The coarse clock (a jiffy behind at most) is cheaper to read, and a unit is 8.6 s. */
+static __always_inline __u64 stamp_unit(void) { return bpf_ktime_get_coarse_ns() >> SANTA_TCP_UNIT_SHIFT; }
 
 #define ROTL64(x, b) (((x) << (b)) | ((x) >> (64 - (b))))
 #define SIPROUND                                                                 \

@@ -22,7 +22,8 @@ const (
 // StampKey is the SipHash key of one stamp epoch.
 type StampKey = santaSantaTcpKey
 
-// stampUnit is the current stamp time unit (bpf_ktime_get_ns is CLOCK_MONOTONIC).
+// stampUnit is the current stamp time unit (bpf_ktime_get_coarse_ns is
+// CLOCK_MONOTONIC, a jiffy behind at most).
 func stampUnit() (uint64, error) {
 	var ts unix.Timespec
 	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
