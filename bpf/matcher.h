@@ -193,12 +193,14 @@ static long chain_step(__u32 i, struct chain_walk *w)
 /* The best rule of rule set rs_id for the request in s, 0 if none.
  * *truncated is set when a chain had more than SANTA_MAX_CHAIN rules,
  * *invalidated when a rule matched but its guards did not hold.
- * Regions are hashed in ascending order (one FNV pass per offset) and probed
- * longest first: a rule hangs on the longest region its anchor covers, so a
+ * Regions are hashed in ascending order (one FNV pass per offset), and
+ * their bucket heads loaded in the same pass: the loads do not depend on each
+ * other, so their cache misses overlap. Chains are then walked longest
+ * region first: a rule hangs on the longest region its anchor covers, so a
  * request is most often answered by the longest region it fits, and a
  * disjoint rule set stops there. The best rule does not depend on the order. */
 static __always_inline __u32 match_rules(__u32 rs_id, const struct santa_ruleset *rs,
-					 const struct santa_scratch *s, __u32 payload_len,
+					 struct santa_scratch *s, __u32 payload_len,
 					 int *truncated, int *invalidated)
 {
 	struct chain_walk w = {
@@ -207,12 +209,13 @@ static __always_inline __u32 match_rules(__u32 rs_id, const struct santa_ruleset
 		.disjoint = rs->flags & SANTA_RULESET_DISJOINT,
 		.generation = rs->generation,
 	};
-	__u32 hashes[SANTA_MAX_REGIONS] = {};
+	__u32 *hashes = s->probe.hash, *heads = s->probe.head;
 	__u32 h = FNV32_BASIS, pos = 0, hashed_off = 0xffffffff;
 
 	for (__u32 ri = 0; ri < SANTA_MAX_REGIONS; ri++) {
+		heads[ri] = 0;
 		if (ri >= rs->nregions)
-			break;
+			continue;
 		struct santa_region reg = rs->regions[ri];
 		__u32 end = (__u32)reg.off + reg.len;
 		if (end > payload_len || reg.len > SANTA_MAX_REGION_LEN)
@@ -227,20 +230,20 @@ static __always_inline __u32 match_rules(__u32 rs_id, const struct santa_ruleset
 		h = santa_fnv1a(s, pos, end, h);
 		pos = end;
 		hashes[ri] = h;
+		struct santa_len_range lens = rs->lens[ri];
+		if (payload_len < lens.min || payload_len > lens.max)
+			continue; /* no rule on this region answers requests this long */
+		__u32 bucket = bucket_of(rs_id, reg, h);
+		__u32 *head = bpf_map_lookup_elem(&santa_buckets, &bucket);
+		if (head)
+			heads[ri] = *head;
 	}
 	for (int ri = SANTA_MAX_REGIONS - 1; ri >= 0; ri--) {
-		if (ri >= rs->nregions)
+		if (!heads[ri])
 			continue;
-		struct santa_region reg = rs->regions[ri];
-		if ((__u32)reg.off + reg.len > payload_len || reg.len > SANTA_MAX_REGION_LEN)
-			continue;
-		__u32 bucket = bucket_of(rs_id, reg, hashes[ri]);
-		__u32 *head = bpf_map_lookup_elem(&santa_buckets, &bucket);
-		if (!head || !*head)
-			continue;
-		w.slot = *head;
+		w.slot = heads[ri];
 		w.hash = hashes[ri];
-		w.region = reg;
+		w.region = rs->regions[ri];
 		/* most chains hold one rule: look at it before paying for bpf_loop */
 		if (!chain_step(0, &w) && w.slot)
 			bpf_loop(SANTA_MAX_CHAIN - 1, chain_step, &w, 0);

@@ -47,6 +47,12 @@ struct santa_region {
 	__u16 len;
 };
 
+/* Payload lengths [min, max]; {0, 0} holds none. */
+struct santa_len_range {
+	__u16 min;
+	__u16 max;
+};
+
 /* One rule set: the rules of one socket. */
 struct santa_ruleset {
 	__u32 nregions;
@@ -57,6 +63,9 @@ struct santa_ruleset {
 	__u16 sample_len;       /* bytes per miss sample, 0 = no samples */
 	__u16 sample_pad;
 	__u32 sample_per_sec;   /* miss samples per second and CPU */
+	/* per region: a superset of the payload lengths its rules answer (they
+	 * only widen); a request outside is not looked up there */
+	struct santa_len_range lens[SANTA_MAX_REGIONS];
 };
 
 /* A condition: len bytes at off in the payload equal the pattern at data in
@@ -204,14 +213,22 @@ struct santa_miss_sample {
 	__u8 data[SANTA_SAMPLE_MAX];
 };
 
+/* The matcher's per-region results for one request: each region's hash
+ * and its bucket's first rule slot (0: no rule, or the region does not fit). */
+struct santa_region_probe {
+	__u32 hash[SANTA_MAX_REGIONS];
+	__u32 head[SANTA_MAX_REGIONS];
+};
+
 /* Per-CPU work area: the request window (with slack for word-wise compares
- * past a pattern's end), the reply's headers, the request's TCP header and
- * the TCP responder's state (off the short stack). */
+ * past a pattern's end), the reply's headers, the request's TCP header,
+ * the TCP responder's state and the matcher's probes (off the short stack). */
 struct santa_scratch {
 	__u8 req[SANTA_SCRATCH_REQ];
 	__u8 hdr[128];
 	__u8 l4[SANTA_SCRATCH_L4];
 	__u8 tcp[SANTA_SCRATCH_TCP];
+	struct santa_region_probe probe;
 };
 
 /* The SipHash key of one stamp epoch (TCP). */

@@ -66,6 +66,8 @@ var (
 	offRulesetFlags     = int(unsafe.Offsetof(santaSantaRuleset{}.Flags))
 	offRulesetGen       = int(unsafe.Offsetof(santaSantaRuleset{}.Generation))
 	offRulesetSampleLen = int(unsafe.Offsetof(santaSantaRuleset{}.SampleLen))
+	offRulesetLens      = int(unsafe.Offsetof(santaSantaRuleset{}.Lens))
+	rangeSize           = int(unsafe.Sizeof(santaSantaRuleset{}.Lens[0]))
 	ruleValueSize       = binary.Size(santaSantaRule{})
 	rulesetValueSize    = binary.Size(santaSantaRuleset{})
 )

@@ -36,6 +36,7 @@ type installed struct {
 	slot    uint32
 	bucket  uint32
 	region  region
+	regionN int // region's index in the rule set's regions
 	hash    uint32
 	data    dataRef
 	order   uint32
@@ -371,7 +372,7 @@ func (d *Dataplane) tryPlace(id uint32, regions []region, rules []*installed) er
 		if !ok {
 			return errNoRegion
 		}
-		r.region = reg
+		r.region, r.regionN = reg, slices.Index(regions, reg)
 		a := r.rule.conds[r.rule.anchor]
 		r.hash = fnv1a32(a.Pattern[:reg.len])
 		r.bucket = bucketOf(d.seed, d.mask, id, reg, r.hash)
@@ -585,10 +586,25 @@ func (d *Dataplane) install(id, gen uint32, r *installed) error {
 		d.setBase(slot, RuleStats{})
 	}
 	encodeInto(d.rules.value(slot), &v)
+	d.widenRegionLens(id, r.regionN, c.minLen, c.maxLen)
 	d.buckets.store32(r.bucket, 0, slot)
 	d.chainLen[r.bucket]++
 	d.byID[r.id] = r
 	return nil
+}
+
+// widenRegionLens makes region n of rule set id admit payloads of minLen to
+// maxLen bytes, before a rule that answers them becomes visible. The range
+// never narrows (deleted rules leave it wide) until the rule set is rebuilt.
+func (d *Dataplane) widenRegionLens(id uint32, n, minLen, maxLen int) {
+	off := offRulesetLens + n*rangeSize
+	cur := d.rulesets.load32(id, off)
+	lo, hi := int(cur&0xffff), int(cur>>16)
+	if cur != 0 {
+		minLen, maxLen = min(minLen, lo), max(maxLen, hi)
+	}
+	// one 32-bit store: the program never sees half of it
+	d.rulesets.store32(id, off, uint32(minLen)|uint32(maxLen)<<16)
 }
 
 // uninstall unlinks rule r from its chain and frees its slot and data.

@@ -210,6 +210,11 @@ type santaSantaRuleset struct {
 	SampleLen    uint16
 	SamplePad    uint16
 	SamplePerSec uint32
+	Lens         [8]struct {
+		_   structs.HostLayout
+		Min uint16
+		Max uint16
+	}
 }
 
 type santaSantaSampleBudget struct {
@@ -220,11 +225,16 @@ type santaSantaSampleBudget struct {
 }
 
 type santaSantaScratch struct {
-	_   structs.HostLayout
-	Req [4096]uint8
-	Hdr [128]uint8
-	L4  [128]uint8
-	Tcp [64]uint8
+	_     structs.HostLayout
+	Req   [4096]uint8
+	Hdr   [128]uint8
+	L4    [128]uint8
+	Tcp   [64]uint8
+	Probe struct {
+		_    structs.HostLayout
+		Hash [8]uint32
+		Head [8]uint32
+	}
 }
 
 type santaSantaTcpFlow struct {

@@ -1,12 +1,12 @@
 package dataplane
 
 import (
-	"bytes"
 	"encoding/binary"
 	"fmt"
 	"reflect"
 	"regexp"
 	"strings"
+	"unsafe"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/ringbuf"
@@ -177,10 +177,13 @@ func (m *MissSamples) Read() (MissSample, error) {
 	if err != nil {
 		return MissSample{}, err
 	}
-	var raw santaSantaMissSample
-	if err := binary.Read(bytes.NewReader(rec.RawSample), binary.LittleEndian, &raw); err != nil {
-		return MissSample{}, fmt.Errorf("decode miss sample: %w", err)
+	// The program writes the record in host order, laid out as the
+	// generated struct: read it in place (binary.Read reflects over every
+	// payload byte, tens of µs per sample).
+	if len(rec.RawSample) < int(unsafe.Sizeof(santaSantaMissSample{})) {
+		return MissSample{}, fmt.Errorf("decode miss sample: %d bytes, want %d", len(rec.RawSample), unsafe.Sizeof(santaSantaMissSample{}))
 	}
+	raw := (*santaSantaMissSample)(unsafe.Pointer(&rec.RawSample[0]))
 	n := min(int(raw.Caplen), len(raw.Data))
 	return MissSample{
 		Cookie:  raw.Cookie,
