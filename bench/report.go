@@ -34,7 +34,8 @@ const (
 
 // bpfStatsNote says where the BPF figures come from (Sample.BPFStats).
 const bpfStatsNote = "BPF run-time accounting (BPF_ENABLE_STATS, two clock reads per packet) is on only in the first " +
-	"repetition of each point: the BPF figures come from it, every other figure from the repetitions without it."
+	"repetition of each point: the BPF figures come from it, every other figure from the repetitions without it " +
+	"(a single repetition gives all figures, the accounting's cost included)."
 
 func (r *Report) WriteFiles(dir, stem string) ([]string, string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
