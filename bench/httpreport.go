@@ -254,7 +254,7 @@ per server core, Santa over nginx); **in eBPF** the share of responses the rule 
 Columns: **failed** requests wrk counted as socket errors, timeouts or non-2xx responses; **threads µs** the
 server CPU per request from the server threads' run time (busy time beyond it is kernel work outside them:
 interrupts, timers, idle exits); **santad + ctl** their part of it; **BPF ns** run time per packet of the XDP
-program on the server veth; `+bpfStatsNote+` **p50 / p99** wrk's latency. † marks a point where others' work on the server CPU
+program on the server veth; ` + bpfStatsNote + ` **p50 / p99** wrk's latency. † marks a point where others' work on the server CPU
 could not be avoided.
 
 `)
