@@ -16,8 +16,10 @@
 volatile const __u32 bucket_mask = (1 << 20) - 1; /* 2^hash_bits - 1 */
 volatile const __u32 bucket_seed = 0;             /* keeps bucket positions unpredictable */
 
-/* Bucket of (rule set, region, hash). internal/dataplane/bucket.go has the twin. */
-static __always_inline __u32 bucket_of(__u32 ruleset, struct santa_region r, __u32 hash)
+/* Bucket of (rule set, region, hash), in the rule set's part of the table.
+ * internal/dataplane/bucket.go has the twin. */
+static __always_inline __u32 bucket_of(__u32 ruleset, const struct santa_ruleset *rs,
+				       struct santa_region r, __u32 hash)
 {
 	__u32 x = hash ^ bucket_seed ^ (ruleset * 0x9E3779B1u) ^
 		  ((((__u32)r.off << 16) | r.len) * 0x85EBCA6Bu);
@@ -26,7 +28,7 @@ static __always_inline __u32 bucket_of(__u32 ruleset, struct santa_region r, __u
 	x ^= x >> 15;
 	x *= 0x846CA68Bu;
 	x ^= x >> 16;
-	return x & bucket_mask;
+	return (rs->buckets_base | (x & rs->buckets_mask)) & bucket_mask;
 }
 
 /* The len pattern bytes at data in page equal the request bytes at off;
@@ -233,7 +235,7 @@ static __always_inline __u32 match_rules(__u32 rs_id, const struct santa_ruleset
 		struct santa_len_range lens = rs->lens[ri];
 		if (payload_len < lens.min || payload_len > lens.max)
 			continue; /* no rule on this region answers requests this long */
-		__u32 bucket = bucket_of(rs_id, reg, h);
+		__u32 bucket = bucket_of(rs_id, rs, reg, h);
 		__u32 *head = bpf_map_lookup_elem(&santa_buckets, &bucket);
 		if (head)
 			heads[ri] = *head;

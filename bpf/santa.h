@@ -58,7 +58,11 @@ struct santa_ruleset {
 	__u32 nregions;
 	__u32 flags;
 	__u32 generation;       /* rules with a higher generation are not visible yet */
-	__u32 pad;
+	/* the rule set's buckets: buckets_base | (bucket hash & buckets_mask),
+	 * an aligned part of the table sized to its rules, so the chain heads of
+	 * a small set share a few pages (TLB, cache) instead of the whole table */
+	__u32 buckets_base;
+	__u32 buckets_mask;
 	struct santa_region regions[SANTA_MAX_REGIONS]; /* sorted by (off, len) */
 	__u16 sample_len;       /* bytes per miss sample, 0 = no samples */
 	__u16 sample_pad;

@@ -21,6 +21,7 @@ type ruleset struct {
 	cookie     uint64
 	id         uint32
 	regions    []region
+	buckets    bucketRange
 	flags      uint32
 	generation uint32
 	rules      []*installed // in insertion order
@@ -53,11 +54,11 @@ func (d *Dataplane) Bind(cookie uint64, sample SampleOptions) error {
 		return fmt.Errorf("socket %#x already has a rule set", cookie)
 	}
 	rs := &ruleset{cookie: cookie, sample: sample}
-	id, err := d.writeRuleset(rs, nil, 0)
+	id, buckets, err := d.writeRuleset(rs, nil, 0, 0)
 	if err != nil {
 		return err
 	}
-	rs.id, rs.generation = id, 1
+	rs.id, rs.buckets, rs.generation = id, buckets, 1
 	if err := d.objs.SantaSockets.Update(cookie, id, ebpf.UpdateNoExist); err != nil {
 		d.rsIDs.put(id)
 		return fmt.Errorf("bind socket %#x: %w", cookie, err)
@@ -353,18 +354,19 @@ func (d *Dataplane) newInstalled(rs *ruleset, src []Rule, compiled []*compiledRu
 }
 
 // place assigns each rule its region, hash and bucket for rule set id under
-// the given regions, checking capacity and chain lengths first.
-func (d *Dataplane) place(id uint32, regions []region, rules []*installed) error {
-	err := d.tryPlace(id, regions, rules)
+// the given regions and part of the bucket table, checking capacity and
+// chain lengths first.
+func (d *Dataplane) place(id uint32, regions []region, buckets bucketRange, rules []*installed) error {
+	err := d.tryPlace(id, regions, buckets, rules)
 	if err != nil && !errors.Is(err, errNoRegion) && len(d.retiring) > 0 {
 		// the room may be held by replaced rules kept for packets in flight
 		d.drainRetired()
-		err = d.tryPlace(id, regions, rules)
+		err = d.tryPlace(id, regions, buckets, rules)
 	}
 	return err
 }
 
-func (d *Dataplane) tryPlace(id uint32, regions []region, rules []*installed) error {
+func (d *Dataplane) tryPlace(id uint32, regions []region, buckets bucketRange, rules []*installed) error {
 	extra := map[uint32]int{}
 	need := 0
 	for _, r := range rules {
@@ -375,7 +377,7 @@ func (d *Dataplane) tryPlace(id uint32, regions []region, rules []*installed) er
 		r.region, r.regionN = reg, slices.Index(regions, reg)
 		a := r.rule.conds[r.rule.anchor]
 		r.hash = fnv1a32(a.Pattern[:reg.len])
-		r.bucket = bucketOf(d.seed, d.mask, id, reg, r.hash)
+		r.bucket = bucketOf(d.seed, buckets, id, reg, r.hash)
 		extra[r.bucket]++
 		if int(d.chainLen[r.bucket])+extra[r.bucket] > MaxChain {
 			return invalid("more than %d rules share the bytes %v of %q (the region the matcher hashes); "+
@@ -394,15 +396,22 @@ func (d *Dataplane) tryPlace(id uint32, regions []region, rules []*installed) er
 
 var errNoRegion = errors.New("no region for the rule")
 
-// add installs new rules into the rule set: in place if its regions suit
-// them, else by a rebuild.
+// add installs new rules into the rule set: in place if its regions and
+// part of the bucket table suit them, else by a rebuild.
 func (d *Dataplane) add(rs *ruleset, news []*installed) error {
 	all := append(slices.Clone(rs.rules), news...)
-	if err := d.linkInPlace(rs, news, all); err == nil {
+	fits := rs.buckets.holds(len(all), d.mask)
+	if fits && d.linkInPlace(rs, news, all) == nil {
 		return nil
 	}
-	// the rule set's regions do not suit the new rules: rebuild it
-	return d.rebuild(rs, all)
+	// new regions, or a larger part of the table: rebuild the rule set
+	err := d.rebuild(rs, all)
+	if err != nil && !fits && errors.Is(err, ErrFull) && d.linkInPlace(rs, news, all) == nil {
+		// no room for a second copy of the set: its part of the table
+		// still serves, with longer chains
+		return nil
+	}
+	return err
 }
 
 // linkInPlace links news into the rule set as it is, visible all at once by
@@ -413,7 +422,7 @@ func (d *Dataplane) linkInPlace(rs *ruleset, news, all []*installed) error {
 	if len(rs.regions) == 0 {
 		return errNoRegion
 	}
-	if err := d.place(rs.id, rs.regions, news); err != nil {
+	if err := d.place(rs.id, rs.regions, rs.buckets, news); err != nil {
 		return err
 	}
 	disjoint := false
@@ -456,7 +465,7 @@ func (d *Dataplane) rebuild(rs *ruleset, rules []*installed) error {
 	if _, ok := disjointOffset(compiled); ok {
 		flags |= flagDisjoint
 	}
-	id, err := d.writeRuleset(rs, regions, flags)
+	id, buckets, err := d.writeRuleset(rs, regions, flags, len(rules))
 	if err != nil {
 		return err
 	}
@@ -479,7 +488,7 @@ func (d *Dataplane) rebuild(rs *ruleset, rules []*installed) error {
 		d.rsIDs.put(id)
 		return err
 	}
-	if err := d.place(id, regions, moved); err != nil {
+	if err := d.place(id, regions, buckets, moved); err != nil {
 		return fail(err)
 	}
 	for _, r := range moved {
@@ -496,7 +505,7 @@ func (d *Dataplane) rebuild(rs *ruleset, rules []*installed) error {
 	}
 	d.retire(old, successors)
 	d.rsIDs.put(rs.id)
-	rs.id, rs.regions, rs.flags, rs.generation, rs.rules = id, regions, flags, 1, moved
+	rs.id, rs.regions, rs.buckets, rs.flags, rs.generation, rs.rules = id, regions, buckets, flags, 1, moved
 	return nil
 }
 
@@ -508,16 +517,21 @@ func compiledOf(rules []*installed) []*compiledRule {
 	return out
 }
 
-// writeRuleset writes a rule set under a fresh id that no socket points at yet.
-func (d *Dataplane) writeRuleset(rs *ruleset, regions []region, flags uint32) (uint32, error) {
+// writeRuleset writes a rule set for n rules under a fresh id that no
+// socket points at yet, and returns the id and the set's part of the bucket
+// table.
+func (d *Dataplane) writeRuleset(rs *ruleset, regions []region, flags uint32, n int) (uint32, bucketRange, error) {
 	id, _, err := d.rsIDs.get()
 	if err != nil {
-		return 0, fmt.Errorf("%w: rule sets (%d); raise MaxRulesets", ErrFull, d.cfg.MaxRulesets)
+		return 0, bucketRange{}, fmt.Errorf("%w: rule sets (%d); raise MaxRulesets", ErrFull, d.cfg.MaxRulesets)
 	}
+	buckets := bucketRangeFor(d.seed, d.mask, id, n)
 	v := santaSantaRuleset{
 		Nregions:     uint32(len(regions)),
 		Flags:        flags,
 		Generation:   1,
+		BucketsBase:  buckets.base,
+		BucketsMask:  buckets.mask,
 		SampleLen:    uint16(rs.sample.Bytes),
 		SamplePerSec: uint32(rs.sample.PerSecond),
 	}
@@ -525,7 +539,7 @@ func (d *Dataplane) writeRuleset(rs *ruleset, regions []region, flags uint32) (u
 		v.Regions[i] = santaSantaRegion{Off: uint16(r.off), Len: uint16(r.len)}
 	}
 	encodeInto(d.rulesets.value(id), &v)
-	return id, nil
+	return id, buckets, nil
 }
 
 // install writes rule r into a free slot of rule set id and links it at the

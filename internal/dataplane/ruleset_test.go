@@ -1,7 +1,9 @@
 package dataplane
 
 import (
+	"bytes"
 	"errors"
+	"fmt"
 	"net/netip"
 	"reflect"
 	"strings"
@@ -174,4 +176,89 @@ func TestCloseFlagStored(t *testing.T) {
 	if flags(ids[0]) != 0 || flags(ids[1]) != uint8(santaSantaLimitSANTA_RULE_CLOSE) {
 		t.Errorf("after modify: flags %#x and %#x", flags(ids[0]), flags(ids[1]))
 	}
+}
+
+// A rule set's chain heads live in a part of the bucket table sized to its
+// rules; adding rules past one per bucket rebuilds the set into a larger
+// part, and when there is no room for the rebuild's second copy the set
+// stays in its part with longer chains. Every rule answers throughout.
+func TestBucketRangeFollowsRuleCount(t *testing.T) {
+	e := newEnv(t, Config{HashBits: 16, MaxRules: 1600})
+	c, s := fixtureAddrs(e, false, 7210)
+	sock := e.socket(s, false)
+	key := func(i int) string { return fmt.Sprintf("key-%05d", i) }
+	var rules []Rule
+	add := func(from, to int) {
+		t.Helper()
+		batch := make([]Rule, 0, to-from)
+		for i := from; i < to; i++ {
+			batch = append(batch, reply(key(i), key(i)))
+		}
+		if _, err := e.d.AddRules(sock, batch); err != nil {
+			t.Fatalf("AddRules(%d..%d): %v", from, to, err)
+		}
+		rules = append(rules, batch...)
+	}
+	// the range of the set, and every rule's bucket inside it
+	rangeOf := func() bucketRange {
+		t.Helper()
+		rs := e.d.bySocket[sock]
+		b := rs.buckets
+		if b.base&b.mask != 0 || b.base|b.mask > e.d.mask {
+			t.Fatalf("range %+v: not an aligned part of a table of %d buckets", b, e.d.mask+1)
+		}
+		for _, r := range rs.rules {
+			if r.bucket&^b.mask != b.base {
+				t.Fatalf("rule %d in bucket %d, outside range %+v", r.id, r.bucket, b)
+			}
+		}
+		return b
+	}
+	answersAll := func() {
+		t.Helper()
+		for i := range rules {
+			req := request(c, s, key(i))
+			if v, out := e.run(req.build(t)); v != xdpTx || !bytes.Equal(out, req.answer([]byte(key(i))).build(t)) {
+				t.Fatalf("%s: verdict %d, reply %x", key(i), v, out)
+			}
+		}
+	}
+
+	if err := e.d.Bind(sock, SampleOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if b := rangeOf(); b.mask != minBucketRange-1 {
+		t.Fatalf("empty set: range of %d buckets, want %d", b.mask+1, minBucketRange)
+	}
+	add(0, 300)
+	add(300, 500)
+	if b := rangeOf(); b.mask != minBucketRange-1 {
+		t.Fatalf("500 rules: range of %d buckets, want %d", b.mask+1, minBucketRange)
+	}
+	answersAll()
+	// 1150 rules: past one per bucket, and a rebuild would need 500 + 1150
+	// slots of 1600: the set stays where it is
+	add(500, 1150)
+	if b := rangeOf(); b.mask != minBucketRange-1 {
+		t.Fatalf("1150 rules without room to rebuild: range of %d buckets, want %d", b.mask+1, minBucketRange)
+	}
+	answersAll()
+	// after deleting 650 there is room: the next addition rebuilds into a larger range
+	list, err := e.d.ListRules(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var del []RuleID
+	for _, r := range list[500:] {
+		del = append(del, r.ID)
+	}
+	if err := e.d.DeleteRules(sock, del); err != nil {
+		t.Fatal(err)
+	}
+	rules = rules[:500]
+	add(500, 1030)
+	if b := rangeOf(); b.mask != 4*minBucketRange-1 {
+		t.Fatalf("1030 rules: range of %d buckets, want %d", b.mask+1, 4*minBucketRange)
+	}
+	answersAll()
 }

@@ -205,7 +205,8 @@ type santaSantaRuleset struct {
 	Nregions     uint32
 	Flags        uint32
 	Generation   uint32
-	Pad          uint32
+	BucketsBase  uint32
+	BucketsMask  uint32
 	Regions      [8]santaSantaRegion
 	SampleLen    uint16
 	SamplePad    uint16
