@@ -29,22 +29,25 @@ type bucketRange struct{ base, mask uint32 }
 const minBucketRange = 1024
 
 // bucketRangeFor is the part of a table of tableMask+1 buckets for rule set
-// id with n rules: two buckets per rule, a power of two from one page up to
-// the whole table, at a place the seed and id pick.
+// id with n rules: four buckets per rule, a power of two from one page up to
+// the whole table, at a place the seed and id pick. With few rules per
+// bucket most buckets of other regions a request is looked up in are empty:
+// a rule there would cost a miss to rule out (at 1 M rules, a rule per
+// bucket made a request 300 ns dearer than one per four).
 func bucketRangeFor(seed, tableMask, id uint32, n int) bucketRange {
 	size := uint32(minBucketRange)
-	for size <= tableMask && int(size) < 2*n {
+	for size <= tableMask && int(size) < 4*n {
 		size <<= 1
 	}
 	mask := min(size-1, tableMask)
 	return bucketRange{base: mix32(seed^id*0x9E3779B1) & tableMask &^ mask, mask: mask}
 }
 
-// holds says whether n rules still suit the range: up to one rule per
-// bucket, or any number once it is the whole table (chains stay bounded by
+// holds says whether n rules still suit the range: up to one rule per two
+// buckets, or any number once it is the whole table (chains stay bounded by
 // MaxChain either way; this only keeps them short).
 func (b bucketRange) holds(n int, tableMask uint32) bool {
-	return n <= int(b.mask)+1 || b.mask == tableMask
+	return 2*n <= int(b.mask)+1 || b.mask == tableMask
 }
 
 func bucketOf(seed uint32, b bucketRange, ruleset uint32, r region, hash uint32) uint32 {

@@ -72,10 +72,10 @@ func TestMaskedDisjoint(t *testing.T) {
 	a := Rule{Conditions: []Condition{masked(0, "ab\x00", "\xff\xff\x00")}, Processors: []Processor{put(0, "a")}, ReplyLen: 1}
 	b := Rule{Conditions: []Condition{masked(0, "ac\x00", "\xff\xff\x00")}, Processors: []Processor{put(0, "b")}, ReplyLen: 1}
 	c := Rule{Conditions: []Condition{masked(0, "a\x00c", "\xff\x00\xff")}, Processors: []Processor{put(0, "c")}, ReplyLen: 1}
-	if _, ok := disjointOffset(rules(a, b)); !ok {
+	if newDisjointSet(rules(a, b)) == nil {
 		t.Error("ab? and ac? are disjoint")
 	}
-	if _, ok := disjointOffset(rules(a, c)); ok {
+	if newDisjointSet(rules(a, c)) != nil {
 		t.Error("ab? and a?c both match abc: not disjoint")
 	}
 }

@@ -88,30 +88,89 @@ func regionFor(regions []region, c *compiledRule) (region, bool) {
 	return best, ok
 }
 
-// disjointOffset reports an offset at which every rule has a condition and
-// no rule's bytes compared in full there are a prefix of another's: then no
-// two rules can match the same request, and the matcher may stop at the
-// first match.
-func disjointOffset(rules []*compiledRule) (int, bool) {
+// disjointSet holds, for a disjoint rule set, the bytes every rule compares
+// in full at one offset, sorted, none a prefix of another: then no two rules
+// can match the same request, and the matcher may stop at the first match.
+// Because the patterns are sorted and prefix-free, a new pattern conflicts
+// with the set only if its neighbours do, so a batch of k rules is checked
+// in O(k log n) and merged in O(n) instead of sorting the whole set again
+// (a million rules added 1024 at a time took minutes that way).
+type disjointSet struct {
+	off      int
+	patterns [][]byte
+}
+
+// newDisjointSet is the set of rules, nil if they are not disjoint.
+func newDisjointSet(rules []*compiledRule) *disjointSet {
 	if len(rules) == 0 {
-		return 0, false
+		return nil
 	}
-	off := anchorOf(rules[0]).off
-	patterns := make([][]byte, 0, len(rules))
+	s := &disjointSet{off: anchorOf(rules[0]).off}
+	ps, ok := s.sortedPatterns(rules)
+	if !ok || !s.add(ps) {
+		return nil
+	}
+	return s
+}
+
+// sortedPatterns is what rules compare in full at the set's offset, sorted;
+// false if a rule compares nothing there or one pattern is a prefix of another.
+func (s *disjointSet) sortedPatterns(rules []*compiledRule) ([][]byte, bool) {
+	ps := make([][]byte, 0, len(rules))
 	for _, c := range rules {
-		p := patternAt(c, off)
+		p := patternAt(c, s.off)
 		if p == nil {
-			return 0, false
+			return nil, false
 		}
-		patterns = append(patterns, p)
+		ps = append(ps, p)
 	}
-	slices.SortFunc(patterns, bytes.Compare)
-	for i := 1; i < len(patterns); i++ {
-		if bytes.HasPrefix(patterns[i], patterns[i-1]) {
-			return 0, false
+	slices.SortFunc(ps, bytes.Compare)
+	for i := 1; i < len(ps); i++ {
+		if bytes.HasPrefix(ps[i], ps[i-1]) {
+			return nil, false
 		}
 	}
-	return off, true
+	return ps, true
+}
+
+// add merges sorted, prefix-free ps into the set if it stays prefix-free,
+// and says whether it did; the set is unchanged if not.
+func (s *disjointSet) add(ps [][]byte) bool {
+	at := make([]int, len(ps)) // where each goes among the patterns already there
+	for j, p := range ps {
+		i, _ := slices.BinarySearchFunc(s.patterns, p, bytes.Compare)
+		if i > 0 && bytes.HasPrefix(p, s.patterns[i-1]) || i < len(s.patterns) && bytes.HasPrefix(s.patterns[i], p) {
+			return false
+		}
+		at[j] = i
+	}
+	// merge from the back, in place, moving the runs between insertions whole
+	n := len(s.patterns)
+	s.patterns = slices.Grow(s.patterns, len(ps))[:n+len(ps)]
+	end := n
+	for j := len(ps) - 1; j >= 0; j-- {
+		copy(s.patterns[at[j]+j+1:end+j+1], s.patterns[at[j]:end])
+		s.patterns[at[j]+j] = ps[j]
+		end = at[j]
+	}
+	return true
+}
+
+// remove takes sorted ps, each in the set, out of it.
+func (s *disjointSet) remove(ps [][]byte) {
+	if len(ps) == 0 {
+		return
+	}
+	kept, j := s.patterns[:0], 0
+	for _, p := range s.patterns {
+		if j < len(ps) && bytes.Equal(p, ps[j]) {
+			j++
+			continue
+		}
+		kept = append(kept, p)
+	}
+	clear(s.patterns[len(kept):])
+	s.patterns = kept
 }
 
 // patternAt is the longest run of bytes at off that rule c compares in

@@ -22,6 +22,7 @@ type ruleset struct {
 	id         uint32
 	regions    []region
 	buckets    bucketRange
+	disjoint   *disjointSet // while flagDisjoint is set
 	flags      uint32
 	generation uint32
 	rules      []*installed // in insertion order
@@ -216,15 +217,16 @@ func (d *Dataplane) ModifyRules(cookie uint64, updates []RuleUpdate) error {
 		news[u.ID] = &installed{id: o.id, version: o.version + 1, owner: rs, src: u.Rule, rule: compiled[i], order: o.order}
 	}
 	all := make([]*installed, len(rs.rules))
-	var fresh []*installed
+	var fresh, replaced []*installed
 	for i, r := range rs.rules {
 		all[i] = r
 		if n, ok := news[r.id]; ok {
 			all[i] = n
 			fresh = append(fresh, n)
+			replaced = append(replaced, r)
 		}
 	}
-	if err := d.linkInPlace(rs, fresh, all); err != nil {
+	if err := d.linkInPlace(rs, fresh, replaced, all); err != nil {
 		// the new versions do not suit the rule set's regions: rebuild it
 		return d.rebuild(rs, all)
 	}
@@ -272,15 +274,21 @@ func (d *Dataplane) DeleteRules(cookie uint64, del []RuleID) error {
 		gone[id] = true
 	}
 	d.unlinkRetired(gone)
-	kept := rs.rules[:0]
+	kept, removed := rs.rules[:0], make([]*compiledRule, 0, len(gone))
 	for _, r := range rs.rules {
 		if gone[r.id] {
 			d.uninstall(r)
+			removed = append(removed, r.rule)
 		} else {
 			kept = append(kept, r)
 		}
 	}
+	clear(rs.rules[len(kept):])
 	rs.rules = kept
+	if rs.disjoint != nil {
+		ps, _ := rs.disjoint.sortedPatterns(removed)
+		rs.disjoint.remove(ps)
+	}
 	return nil
 }
 
@@ -401,33 +409,59 @@ var errNoRegion = errors.New("no region for the rule")
 func (d *Dataplane) add(rs *ruleset, news []*installed) error {
 	all := append(slices.Clone(rs.rules), news...)
 	fits := rs.buckets.holds(len(all), d.mask)
-	if fits && d.linkInPlace(rs, news, all) == nil {
+	if !fits && !d.roomForCopy(all) {
+		// no room for the rebuild's second copy of the set: its part of the
+		// table still serves, with longer chains
+		fits = true
+	}
+	if fits && d.linkInPlace(rs, news, nil, all) == nil {
 		return nil
 	}
 	// new regions, or a larger part of the table: rebuild the rule set
-	err := d.rebuild(rs, all)
-	if err != nil && !fits && errors.Is(err, ErrFull) && d.linkInPlace(rs, news, all) == nil {
-		// no room for a second copy of the set: its part of the table
-		// still serves, with longer chains
-		return nil
-	}
-	return err
+	return d.rebuild(rs, all)
 }
 
-// linkInPlace links news into the rule set as it is, visible all at once by
-// one generation step, after which the rule set's rules are all (news and
-// rules already linked). It fails, changing nothing, if the rule set's
-// regions do not suit news.
-func (d *Dataplane) linkInPlace(rs *ruleset, news, all []*installed) error {
+// roomForCopy says whether rules fit beside the installed ones (counting
+// what retired rules hold for a moment).
+func (d *Dataplane) roomForCopy(rules []*installed) bool {
+	if d.slots.available()+len(d.retiring) < len(rules) {
+		return false
+	}
+	need := 0
+	for _, r := range rules {
+		need += r.rule.dataLen()
+	}
+	return d.cfg.DataMiB*pageData-d.data.used >= need
+}
+
+// linkInPlace links news, new rules or new versions of the rules in
+// replaced, into the rule set as it is, visible all at once by one
+// generation step, after which the rule set's rules are all. It fails,
+// changing nothing, if the rule set's regions do not suit news.
+func (d *Dataplane) linkInPlace(rs *ruleset, news, replaced, all []*installed) error {
 	if len(rs.regions) == 0 {
 		return errNoRegion
 	}
 	if err := d.place(rs.id, rs.regions, rs.buckets, news); err != nil {
 		return err
 	}
-	disjoint := false
-	if rs.flags&flagDisjoint != 0 {
-		_, disjoint = disjointOffset(compiledOf(all))
+	// the rule set stays disjoint if news do not overlap the rules they join
+	disjoint, undoDisjoint := false, func() {}
+	if ds := rs.disjoint; ds != nil {
+		dropped, _ := ds.sortedPatterns(compiledOf(replaced))
+		ds.remove(dropped)
+		added, ok := ds.sortedPatterns(compiledOf(news))
+		disjoint = ok && ds.add(added)
+		undoDisjoint = func() {
+			if disjoint {
+				ds.remove(added)
+			}
+			ds.add(dropped)
+		}
+		if !disjoint {
+			ds.add(dropped)
+			undoDisjoint = func() {}
+		}
 	}
 	gen := rs.generation + 1
 	for _, r := range news {
@@ -440,10 +474,12 @@ func (d *Dataplane) linkInPlace(rs *ruleset, news, all []*installed) error {
 			for _, r := range rs.rules { // the IDs of modified rules name the old versions again
 				d.byID[r.id] = r
 			}
+			undoDisjoint()
 			return err
 		}
 	}
-	if !disjoint && rs.flags&flagDisjoint != 0 {
+	if !disjoint && rs.disjoint != nil {
+		rs.disjoint = nil
 		rs.flags &^= flagDisjoint
 		d.rulesets.store32(rs.id, offRulesetFlags, rs.flags)
 	}
@@ -462,7 +498,8 @@ func (d *Dataplane) rebuild(rs *ruleset, rules []*installed) error {
 		return err
 	}
 	var flags uint32
-	if _, ok := disjointOffset(compiled); ok {
+	disjoint := newDisjointSet(compiled)
+	if disjoint != nil {
 		flags |= flagDisjoint
 	}
 	id, buckets, err := d.writeRuleset(rs, regions, flags, len(rules))
@@ -506,6 +543,7 @@ func (d *Dataplane) rebuild(rs *ruleset, rules []*installed) error {
 	d.retire(old, successors)
 	d.rsIDs.put(rs.id)
 	rs.id, rs.regions, rs.buckets, rs.flags, rs.generation, rs.rules = id, regions, buckets, flags, 1, moved
+	rs.disjoint = disjoint
 	return nil
 }
 

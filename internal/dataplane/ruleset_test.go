@@ -179,7 +179,7 @@ func TestCloseFlagStored(t *testing.T) {
 }
 
 // A rule set's chain heads live in a part of the bucket table sized to its
-// rules; adding rules past one per bucket rebuilds the set into a larger
+// rules; adding rules past one per two buckets rebuilds the set into a larger
 // part, and when there is no room for the rebuild's second copy the set
 // stays in its part with longer chains. Every rule answers throughout.
 func TestBucketRangeFollowsRuleCount(t *testing.T) {
@@ -230,17 +230,17 @@ func TestBucketRangeFollowsRuleCount(t *testing.T) {
 	if b := rangeOf(); b.mask != minBucketRange-1 {
 		t.Fatalf("empty set: range of %d buckets, want %d", b.mask+1, minBucketRange)
 	}
-	add(0, 300)
+	add(0, 300) // the first rules: a rebuild, 4 buckets per rule
 	add(300, 500)
-	if b := rangeOf(); b.mask != minBucketRange-1 {
-		t.Fatalf("500 rules: range of %d buckets, want %d", b.mask+1, minBucketRange)
+	if b := rangeOf(); b.mask != 2*minBucketRange-1 {
+		t.Fatalf("500 rules: range of %d buckets, want %d", b.mask+1, 2*minBucketRange)
 	}
 	answersAll()
-	// 1150 rules: past one per bucket, and a rebuild would need 500 + 1150
-	// slots of 1600: the set stays where it is
+	// 1150 rules: past one per two buckets, and a rebuild would need
+	// 500 + 1150 slots of 1600: the set stays where it is
 	add(500, 1150)
-	if b := rangeOf(); b.mask != minBucketRange-1 {
-		t.Fatalf("1150 rules without room to rebuild: range of %d buckets, want %d", b.mask+1, minBucketRange)
+	if b := rangeOf(); b.mask != 2*minBucketRange-1 {
+		t.Fatalf("1150 rules without room to rebuild: range of %d buckets, want %d", b.mask+1, 2*minBucketRange)
 	}
 	answersAll()
 	// after deleting 650 there is room: the next addition rebuilds into a larger range
@@ -257,8 +257,8 @@ func TestBucketRangeFollowsRuleCount(t *testing.T) {
 	}
 	rules = rules[:500]
 	add(500, 1030)
-	if b := rangeOf(); b.mask != 4*minBucketRange-1 {
-		t.Fatalf("1030 rules: range of %d buckets, want %d", b.mask+1, 4*minBucketRange)
+	if b := rangeOf(); b.mask != 8*minBucketRange-1 {
+		t.Fatalf("1030 rules: range of %d buckets, want %d", b.mask+1, 8*minBucketRange)
 	}
 	answersAll()
 }

@@ -1,0 +1,104 @@
+package dataplane
+
+import (
+	"bytes"
+	"math/rand/v2"
+	"slices"
+	"testing"
+)
+
+// The disjoint set kept up batch by batch (add, modify, delete) says what
+// checking the whole rule set from scratch says, over random patterns where
+// prefixes and duplicates are common.
+func TestDisjointSetIncremental(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	pattern := func() []byte {
+		p := make([]byte, 1+rng.IntN(4))
+		for i := range p {
+			p[i] = "ab"[rng.IntN(2)]
+		}
+		return p
+	}
+	rule := func(p []byte) *compiledRule {
+		c, err := compileRule(Rule{Conditions: []Condition{{Offset: 3, Pattern: p}}, Processors: []Processor{put(0, "x")}, ReplyLen: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	disjointFromScratch := func(rules []*compiledRule) bool {
+		ps := make([][]byte, len(rules))
+		for i, c := range rules {
+			ps[i] = c.conds[0].Pattern
+		}
+		slices.SortFunc(ps, bytes.Compare)
+		for i := 1; i < len(ps); i++ {
+			if bytes.HasPrefix(ps[i], ps[i-1]) {
+				return false
+			}
+		}
+		return true
+	}
+	checks := map[bool]int{}
+	for round := 0; round < 300; round++ {
+		var rules []*compiledRule
+		ds := newDisjointSet(nil)
+		for step := 0; step < 12; step++ {
+			switch op := rng.IntN(3); {
+			case op == 0 || len(rules) == 0: // add a batch
+				news := make([]*compiledRule, 1+rng.IntN(3))
+				for i := range news {
+					news[i] = rule(pattern())
+				}
+				rules = append(rules, news...)
+				if ds == nil && step == 0 {
+					ds = newDisjointSet(rules)
+				} else if ds != nil {
+					ps, ok := ds.sortedPatterns(news)
+					if !ok || !ds.add(ps) {
+						ds = nil
+					}
+				}
+			case op == 1: // modify one rule
+				i := rng.IntN(len(rules))
+				old, now := rules[i], rule(pattern())
+				rules[i] = now
+				if ds != nil {
+					dropped, _ := ds.sortedPatterns([]*compiledRule{old})
+					ds.remove(dropped)
+					ps, ok := ds.sortedPatterns([]*compiledRule{now})
+					if !ok || !ds.add(ps) {
+						ds = nil
+					}
+				}
+			default: // delete one rule
+				i := rng.IntN(len(rules))
+				if ds != nil {
+					ps, _ := ds.sortedPatterns(rules[i : i+1])
+					ds.remove(ps)
+				}
+				rules = slices.Delete(rules, i, i+1)
+			}
+			want := disjointFromScratch(rules)
+			// the kept set never claims disjointness wrongly; it may give it up
+			// for good (as the data plane does until a rebuild)
+			if ds != nil && !want {
+				t.Fatalf("round %d step %d: kept set says disjoint, the rules are not: %q", round, step, ds.patterns)
+			}
+			if ds != nil {
+				if all, _ := ds.sortedPatterns(rules); !slices.EqualFunc(all, ds.patterns, bytes.Equal) {
+					t.Fatalf("round %d step %d: kept set %q, the rules' patterns %q", round, step, ds.patterns, all)
+				}
+				checks[true]++
+			} else if want {
+				checks[false]++
+			}
+			if fresh := newDisjointSet(rules); (fresh != nil) != want && len(rules) > 0 {
+				t.Fatalf("round %d step %d: newDisjointSet says %v, want %v", round, step, fresh != nil, want)
+			}
+		}
+	}
+	if checks[true] < 100 {
+		t.Errorf("only %d steps kept a disjoint set: the test does not exercise it", checks[true])
+	}
+}
