@@ -75,7 +75,10 @@ __noinline int emit_segment(struct __sk_buff *skb, const struct emit_state *st, 
 	};
 	struct tcphdr *th = write_tcp_header(s->hdr, l23, &st->req, &t);
 	const __u8 *chunk = page->b + ((r->tpl + off) & (SANTA_PAGE_DATA - 1));
-	__u64 sum = tcp_header_sum(th, 32, &st->req, n) + csum_bytes(chunk, n & SANTA_OFF_MASK);
+	/* the whole reply in one segment (rules sent from TC copy nothing):
+	 * the template's sum, from install time */
+	__u64 sum = tcp_header_sum(th, 32, &st->req, n) +
+		    (off == 0 && n == r->reply_len ? r->tpl_csum : csum_bytes(chunk, n & SANTA_OFF_MASK));
 	th->check = ~csum_fold64(sum);
 	if (bpf_skb_change_tail(skb, l23 + 32 + n, 0) ||
 	    bpf_skb_store_bytes(skb, 0, s->hdr, NONZERO(l23 + 32, 127), 0) ||
