@@ -451,16 +451,10 @@ func (d *Dataplane) linkInPlace(rs *ruleset, news, replaced, all []*installed) e
 		dropped, _ := ds.sortedPatterns(compiledOf(replaced))
 		ds.remove(dropped)
 		added, ok := ds.sortedPatterns(compiledOf(news))
-		disjoint = ok && ds.add(added)
-		undoDisjoint = func() {
-			if disjoint {
-				ds.remove(added)
-			}
-			ds.add(dropped)
-		}
-		if !disjoint {
-			ds.add(dropped)
-			undoDisjoint = func() {}
+		if disjoint = ok && ds.add(added); disjoint {
+			undoDisjoint = func() { ds.remove(added); ds.add(dropped) }
+		} else {
+			ds.add(dropped) // as it was; the set is dropped once news are in
 		}
 	}
 	gen := rs.generation + 1
