@@ -28,15 +28,14 @@ const (
 	CaseSanta1MNoMatch = "santa-1m-nomatch"
 )
 
-// WriteFiles writes <dir>/<stem>.json, <stem>.csv and, if gnuplot is
-// installed, <stem>.gp and <stem>.png (replies/s against offered rate). It
-// returns the paths written and a warning if the plot was skipped.
-
 // bpfStatsNote says where the BPF figures come from (Sample.BPFStats).
 const bpfStatsNote = "BPF run-time accounting (BPF_ENABLE_STATS, two clock reads per packet) is on only in the first " +
 	"repetition of each point: the BPF figures come from it, every other figure from the repetitions without it " +
 	"(a single repetition gives all figures, the accounting's cost included)."
 
+// WriteFiles writes <dir>/<stem>.json, <stem>.csv and, if gnuplot is
+// installed, <stem>.gp and <stem>.png (replies/s against offered rate). It
+// returns the paths written and a warning if the plot was skipped.
 func (r *Report) WriteFiles(dir, stem string) ([]string, string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, "", err

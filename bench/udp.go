@@ -839,10 +839,11 @@ func median(all []Sample) (Sample, float64, float64) {
 		}
 		return (v[len(v)/2-1] + v[len(v)/2]) / 2
 	}
-	f := func(get func(Sample) float64) float64 { return med(ss, get) }
-	u := func(get func(Sample) uint64) uint64 {
-		return uint64(f(func(s Sample) float64 { return float64(get(s)) }) + 0.5)
+	medU := func(ss []Sample, get func(Sample) uint64) uint64 {
+		return uint64(med(ss, func(s Sample) float64 { return float64(get(s)) }) + 0.5)
 	}
+	f := func(get func(Sample) float64) float64 { return med(ss, get) }
+	u := func(get func(Sample) uint64) uint64 { return medU(ss, get) }
 	m.Sent = u(func(s Sample) uint64 { return s.Sent })
 	m.SentPPS = f(func(s Sample) float64 { return s.SentPPS })
 	m.Replies = u(func(s Sample) uint64 { return s.Replies })
@@ -868,8 +869,8 @@ func median(all []Sample) (Sample, float64, float64) {
 	m.UsPerReplyThreads = f(func(s Sample) float64 { return s.UsPerReplyThreads })
 	if len(withStats) > 0 {
 		m.BPFStats = true
-		m.BPFRunNs = uint64(med(withStats, func(s Sample) float64 { return float64(s.BPFRunNs) }) + 0.5)
-		m.BPFRunCnt = uint64(med(withStats, func(s Sample) float64 { return float64(s.BPFRunCnt) }) + 0.5)
+		m.BPFRunNs = medU(withStats, func(s Sample) uint64 { return s.BPFRunNs })
+		m.BPFRunCnt = medU(withStats, func(s Sample) uint64 { return s.BPFRunCnt })
 		m.BPFNsPerRun = med(withStats, func(s Sample) float64 { return s.BPFNsPerRun })
 	}
 	m.XDPAnswered = u(func(s Sample) uint64 { return s.XDPAnswered })

@@ -139,10 +139,10 @@ __noinline int request_checksum_ok(struct pkt_info *req, const struct santa_scra
 	if (check == csum_fold64(pseudo))
 		return 1;
 	__u64 sum = pseudo;
-	if (req->proto == IPPROTO_UDP && req->family == 4)
-		sum += (__u32)req->tuple.ipv4.sport + req->tuple.ipv4.dport + bpf_htons((__u16)l4_len) + check;
-	else if (req->proto == IPPROTO_UDP)
-		sum += (__u32)req->tuple.ipv6.sport + req->tuple.ipv6.dport + bpf_htons((__u16)l4_len) + check;
+	if (req->proto == IPPROTO_UDP) /* the UDP header: ports, length, checksum */
+		sum += (req->family == 4 ? (__u32)req->tuple.ipv4.sport + req->tuple.ipv4.dport :
+					   (__u32)req->tuple.ipv6.sport + req->tuple.ipv6.dport) +
+		       bpf_htons((__u16)l4_len) + check;
 	else
 		sum += csum_bytes(s->l4, req->l4_len & 63);
 	sum += csum_bytes(s->req, req->payload_len & SANTA_OFF_MASK);
@@ -183,24 +183,33 @@ static __always_inline __u64 reply_payload_sum(const struct santa_scratch *s, co
 	return sum;
 }
 
-/* Read the frame's first len bytes (8 to 64, already parsed) into s->hdr
- * with direct 8-byte loads, the last one overlapping; 0 on success. */
-static __always_inline int read_headers(struct xdp_md *ctx, struct santa_scratch *s, __u32 len)
+/* Copy the first len bytes (8 to 128) of the frame to hdr (to_frame 0) or
+ * of hdr to the frame (to_frame 1) with direct 8-byte accesses, the last one
+ * overlapping: cheaper than a helper call; 0 on success. to_frame is a
+ * constant at each call, so the branch folds away. */
+static __always_inline int move_headers(struct xdp_md *ctx, __u8 *hdr, __u32 len, int to_frame)
 {
 	void *data = (void *)(long)ctx->data, *end = (void *)(long)ctx->data_end;
-	if (len < 8 || len > 64)
+	if (len < 8 || len > 128)
 		return -1;
-	for (__u32 i = 0; i < 8; i++) {
-		if (i * 8 + 8 > len)
+	for (__u32 i = 0; i < 16; i++) {
+		__u32 at = i * 8;
+		if (at + 8 > len)
 			break;
-		if (data + i * 8 + 8 > end)
+		if (data + at + 8 > end)
 			return -1;
-		*(__u64 *)(s->hdr + i * 8) = *(const __u64 *)(data + i * 8);
+		if (to_frame)
+			*(__u64 *)(data + at) = *(const __u64 *)(hdr + at);
+		else
+			*(__u64 *)(hdr + at) = *(const __u64 *)(data + at);
 	}
-	__u32 last = (len - 8) & 63;
+	__u32 last = (len - 8) & 127;
 	if (data + last + 8 > end)
 		return -1;
-	*(__u64 *)(s->hdr + last) = *(const __u64 *)(data + last);
+	if (to_frame)
+		*(__u64 *)(data + last) = *(const __u64 *)(hdr + last);
+	else
+		*(__u64 *)(hdr + last) = *(const __u64 *)(data + last);
 	return 0;
 }
 
@@ -211,7 +220,7 @@ static __always_inline __u32 reverse_l2_l3(struct xdp_md *ctx, struct pkt_info *
 					   struct santa_scratch *s, __u32 l4_len)
 {
 	__u32 l23 = req->l2_len + req->l3_len;
-	if (l23 > 58 || read_headers(ctx, s, l23))
+	if (l23 > 58 || move_headers(ctx, s->hdr, l23, 0))
 		return 0;
 	reverse_addresses(s->hdr, req);
 	set_l3_lengths(s->hdr, req, l4_len);
@@ -253,28 +262,6 @@ static __always_inline int resize_frame(struct xdp_md *ctx, __u32 new_len)
 	if (bpf_xdp_adjust_head(ctx, -delta) == 0)
 		return 0;
 	return bpf_xdp_adjust_tail(ctx, delta);
-}
-
-/* Write the len header bytes in s->hdr at the start of the frame with
- * direct 8-byte stores (the last one overlapping), cheaper than a helper
- * call; 0 on success. */
-static __always_inline int write_headers(struct xdp_md *ctx, const struct santa_scratch *s, __u32 len)
-{
-	void *data = (void *)(long)ctx->data, *end = (void *)(long)ctx->data_end;
-	if (len < 8 || len > 128)
-		return bpf_xdp_store_bytes(ctx, 0, (void *)s->hdr, NONZERO(len, 127));
-	for (__u32 i = 0; i < 16; i++) {
-		if (i * 8 + 8 > len)
-			break;
-		if (data + i * 8 + 8 > end)
-			return -1;
-		*(__u64 *)(data + i * 8) = *(const __u64 *)(s->hdr + i * 8);
-	}
-	__u32 last = (len - 8) & 127;
-	if (data + last + 8 > end)
-		return -1;
-	*(__u64 *)(data + last) = *(const __u64 *)(s->hdr + last);
-	return 0;
 }
 
 /* Apply copy cp of rule r to the reply at frame offset at, which already
@@ -319,7 +306,7 @@ static __always_inline int send_frame(struct xdp_md *ctx, struct santa_scratch *
 		return XDP_PASS;
 	}
 	/* From here on the request is gone: a failure must drop, not pass. */
-	if (write_headers(ctx, s, hdr_len))
+	if (move_headers(ctx, s->hdr, hdr_len, 1))
 		goto fail;
 	if (!r || !page)
 		return XDP_TX;
