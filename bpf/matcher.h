@@ -134,7 +134,7 @@ static __always_inline int rule_matches(const struct santa_rule *r, const struct
 	for (__u32 k = 0; k < SANTA_MAX_CONDS; k++) {
 		if (k >= r->nconds)
 			break;
-		const struct santa_cond *c = &r->conds[k];
+		const struct santa_cond *c = rule_cond(r, k);
 		__u32 off = c->off, len = c->len;
 		if (off + len > payload_len || len > SANTA_MAX_PATTERN)
 			return 0;

@@ -102,6 +102,9 @@ struct santa_guard {
 	__u64 version;
 };
 
+/* A rule. Its first 64 bytes hold what matching and the reply read for a
+ * rule with one condition and one copy (a DNS rule): one cache line per
+ * answer. Guards come next (a memcached rule: two lines), then the rest. */
 struct santa_rule {
 	__u32 ruleset;          /* owner; 0 marks a free slot */
 	__u32 next;             /* next rule slot in the bucket chain, 0 = end */
@@ -112,7 +115,7 @@ struct santa_rule {
 	__u32 generation;       /* visible once the rule set's generation reaches it */
 	__u32 page;             /* data page holding patterns and template */
 	__u32 tpl;              /* template offset in the page */
-	__u32 tpl_csum;         /* folded 16-bit ones' complement sum of the template */
+	__u16 tpl_csum;         /* folded 16-bit ones' complement sum of the template */
 	__u16 reply_len;
 	__u16 min_len;          /* shortest request: the rule's bound, and what its conditions and copies read */
 	__u16 max_len;          /* longest request the rule answers */
@@ -120,12 +123,27 @@ struct santa_rule {
 	__u8 ncopies;
 	__u8 nguards;
 	__u8 flags;             /* SANTA_RULE_* */
-	__u8 pad[2];
-	struct santa_cond conds[SANTA_MAX_CONDS];
-	struct santa_copy copies[SANTA_MAX_COPIES];
+	struct santa_cond cond0;  /* condition 0 (rule_cond) */
+	struct santa_copy copy0;  /* copy 0 (rule_copy) */
 	struct santa_guard guards[SANTA_MAX_GUARDS];
+	struct santa_cond conds[SANTA_MAX_CONDS - 1];   /* conditions 1.. */
+	struct santa_copy copies[SANTA_MAX_COPIES - 1]; /* copies 1.. */
 	__u64 id;               /* user space's RuleID, read back by its successor after a restart */
+	__u8 pad[8];            /* to three whole cache lines */
 };
+_Static_assert(__builtin_offsetof(struct santa_rule, guards) == 64, "santa_rule: first line overflows");
+_Static_assert(sizeof(struct santa_rule) == 192, "santa_rule: not three cache lines");
+
+/* Condition k and copy k of rule r (k below nconds, ncopies). */
+static __always_inline const struct santa_cond *rule_cond(const struct santa_rule *r, __u32 k)
+{
+	return k == 0 ? &r->cond0 : &r->conds[(k - 1) & (SANTA_MAX_CONDS - 1)];
+}
+
+static __always_inline const struct santa_copy *rule_copy(const struct santa_rule *r, __u32 k)
+{
+	return k == 0 ? &r->copy0 : &r->copies[(k - 1) & (SANTA_MAX_COPIES - 1)];
+}
 
 /* Rule data: patterns and flattened reply templates, allocated by user space. */
 struct santa_page {

@@ -174,7 +174,7 @@ static __always_inline __u64 reply_payload_sum(const struct santa_scratch *s, co
 	for (__u32 k = 0; k < SANTA_MAX_COPIES; k++) {
 		if (k >= r->ncopies)
 			break;
-		const struct santa_copy *cp = &r->copies[k];
+		const struct santa_copy *cp = rule_copy(r, k);
 		__u16 part = cp->mask ? csum_fold64(masked_copy_bits(s, page, r, cp)) :
 					csum_fold64(csum_bytes(s->req + (cp->src & SANTA_OFF_MASK),
 							       cp->len & SANTA_OFF_MASK));
@@ -316,7 +316,7 @@ static __always_inline int send_frame(struct xdp_md *ctx, struct santa_scratch *
 	for (__u32 k = 0; k < SANTA_MAX_COPIES; k++) {
 		if (k >= r->ncopies)
 			break;
-		const struct santa_copy *cp = &r->copies[k];
+		const struct santa_copy *cp = rule_copy(r, k);
 		if (apply_copy(ctx, s, page, r, cp, hdr_len + cp->dst))
 			goto fail;
 	}

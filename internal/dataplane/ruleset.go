@@ -599,7 +599,7 @@ func (d *Dataplane) install(id, gen uint32, r *installed) error {
 		Order:      r.order,
 		Generation: gen,
 		Page:       ref.page,
-		TplCsum:    uint32(c.tplCsum),
+		TplCsum:    c.tplCsum,
 		ReplyLen:   uint16(len(c.template)),
 		MinLen:     uint16(c.minLen),
 		MaxLen:     uint16(c.maxLen),
@@ -612,11 +612,16 @@ func (d *Dataplane) install(id, gen uint32, r *installed) error {
 	// the layout dataLen counts and compileRule's copy mask offsets assume
 	at := int(ref.off)
 	for i, cond := range c.conds {
-		v.Conds[i] = santaSantaCond{Off: uint16(cond.Offset), Len: uint16(len(cond.Pattern)), Data: uint32(at)}
+		sc := santaSantaCond{Off: uint16(cond.Offset), Len: uint16(len(cond.Pattern)), Data: uint32(at)}
 		at = align8(at + copy(page[at:], cond.Pattern))
 		if cond.Mask != nil {
-			v.Conds[i].Data |= condMasked
+			sc.Data |= condMasked
 			at = align8(at + copy(page[at:], cond.Mask))
+		}
+		if i == 0 {
+			v.Cond0 = sc
+		} else {
+			v.Conds[i-1] = sc
 		}
 	}
 	v.Tpl = uint32(at)
@@ -624,7 +629,10 @@ func (d *Dataplane) install(id, gen uint32, r *installed) error {
 	for _, m := range c.copyMasks {
 		at += copy(page[at:], m[:])
 	}
-	copy(v.Copies[:], c.copies)
+	if len(c.copies) > 0 {
+		v.Copy0 = c.copies[0]
+		copy(v.Copies[:], c.copies[1:])
+	}
 	if reused { // a fresh slot's counters are still zero from load
 		if err := d.resetSlotStats(slot); err != nil {
 			return err

@@ -178,7 +178,7 @@ type santaSantaRule struct {
 	Generation uint32
 	Page       uint32
 	Tpl        uint32
-	TplCsum    uint32
+	TplCsum    uint16
 	ReplyLen   uint16
 	MinLen     uint16
 	MaxLen     uint16
@@ -186,12 +186,13 @@ type santaSantaRule struct {
 	Ncopies    uint8
 	Nguards    uint8
 	Flags      uint8
-	Pad        [2]uint8
-	Conds      [4]santaSantaCond
-	Copies     [8]santaSantaCopy
-	_          [4]byte
+	Cond0      santaSantaCond
+	Copy0      santaSantaCopy
 	Guards     [2]santaSantaGuard
+	Conds      [3]santaSantaCond
+	Copies     [7]santaSantaCopy
 	Id         uint64
+	Pad        [8]uint8
 }
 
 type santaSantaRuleCounters struct {
