@@ -185,7 +185,7 @@ struct santa_reasons {
 	__u64 pass_too_long;     /* payload longer than the matcher's window */
 	__u64 pass_bad_checksum; /* a rule matched but the request's UDP checksum is wrong */
 	__u64 pass_no_room;      /* the frame could not be resized for the reply */
-	__u64 pass_reply_too_big; /* the reply would exceed the MTU (IPv6's header is longer) */
+	__u64 pass_reply_too_big; /* the reply exceeds the interface MTU or 1500 bytes (IPv6 header) */
 	__u64 pass_error;        /* a helper failed while building the reply */
 	__u64 miss_sampled;      /* misses copied to the sample ring */
 	__u64 miss_sample_dropped; /* samples lost: ring full */
@@ -202,6 +202,7 @@ struct santa_reasons {
 	__u64 tcp_pass_kernel_socket; /* the kernel has a socket for the 4-tuple (handed over, or its own) */
 	__u64 tcp_pass_no_timestamps; /* SYN without the timestamp option: the kernel accepts it */
 	__u64 tcp_pass_syn_other;   /* SYN with data, SYN-ACK, bad options or MSS < 536: the kernel's */
+	__u64 tcp_pass_small_mtu;   /* SYN on an interface whose MTU allows no 536-byte MSS: the kernel's */
 	__u64 tcp_pass_no_key;      /* no stamp key for this epoch (santad not rotating): the kernel's */
 	__u64 tcp_pass_bad_stamp;   /* ACK to a listener without a valid stamp (expired, forged, kernel syncookie) */
 	__u64 tcp_handover_flags;   /* handover: URG, or FIN with data */

@@ -342,12 +342,23 @@ static __always_inline const struct santa_page *rule_page(const struct santa_rul
 	return page;
 }
 
+/* The interface the request came in on (the reply leaves by it) has an
+ * MTU of at least ip_len. Up to 1280 bytes (IPv6's minimum MTU) is taken to
+ * fit without asking: the helper call is saved for the common short reply. */
+static __always_inline int fits_mtu(struct xdp_md *ctx, __u32 ip_len)
+{
+	__u32 mtu = 0; /* 0 in: the helper only reports the MTU */
+	return ip_len <= 1280 || (bpf_check_mtu(ctx, 0, &mtu, 0, 0) >= 0 && ip_len <= mtu);
+}
+
 /* Turn the UDP request into rule r's reply, in place. */
 static __always_inline int answer_udp(struct xdp_md *ctx, struct pkt_info *req,
 				      struct santa_scratch *s, const struct santa_rule *r, __u32 slot)
 {
-	/* an IPv4 MTU-sized reply does not fit IPv6's larger header */
-	if (r->reply_len == 0 || req->l3_len + sizeof(struct udphdr) + r->reply_len > SANTA_MAX_REPLY + 28) {
+	/* an IPv4 MTU-sized reply does not fit IPv6's larger header, nor any
+	 * reply a smaller MTU than 1500 (it would have to be fragmented) */
+	__u32 ip_len = req->l3_len + sizeof(struct udphdr) + r->reply_len;
+	if (r->reply_len == 0 || ip_len > SANTA_MAX_REPLY + 28 || !fits_mtu(ctx, ip_len)) {
 		COUNT(pass_reply_too_big);
 		return XDP_PASS;
 	}

@@ -126,11 +126,13 @@ __noinline int tcp_parse_options(struct santa_scratch *s, __u32 doff, struct tcp
 	return 0;
 }
 
-/* The 7 option bits of a stamp for a client SYN's options. */
-static __always_inline __u32 stamp_opts(const struct tcp_opts *o)
+/* The 7 option bits of a stamp for a client SYN's options, where this
+ * side's MTU allows segments of up to local_mss. */
+static __always_inline __u32 stamp_opts(const struct tcp_opts *o, __u16 local_mss)
 {
-	/* the largest not above the client's */
-	__u32 idx = o->mss >= 1460 ? 3 : o->mss >= 1440 ? 2 : o->mss >= 1220 ? 1 : 0;
+	/* the largest not above the client's nor ours (absent: 536, RFC 9293) */
+	__u16 mss = o->mss < local_mss ? o->mss : local_mss;
+	__u32 idx = mss >= 1460 ? 3 : mss >= 1440 ? 2 : mss >= 1220 ? 1 : 0;
 	return idx << 5 | (__u32)o->wscale << 1 | o->sack_ok;
 }
 
@@ -248,7 +250,7 @@ static __always_inline __u8 tcp_flags(const struct tcphdr *th)
 	return ((const __u8 *)th)[13];
 }
 
-#define SANTA_MSS4 1460 /* the MSS eBPF announces: a 1500-byte MTU */
+#define SANTA_MSS4 1460 /* the largest MSS eBPF announces: a 1500-byte MTU */
 #define SANTA_MSS6 1440
 #define SANTA_WINDOW 64240 /* the receive window eBPF announces, as the kernel's first */
 #define TS_OPTION_LEN 12 /* NOP NOP TS: what every segment after the SYN-ACK carries */
@@ -262,6 +264,7 @@ struct tcp_reply {
 	__u32 tsval;
 	__u32 tsecr;
 	__u32 opts;   /* the stamp's option bits */
+	__u16 mss;    /* a SYN-ACK: the MSS announced */
 };
 
 /* Write the reply's TCP header at hdr + l23 (40 bytes for a SYN-ACK, else
@@ -284,8 +287,7 @@ static __always_inline struct tcphdr *write_tcp_header(__u8 *hdr, __u32 l23, con
 	th->urg_ptr = 0;
 	__u8 *o = h + 20;
 	if (t->syn) {
-		__u16 mss = req->family == 4 ? SANTA_MSS4 : SANTA_MSS6;
-		o[0] = 2, o[1] = 4, o[2] = mss >> 8, o[3] = mss & 0xff;
+		o[0] = 2, o[1] = 4, o[2] = t->mss >> 8, o[3] = t->mss & 0xff;
 		if (opts_sack(t->opts))
 			o[4] = 4, o[5] = 2;
 		else

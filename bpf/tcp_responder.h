@@ -155,13 +155,22 @@ static __always_inline int tcp_syn(struct xdp_md *ctx, struct pkt_info *req, str
 		COUNT(tcp_pass_no_timestamps);
 		return XDP_PASS;
 	}
+	/* the MSS this side's MTU allows, at most a 1500-byte MTU's */
+	__u32 mtu = 0, ip_tcp = req->family == 4 ? 40 : 60;
+	if (bpf_check_mtu(ctx, 0, &mtu, 0, 0) < 0 || mtu < ip_tcp + 536) {
+		COUNT(tcp_pass_small_mtu);
+		return XDP_PASS;
+	}
+	__u16 max_mss = req->family == 4 ? SANTA_MSS4 : SANTA_MSS6;
+	__u16 local_mss = mtu - ip_tcp < max_mss ? mtu - ip_tcp : max_mss;
 	struct tcp_reply t = {
 		.flags = TCP_SYN | TCP_ACK,
 		.syn = 1,
 		.seq = bpf_get_prandom_u32(),
 		.ack = bpf_ntohl(((struct tcphdr *)s->l4)->seq) + 1,
 		.tsecr = o->tsval,
-		.opts = stamp_opts(o),
+		.opts = stamp_opts(o, local_mss),
+		.mss = local_mss,
 	};
 	t.tsval = stamp_make(req, unit, 0, t.opts);
 	if (!t.tsval) {

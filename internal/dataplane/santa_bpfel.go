@@ -142,6 +142,7 @@ type santaSantaReasons struct {
 	TcpPassKernelSocket  uint64
 	TcpPassNoTimestamps  uint64
 	TcpPassSynOther      uint64
+	TcpPassSmallMtu      uint64
 	TcpPassNoKey         uint64
 	TcpPassBadStamp      uint64
 	TcpHandoverFlags     uint64

@@ -309,6 +309,49 @@ func TestTCPSocketless(t *testing.T) {
 	}
 }
 
+// TestTCPSocketlessSmallMTU: behind a server interface with a 1400-byte MTU
+// (the client's is 1500), the client learns the MSS that MTU allows from
+// eBPF's SYN-ACK, and a long reply arrives whole in segments of 1220 bytes
+// (1208 of payload besides the timestamps), the largest stamped size below it.
+func TestTCPSocketlessSmallMTU(t *testing.T) {
+	tb := testbed.New(t)
+	if out, err := tb.Server.Run("ip", "link", "set", tb.Server.Dev, "mtu", "1400"); err != nil {
+		t.Fatalf("lower the server MTU: %v: %s", err, out)
+	}
+	d := loadAttached(t, tb)
+	addr := netip.AddrPortFrom(tb.Server.IP4, 8080)
+	srv := startTCPServer(t, tb, addr)
+	big := httpGet("/big", "")
+	bigReply := httpReply(strings.Repeat("0123456789abcdef", 600), "")
+	if err := d.Bind(srv.cookie, SampleOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.AddRules(srv.cookie, []Rule{{Conditions: []Condition{cond(0, big)}, Processors: []Processor{put(0, bigReply)},
+		ReplyLen: len(bigReply), MinLen: len(big), MaxLen: len(big)}}); err != nil {
+		t.Fatal(err)
+	}
+	before := counterNames(t, d)
+	c := dialFromClient(t, tb, addr)
+	raw, err := c.(*net.TCPConn).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mss int
+	raw.Control(func(fd uintptr) { mss, err = unix.GetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_MAXSEG) })
+	if err != nil || mss != 1400-40-12 { // the announced MSS less the timestamp option
+		t.Errorf("client's MSS %d (%v), want %d", mss, err, 1400-40-12)
+	}
+	io.WriteString(c, big)
+	if got := readReply(t, c, bufio.NewReader(c)); got != bigReply {
+		t.Fatalf("long reply: %d bytes, want %d", len(got), len(bigReply))
+	}
+	after := counterNames(t, d)
+	want := uint64((len(bigReply) + 1207) / 1208)
+	if got := after["tcp_segments_sent"] - before["tcp_segments_sent"]; got != want {
+		t.Errorf("tcp_segments_sent +%d, want +%d (segments of 1208 bytes)", got, want)
+	}
+}
+
 func counterNames(t *testing.T, d *Dataplane) map[string]uint64 {
 	t.Helper()
 	c, err := d.Counters()

@@ -5,21 +5,27 @@ import (
 	"math/bits"
 	"net"
 	"net/netip"
+	"strings"
 	"testing"
 
 	"github.com/gopacket/gopacket"
 	"github.com/gopacket/gopacket/layers"
 )
 
-// tcpFrame builds an Ethernet/IPv4/TCP frame from the client to the server.
+// tcpFrame builds an Ethernet/IP/TCP frame from the client to the server.
 func tcpFrame(t *testing.T, c, s netip.AddrPort, tcp *layers.TCP, payload string) []byte {
 	t.Helper()
 	eth := &layers.Ethernet{SrcMAC: net.HardwareAddr{2, 0, 0, 0, 0, 2}, DstMAC: net.HardwareAddr{2, 0, 0, 0, 0, 1},
 		EthernetType: layers.EthernetTypeIPv4}
-	ip := &layers.IPv4{Version: 4, TTL: 64, Protocol: layers.IPProtocolTCP, SrcIP: c.Addr().AsSlice(),
-		DstIP: s.Addr().AsSlice(), Flags: layers.IPv4DontFragment}
+	var ip gopacket.SerializableLayer = &layers.IPv4{Version: 4, TTL: 64, Protocol: layers.IPProtocolTCP,
+		SrcIP: c.Addr().AsSlice(), DstIP: s.Addr().AsSlice(), Flags: layers.IPv4DontFragment}
+	if c.Addr().Is6() {
+		eth.EthernetType = layers.EthernetTypeIPv6
+		ip = &layers.IPv6{Version: 6, HopLimit: 64, NextHeader: layers.IPProtocolTCP,
+			SrcIP: c.Addr().AsSlice(), DstIP: s.Addr().AsSlice()}
+	}
 	tcp.SrcPort, tcp.DstPort = layers.TCPPort(c.Port()), layers.TCPPort(s.Port())
-	tcp.SetNetworkLayerForChecksum(ip)
+	tcp.SetNetworkLayerForChecksum(ip.(gopacket.NetworkLayer))
 	buf := gopacket.NewSerializeBuffer()
 	if err := gopacket.SerializeLayers(buf, gopacket.SerializeOptions{FixLengths: true, ComputeChecksums: true},
 		eth, ip, tcp, gopacket.Payload(payload)); err != nil {
@@ -205,4 +211,50 @@ func nowUnit(t *testing.T) uint64 {
 		t.Fatal(err)
 	}
 	return u
+}
+
+// TestInterfaceMTU: on an interface with a 1400-byte MTU (the namespace's
+// loopback, where BPF_PROG_RUN delivers) the SYN-ACK announces the MSS that
+// MTU allows, and the stamp carries 1220, the largest segment size not above
+// it; a UDP reply longer than the MTU goes to the socket (it would need
+// fragments), one that just fits is answered.
+func TestInterfaceMTU(t *testing.T) {
+	e := newEnv(t, Config{})
+	if out, err := e.tb.Server.Run("ip", "link", "set", "lo", "mtu", "1400"); err != nil {
+		t.Fatalf("lower the MTU: %v: %s", err, out)
+	}
+	for _, v6 := range []bool{false, true} {
+		client, addr := fixtureAddrs(e, v6, 8081)
+		srv := startTCPServer(t, e.tb, addr)
+		e.bindRules(srv.cookie)
+		syn := &layers.TCP{SYN: true, Seq: 1000, Window: 64240, Options: []layers.TCPOption{
+			{OptionType: layers.TCPOptionKindMSS, OptionLength: 4, OptionData: []byte{0x05, 0xb4}}, // 1460
+			tsOption(777, 0),
+		}}
+		verdict, out := e.run(tcpFrame(t, client, addr, syn, ""))
+		if verdict != xdpTx {
+			t.Fatalf("SYN: verdict %d, counters %v", verdict, e.counters())
+		}
+		synack, _ := parseTCP(t, out)
+		wantMSS := map[bool]uint16{false: 1400 - 40, true: 1400 - 60}[v6]
+		var mss uint16
+		for _, o := range synack.Options {
+			if o.OptionType == layers.TCPOptionKindMSS {
+				mss = binary.BigEndian.Uint16(o.OptionData)
+			}
+		}
+		stamp, _ := timestamps(t, synack)
+		if idx := stamp >> 18 & 127 >> 5; mss != wantMSS || idx != 1 {
+			t.Errorf("IPv6 %v: SYN-ACK announces MSS %d, stamp MSS index %d; want %d and 1 (1220)", v6, mss, idx, wantMSS)
+		}
+
+		c, s := fixtureAddrs(e, v6, 7600)
+		sock := e.socket(s, false)
+		ipUDP := map[bool]int{false: 28, true: 48}[v6]
+		fits, tooBig := strings.Repeat("a", 1400-ipUDP), strings.Repeat("b", 1400-ipUDP+1)
+		e.bindRules(sock, reply("fits", fits), reply("long", tooBig))
+		req := request(c, s, "fits")
+		e.expect("reply of the MTU", req.build(t), xdpTx, req.answer([]byte(fits)).build(t), "answered")
+		e.expect("reply over the MTU", request(c, s, "long").build(t), xdpPass, nil, "pass_reply_too_big")
+	}
 }
