@@ -129,10 +129,11 @@ type Rule struct {
 	Processors []Processor `cbor:"3,keyasint,omitempty" json:"processors,omitempty"`
 	ReplyLen   uint32      `cbor:"4,keyasint,omitempty" json:"reply_len,omitempty"`
 	Priority   uint32      `cbor:"5,keyasint,omitempty" json:"priority,omitempty"`
-	MinLen     uint32      `cbor:"6,keyasint,omitempty" json:"min_len,omitempty"` // shortest request payload answered, 0 = no bound
-	MaxLen     uint32      `cbor:"7,keyasint,omitempty" json:"max_len,omitempty"` // longest request payload answered, 0 = no bound
-	Guards     []Guard     `cbor:"8,keyasint,omitempty" json:"guards,omitempty"`  // the rule answers only while these hold
-	Close      bool        `cbor:"9,keyasint,omitempty" json:"close,omitempty"`   // TCP only: the reply ends the connection (sent with FIN)
+	MinLen     uint32      `cbor:"6,keyasint,omitempty" json:"min_len,omitempty"`  // shortest request payload answered, 0 = no bound
+	MaxLen     uint32      `cbor:"7,keyasint,omitempty" json:"max_len,omitempty"`  // longest request payload answered, 0 = no bound
+	Guards     []Guard     `cbor:"8,keyasint,omitempty" json:"guards,omitempty"`   // the rule answers only while these hold
+	Close      bool        `cbor:"9,keyasint,omitempty" json:"close,omitempty"`    // TCP only: the reply ends the connection (sent with FIN)
+	Expires    uint64      `cbor:"10,keyasint,omitempty" json:"expires,omitempty"` // Unix time (s) santad removes the rule at, 0 = never
 }
 
 // Guard holds while slot Slot of santad's guard map holds Version (see

@@ -104,6 +104,13 @@ var vectorMessages = []Vector{
 		Conditions: []Condition{{Offset: 0, Pattern: Bytes("GET /health HTTP/1.1\r\n")}},
 		Processors: []Processor{{Kind: KindPut, Template: Bytes("HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")}},
 		ReplyLen:   59, Close: true}}}},
+	{Name: "add a DNS rule that santad removes when its answer's TTL runs out", Message: Message{V: 1, Op: OpAdd, Seq: 20,
+		Socket: 1<<40 + 7, Rules: []Rule{{
+			Conditions: []Condition{{Offset: 2, Pattern: Bytes("\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00\x03www\x07example\x03com\x00\x00\x01\x00\x01")}},
+			Processors: []Processor{{Kind: KindCopy, Length: 2}, {Kind: KindPut, ReplyOffset: 2,
+				Template: Bytes("\x81\x80\x00\x01\x00\x01\x00\x00\x00\x00\x03www\x07example\x03com\x00\x00\x01\x00\x01" +
+					"\xc0\x0c\x00\x01\x00\x01\x00\x00\x01\x2c\x00\x04\xc6\x13\x00\x01")}},
+			ReplyLen: 49, Expires: 1795000000}}}},
 }
 
 func TestVectors(t *testing.T) {

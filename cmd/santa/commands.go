@@ -298,6 +298,9 @@ func matches(r api.Rule) string {
 	if r.Close {
 		out = append(out, "close")
 	}
+	if r.Expires != 0 {
+		out = append(out, "expires="+time.Unix(int64(r.Expires), 0).UTC().Format(time.RFC3339))
+	}
 	return strings.Join(out, " ")
 }
 

@@ -462,13 +462,13 @@ func (c *Controller) install(ep *endpoint, queries []*Query, questions []Questio
 			c.skip(errs[i])
 			continue
 		}
-		r := Rule(q, answers[i], ep.b)
-		key := matchKey(r)
-		if ep.entries[key] != nil {
+		e := &entry{question: questions[i], query: q, answer: answers[i], fetched: asked, lastHit: asked, ep: ep}
+		r := ruleFor(e, q, answers[i], ep.b)
+		e.key = matchKey(r)
+		if ep.entries[e.key] != nil {
 			continue
 		}
-		e := &entry{key: key, question: questions[i], query: q, answer: answers[i], fetched: asked, lastHit: asked, ep: ep}
-		ep.entries[key] = e
+		ep.entries[e.key] = e
 		fresh = append(fresh, e)
 		rules = append(rules, r)
 	}
@@ -542,12 +542,25 @@ func (c *Controller) addEverywhere(ep *endpoint, rules []api.Rule) ([][]uint64, 
 	return ids, nil
 }
 
+// expires is when e's rule must be gone: the whole second at or before the
+// end of its answer's TTL. The rule carries it (api.Rule.Expires), so santad
+// removes it then even if this controller is gone.
+func (e *entry) expires() time.Time { return time.Unix(e.fetched.Add(e.answer.TTL).Unix(), 0) }
+
+// ruleFor is the rule answering q with a (fetched for e), bound to expire
+// with it.
+func ruleFor(e *entry, q *Query, a Answer, b Behaviour) api.Rule {
+	r := Rule(q, a, b)
+	r.Expires = uint64(e.expires().Unix())
+	return r
+}
+
 // schedule puts e in the refresh wheel at half its TTL (at least a second
-// before the TTL runs out, and no earlier than a second from now) and in
-// the expiry heap at the end of its TTL.
+// before its rule expires, and no earlier than a second from now) and in
+// the expiry heap at its rule's expiry.
 func (c *Controller) schedule(e *entry) {
 	at := e.fetched.Add(e.answer.TTL / 2)
-	if latest := e.fetched.Add(e.answer.TTL - time.Second); at.After(latest) {
+	if latest := e.expires().Add(-time.Second); at.After(latest) {
 		at = latest
 	}
 	c.retryAt(e, max(at.Unix(), time.Now().Unix()+1))
@@ -575,7 +588,7 @@ func (c *Controller) expireLoop(ctx context.Context) {
 			byEP := map[*endpoint][]*entry{}
 			for len(c.expiry) > 0 {
 				it := c.expiry[0]
-				if it.e.fetched.Add(it.e.answer.TTL-expiryMargin).After(now) && it.fetched == it.e.fetched {
+				if it.e.expires().Add(-expiryMargin).After(now) && it.fetched == it.e.fetched {
 					break
 				}
 				heap.Pop(&c.expiry)
@@ -600,7 +613,7 @@ type expiryItem struct {
 	fetched time.Time
 }
 
-// expiryHeap orders items by the end of their TTL.
+// expiryHeap orders items by the end of their TTL (when they were fetched).
 type expiryHeap []expiryItem
 
 func (h expiryHeap) Len() int { return len(h) }
@@ -797,19 +810,19 @@ func (c *Controller) refreshEndpoint(ep *endpoint, es []*entry) error {
 			gone = append(gone, e)
 			continue
 		}
-		newRule := Rule(e.query, answers[i], ep.b)
-		if matchKey(newRule) != e.key {
+		if matchKey(Rule(e.query, answers[i], ep.b)) != e.key {
 			// e.g. the reply grew past 512 bytes: the rule now matches less
 			gone = append(gone, e)
 			continue
 		}
-		sameReply := string(answers[i].Reply[2:]) == string(e.answer.Reply[2:])
+		if string(answers[i].Reply[2:]) != string(e.answer.Reply[2:]) {
+			c.count(func(r *Report) { r.Changed++ })
+		}
+		// the same reply too: the rule's expiry moves with the new TTL
 		e.answer, e.fetched = answers[i], asked
 		c.count(func(r *Report) { r.Refreshed++ })
-		if !sameReply {
-			changed = append(changed, e)
-			rules = append(rules, newRule)
-		}
+		changed = append(changed, e)
+		rules = append(rules, ruleFor(e, e.query, answers[i], ep.b))
 		c.schedule(e)
 	}
 	for i := 0; i < len(rules); i += c.cfg.Batch {
@@ -826,7 +839,6 @@ func (c *Controller) refreshEndpoint(ep *endpoint, es []*entry) error {
 				break
 			}
 		}
-		c.count(func(r *Report) { r.Changed += uint64(j - i) })
 	}
 	if len(changed) > 0 {
 		c.log.Info("answers changed", "server", ep.addr, "rules", len(changed))
@@ -843,7 +855,7 @@ func (c *Controller) remove(ep *endpoint, es []*entry) error {
 			for k, e := range batch {
 				ids[k] = e.ids[ci]
 			}
-			if err := c.client.Delete(santa.Cookie(cookie), ids); err != nil {
+			if err := c.deleteRules(cookie, ids); err != nil {
 				return fmt.Errorf("delete %d rules of socket %d: %w", len(ids), cookie, err)
 			}
 		}
@@ -854,6 +866,22 @@ func (c *Controller) remove(ep *endpoint, es []*entry) error {
 			delete(ep.pending, formKey(e.query, ep.b))
 		}
 		c.count(func(r *Report) { r.Removed += uint64(len(batch)) })
+	}
+	return nil
+}
+
+// deleteRules deletes rules ids of socket cookie. santad refuses the whole
+// request if one is gone; it removes a rule itself when it expires, so
+// rules already gone are left out and the rest deleted one by one.
+func (c *Controller) deleteRules(cookie uint64, ids []uint64) error {
+	err := c.client.Delete(santa.Cookie(cookie), ids)
+	if !errors.Is(err, santa.ErrNotFound) {
+		return err
+	}
+	for _, id := range ids {
+		if err := c.client.Delete(santa.Cookie(cookie), []uint64{id}); err != nil && !errors.Is(err, santa.ErrNotFound) {
+			return err
+		}
 	}
 	return nil
 }

@@ -584,6 +584,36 @@ func TestTTLBound(t *testing.T) {
 	}
 }
 
+// TestTTLBoundControllerKilled: the rule carries its answer's expiry, so
+// santad removes it when the TTL runs out even after the controller was
+// killed (SIGKILL: no chance to delete it); the server answers again.
+func TestTTLBoundControllerKilled(t *testing.T) {
+	r := newRig(t, testbed.KindNSD, 0, "short 3 IN A 198.18.255.77")
+	short := "short." + r.zone.Origin
+	ctl := r.startController("static", "--port", "53/udp", "--names", r.namesFile([]string{short}, []uint16{dns.TypeA}),
+		"--shape", "rd,ad,edns", "--poll", "0")
+	fetched := time.Now()
+	if got, kernel := r.dig(short, "A"); got != "198.18.255.77" || !kernel {
+		t.Fatalf("%q, from the rule processor %v", got, kernel)
+	}
+	if err := syscall.Kill(ctl.PID(), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if err := ctl.Stop(5 * time.Second); err == nil {
+		t.Fatal("the controller survived SIGKILL")
+	}
+	if n := r.rules(); n != 2 { // one per socket (IPv4, IPv6)
+		t.Fatalf("%d rules right after the controller died, want its 2", n)
+	}
+	time.Sleep(time.Until(fetched.Add(3 * time.Second)))
+	if got, kernel := r.dig(short, "A"); got != "198.18.255.77" || kernel {
+		t.Errorf("after the TTL: %q, from the rule processor %v (want the server's answer)", got, kernel)
+	}
+	if n := r.rules(); n != 0 {
+		t.Errorf("%d rules after the TTL ran out", n)
+	}
+}
+
 // TestAdaptive: the adaptive controller offloads the question that misses
 // often and leaves one-off questions to the server.
 func TestAdaptive(t *testing.T) {

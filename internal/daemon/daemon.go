@@ -39,10 +39,13 @@ type Daemon struct {
 	metrics  *metrics
 	wg       sync.WaitGroup
 
-	mu    sync.Mutex // serializes rule-set changes and journal writes
-	j     *journal
-	sets  map[uint64]*ruleSet
-	usage map[uint32]*usage
+	mu         sync.Mutex // serializes rule-set changes and journal writes
+	j          *journal
+	sets       map[uint64]*ruleSet
+	usage      map[uint32]*usage
+	expiry     expiryQueue   // deadlines of rules with an Expires time
+	expiryWake chan struct{} // an earlier deadline was queued
+	stop       chan struct{} // closed when santad stops
 
 	subMu sync.Mutex
 	subs  map[uint64]map[*subscriber]struct{}
@@ -78,7 +81,8 @@ func Start(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 		return nil, err
 	}
 	d := &Daemon{cfg: cfg, log: log, started: time.Now(), sets: map[uint64]*ruleSet{},
-		usage: map[uint32]*usage{}, subs: map[uint64]map[*subscriber]struct{}{}}
+		usage: map[uint32]*usage{}, subs: map[uint64]map[*subscriber]struct{}{},
+		expiryWake: make(chan struct{}, 1), stop: make(chan struct{})}
 	defer func() {
 		if err != nil {
 			d.abort()
@@ -159,9 +163,10 @@ func Start(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 	if err := d.listen(); err != nil {
 		return nil, err
 	}
-	d.wg.Add(2)
+	d.wg.Add(3)
 	go d.watchReleased()
 	go d.dispatchSamples()
+	go d.expireLoop()
 	if cfg.Metrics != "" {
 		if err := d.metrics.serve(cfg.Metrics); err != nil {
 			return nil, err
@@ -184,7 +189,7 @@ func (d *Daemon) restore(prev *dataplane.Previous) error {
 		return err
 	}
 	t0 := time.Now()
-	var dropped, rules int
+	var dropped, expired, rules int
 	cookies := make([]uint64, 0, len(sets))
 	for c := range sets {
 		cookies = append(cookies, c)
@@ -204,25 +209,26 @@ func (d *Daemon) restore(prev *dataplane.Previous) error {
 			dropped++
 			continue
 		}
-		infos := rs.ruleInfos()
+		infos, gone := rs.ruleInfos(time.Now())
+		expired += gone
 		if err := d.dp.RestoreRules(cookie, infos); err != nil {
 			return fmt.Errorf("restore %d rules of socket %d: %w", len(infos), cookie, err)
 		}
 		set := &ruleSet{info: rs.info, sample: rs.sample, rules: map[uint64]ruleMeta{}}
 		u := d.usageOf(rs.info.Owner)
-		for _, ri := range infos {
-			r := fromDataplane(ri)
-			set.rules[r.ID] = ruleMeta{cost: cost(r), version: r.Version}
-			set.bytes += cost(r)
-			u.rules++
-			u.bytes += cost(r)
+		restored := make([]api.Rule, len(infos))
+		for i, ri := range infos {
+			restored[i] = fromDataplane(ri)
+			restored[i].Expires = rs.rules[restored[i].ID].Expires
 		}
+		set.addRules(u, restored)
 		d.sets[cookie] = set
+		d.scheduleExpiry(cookie, restored)
 		rules += len(infos)
 	}
 	if len(sets) > 0 {
 		d.log.Info("rule sets restored from the journal", "sockets", len(d.sets), "rules", rules,
-			"dropped_closed_sockets", dropped, "took", time.Since(t0).String())
+			"dropped_closed_sockets", dropped, "dropped_expired_rules", expired, "took", time.Since(t0).String())
 	}
 	return d.compact()
 }
@@ -245,16 +251,12 @@ func (d *Daemon) compact() error {
 	for cookie, rs := range d.sets {
 		records = append(records, &api.Message{Op: api.OpBind, Sockets: []api.SocketInfo{rs.info},
 			SampleBytes: uint32(rs.sample.Bytes), SampleRate: uint32(rs.sample.PerSecond)})
-		infos, err := d.dp.ListRules(cookie)
+		rules, err := d.listRules(rs)
 		if err != nil {
 			return err
 		}
-		if len(infos) == 0 {
+		if len(rules) == 0 {
 			continue
-		}
-		rules := make([]api.Rule, len(infos))
-		for i, ri := range infos {
-			rules[i] = fromDataplane(ri)
 		}
 		records = append(records, &api.Message{Op: api.OpAdd, Socket: cookie, Rules: rules})
 	}
@@ -356,6 +358,7 @@ func (d *Daemon) Wait(ctx context.Context) error {
 // Close stops santad but leaves the rule processor attached and its state
 // pinned: rules keep answering until the next santad takes over.
 func (d *Daemon) Close() error {
+	close(d.stop)
 	d.listener.Close()
 	d.released.Close()
 	d.samples.Close()
@@ -381,6 +384,7 @@ func (d *Daemon) Close() error {
 
 // abort undoes a failed Start. It detaches nothing a previous instance pinned.
 func (d *Daemon) abort() {
+	close(d.stop)
 	if d.listener != nil {
 		d.listener.Close()
 	}

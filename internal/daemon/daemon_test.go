@@ -492,3 +492,104 @@ func TestAttachUnmodifiedServer(t *testing.T) {
 	a.cmd.Wait()
 	waitGone(t, sd, cookie)
 }
+
+// TestRulesExpire: santad removes a rule when its Expires time comes (and
+// not its neighbour without one), keeps a deadline across its own restart,
+// and refuses a rule whose time has passed.
+func TestRulesExpire(t *testing.T) {
+	tb := testbed.New(t)
+	sd := newSantad(t, tb)
+	sd.start()
+	server := netip.AddrPortFrom(tb.Server.IP4, 7900)
+	var conn *net.UDPConn
+	if err := tb.Server.Do(func() (err error) {
+		conn, err = net.ListenUDP("udp", net.UDPAddrFromAddrPort(server))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	go func() { // echo: what the client gets once no rule answers
+		buf := make([]byte, 2048)
+		for {
+			n, from, err := conn.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				return
+			}
+			conn.WriteToUDPAddrPort(buf[:n], from)
+		}
+	}()
+	raw, err := conn.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := sd.client()
+	var info api.SocketInfo
+	if cerr := raw.Control(func(fd uintptr) { info, err = c.Bind(santa.FD(int(fd)), santa.SampleOptions{}) }); cerr != nil || err != nil {
+		t.Fatal(cerr, err)
+	}
+	rule := func(ask, answer string, expires time.Time) api.Rule {
+		r := api.Rule{Conditions: []api.Condition{{Pattern: api.Bytes(ask)}},
+			Processors: []api.Processor{{Kind: api.KindPut, Template: api.Bytes(answer)}}, ReplyLen: uint32(len(answer))}
+		if !expires.IsZero() {
+			r.Expires = uint64(expires.Unix())
+		}
+		return r
+	}
+	target := santa.Cookie(info.Cookie)
+	if _, err := c.Add(target, []api.Rule{rule("Past", "x", time.Now().Add(-time.Second))}); !errors.Is(err, santa.ErrInvalid) ||
+		!strings.Contains(err.Error(), "which has passed") {
+		t.Fatalf("a rule that expired a second ago: %v, want invalid (has passed)", err)
+	}
+	soon := time.Now().Add(2 * time.Second)
+	if _, err := c.Add(target, []api.Rule{rule("Hello", "Taken", soon), rule("Bye", "Gone", time.Time{})}); err != nil {
+		t.Fatal(err)
+	}
+	if got := exchange(t, tb, server, "Hello"); got != "Taken" {
+		t.Fatalf("Hello before its rule expires: %q, want Taken", got)
+	}
+	rules, err := c.ListRules(target)
+	if err != nil || len(rules) != 2 || rules[0].Expires != uint64(soon.Unix()) || rules[1].Expires != 0 {
+		t.Fatalf("list rules: %+v %v; want Hello expiring at %d, Bye never", rules, err, soon.Unix())
+	}
+	waitRules := func(want int, by time.Time) {
+		t.Helper()
+		for {
+			rules, err := c.ListRules(target)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(rules) == want {
+				return
+			}
+			if time.Now().After(by) {
+				t.Fatalf("%d rules at %v, want %d", len(rules), time.Now().Format(time.TimeOnly), want)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	waitRules(1, time.Unix(soon.Unix(), 0).Add(time.Second))
+	if got := exchange(t, tb, server, "Hello"); got != "Hello" {
+		t.Fatalf("Hello after its rule expired: %q, want the server's echo", got)
+	}
+	if got := exchange(t, tb, server, "Bye"); got != "Gone" {
+		t.Fatalf("Bye (no expiry): %q, want Gone", got)
+	}
+
+	// a deadline survives santad's restart
+	later := time.Now().Add(4 * time.Second)
+	if _, err := c.Add(target, []api.Rule{rule("Later", "Soon gone", later)}); err != nil {
+		t.Fatal(err)
+	}
+	sd.stop(syscall.SIGTERM)
+	sd.start()
+	c = sd.client()
+	rules, err = c.ListRules(target)
+	if err != nil || len(rules) != 2 || rules[1].Expires != uint64(later.Unix()) {
+		t.Fatalf("after the restart: %+v %v; want Later still expiring at %d", rules, err, later.Unix())
+	}
+	waitRules(1, time.Unix(later.Unix(), 0).Add(time.Second))
+	if got := exchange(t, tb, server, "Later"); got != "Later" {
+		t.Fatalf("Later after its rule expired: %q, want the server's echo", got)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/santa-offload/santa/api"
 )
@@ -65,7 +66,7 @@ func TestJournalReplay(t *testing.T) {
 	}
 	want := map[uint64][]uint64{7: {2, 3}, 9: {5}}
 	for cookie, ids := range want {
-		infos := sets[cookie].ruleInfos()
+		infos, _ := sets[cookie].ruleInfos(time.Now())
 		var gotIDs []uint64
 		for _, ri := range infos {
 			gotIDs = append(gotIDs, uint64(ri.ID))
@@ -74,7 +75,8 @@ func TestJournalReplay(t *testing.T) {
 			t.Errorf("socket %d: ids %v, want %v", cookie, gotIDs, ids)
 		}
 	}
-	if r := sets[7].ruleInfos()[0]; r.Version != 2 || string(r.Rule.Conditions[0].Pattern) != "B" {
+	infos, _ := sets[7].ruleInfos(time.Now())
+	if r := infos[0]; r.Version != 2 || string(r.Rule.Conditions[0].Pattern) != "B" {
 		t.Errorf("modified rule replayed as version %d %q", r.Version, r.Rule.Conditions[0].Pattern)
 	}
 	if s := sets[9].sample; s.Bytes != 64 || s.PerSecond != 10 {

@@ -22,6 +22,7 @@ type metrics struct {
 	requests       *prometheus.CounterVec
 	errors         *prometheus.CounterVec
 	samplesDropped prometheus.Counter
+	expired        prometheus.Counter
 	srv            *http.Server
 
 	events, ruleHits, ruleBytes, socketHits, socketRules, rules, sockets, dataBytes, maxRules, maxData *prometheus.Desc
@@ -37,6 +38,8 @@ func newMetrics(d *Daemon) *metrics {
 			Help: "Control API requests refused, by op and status."}, []string{"op", "status"}),
 		samplesDropped: prometheus.NewCounter(prometheus.CounterOpts{Name: "santa_miss_samples_dropped_total",
 			Help: "Miss samples not delivered because a subscriber fell behind."}),
+		expired: prometheus.NewCounter(prometheus.CounterOpts{Name: "santa_rules_expired_total",
+			Help: "Rules santad removed because their expires time came."}),
 		events: prometheus.NewDesc("santa_dataplane_events_total",
 			"Rule processor outcomes: answered, every pass reason, and miss sampling (see bpf/santa.h).", []string{"event"}, nil),
 		ruleHits: prometheus.NewDesc("santa_rule_hits_total", "Requests answered by a rule.", []string{"socket", "rule"}, nil),
@@ -50,7 +53,7 @@ func newMetrics(d *Daemon) *metrics {
 		maxRules:    prometheus.NewDesc("santa_rule_capacity", "Rules the data plane can hold.", nil, nil),
 		maxData:     prometheus.NewDesc("santa_rule_data_capacity_bytes", "Bytes of patterns, masks and templates the data plane can hold.", nil, nil),
 	}
-	m.reg.MustRegister(m.requests, m.errors, m.samplesDropped, m, prometheus.NewGoCollector())
+	m.reg.MustRegister(m.requests, m.errors, m.samplesDropped, m.expired, m, prometheus.NewGoCollector())
 	return m
 }
 

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"time"
 
 	"github.com/santa-offload/santa/api"
 	"github.com/santa-offload/santa/internal/dataplane"
@@ -22,6 +23,7 @@ type ruleSet struct {
 type ruleMeta struct {
 	cost    uint64
 	version uint32
+	expires uint64 // api.Rule.Expires
 }
 
 // usage is what one uid holds, against its quota.
@@ -95,6 +97,14 @@ func (d *Daemon) checkQuota(caller uint32, rs *ruleSet, addRules, dropRules, add
 	return nil
 }
 
+// checkRules refuses rules the socket cannot carry and rules already expired.
+func checkRules(rs *ruleSet, rules []api.Rule) error {
+	if err := checkSocket(rs, rules); err != nil {
+		return err
+	}
+	return checkExpires(rules, time.Now())
+}
+
 // checkSocket refuses rules the rule set's socket cannot carry: UDP replies
 // that cannot fit one frame (an IPv6 header is 20 bytes longer, so IPv6
 // sockets get 20 bytes less of reply; TCP replies may take several
@@ -128,7 +138,7 @@ func totalCost(rules []api.Rule) uint64 {
 }
 
 func (d *Daemon) add(caller uint32, rs *ruleSet, rules []api.Rule) ([]uint64, error) {
-	if err := checkSocket(rs, rules); err != nil {
+	if err := checkRules(rs, rules); err != nil {
 		return nil, err
 	}
 	if err := d.checkQuota(caller, rs, uint64(len(rules)), 0, totalCost(rules), 0); err != nil {
@@ -144,6 +154,7 @@ func (d *Daemon) add(caller uint32, rs *ruleSet, rules []api.Rule) ([]uint64, er
 		return nil, err
 	}
 	rs.addRules(d.usageOf(rs.info.Owner), rec)
+	d.scheduleExpiry(rs.info.Cookie, rec)
 	return out, nil
 }
 
@@ -163,7 +174,7 @@ func newRules(rules []api.Rule, ids []dataplane.RuleID) ([]uint64, []api.Rule) {
 func (rs *ruleSet) addRules(u *usage, rules []api.Rule) {
 	for _, r := range rules {
 		c := cost(r)
-		rs.rules[r.ID] = ruleMeta{cost: c, version: r.Version}
+		rs.rules[r.ID] = ruleMeta{cost: c, version: r.Version, expires: r.Expires}
 		rs.bytes += c
 		u.rules++
 		u.bytes += c
@@ -181,7 +192,7 @@ func (rs *ruleSet) dropRules(u *usage, ids []uint64) {
 }
 
 func (d *Daemon) replace(caller uint32, rs *ruleSet, rules []api.Rule) ([]uint64, error) {
-	if err := checkSocket(rs, rules); err != nil {
+	if err := checkRules(rs, rules); err != nil {
 		return nil, err
 	}
 	if err := d.checkQuota(caller, rs, uint64(len(rules)), uint64(len(rs.rules)), totalCost(rules), rs.bytes); err != nil {
@@ -196,11 +207,12 @@ func (d *Daemon) replace(caller uint32, rs *ruleSet, rules []api.Rule) ([]uint64
 	err = d.record(&api.Message{Op: api.OpReplace, Socket: rs.info.Cookie, Rules: rec}, nil)
 	rs.dropRules(d.usageOf(rs.info.Owner), slices.Collect(maps.Keys(rs.rules)))
 	rs.addRules(d.usageOf(rs.info.Owner), rec)
+	d.scheduleExpiry(rs.info.Cookie, rec)
 	return out, err
 }
 
 func (d *Daemon) modify(caller uint32, rs *ruleSet, rules []api.Rule) ([]uint64, error) {
-	if err := checkSocket(rs, rules); err != nil {
+	if err := checkRules(rs, rules); err != nil {
 		return nil, err
 	}
 	var addBytes, dropBytes uint64
@@ -235,6 +247,7 @@ func (d *Daemon) modify(caller uint32, rs *ruleSet, rules []api.Rule) ([]uint64,
 	err := d.record(&api.Message{Op: api.OpModify, Socket: rs.info.Cookie, Rules: rec}, nil)
 	rs.dropRules(d.usageOf(rs.info.Owner), ids)
 	rs.addRules(d.usageOf(rs.info.Owner), rec)
+	d.scheduleExpiry(rs.info.Cookie, rec)
 	return ids, err
 }
 
@@ -331,15 +344,20 @@ func replay(records []*api.Message) (map[uint64]*replayed, error) {
 	return sets, nil
 }
 
-// ruleInfos returns the replayed rules in their order.
-func (rs *replayed) ruleInfos() []dataplane.RuleInfo {
-	out := make([]dataplane.RuleInfo, 0, len(rs.rules))
+// ruleInfos returns the replayed rules in their order, but for those whose
+// Expires time has come by now (counted in expired).
+func (rs *replayed) ruleInfos(now time.Time) (infos []dataplane.RuleInfo, expired int) {
+	infos = make([]dataplane.RuleInfo, 0, len(rs.rules))
 	for _, id := range rs.order {
 		r, ok := rs.rules[id]
 		if !ok {
 			continue
 		}
-		out = append(out, dataplane.RuleInfo{ID: dataplane.RuleID(id), Version: r.Version, Rule: toDataplane([]api.Rule{r})[0]})
+		if r.Expires != 0 && int64(r.Expires) <= now.Unix() {
+			expired++
+			continue
+		}
+		infos = append(infos, dataplane.RuleInfo{ID: dataplane.RuleID(id), Version: r.Version, Rule: toDataplane([]api.Rule{r})[0]})
 	}
-	return out
+	return infos, expired
 }

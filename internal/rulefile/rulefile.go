@@ -32,7 +32,8 @@ type Rule struct {
 	MinLen     uint32      `json:"min_len,omitempty" yaml:"min_len,omitempty"` // shortest request answered, 0 = no bound
 	MaxLen     uint32      `json:"max_len,omitempty" yaml:"max_len,omitempty"` // longest request answered, 0 = no bound
 	Guards     []Guard     `json:"guards,omitempty" yaml:"guards,omitempty"`
-	Close      bool        `json:"close,omitempty" yaml:"close,omitempty"` // TCP only: the reply ends the connection (FIN)
+	Close      bool        `json:"close,omitempty" yaml:"close,omitempty"`     // TCP only: the reply ends the connection (FIN)
+	Expires    uint64      `json:"expires,omitempty" yaml:"expires,omitempty"` // Unix time (s) santad removes the rule at, 0 = never
 }
 
 // Guard holds while slot Slot of santad's guard map holds Version. Both are
@@ -171,7 +172,8 @@ func Parse(data []byte) ([]api.Rule, error) {
 }
 
 func (r Rule) toAPI() (api.Rule, error) {
-	out := api.Rule{ID: r.ID, ReplyLen: r.ReplyLen, Priority: r.Priority, MinLen: r.MinLen, MaxLen: r.MaxLen, Close: r.Close}
+	out := api.Rule{ID: r.ID, ReplyLen: r.ReplyLen, Priority: r.Priority, MinLen: r.MinLen, MaxLen: r.MaxLen, Close: r.Close,
+		Expires: r.Expires}
 	for i, c := range r.Conditions {
 		b, err := c.bytes()
 		if err != nil {
@@ -212,7 +214,8 @@ func (r Rule) toAPI() (api.Rule, error) {
 func FromAPI(rules []api.Rule) File {
 	f := File{Rules: make([]Rule, len(rules))}
 	for i, r := range rules {
-		fr := Rule{ID: r.ID, Version: r.Version, Priority: r.Priority, ReplyLen: r.ReplyLen, MinLen: r.MinLen, MaxLen: r.MaxLen, Close: r.Close}
+		fr := Rule{ID: r.ID, Version: r.Version, Priority: r.Priority, ReplyLen: r.ReplyLen, MinLen: r.MinLen, MaxLen: r.MaxLen, Close: r.Close,
+			Expires: r.Expires}
 		for _, c := range r.Conditions {
 			fr.Conditions = append(fr.Conditions, Condition{Offset: c.Offset, Data: dataOf(c.Pattern), Mask: maskOf(c.Mask)})
 		}

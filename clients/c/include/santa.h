@@ -282,6 +282,15 @@ SANTA_API int santa_rule_guard(struct santa_rule *rule, uint32_t slot, uint64_t 
  */
 SANTA_API int santa_rule_close(struct santa_rule *rule, int on);
 
+/**
+ * Makes santad remove the rule by itself at Unix time @p unix_seconds (0, the
+ * default: never), e.g. when the answer's TTL runs out, even if the
+ * application is gone. santad refuses a time that has passed.
+ *
+ * @return 0, or -1 with errno EINVAL if @p rule is NULL.
+ */
+SANTA_API int santa_rule_expires(struct santa_rule *rule, uint64_t unix_seconds);
+
 /** Why a builder call on @p rule failed, or NULL if none did. */
 SANTA_API const char *santa_rule_error(const struct santa_rule *rule);
 

@@ -77,6 +77,7 @@ struct sp_rule {
 	struct sp_guard *guards;
 	size_t nguards;
 	bool close; /* TCP only: the reply ends the connection (sent with FIN) */
+	uint64_t expires; /* Unix time (s) santad removes the rule at, 0 = never */
 };
 
 struct sp_socket_info {

@@ -118,6 +118,14 @@ int santa_rule_close(struct santa_rule *rule, int on)
 	return 0;
 }
 
+int santa_rule_expires(struct santa_rule *rule, uint64_t unix_seconds)
+{
+	if (!rule)
+		return rule_fail(NULL, EINVAL, "no rule");
+	rule->r.expires = unix_seconds;
+	return 0;
+}
+
 /* Adds a condition; mask is NULL or has len bytes. */
 static int add_condition(struct santa_rule *rule, uint32_t offset, const void *pattern, const void *mask, size_t len)
 {

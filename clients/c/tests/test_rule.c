@@ -23,6 +23,11 @@ static const char closing_hex[] =
 	"a5000101040213051930010981a40281a10156474554202f6865616c746820485454502f312e310d0a0381a2000102583b485454502f31"
 	"2e3120323030204f4b0d0a436f6e74656e742d4c656e6774683a20320d0a436f6e6e656374696f6e3a20636c6f73650d0a0d0a6f6b0418"
 	"3b09f5";
+/* vectors.json, "add a DNS rule that santad removes when its answer's TTL runs out" */
+static const char expiring_hex[] =
+	"a5000101040214051b00000100000000070981a40281a2000201581f0100000100000000000003777777076578616d706c65"
+	"03636f6d00000100010382a200020402a30001010202582f8180000100010000000003777777076578616d706c6503636f6d"
+	"0000010001c00c000100010000012c0004c61300010418310a1a6afd86c0";
 
 /* Checks that a builder call failed with EINVAL and recorded why. */
 #define REFUSED(rule, call, text)                                                                          \
@@ -250,6 +255,19 @@ static void test_wire(void)
 	      santa_rule_close(r, 1) == 0, "closing rule: %s", santa_rule_error(r));
 	encodes_as(&m, closing_hex, "closing rule");
 	CHECK(santa_rule_close(r, 0) == 0 && !r->r.close, "close not cleared");
+	santa_rule_free(r);
+
+	/* a DNS rule santad removes at a Unix time: expires is key 10 of the rule */
+	static const char query[] = "\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00\x03" "www" "\x07" "example" "\x03" "com" "\x00\x00\x01\x00\x01";
+	static const char answer[] = "\x81\x80\x00\x01\x00\x01\x00\x00\x00\x00\x03" "www" "\x07" "example" "\x03" "com" "\x00\x00\x01\x00\x01"
+				     "\xc0\x0c\x00\x01\x00\x01\x00\x00\x01\x2c\x00\x04\xc6\x13\x00\x01";
+	r = fresh(49);
+	m = (struct sp_msg){ .v = 1, .op = SP_OP_ADD, .seq = 20, .socket = (UINT64_C(1) << 40) + 7, .nrules = 1, .rules = &r->r };
+	CHECK(santa_rule_match(r, 2, query, sizeof query - 1) == 0 && santa_rule_copy(r, 0, 0, 2) == 0 &&
+	      santa_rule_put(r, 2, answer, sizeof answer - 1) == 0 && santa_rule_expires(r, 1795000000) == 0,
+	      "expiring rule: %s", santa_rule_error(r));
+	encodes_as(&m, expiring_hex, "expiring rule");
+	CHECK(santa_rule_expires(NULL, 1) == -1, "expires on NULL");
 	santa_rule_free(r);
 }
 

@@ -342,7 +342,9 @@ class Rule:
     rule; 0 is no bound. The rule answers only while all its ``guards`` (at
     most 2) hold; a request it would answer otherwise goes to the application.
     ``close`` (TCP only: santad refuses it for a UDP socket's rules) makes the
-    reply end the connection: it goes out with FIN.
+    reply end the connection: it goes out with FIN. ``expires`` (Unix time in
+    seconds, 0 = never) is when santad removes the rule by itself, e.g. when
+    the answer's TTL runs out.
     """
 
     conditions: list[Condition] = _key(2, _List(_Struct(Condition)), factory=list)
@@ -355,6 +357,7 @@ class Rule:
     max_len: int = _key(7, _U32, 0)
     guards: list[Guard] = _key(8, _List(_Struct(Guard)), factory=list)
     close: bool = _key(9, _BOOL, False)
+    expires: int = _key(10, _U64, 0)
 
 
 @dataclass
