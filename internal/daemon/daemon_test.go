@@ -107,6 +107,15 @@ func waitGone(t *testing.T, sd *santadProc, cookie uint64) {
 // this socket, unless something answered for it.
 func echoOnce(t *testing.T, tb *testbed.Testbed, server netip.AddrPort, payload string) string {
 	t.Helper()
+	conn := echoServer(t, tb, server)
+	defer conn.Close()
+	return exchange(t, tb, server, payload)
+}
+
+// echoServer binds a UDP socket at server in the server namespace that
+// echoes every datagram until it is closed.
+func echoServer(t *testing.T, tb *testbed.Testbed, server netip.AddrPort) *net.UDPConn {
+	t.Helper()
 	var conn *net.UDPConn
 	if err := tb.Server.Do(func() (err error) {
 		conn, err = net.ListenUDP("udp", net.UDPAddrFromAddrPort(server))
@@ -114,7 +123,6 @@ func echoOnce(t *testing.T, tb *testbed.Testbed, server netip.AddrPort, payload 
 	}); err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Close()
 	go func() {
 		buf := make([]byte, 2048)
 		for {
@@ -125,7 +133,7 @@ func echoOnce(t *testing.T, tb *testbed.Testbed, server netip.AddrPort, payload 
 			conn.WriteToUDPAddrPort(buf[:n], from)
 		}
 	}()
-	return exchange(t, tb, server, payload)
+	return conn
 }
 
 // TestOwnership checks what a non-root client may not do.
@@ -501,24 +509,8 @@ func TestRulesExpire(t *testing.T) {
 	sd := newSantad(t, tb)
 	sd.start()
 	server := netip.AddrPortFrom(tb.Server.IP4, 7900)
-	var conn *net.UDPConn
-	if err := tb.Server.Do(func() (err error) {
-		conn, err = net.ListenUDP("udp", net.UDPAddrFromAddrPort(server))
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
+	conn := echoServer(t, tb, server) // what the client gets once no rule answers
 	defer conn.Close()
-	go func() { // echo: what the client gets once no rule answers
-		buf := make([]byte, 2048)
-		for {
-			n, from, err := conn.ReadFromUDPAddrPort(buf)
-			if err != nil {
-				return
-			}
-			conn.WriteToUDPAddrPort(buf[:n], from)
-		}
-	}()
 	raw, err := conn.SyscallConn()
 	if err != nil {
 		t.Fatal(err)
