@@ -342,13 +342,20 @@ static __always_inline const struct santa_page *rule_page(const struct santa_rul
 	return page;
 }
 
-/* The interface the request came in on (the reply leaves by it) has an
- * MTU of at least ip_len. Up to 1280 bytes (IPv6's minimum MTU) is taken to
- * fit without asking: the helper call is saved for the common short reply. */
-static __always_inline int fits_mtu(struct xdp_md *ctx, __u32 ip_len)
+/* The MTU of the interface the request came in on (the reply leaves by
+ * it), 0 if unknown. */
+static __always_inline __u32 interface_mtu(struct xdp_md *ctx)
 {
 	__u32 mtu = 0; /* 0 in: the helper only reports the MTU */
-	return ip_len <= 1280 || (bpf_check_mtu(ctx, 0, &mtu, 0, 0) >= 0 && ip_len <= mtu);
+	return bpf_check_mtu(ctx, 0, &mtu, 0, 0) < 0 ? 0 : mtu;
+}
+
+/* An IP packet of ip_len bytes fits that MTU. Up to 1280 bytes (IPv6's
+ * minimum MTU) is taken to fit without asking: the helper call is saved for
+ * the common short reply. */
+static __always_inline int fits_mtu(struct xdp_md *ctx, __u32 ip_len)
+{
+	return ip_len <= 1280 || ip_len <= interface_mtu(ctx);
 }
 
 /* Turn the UDP request into rule r's reply, in place. */

@@ -156,8 +156,8 @@ static __always_inline int tcp_syn(struct xdp_md *ctx, struct pkt_info *req, str
 		return XDP_PASS;
 	}
 	/* the MSS this side's MTU allows, at most a 1500-byte MTU's */
-	__u32 mtu = 0, ip_tcp = req->family == 4 ? 40 : 60;
-	if (bpf_check_mtu(ctx, 0, &mtu, 0, 0) < 0 || mtu < ip_tcp + 536) {
+	__u32 mtu = interface_mtu(ctx), ip_tcp = req->family == 4 ? 40 : 60;
+	if (mtu < ip_tcp + 536) {
 		COUNT(tcp_pass_small_mtu);
 		return XDP_PASS;
 	}

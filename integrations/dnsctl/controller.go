@@ -462,13 +462,14 @@ func (c *Controller) install(ep *endpoint, queries []*Query, questions []Questio
 			c.skip(errs[i])
 			continue
 		}
-		e := &entry{question: questions[i], query: q, answer: answers[i], fetched: asked, lastHit: asked, ep: ep}
-		r := ruleFor(e, q, answers[i], ep.b)
-		e.key = matchKey(r)
-		if ep.entries[e.key] != nil {
+		r := Rule(q, answers[i], ep.b)
+		key := matchKey(r)
+		if ep.entries[key] != nil {
 			continue
 		}
-		ep.entries[e.key] = e
+		e := &entry{key: key, question: questions[i], query: q, answer: answers[i], fetched: asked, lastHit: asked, ep: ep}
+		r.Expires = uint64(e.expires().Unix())
+		ep.entries[key] = e
 		fresh = append(fresh, e)
 		rules = append(rules, r)
 	}
@@ -546,14 +547,6 @@ func (c *Controller) addEverywhere(ep *endpoint, rules []api.Rule) ([][]uint64, 
 // end of its answer's TTL. The rule carries it (api.Rule.Expires), so santad
 // removes it then even if this controller is gone.
 func (e *entry) expires() time.Time { return time.Unix(e.fetched.Add(e.answer.TTL).Unix(), 0) }
-
-// ruleFor is the rule answering q with a (fetched for e), bound to expire
-// with it.
-func ruleFor(e *entry, q *Query, a Answer, b Behaviour) api.Rule {
-	r := Rule(q, a, b)
-	r.Expires = uint64(e.expires().Unix())
-	return r
-}
 
 // schedule puts e in the refresh wheel at half its TTL (at least a second
 // before its rule expires, and no earlier than a second from now) and in
@@ -810,7 +803,8 @@ func (c *Controller) refreshEndpoint(ep *endpoint, es []*entry) error {
 			gone = append(gone, e)
 			continue
 		}
-		if matchKey(Rule(e.query, answers[i], ep.b)) != e.key {
+		newRule := Rule(e.query, answers[i], ep.b)
+		if matchKey(newRule) != e.key {
 			// e.g. the reply grew past 512 bytes: the rule now matches less
 			gone = append(gone, e)
 			continue
@@ -821,8 +815,9 @@ func (c *Controller) refreshEndpoint(ep *endpoint, es []*entry) error {
 		// the same reply too: the rule's expiry moves with the new TTL
 		e.answer, e.fetched = answers[i], asked
 		c.count(func(r *Report) { r.Refreshed++ })
+		newRule.Expires = uint64(e.expires().Unix())
 		changed = append(changed, e)
-		rules = append(rules, ruleFor(e, e.query, answers[i], ep.b))
+		rules = append(rules, newRule)
 		c.schedule(e)
 	}
 	for i := 0; i < len(rules); i += c.cfg.Batch {
