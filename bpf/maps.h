@@ -145,12 +145,14 @@ struct {
 } santa_tcp_keys SEC(".maps");
 
 /* TCP 4-tuple of a socket-less connection -> the last request eBPF answered
- * on it: the pipelining guard. */
+ * on it and where its reply stands. Not an LRU: an entry must not go while
+ * its reply is in flight; eBPF deletes it at the client's FIN, santad sweeps
+ * idle ones, and a new flow that finds it full goes to the kernel. */
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(type, BPF_MAP_TYPE_HASH);
 	__type(key, struct bpf_sock_tuple);
 	__type(value, struct santa_tcp_flow);
-	__uint(max_entries, SANTA_TCP_FLOWS);
+	__uint(max_entries, SANTA_TCP_FLOWS); /* set by user space */
 } santa_tcp_flows SEC(".maps");
 
 /* Emit the miss sample's layout into BTF for bpf2go (the ring buffer has no value type). */

@@ -32,7 +32,7 @@ enum santa_limit {
 	SANTA_TCP_VALID_UNITS = 16,  /* a stamp proves its connection for 16 units (137 s) */
 	SANTA_TCP_KEYS = 3,          /* santa_tcp_keys slots: epochs e-1, e, e+1 by e % 3 */
 	SANTA_TCP_WSCALE = 7,        /* the window scale eBPF announces (the kernel's usual) */
-	SANTA_TCP_FLOWS = 1 << 16,   /* flows remembered for the pipelining guard (LRU) */
+	SANTA_TCP_FLOWS = 1 << 17,   /* default size of santa_tcp_flows (set by user space) */
 	SANTA_TCP_SEGMENTS = 10,     /* segments of one reply: the initial window (RFC 6928) */
 	SANTA_MAX_TCP_REPLY = 14480, /* longest TCP reply: 10 segments of a 1500-byte MTU with timestamps */
 	SANTA_TCP_EMIT_MAGIC = 0x53545345, /* santa_tcp_emit.magic */
@@ -223,6 +223,7 @@ struct santa_reasons {
 	__u64 tcp_request_acked;    /* the client has a long reply: eBPF acks its request */
 	__u64 tcp_segments_sent;    /* TC: segments of long replies and resends */
 	__u64 tcp_emit_failed;      /* TC: a segment could not be built or sent */
+	__u64 tcp_pass_flows_full;  /* handover: santa_tcp_flows is full, eBPF cannot keep the flow's state */
 };
 
 /* A miss sample as it appears in the ring buffer. */
@@ -271,6 +272,7 @@ struct santa_tcp_flow {
 	__u32 slot;        /* its rule */
 	__u32 multi;       /* the reply takes several segments (sent by TC) */
 	__u32 last_ack;    /* the client's last ack: a repeat asks for a resend */
+	__u32 seen;        /* stamp unit (low 32 bits) it last answered: santad sweeps idle flows */
 };
 
 /* XDP -> TC metadata (before the frame): send segments of rule slot's reply

@@ -34,6 +34,18 @@ static __always_inline __u64 tcp_listener(struct xdp_md *ctx, struct pkt_info *r
 
 #define TCP_NO_ROOM (-1) /* tcp_send: the frame cannot grow to the reply, and is unchanged */
 
+/* Keep nf as the state of req's flow, whose entry is f if it has one.
+ * Fails only when santa_tcp_flows is full. */
+static __always_inline int remember_flow(const struct pkt_info *req, struct santa_tcp_flow *f,
+					 const struct santa_tcp_flow *nf)
+{
+	if (f) {
+		*f = *nf;
+		return 0;
+	}
+	return bpf_map_update_elem(&santa_tcp_flows, &req->tuple, nf, BPF_ANY);
+}
+
 /* Replace the segment by a reply segment with the payload of the rule in
  * slot (0: none). Global, so the verifier checks it once. */
 __noinline int tcp_send(struct xdp_md *ctx, struct pkt_info *req, const struct tcp_reply *t, __u32 slot)
@@ -108,6 +120,9 @@ static __always_inline int answer_again(struct xdp_md *ctx, struct pkt_info *req
 					const struct santa_tcp_flow *f, struct tcp_reply *t,
 					const struct tcp_opts *o, __u64 unit, int in_flight, int fin)
 {
+	/* a client retransmits its request while it misses any of the reply:
+	 * santad's sweep leaves a flow alone that long */
+	((struct santa_tcp_flow *)f)->seen = unit;
 	if (!in_flight) {
 		t->ack = f->req_end;
 		t->tsval = reply_stamp(req, unit, fin, t->opts, o->tsecr);
@@ -276,7 +291,12 @@ __noinline int tcp_segment(struct xdp_md *ctx, struct pkt_info *req)
 			COUNT(pass_bad_checksum);
 			return XDP_PASS;
 		}
-		/* the flow stays (LRU) for a retransmitted FIN with the request */
+		/* once the client has all eBPF sent, the flow's state is of no
+		 * more use (a retransmitted FIN needs none); else it stays for a
+		 * retransmission of the request with the FIN, until swept */
+		struct santa_tcp_flow *f = bpf_map_lookup_elem(&santa_tcp_flows, &req->tuple);
+		if (f && t->seq == f->reply_end)
+			bpf_map_delete_elem(&santa_tcp_flows, &req->tuple);
 		t->flags |= fin ? 0 : TCP_FIN;
 		t->ack = seq + 1;
 		t->tsval = reply_stamp(req, unit, 1, opts, o->tsecr);
@@ -386,6 +406,7 @@ __noinline int tcp_segment(struct xdp_md *ctx, struct pkt_info *req)
 		.slot = slot,
 		.multi = multi,
 		.last_ack = t->seq,
+		.seen = unit,
 	};
 	nf.reply_end = nf.reply_start + r->reply_len + (close ? 1 : 0);
 	__u8 ws = opts_wscale(opts);
@@ -397,10 +418,11 @@ __noinline int tcp_segment(struct xdp_md *ctx, struct pkt_info *req)
 		COUNT(pass_bad_checksum);
 		return XDP_PASS;
 	}
-	if (f)
-		*f = nf;
-	else
-		bpf_map_update_elem(&santa_tcp_flows, &req->tuple, &nf, BPF_ANY);
+	if (remember_flow(req, f, &nf)) {
+		/* no entry means nothing of eBPF's is in flight: the kernel can take it */
+		COUNT(tcp_pass_flows_full);
+		return XDP_PASS;
+	}
 	if (multi) {
 		COUNT(tcp_long_reply);
 		return emit_by_tc(ctx, &nf, t->seq - nf.reply_start, o->tsval, opts,
@@ -418,10 +440,10 @@ __noinline int tcp_segment(struct xdp_md *ctx, struct pkt_info *req)
 		return trimmed ? XDP_DROP : XDP_PASS;
 	}
 	nf.multi = 1; /* TC sends it, as a long reply */
-	if (f)
-		*f = nf;
-	else
-		bpf_map_update_elem(&santa_tcp_flows, &req->tuple, &nf, BPF_ANY);
+	if (remember_flow(req, f, &nf)) {
+		COUNT(tcp_emit_failed);
+		return XDP_DROP; /* the client asks again */
+	}
 	COUNT(tcp_xdp_no_room);
 	return emit_by_tc(ctx, &nf, 0, o->tsval, opts, reply_stamp(req, unit, 0, opts, o->tsecr), 0);
 }

@@ -62,6 +62,7 @@ type DataplaneConfig struct {
 	MaxRulesets   int `yaml:"max_rulesets"`
 	DataMiB       int `yaml:"data_mib"`
 	SampleRingKiB int `yaml:"sample_ring_kib"`
+	TCPFlows      int `yaml:"tcp_flows"`
 }
 
 // DefaultConfig is what santad runs with when neither file nor flags say otherwise.
@@ -79,7 +80,7 @@ func DefaultConfig() Config {
 		LogLevel:         "info",
 		Quota:            Quota{Rules: 100000, TemplateBytes: 64 << 20},
 		Dataplane: DataplaneConfig{HashBits: d.HashBits, MaxRules: d.MaxRules, MaxRulesets: d.MaxRulesets,
-			DataMiB: d.DataMiB, SampleRingKiB: d.SampleRingKiB},
+			DataMiB: d.DataMiB, SampleRingKiB: d.SampleRingKiB, TCPFlows: d.TCPFlows},
 	}
 }
 
@@ -142,7 +143,8 @@ func (c Config) xdpMode() dataplane.AttachMode {
 func (c Config) dataplaneConfig() dataplane.Config {
 	d := c.Dataplane
 	return dataplane.Config{HashBits: d.HashBits, MaxRules: d.MaxRules, MaxRulesets: d.MaxRulesets,
-		DataMiB: d.DataMiB, SampleRingKiB: d.SampleRingKiB, GuardsPin: c.GuardsPin()}
+		DataMiB: d.DataMiB, SampleRingKiB: d.SampleRingKiB, TCPFlows: d.TCPFlows,
+		GuardsPin: c.GuardsPin(), FlowsPin: filepath.Join(c.BPFFS, "tcp_flows")}
 }
 
 // GuardsPin is where the guard map is pinned: apart from the generations,

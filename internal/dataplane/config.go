@@ -16,10 +16,20 @@ type Config struct {
 	DataMiB int
 	// SampleRingKiB is the size of the miss-sample ring buffer.
 	SampleRingKiB int
+	// TCPFlows is the number of socket-less TCP connections whose state
+	// (the last request answered, where its reply stands) eBPF keeps at
+	// once. A connection's first answer that finds the table full goes to
+	// the kernel instead (counter tcp_pass_flows_full).
+	TCPFlows int
 	// GuardsPin is where the guard map (see Guard) is pinned, on a bpffs.
 	// A map pinned there is reused, so versions outlive this data plane;
 	// else the new one is pinned there. Empty: not pinned.
 	GuardsPin string
+	// FlowsPin is where the TCP flow table is pinned, on a bpffs, so that a
+	// successor (a restarted santad) keeps the state of connections whose
+	// replies are in flight. One pinned there of this version's layout and
+	// size is reused; another is replaced. Empty: not pinned.
+	FlowsPin string
 }
 
 // DefaultConfig suits a server with up to 64 k rules.
@@ -29,6 +39,7 @@ var DefaultConfig = Config{
 	MaxRulesets:   1024,
 	DataMiB:       16,
 	SampleRingKiB: 1024,
+	TCPFlows:      int(santaSantaLimitSANTA_TCP_FLOWS),
 }
 
 func (c Config) withDefaults() Config {
@@ -48,7 +59,11 @@ func (c Config) withDefaults() Config {
 	if c.SampleRingKiB != 0 {
 		d.SampleRingKiB = c.SampleRingKiB
 	}
+	if c.TCPFlows != 0 {
+		d.TCPFlows = c.TCPFlows
+	}
 	d.GuardsPin = c.GuardsPin
+	d.FlowsPin = c.FlowsPin
 	return d
 }
 
@@ -64,6 +79,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("data memory %d MiB: must be between 1 and %d", c.DataMiB, 1<<14)
 	case c.SampleRingKiB < 4 || c.SampleRingKiB&(c.SampleRingKiB-1) != 0:
 		return fmt.Errorf("sample ring %d KiB: must be a power of two of at least 4", c.SampleRingKiB)
+	case c.TCPFlows < 1 || c.TCPFlows > 1<<24:
+		return fmt.Errorf("TCP flows %d: must be between 1 and %d", c.TCPFlows, 1<<24)
 	}
 	return nil
 }

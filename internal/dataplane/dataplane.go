@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/bits"
 	"os"
 	"path/filepath"
@@ -22,23 +23,23 @@ type Dataplane struct {
 	seed uint32
 	mask uint32
 
-	mu       sync.Mutex
-	rules    *mmapArray // santa_rules
-	buckets  *mmapArray // santa_buckets
-	pages    *mmapArray // santa_pages
-	rulesets *mmapArray // santa_rulesets
-	bases    *mmapArray // santa_rule_base
-	slots    *slotAllocator
-	rsIDs    *slotAllocator
-	data     *dataAllocator
-	chainLen []uint8 // rules per bucket, to keep every chain within MaxChain
-	bySocket map[uint64]*ruleset
-	byID     map[RuleID]*installed
-	retiring []retiring // replaced rules still linked for packets in flight
-	closed   bool
-	lastID   RuleID
-	order    uint32
-	stopKeys chan struct{} // ends the stamp key rotation
+	mu         sync.Mutex
+	rules      *mmapArray // santa_rules
+	buckets    *mmapArray // santa_buckets
+	pages      *mmapArray // santa_pages
+	rulesets   *mmapArray // santa_rulesets
+	bases      *mmapArray // santa_rule_base
+	slots      *slotAllocator
+	rsIDs      *slotAllocator
+	data       *dataAllocator
+	chainLen   []uint8 // rules per bucket, to keep every chain within MaxChain
+	bySocket   map[uint64]*ruleset
+	byID       map[RuleID]*installed
+	retiring   []retiring // replaced rules still linked for packets in flight
+	closed     bool
+	lastID     RuleID
+	order      uint32
+	stopUpkeep chan struct{} // ends the stamp key rotation and the flow sweep
 }
 
 // RuleID names an installed rule for as long as it exists.
@@ -105,6 +106,7 @@ func Load(cfg Config) (*Dataplane, error) {
 		"santa_pages":         uint32(cfg.DataMiB),
 		"santa_miss_samples":  uint32(cfg.SampleRingKiB) * 1024,
 		"santa_released":      releasedRing(cfg),
+		"santa_tcp_flows":     uint32(cfg.TCPFlows),
 	}
 	for name, n := range sizes {
 		ms, ok := spec.Maps[name]
@@ -119,14 +121,20 @@ func Load(cfg Config) (*Dataplane, error) {
 	if err := spec.Variables["bucket_seed"].Set(d.seed); err != nil {
 		return nil, err
 	}
-	guards, fresh, err := openGuards(cfg.GuardsPin, spec.Maps["santa_guards"])
-	if err != nil {
-		return nil, err
-	}
-	var opts *ebpf.CollectionOptions
-	if guards != nil {
-		defer guards.Close()
-		opts = &ebpf.CollectionOptions{MapReplacements: map[string]*ebpf.Map{"santa_guards": guards}}
+	opts := &ebpf.CollectionOptions{MapReplacements: map[string]*ebpf.Map{}}
+	var toPin []sharedMap
+	for _, sm := range cfg.sharedMaps() {
+		m, fresh, err := openShared(sm, spec.Maps[sm.name])
+		if err != nil {
+			return nil, err
+		}
+		if m != nil {
+			defer m.Close()
+			opts.MapReplacements[sm.name] = m
+		}
+		if fresh {
+			toPin = append(toPin, sm)
+		}
 	}
 	if err := spec.LoadAndAssign(&d.objs, opts); err != nil {
 		var ve *ebpf.VerifierError
@@ -146,17 +154,18 @@ func Load(cfg Config) (*Dataplane, error) {
 			return nil, err
 		}
 	}
-	if fresh {
-		err := os.MkdirAll(filepath.Dir(cfg.GuardsPin), 0o700)
+	named := d.objs.named()
+	for _, sm := range toPin {
+		err := os.MkdirAll(filepath.Dir(sm.pin), 0o700)
 		if err == nil {
-			err = d.objs.SantaGuards.Pin(cfg.GuardsPin)
+			err = named[sm.name].Pin(sm.pin)
 		}
 		if err != nil {
 			d.Close()
-			return nil, fmt.Errorf("pin guard map: %w", err)
+			return nil, fmt.Errorf("pin %s: %w", sm.name, err)
 		}
 	}
-	if err := d.startStampKeys(); err != nil {
+	if err := d.startTCPUpkeep(); err != nil {
 		d.Close()
 		return nil, err
 	}
@@ -167,24 +176,51 @@ func Load(cfg Config) (*Dataplane, error) {
 	return d, nil
 }
 
-// openGuards opens the guard map pinned at pin, if there is one of this
-// version's layout; fresh says a new map is to be pinned there.
-func openGuards(pin string, spec *ebpf.MapSpec) (m *ebpf.Map, fresh bool, err error) {
-	if pin == "" {
+// sharedMap is a map pinned apart from the data plane's generations, at a
+// fixed path, and reused by successors.
+type sharedMap struct {
+	name string // in bpf/
+	pin  string // empty: not pinned
+	// replace says one pinned of another layout or size is replaced (its
+	// state is lost) rather than refused.
+	replace bool
+}
+
+// sharedMaps: the guard map, since write trackers and controllers hold on
+// to it; the TCP flow table, so that replies in flight survive a restart.
+func (c Config) sharedMaps() []sharedMap {
+	return []sharedMap{{"santa_guards", c.GuardsPin, false}, {"santa_tcp_flows", c.FlowsPin, true}}
+}
+
+// openShared opens the map pinned at sm.pin, if there is one of spec's
+// layout and size; fresh says a new map is to be pinned there.
+func openShared(sm sharedMap, spec *ebpf.MapSpec) (m *ebpf.Map, fresh bool, err error) {
+	if sm.pin == "" {
 		return nil, false, nil
 	}
-	m, err = ebpf.LoadPinnedMap(pin, nil)
+	m, err = ebpf.LoadPinnedMap(sm.pin, nil)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, true, nil
 	}
 	if err != nil {
-		return nil, false, fmt.Errorf("open guard map %s: %w", pin, err)
+		return nil, false, fmt.Errorf("open %s: %w", sm.pin, err)
 	}
-	if err := sameLayout(m, spec); err != nil || m.MaxEntries() != spec.MaxEntries {
-		m.Close()
-		return nil, false, fmt.Errorf("guard map %s: not this version's (%v, %d slots); remove it", pin, err, m.MaxEntries())
+	err = sameLayout(m, spec)
+	if err == nil && m.MaxEntries() != spec.MaxEntries {
+		err = fmt.Errorf("%d entries, want %d", m.MaxEntries(), spec.MaxEntries)
 	}
-	return m, false, nil
+	if err == nil {
+		return m, false, nil
+	}
+	m.Close()
+	if !sm.replace {
+		return nil, false, fmt.Errorf("%s pinned at %s: not this version's (%v); remove it", sm.name, sm.pin, err)
+	}
+	slog.Warn("pinned map replaced: its state is lost", "map", sm.name, "pin", sm.pin, "reason", err)
+	if err := os.Remove(sm.pin); err != nil {
+		return nil, false, fmt.Errorf("replace %s: %w", sm.pin, err)
+	}
+	return nil, true, nil
 }
 
 // loadSpec reads every entry file's object into one collection spec: the
@@ -231,7 +267,7 @@ func (d *Dataplane) Close() error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.closed = true
-	d.stopStampKeys()
+	d.stopTCPUpkeep()
 	var errs []error
 	for _, a := range []*mmapArray{d.rules, d.buckets, d.pages, d.rulesets, d.bases} {
 		errs = append(errs, a.close())

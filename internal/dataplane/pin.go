@@ -74,17 +74,22 @@ func (o *objects) named() map[string]pinner {
 	return out
 }
 
-// Pin pins every map and program of the data plane but the guard map under dir, by their
-// names in bpf/, for a successor's OpenPrevious. dir is made if missing; it
-// must lie on a bpffs (EnsureBPFFS) and hold none of these pins yet.
+// Pin pins every map and program of the data plane but those pinned apart
+// (Config.GuardsPin, FlowsPin) under dir, by their names in bpf/, for a
+// successor's OpenPrevious. dir is made if missing; it must lie on a bpffs
+// (EnsureBPFFS) and hold none of these pins yet.
 func (d *Dataplane) Pin(dir string) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
+	apart := map[string]bool{}
+	for _, sm := range d.cfg.sharedMaps() {
+		apart[sm.name] = sm.pin != "" // pinning again would move it
+	}
 	var done []pinner
 	for name, obj := range d.objs.named() {
-		if name == "santa_guards" {
-			continue // pinned apart (Config.GuardsPin): pinning again would move it
+		if apart[name] {
+			continue
 		}
 		if err := obj.Pin(filepath.Join(dir, name)); err != nil {
 			for _, p := range done {

@@ -78,7 +78,7 @@ const (
 	santaSantaLimitSANTA_TCP_VALID_UNITS  santaSantaLimit = 16
 	santaSantaLimitSANTA_TCP_KEYS         santaSantaLimit = 3
 	santaSantaLimitSANTA_TCP_WSCALE       santaSantaLimit = 7
-	santaSantaLimitSANTA_TCP_FLOWS        santaSantaLimit = 65536
+	santaSantaLimitSANTA_TCP_FLOWS        santaSantaLimit = 131072
 	santaSantaLimitSANTA_TCP_SEGMENTS     santaSantaLimit = 10
 	santaSantaLimitSANTA_MAX_TCP_REPLY    santaSantaLimit = 14480
 	santaSantaLimitSANTA_TCP_EMIT_MAGIC   santaSantaLimit = 1398035269
@@ -160,6 +160,7 @@ type santaSantaReasons struct {
 	TcpRequestAcked      uint64
 	TcpSegmentsSent      uint64
 	TcpEmitFailed        uint64
+	TcpPassFlowsFull     uint64
 }
 
 type santaSantaRegion struct {
@@ -249,6 +250,7 @@ type santaSantaTcpFlow struct {
 	Slot       uint32
 	Multi      uint32
 	LastAck    uint32
+	Seen       uint32
 }
 
 type santaSantaTcpKey struct {

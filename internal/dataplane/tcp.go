@@ -3,6 +3,7 @@ package dataplane
 import (
 	"crypto/rand"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -38,30 +39,87 @@ func stampEpoch() (uint64, error) {
 	return u >> stampEpochShift, err
 }
 
-// startStampKeys makes sure the previous, current and next epochs have keys
-// (new random ones where a slot holds none, or another epoch's) and keeps
-// it so: each epoch's key is written an epoch ahead, so a stamp stays
-// checkable for its whole validity, and a key lives three epochs.
-func (d *Dataplane) startStampKeys() error {
+// startTCPUpkeep makes sure the previous, current and next epochs have stamp
+// keys (new random ones where a slot holds none, or another epoch's) and
+// keeps it so: each epoch's key is written an epoch ahead, so a stamp stays
+// checkable for its whole validity, and a key lives three epochs. Every
+// stamp unit it also sweeps idle flows (sweepFlows).
+func (d *Dataplane) startTCPUpkeep() error {
 	if err := d.fillStampKeys(); err != nil {
 		return err
 	}
-	d.stopKeys = make(chan struct{})
-	epochLen := time.Duration(1) << (stampUnitShift + stampEpochShift)
+	d.stopUpkeep = make(chan struct{})
 	go func() {
-		t := time.NewTicker(epochLen / 16)
+		t := time.NewTicker(time.Duration(1) << stampUnitShift)
 		defer t.Stop()
 		for {
 			select {
-			case <-d.stopKeys:
+			case <-d.stopUpkeep:
 				return
 			case <-t.C:
 				if err := d.fillStampKeys(); err != nil {
 					slog.Error("TCP stamp keys not rotated: socket-less connections end when the current key expires", "error", err)
 				}
+				unit, err := stampUnit()
+				if err == nil {
+					err = d.sweepFlows(unit)
+				}
+				if err != nil {
+					slog.Error("TCP flow table not swept", "error", err)
+				}
 			}
 		}
 	}()
+	return nil
+}
+
+// flowIdleUnits is how long a flow may be idle before sweepFlows deletes
+// it: longer than the two minutes (TCP_RTO_MAX) within which a client
+// retransmits its request while it misses any of eBPF's reply, and each
+// such retransmission refreshes the flow. So nothing of eBPF's is in flight
+// on a flow swept; the connection's next request starts a new one.
+const flowIdleUnits = uint32(santaSantaLimitSANTA_TCP_VALID_UNITS) + 1
+
+// sweepFlows deletes the flows idle for more than flowIdleUnits at stamp
+// unit now, and warns when the table is nearly full.
+func (d *Dataplane) sweepFlows(now uint64) error {
+	m := d.objs.SantaTcpFlows
+	const batch = 4096
+	keys := make([]santaBpfSockTuple, batch)
+	vals := make([]santaSantaTcpFlow, batch)
+	var idle []santaBpfSockTuple
+	live := 0
+	var cursor ebpf.MapBatchCursor
+	for {
+		n, err := m.BatchLookup(&cursor, keys, vals, nil)
+		for i := 0; i < n; i++ {
+			if uint32(now)-vals[i].Seen > flowIdleUnits {
+				idle = append(idle, keys[i])
+			} else {
+				live++
+			}
+		}
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			break
+		}
+		if err != nil {
+			return fmt.Errorf("read flows: %w", err)
+		}
+	}
+	for _, k := range idle {
+		// look again right before: a new request may have come since
+		var v santaSantaTcpFlow
+		if err := m.Lookup(&k, &v); err != nil || uint32(now)-v.Seen <= flowIdleUnits {
+			continue
+		}
+		if err := m.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("delete idle flow: %w", err)
+		}
+	}
+	if size := int(m.MaxEntries()); live > size*9/10 {
+		slog.Warn("the TCP flow table is nearly full: new socket-less connections go to the kernel when it is (raise dataplane.tcp_flows)",
+			"flows", live, "size", size)
+	}
 	return nil
 }
 
@@ -128,10 +186,10 @@ func (p *Previous) StampKeys() ([]StampKey, error) {
 	return keys, nil
 }
 
-// stopStampKeys ends the key rotation.
-func (d *Dataplane) stopStampKeys() {
-	if d.stopKeys != nil {
-		close(d.stopKeys)
-		d.stopKeys = nil
+// stopTCPUpkeep ends the key rotation and the flow sweep.
+func (d *Dataplane) stopTCPUpkeep() {
+	if d.stopUpkeep != nil {
+		close(d.stopUpkeep)
+		d.stopUpkeep = nil
 	}
 }

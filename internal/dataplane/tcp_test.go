@@ -162,14 +162,14 @@ func dialFromClient(t *testing.T, tb *testbed.Testbed, addr netip.AddrPort) net.
 	return c
 }
 
-// loadAttached loads the rule processor and attaches it to tb's server veth
+// loadAttached loads the rule processor (sized by cfg) and attaches it to tb's server veth
 // (XDP and the TC hook), for as long as the test runs.
-func loadAttached(t *testing.T, tb *testbed.Testbed) *Dataplane {
+func loadAttached(t *testing.T, tb *testbed.Testbed, cfg Config) *Dataplane {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Fatal("needs root: network namespaces, XDP, TC")
 	}
-	d, err := Load(Config{})
+	d, err := Load(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -192,7 +192,7 @@ func loadAttached(t *testing.T, tb *testbed.Testbed) *Dataplane {
 // with an intact byte stream; a rule with Close ends the connection.
 func TestTCPSocketless(t *testing.T) {
 	tb := testbed.New(t)
-	d := loadAttached(t, tb)
+	d := loadAttached(t, tb, Config{})
 	for _, ip := range []netip.Addr{tb.Server.IP4, tb.Server.IP6} {
 		t.Run(map[bool]string{true: "IPv4", false: "IPv6"}[ip.Is4()], func(t *testing.T) {
 			addr := netip.AddrPortFrom(ip, 8080)
@@ -318,7 +318,7 @@ func TestTCPSocketlessSmallMTU(t *testing.T) {
 	if out, err := tb.Server.Run("ip", "link", "set", tb.Server.Dev, "mtu", "1400"); err != nil {
 		t.Fatalf("lower the server MTU: %v: %s", err, out)
 	}
-	d := loadAttached(t, tb)
+	d := loadAttached(t, tb, Config{})
 	addr := netip.AddrPortFrom(tb.Server.IP4, 8080)
 	srv := startTCPServer(t, tb, addr)
 	big := httpGet("/big", "")
@@ -373,7 +373,7 @@ func TestTCPSocketlessLoss(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	d := loadAttached(t, tb)
+	d := loadAttached(t, tb, Config{})
 	addr := netip.AddrPortFrom(tb.Server.IP4, 8080)
 	srv := startTCPServer(t, tb, addr)
 	if err := d.Bind(srv.cookie, SampleOptions{}); err != nil {
@@ -449,7 +449,7 @@ func TestTCPSocketlessLoss(t *testing.T) {
 // and its next request is answered by eBPF.
 func TestTCPKeepalive(t *testing.T) {
 	tb := testbed.New(t)
-	d := loadAttached(t, tb)
+	d := loadAttached(t, tb, Config{})
 	addr := netip.AddrPortFrom(tb.Server.IP4, 8080)
 	srv := startTCPServer(t, tb, addr)
 	hot, reply := httpGet("/hot", ""), httpReply("from eBPF", "")
