@@ -188,14 +188,20 @@ func parseIDs(args []string) ([]uint64, error) {
 // ruleFileCmd builds a command that sends a rule file's rules to a socket.
 func ruleFileCmd(e env, g *globals, use, short string, do func(*santa.Client, santa.Target, []api.Rule) ([]uint64, error)) *cobra.Command {
 	var cookie uint64
+	var lifetime time.Duration
 	cmd := &cobra.Command{
 		Use:   use,
 		Short: short,
 		Long: short + `.
 The rule file format is in docs/cli.md: a list of rules, each with
-conditions (offset and text, hex or base64) and processors (put or copy).`,
+conditions (offset and text, hex or base64) and processors (put or copy).
+With --lifetime, santad removes each rule that has no expires of its own
+that long after now.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if lifetime < 0 {
+				return fmt.Errorf("--lifetime %v: must not be negative (0: the rules do not expire)", lifetime)
+			}
 			var data []byte
 			var err error
 			if args[0] == "-" {
@@ -209,6 +215,15 @@ conditions (offset and text, hex or base64) and processors (put or copy).`,
 			rules, err := rulefile.Parse(data)
 			if err != nil {
 				return err
+			}
+			if lifetime > 0 {
+				// the whole second at or after now + lifetime: never early
+				expires := uint64(time.Now().Add(lifetime + time.Second - 1).Unix())
+				for i := range rules {
+					if rules[i].Expires == 0 {
+						rules[i].Expires = expires
+					}
+				}
 			}
 			c, err := g.dial()
 			if err != nil {
@@ -226,6 +241,7 @@ conditions (offset and text, hex or base64) and processors (put or copy).`,
 		},
 	}
 	socketFlag(cmd, &cookie, true)
+	cmd.Flags().DurationVar(&lifetime, "lifetime", 0, "santad removes each rule without its own expires this long after now (e.g. 30s, 5m, 2h; 0: never)")
 	return cmd
 }
 

@@ -584,4 +584,34 @@ func TestRulesExpire(t *testing.T) {
 	if got := exchange(t, tb, server, "Later"); got != "Later" {
 		t.Fatalf("Later after its rule expired: %q, want the server's echo", got)
 	}
+
+	// santa rules add --lifetime: a rule without its own expires gets one
+	fixed := time.Now().Add(time.Hour).Unix()
+	file := filepath.Join(t.TempDir(), "rules.yaml")
+	if err := os.WriteFile(file, []byte(fmt.Sprintf(`rules:
+  - {conditions: [{offset: 0, text: Brief}], processors: [{put: {at: 0, text: B}}], reply_len: 1}
+  - {conditions: [{offset: 0, text: Fixed}], processors: [{put: {at: 0, text: F}}], reply_len: 1, expires: %d}
+`, fixed)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cookie := fmt.Sprint(info.Cookie)
+	if out, err := sd.cli(0, "rules", "add", "--socket", cookie, "--lifetime", "-5s", file); err == nil ||
+		!strings.Contains(out, "must not be negative") {
+		t.Fatalf("--lifetime -5s: %v %s; want refused", err, out)
+	}
+	start := time.Now()
+	if out, err := sd.cli(0, "rules", "add", "--socket", cookie, "--lifetime", "1m", file); err != nil {
+		t.Fatalf("rules add --lifetime 1m: %v %s", err, out)
+	}
+	rules, err = c.ListRules(target)
+	if err != nil || len(rules) != 3 {
+		t.Fatalf("after add --lifetime: %+v %v; want 3 rules", rules, err)
+	}
+	lo, hi := uint64(start.Add(time.Minute).Unix()), uint64(time.Now().Add(time.Minute+time.Second).Unix())
+	if got := rules[1].Expires; got < lo || got > hi {
+		t.Errorf("Brief expires at %d, want %d..%d (a minute from now)", got, lo, hi)
+	}
+	if got := rules[2].Expires; got != uint64(fixed) {
+		t.Errorf("Fixed expires at %d, want its own %d", got, fixed)
+	}
 }

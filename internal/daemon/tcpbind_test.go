@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/cilium/ebpf"
 	"github.com/santa-offload/santa/api"
 	santa "github.com/santa-offload/santa/clients/go/santa"
 	"github.com/santa-offload/santa/internal/testbed"
@@ -120,11 +121,30 @@ func TestTCPListener(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// the protocol and close survive a restart (journal and compaction)
+	// the protocol and close survive a restart (journal and compaction),
+	// and the restarted santad shares the TCP flow table (replies in flight)
+	flowTable := func() ebpf.MapID {
+		t.Helper()
+		m, err := ebpf.LoadPinnedMap(filepath.Join("/sys/fs/bpf", filepath.Base(sd.dir), "tcp_flows"), nil)
+		if err != nil {
+			t.Fatalf("pinned TCP flow table: %v", err)
+		}
+		defer m.Close()
+		info, err := m.Info()
+		if err != nil {
+			t.Fatal(err)
+		}
+		id, _ := info.ID()
+		return id
+	}
+	flows := flowTable()
 	sd.stop(syscall.SIGTERM)
 	sd.start()
 	c = sd.client()
 	check("after a restart")
+	if got := flowTable(); got != flows {
+		t.Errorf("TCP flow table after a restart: map %d, want the predecessor's %d", got, flows)
+	}
 
 	// IPv6 listeners too; binding again is idempotent
 	l6 := listenTCP(t, tb, netip.AddrPortFrom(tb.Server.IP6, 7900))
