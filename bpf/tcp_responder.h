@@ -34,18 +34,6 @@ static __always_inline __u64 tcp_listener(struct xdp_md *ctx, struct pkt_info *r
 
 #define TCP_NO_ROOM (-1) /* tcp_send: the frame cannot grow to the reply, and is unchanged */
 
-/* Keep nf as the state of req's flow, whose entry is f if it has one.
- * Fails only when santa_tcp_flows is full. */
-static __always_inline int remember_flow(const struct pkt_info *req, struct santa_tcp_flow *f,
-					 const struct santa_tcp_flow *nf)
-{
-	if (f) {
-		*f = *nf;
-		return 0;
-	}
-	return bpf_map_update_elem(&santa_tcp_flows, &req->tuple, nf, BPF_ANY);
-}
-
 /* Replace the segment by a reply segment with the payload of the rule in
  * slot (0: none). Global, so the verifier checks it once. */
 __noinline int tcp_send(struct xdp_md *ctx, struct pkt_info *req, const struct tcp_reply *t, __u32 slot)
@@ -264,22 +252,24 @@ __noinline int tcp_segment(struct xdp_md *ctx, struct pkt_info *req)
 	if ((flags & TCP_FIN) && req->payload_len) {
 		/* a client that closes before eBPF acked its last request sends
 		 * that request again with its FIN: once the reply is all acked,
-		 * answer the FIN; other data with a FIN is the kernel's */
+		 * answer the FIN. Its flow may be gone if eBPF sent its own FIN
+		 * (the stamp says so): no data after that FIN is ever taken, so
+		 * this is the request answered. Other data with a FIN is the
+		 * kernel's. */
 		struct santa_tcp_flow *f = bpf_map_lookup_elem(&santa_tcp_flows, &req->tuple);
-		if (f && (__s32)(seq - f->req_seq) <= 0 && seq + req->payload_len == f->req_end) {
-			if ((__s32)(t->seq - f->reply_end) < 0) /* the reply first */
-				return answer_again(ctx, req, s, f, t, o, unit, 1, fin);
-			if (req->payload_len > SANTA_REQ_WINDOW ||
-			    bpf_xdp_load_bytes(ctx, req->payload_off, s->req,
-					       NONZERO(req->payload_len, SANTA_OFF_MASK))) {
-				COUNT(tcp_handover_flags);
-				return XDP_PASS;
-			}
-			seq = f->req_end; /* the FIN's sequence number */
-		} else {
+		int answered = f ? (__s32)(seq - f->req_seq) <= 0 && seq + req->payload_len == f->req_end : fin;
+		if (!answered) {
 			COUNT(tcp_handover_flags);
 			return XDP_PASS;
 		}
+		if (f && (__s32)(t->seq - f->reply_end) < 0) /* the reply first */
+			return answer_again(ctx, req, s, f, t, o, unit, 1, fin);
+		if (req->payload_len > SANTA_REQ_WINDOW ||
+		    bpf_xdp_load_bytes(ctx, req->payload_off, s->req, NONZERO(req->payload_len, SANTA_OFF_MASK))) {
+			COUNT(tcp_handover_flags);
+			return XDP_PASS;
+		}
+		seq += req->payload_len; /* the FIN's sequence number */
 	}
 	if (flags & TCP_URG) {
 		COUNT(tcp_handover_flags);
@@ -291,11 +281,13 @@ __noinline int tcp_segment(struct xdp_md *ctx, struct pkt_info *req)
 			COUNT(pass_bad_checksum);
 			return XDP_PASS;
 		}
-		/* once the client has all eBPF sent, the flow's state is of no
-		 * more use (a retransmitted FIN needs none); else it stays for a
-		 * retransmission of the request with the FIN, until swept */
+		/* Once the client has all eBPF sent, the flow is of no more
+		 * use if the client cannot send its request again: the reply
+		 * acked it (one segment from XDP), or eBPF's FIN went with it
+		 * (see FIN with data above). Else it goes when the client acks
+		 * eBPF's FIN, below, or when swept. */
 		struct santa_tcp_flow *f = bpf_map_lookup_elem(&santa_tcp_flows, &req->tuple);
-		if (f && t->seq == f->reply_end)
+		if (f && t->seq == f->reply_end && (!f->multi || fin))
 			bpf_map_delete_elem(&santa_tcp_flows, &req->tuple);
 		t->flags |= fin ? 0 : TCP_FIN;
 		t->ack = seq + 1;
@@ -318,6 +310,13 @@ __noinline int tcp_segment(struct xdp_md *ctx, struct pkt_info *req)
 	}
 	if (req->payload_len == 0) {
 		struct santa_tcp_flow *f = bpf_map_lookup_elem(&santa_tcp_flows, &req->tuple);
+		if (f && fin && t->seq == f->reply_end + 1) {
+			/* the client acks the FIN eBPF sent with the ACK of its
+			 * own: the connection is over */
+			bpf_map_delete_elem(&santa_tcp_flows, &req->tuple);
+			COUNT(tcp_ack_consumed);
+			return XDP_DROP;
+		}
 		if (f && f->multi && t->seq == f->reply_end) {
 			/* the client has the whole long reply: ack its request, once */
 			if (f->last_ack == t->seq) {
@@ -418,8 +417,11 @@ __noinline int tcp_segment(struct xdp_md *ctx, struct pkt_info *req)
 		COUNT(pass_bad_checksum);
 		return XDP_PASS;
 	}
-	if (remember_flow(req, f, &nf)) {
-		/* no entry means nothing of eBPF's is in flight: the kernel can take it */
+	if (f) {
+		*f = nf;
+	} else if (bpf_map_update_elem(&santa_tcp_flows, &req->tuple, &nf, BPF_ANY)) {
+		/* the table is full; no entry means nothing of eBPF's is in
+		 * flight: the kernel can take it */
 		COUNT(tcp_pass_flows_full);
 		return XDP_PASS;
 	}
@@ -439,11 +441,14 @@ __noinline int tcp_segment(struct xdp_md *ctx, struct pkt_info *req)
 		bpf_map_delete_elem(&santa_tcp_flows, &req->tuple);
 		return trimmed ? XDP_DROP : XDP_PASS;
 	}
-	nf.multi = 1; /* TC sends it, as a long reply */
-	if (remember_flow(req, f, &nf)) {
+	/* TC sends it, as a long reply: mark the entry written above in place */
+	if (!f)
+		f = bpf_map_lookup_elem(&santa_tcp_flows, &req->tuple);
+	if (!f) {
 		COUNT(tcp_emit_failed);
 		return XDP_DROP; /* the client asks again */
 	}
+	f->multi = nf.multi = 1;
 	COUNT(tcp_xdp_no_room);
 	return emit_by_tc(ctx, &nf, 0, o->tsval, opts, reply_stamp(req, unit, 0, opts, o->tsecr), 0);
 }
