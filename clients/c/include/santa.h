@@ -111,6 +111,10 @@ struct santa_rule_info {
 	uint32_t version;   /**< 1 when added, +1 per modify */
 	uint32_t priority;  /**< lower wins among matching rules */
 	uint32_t reply_len; /**< reply payload bytes */
+	uint32_t min_len;   /**< shortest request payload it answers (0: no bound), as santa_rule_length() set */
+	uint32_t max_len;   /**< longest request payload it answers (0: no bound) */
+	uint64_t expires;   /**< Unix time (s) santad removes it at, 0: never (santa_rule_expires()) */
+	int close;          /**< TCP: 1 if its reply ends the connection (santa_rule_close()) */
 };
 
 /* ---- connection --------------------------------------------------------- */

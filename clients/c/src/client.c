@@ -532,7 +532,14 @@ int santa_list_rules(struct santa_client *c, int sockfd, uint64_t cookie, struct
 	for (size_t i = 0; i < resp.nrules; i++) {
 		const struct sp_rule *r = &resp.rules[i];
 		infos[i] = (struct santa_rule_info){
-			.id = r->id, .version = r->version, .priority = r->priority, .reply_len = r->reply_len
+			.id = r->id,
+			.version = r->version,
+			.priority = r->priority,
+			.reply_len = r->reply_len,
+			.min_len = r->min_len,
+			.max_len = r->max_len,
+			.expires = r->expires,
+			.close = r->close,
 		};
 	}
 	*out = infos;

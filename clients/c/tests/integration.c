@@ -353,11 +353,13 @@ static struct santa_rule *rule_query(void)
 	return built(r, rc, "query");
 }
 
-/* "Ping" -> "Pong", priority 5. */
-static struct santa_rule *rule_ping(void)
+/* "Ping" -> "Pong", priority 5, removed by santad at Unix time expires. */
+static struct santa_rule *rule_ping(uint64_t expires)
 {
 	struct santa_rule *r = santa_rule_new(4);
-	int rc = r ? santa_rule_match(r, 0, "Ping", 4) | santa_rule_put(r, 0, "Pong", 4) | santa_rule_priority(r, 5) : -1;
+	int rc = r ? santa_rule_match(r, 0, "Ping", 4) | santa_rule_put(r, 0, "Pong", 4) | santa_rule_priority(r, 5) |
+	                 santa_rule_expires(r, expires)
+	           : -1;
 	return built(r, rc, "ping");
 }
 
@@ -402,7 +404,8 @@ static struct santa_rule *rule_too_many_copies(void)
 
 struct want_rule {
 	uint64_t id;
-	uint32_t version, priority, reply_len;
+	uint32_t version, priority, reply_len, min_len, max_len;
+	uint64_t expires;
 };
 
 /* Checks that the socket's rule set holds exactly want, in order. */
@@ -417,11 +420,14 @@ static void expect_rules(struct santa_client *c, const struct fam *f, const char
 	bool ok = rc == 0 && ngot == n;
 
 	for (size_t i = 0; rc == 0 && i < ngot && o < sizeof desc - 64; i++)
-		o += (size_t)snprintf(desc + o, sizeof desc - o, " {id %" PRIu64 " v%u prio %u len %u}", got[i].id,
-		                      got[i].version, got[i].priority, got[i].reply_len);
+		o += (size_t)snprintf(desc + o, sizeof desc - o,
+		                      " {id %" PRIu64 " v%u prio %u len %u req %u..%u expires %" PRIu64 " close %d}",
+		                      got[i].id, got[i].version, got[i].priority, got[i].reply_len, got[i].min_len,
+		                      got[i].max_len, got[i].expires, got[i].close);
 	for (size_t i = 0; ok && i < n; i++)
 		ok = got[i].id == want[i].id && got[i].version == want[i].version && got[i].priority == want[i].priority &&
-		     got[i].reply_len == want[i].reply_len;
+		     got[i].reply_len == want[i].reply_len && got[i].min_len == want[i].min_len &&
+		     got[i].max_len == want[i].max_len && got[i].expires == want[i].expires && !got[i].close;
 	check(ok, "%s: %s: santa_list_rules: rc=%d, %zu rules:%s (want %zu) %s", f->name, what, rc, ngot, desc, n,
 	      why(c, rc));
 	santa_rule_info_free(got);
@@ -521,7 +527,8 @@ static void test_unknown_cookie(struct santa_client *c, struct santa_rule *hello
 /* The whole life of one application socket, over one address family. */
 static void test_family(struct santa_client *c, struct fam *f)
 {
-	struct santa_rule *hello = rule_hello("COMSYS"), *query = rule_query(), *ping = rule_ping();
+	const uint64_t ping_expires = (uint64_t)time(NULL) + 3600;
+	struct santa_rule *hello = rule_hello("COMSYS"), *query = rule_query(), *ping = rule_ping(ping_expires);
 	struct santa_rule *modified = rule_hello("MODIFIED"), *again = rule_hello("AGAIN"), *bad = rule_too_many_copies();
 	struct santa_rule *masked = rule_masked();
 	/* the stale rule's guard does not hold: it never answers, though it has the better priority */
@@ -575,7 +582,7 @@ static void test_family(struct santa_client *c, struct fam *f)
 	hits_query += 2, bytes_query += 2 * (f->hdr + 9);
 	expect_quiet(f, "kernel answers");
 
-	struct want_rule listed[] = { { ids[0], 1, 0, 6 }, { ids[1], 1, 0, 9 } };
+	struct want_rule listed[] = { { .id = ids[0], .version = 1, .reply_len = 6 }, { .id = ids[1], .version = 1, .reply_len = 9 } };
 	expect_rules(c, f, "after add", listed, 2);
 	expect_stats(c, f, "Listing 1", ids[0], hits_hello, bytes_hello);
 	expect_stats(c, f, "copy rule", ids[1], hits_query, bytes_query);
@@ -584,7 +591,7 @@ static void test_family(struct santa_client *c, struct fam *f)
 	rc = santa_modify(c, -1, f->cookie, ids[0], modified);
 	check(rc == 0, "%s: santa_modify(rule %" PRIu64 ", Hello->MODIFIED) by cookie: rc=%d %s", f->name, ids[0], rc,
 	      why(c, rc));
-	listed[0] = (struct want_rule){ ids[0], 2, 0, 8 };
+	listed[0] = (struct want_rule){ .id = ids[0], .version = 2, .reply_len = 8 };
 	expect_rules(c, f, "after modify", listed, 2);
 	expect_reply(f, "modified rule", "Hello", 5, "MODIFIED", 8);
 	expect_reply(f, "modified rule", "Hello", 5, "MODIFIED", 8);
@@ -646,7 +653,10 @@ static void test_family(struct santa_client *c, struct fam *f)
 	      "%s: santa_replace(Ping->Pong prio 5, Hello->AGAIN): rc=%d new ids %" PRIu64 " %" PRIu64
 	      " (old %" PRIu64 " %" PRIu64 ") %s",
 	      f->name, rc, new_ids[0], new_ids[1], ids[0], ids[1], why(c, rc));
-	struct want_rule replaced[] = { { new_ids[0], 1, 5, 4 }, { new_ids[1], 1, 0, 5 } };
+	struct want_rule replaced[] = {
+		{ .id = new_ids[0], .version = 1, .priority = 5, .reply_len = 4, .expires = ping_expires },
+		{ .id = new_ids[1], .version = 1, .reply_len = 5 },
+	};
 	expect_rules(c, f, "after replace", replaced, 2);
 	r = health_rules(c);
 	check(r == base_rules + 2, "%s: health counts %" PRIu64 " rules after the replace (want %" PRIu64 ")", f->name,
@@ -668,6 +678,8 @@ static void test_family(struct santa_client *c, struct fam *f)
 	rc = santa_add(c, -1, f->cookie, one_masked, 1, &id_masked);
 	check(rc == 0 && id_masked != 0, "%s: santa_add(masked rule): rc=%d id %" PRIu64 " %s", f->name, rc, id_masked,
 	      why(c, rc));
+	struct want_rule with_masked[] = { replaced[0], replaced[1], { .id = id_masked, .version = 1, .reply_len = 6, .min_len = 7, .max_len = 7 } };
+	expect_rules(c, f, "after the masked rule's add", with_masked, 3);
 	expect_reply(f, "masked rule, ignored bits set", "\x12\x34\x7f\xffMSK", 7, "\x12\x34\x84\x01OK", 6);
 	expect_reply(f, "masked rule, ignored bits clear", "\x56\x78\x00\x00MSK", 7, "\x56\x78\x84\x00OK", 6);
 	expect_quiet(f, "masked rule");
@@ -760,7 +772,7 @@ unbind:
 	rc = santa_add(c, f->srv, 0, listing1, 1, &id3);
 	check(rc == 0 && id3 != 0, "%s: santa_add after unbind binds the socket again: rc=%d id %" PRIu64 " %s", f->name,
 	      rc, id3, why(c, rc));
-	struct want_rule last[] = { { id3, 1, 0, 6 } };
+	struct want_rule last[] = { { .id = id3, .version = 1, .reply_len = 6 } };
 	expect_rules(c, f, "after the second add", last, 1);
 	expect_reply(f, "rebound socket", "Hello", 5, "COMSYS", 6);
 	close(f->srv);

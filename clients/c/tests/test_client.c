@@ -105,6 +105,17 @@ static uint64_t refuse(struct sp_msg *resp, uint64_t status, char *why)
 	return status;
 }
 
+/* Keeps what santad's list reports of a rule added or modified. */
+static void keep_listed_fields(struct sp_rule *kept, const struct sp_rule *r)
+{
+	kept->reply_len = r->reply_len;
+	kept->priority = r->priority;
+	kept->min_len = r->min_len;
+	kept->max_len = r->max_len;
+	kept->expires = r->expires;
+	kept->close = r->close;
+}
+
 /* Fills resp for req the way santad would; a non-zero return is a status.
  * passed says the request came with a socket fd. */
 static uint64_t fake_answer(struct fake *f, const struct sp_msg *req, uint64_t cookie, bool passed, struct sp_msg *resp,
@@ -152,8 +163,8 @@ static uint64_t fake_answer(struct fake *f, const struct sp_msg *req, uint64_t c
 			if (!r->nconditions || !r->nprocessors)
 				return refuse(resp, 2, "invalid rule");
 			ids[i] = ++f->next_id;
-			f->rules[f->nrules++] = (struct sp_rule){ .id = ids[i], .version = 1, .reply_len = r->reply_len,
-				                                  .priority = r->priority };
+			f->rules[f->nrules++] = (struct sp_rule){ .id = ids[i], .version = 1 };
+			keep_listed_fields(&f->rules[f->nrules - 1], r);
 		}
 		resp->ids = ids;
 		resp->nids = req->nrules;
@@ -164,7 +175,7 @@ static uint64_t fake_answer(struct fake *f, const struct sp_msg *req, uint64_t c
 			if (!r)
 				return refuse(resp, 2, "no such rule");
 			r->version++;
-			r->priority = req->rules[i].priority;
+			keep_listed_fields(r, &req->rules[i]);
 			ids[i] = r->id;
 		}
 		resp->ids = ids;
@@ -375,10 +386,15 @@ static void test_calls(const char *path)
 	CHECK(santa_add(c, udp, cookie, one, 1, NULL) == 0, "add by fd and cookie: %s", santa_error(c));
 	CHECK(santa_stats(c, -1, cookie, 2, &hits, &bytes) == 0 && hits == 20 && bytes == 200, "stats of rule 2");
 	CHECK(santa_stats(c, udp, 0, 0, &hits, NULL) == 0 && hits == 100, "stats sum: %llu", (unsigned long long)hits);
-	CHECK(santa_rule_priority(r, 7) == 0 && santa_modify(c, -1, cookie, 2, r) == 0, "modify: %s", santa_error(c));
+	CHECK(santa_rule_priority(r, 7) == 0 && santa_rule_length(r, 5, 9) == 0 && santa_rule_expires(r, 1234567890) == 0 &&
+	              santa_rule_close(r, 1) == 0 && santa_modify(c, -1, cookie, 2, r) == 0,
+	      "modify: %s", santa_error(c));
 	CHECK(santa_list_rules(c, -1, cookie, &infos, &n) == 0 && n == 4, "list: %s", santa_error(c));
 	CHECK(n == 4 && infos[1].id == 2 && infos[1].version == 2 && infos[1].priority == 7 && infos[0].reply_len == 6,
 	      "list entries");
+	CHECK(n == 4 && infos[1].min_len == 5 && infos[1].max_len == 9 && infos[1].expires == 1234567890 &&
+	              infos[1].close == 1 && infos[0].min_len == 0 && infos[0].expires == 0 && infos[0].close == 0,
+	      "list entries: length bounds, expires, close");
 	santa_rule_info_free(infos);
 	CHECK(santa_delete(c, -1, cookie, del, 2) == 0, "delete: %s", santa_error(c));
 	CHECK(santa_list_rules(c, -1, cookie, &infos, &n) == 0 && n == 2, "list after delete");
