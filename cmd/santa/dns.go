@@ -14,7 +14,9 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/santa-offload/santa/api"
 	"github.com/santa-offload/santa/integrations/dnsctl"
+	followpkg "github.com/santa-offload/santa/integrations/follow"
 )
 
 // dnsFlags are the options every `santa dns` mode takes.
@@ -26,6 +28,7 @@ type dnsFlags struct {
 	zones    []string
 	duration time.Duration
 	verbose  bool
+	follow   bool
 	cfg      dnsctl.Config
 }
 
@@ -63,6 +66,7 @@ Modes:
 	pf.IntVar(&f.cfg.MaxRules, "max-rules", f.cfg.MaxRules, "adaptive: rules per server address; static and top: rules for learned shapes")
 	pf.DurationVar(&f.duration, "duration", 0, "stop after this long (0: run until SIGINT or SIGTERM)")
 	pf.BoolVar(&f.verbose, "verbose", false, "log every refresh and sample decision")
+	pf.BoolVar(&f.follow, "follow", false, "when the server closes its sockets (restart), wait for it and attach again (needs --port)")
 
 	var namesFile, zoneFile, origin, types string
 	static := &cobra.Command{
@@ -157,8 +161,10 @@ func (f *dnsFlags) run(e env, g *globals, mode dnsctl.Mode, qs []dnsctl.Question
 			return err
 		}
 		cfg.Port = p
-	case f.port == "" && f.pid != 0:
+	case f.port == "" && f.pid != 0 && !f.follow:
 		cfg.PID, cfg.FD = f.pid, f.fd
+	case f.port == "" && f.pid != 0:
+		return errors.New("--follow needs --port: a restarted server has a new pid")
 	default:
 		return errors.New("give --port PORT/udp, or --pid PID --fd FD")
 	}
@@ -180,17 +186,22 @@ func (f *dnsFlags) run(e env, g *globals, mode dnsctl.Mode, qs []dnsctl.Question
 	cfg.Ready = func(r dnsctl.Report) {
 		fmt.Fprintf(e.stdout, "ready: %d rules on %d sockets (%d questions not offloaded)\n", r.Rules, r.Sockets, sum(r.Skipped))
 	}
-	ctl, err := dnsctl.New(cfg)
-	if err != nil {
-		return err
+	if _, err := dnsctl.New(cfg); err != nil {
+		return err // a bad option: before any waiting
 	}
 	ctx, stop := controllerContext(f.duration)
 	defer stop()
-	err = ctl.Run(ctx)
-	r := ctl.Report()
-	fmt.Fprintf(e.stdout, "done: installed %d, refreshed %d, changed %d, removed %d rules\n",
-		r.Installed, r.Refreshed, r.Changed, r.Removed)
-	return err
+	return runFollowing(ctx, f.follow, cfg.Port, api.ProtocolUDP, cfg.Log, func(ctx context.Context) error {
+		ctl, err := dnsctl.New(cfg)
+		if err != nil {
+			return err
+		}
+		err = ctl.Run(ctx)
+		r := ctl.Report()
+		fmt.Fprintf(e.stdout, "done: installed %d, refreshed %d, changed %d, removed %d rules\n",
+			r.Installed, r.Refreshed, r.Changed, r.Removed)
+		return err
+	})
 }
 
 func sum(m map[string]int) int {
@@ -208,6 +219,17 @@ func controllerLog(e env, verbose bool) *slog.Logger {
 		level = slog.LevelDebug
 	}
 	return slog.New(slog.NewTextHandler(e.stderr, &slog.HandlerOptions{Level: level}))
+}
+
+// followSettle is how long a following controller waits after the
+// server's port has a socket again before it asks the server for answers:
+// the server may still be loading its data.
+const followSettle = time.Second
+
+// runFollowing calls run once, or with follow again each time the server
+// went away and came back (package follow).
+func runFollowing(ctx context.Context, follow bool, port uint16, protocol uint32, log *slog.Logger, run func(context.Context) error) error {
+	return followpkg.Run(ctx, followpkg.Options{Follow: follow, Port: port, Protocol: protocol, Settle: followSettle, Log: log}, run)
 }
 
 // controllerContext ends on SIGINT, SIGTERM or after d (0: never).

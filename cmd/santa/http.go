@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"net/netip"
 	"strconv"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/santa-offload/santa/api"
 	"github.com/santa-offload/santa/integrations/httpctl"
 )
 
@@ -16,7 +18,7 @@ func httpCmd(e env, g *globals) *cobra.Command {
 	cfg := httpctl.DefaultConfig
 	var port, server string
 	var duration time.Duration
-	var verbose bool
+	var verbose, follow bool
 	cmd := &cobra.Command{
 		Use:   "http --root DIR [--port 80] [--path PATH ...]",
 		Short: "Offload the hot static GET and HEAD requests of an unmodified nginx over TCP (root)",
@@ -57,17 +59,22 @@ network namespace, next to santad. See docs/http.md.`,
 			cfg.Ready = func(r httpctl.Report) {
 				fmt.Fprintf(e.stdout, "ready: learning on %d sockets of port %d\n", r.Sockets, cfg.Port)
 			}
-			ctl, err := httpctl.New(cfg)
-			if err != nil {
-				return err
+			if _, err := httpctl.New(cfg); err != nil {
+				return err // a bad option: before any waiting
 			}
 			ctx, stop := controllerContext(duration)
 			defer stop()
-			err = ctl.Run(ctx)
-			r := ctl.Report()
-			fmt.Fprintf(e.stdout, "done: installed %d, invalidated %d, changed %d, removed %d rules; dated %d; skipped %d (%d too big); %d hits; %d samples (%d ignored)\n",
-				r.Installed, r.Invalidated, r.Changed, r.Removed, r.Dated, r.Skipped, r.TooBig, r.Hits, r.Samples, r.Ignored)
-			return err
+			return runFollowing(ctx, follow, cfg.Port, api.ProtocolTCP, cfg.Log, func(ctx context.Context) error {
+				ctl, err := httpctl.New(cfg)
+				if err != nil {
+					return err
+				}
+				err = ctl.Run(ctx)
+				r := ctl.Report()
+				fmt.Fprintf(e.stdout, "done: installed %d, invalidated %d, changed %d, removed %d rules; dated %d; skipped %d (%d too big); %d hits; %d samples (%d ignored)\n",
+					r.Installed, r.Invalidated, r.Changed, r.Removed, r.Dated, r.Skipped, r.TooBig, r.Hits, r.Samples, r.Ignored)
+				return err
+			})
 		},
 	}
 	f := cmd.Flags()
@@ -87,5 +94,6 @@ network namespace, next to santad. See docs/http.md.`,
 	f.DurationVar(&cfg.Report, "report", cfg.Report, "log a status line this often (0: never)")
 	f.DurationVar(&duration, "duration", 0, "stop after this long (0: run until SIGINT or SIGTERM)")
 	f.BoolVar(&verbose, "verbose", false, "log every request offloaded, not offloaded, or invalidated")
+	f.BoolVar(&follow, "follow", false, "when nginx closes its listening sockets (restart), wait for it and attach again")
 	return cmd
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"cmp"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/santa-offload/santa/api"
 	"github.com/santa-offload/santa/integrations/mcctl"
 )
 
@@ -25,6 +27,7 @@ type memcachedFlags struct {
 	server        string
 	duration      time.Duration
 	verbose       bool
+	follow        bool
 	cfg           mcctl.Config
 }
 
@@ -61,6 +64,7 @@ Modes:
 	pf.IntVar(&f.cfg.Batch, "batch", f.cfg.Batch, "keys per fetch and per request to santad")
 	pf.DurationVar(&f.cfg.Timeout, "timeout", f.cfg.Timeout, "wait this long for memcached's replies")
 	pf.DurationVar(&f.duration, "duration", 0, "stop after this long (0: run until SIGINT or SIGTERM)")
+	pf.BoolVar(&f.follow, "follow", false, "when memcached closes its sockets (restart), wait for it and attach again")
 	pf.BoolVar(&f.verbose, "verbose", false, "log every key not offloaded")
 
 	var keysFile string
@@ -202,21 +206,26 @@ func (f *memcachedFlags) run(e env, g *globals, mode mcctl.Mode, keys []string) 
 	cfg.Ready = func(r mcctl.Report) {
 		fmt.Fprintf(e.stdout, "ready: %d rules on %d sockets (%d keys not offloaded)\n", r.Rules, r.Sockets, r.Skipped)
 	}
-	ctl, err := mcctl.New(cfg)
-	if err != nil {
-		return err
+	if _, err := mcctl.New(cfg); err != nil {
+		return err // a bad option: before any waiting
 	}
 	ctx, stop := controllerContext(f.duration)
 	defer stop()
-	err = ctl.Run(ctx)
-	r := ctl.Report()
-	var seen []string
-	for _, k := range slices.Sorted(maps.Keys(r.Tracker)) {
-		if r.Tracker[k] > 0 {
-			seen = append(seen, fmt.Sprintf("%s=%d", k, r.Tracker[k]))
+	return runFollowing(ctx, f.follow, cfg.Port, api.ProtocolUDP, cfg.Log, func(ctx context.Context) error {
+		ctl, err := mcctl.New(cfg)
+		if err != nil {
+			return err
 		}
-	}
-	fmt.Fprintf(e.stdout, "done: installed %d, rebuilt %d, removed %d rules; tracker: %s\n",
-		r.Installed, r.Refreshed, r.Removed, strings.Join(seen, " "))
-	return err
+		err = ctl.Run(ctx)
+		r := ctl.Report()
+		var seen []string
+		for _, k := range slices.Sorted(maps.Keys(r.Tracker)) {
+			if r.Tracker[k] > 0 {
+				seen = append(seen, fmt.Sprintf("%s=%d", k, r.Tracker[k]))
+			}
+		}
+		fmt.Fprintf(e.stdout, "done: installed %d, rebuilt %d, removed %d rules; tracker: %s\n",
+			r.Installed, r.Refreshed, r.Removed, strings.Join(seen, " "))
+		return err
+	})
 }

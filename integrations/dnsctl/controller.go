@@ -279,10 +279,9 @@ func (c *Controller) Run(ctx context.Context) error {
 	}
 	subCtx, stopSubs := context.WithCancel(ctx)
 	defer stopSubs()
-	if c.cfg.Mode == Adaptive || c.cfg.LearnShapes {
-		if err := c.subscribe(subCtx); err != nil {
-			return err
-		}
+	gone, err := c.watch(subCtx)
+	if err != nil {
+		return err
 	}
 	notified := make(chan string, 16)
 	if c.cfg.Notify != "" {
@@ -292,7 +291,7 @@ func (c *Controller) Run(ctx context.Context) error {
 		}
 		defer stop()
 	}
-	return c.loop(ctx, notified)
+	return c.loop(ctx, notified, gone)
 }
 
 // attach binds the server's sockets and groups them by address.
@@ -688,8 +687,8 @@ func (c *Controller) configuredZone(name string) string {
 }
 
 // loop refreshes rules, polls serials, learns from samples and handles
-// NOTIFY until ctx ends.
-func (c *Controller) loop(ctx context.Context, notified <-chan string) error {
+// NOTIFY until ctx ends, or until a socket's watch ends (gone).
+func (c *Controller) loop(ctx context.Context, notified <-chan string, gone <-chan error) error {
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	var poll <-chan time.Time
@@ -704,6 +703,8 @@ func (c *Controller) loop(ctx context.Context, notified <-chan string) error {
 		select {
 		case <-ctx.Done():
 			return nil
+		case err := <-gone:
+			return err
 		case now := <-tick.C:
 			if err := c.refreshDue(now); err != nil {
 				return err

@@ -5,9 +5,12 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/santa-offload/santa/clients/go/santa"
+	"github.com/santa-offload/santa/integrations/follow"
 )
 
 // sampleBytes is the most request bytes santad puts in a miss sample
@@ -17,29 +20,27 @@ const sampleBytes = 256
 // maxAttempted bounds the memory of query forms already tried.
 const maxAttempted = 1 << 20
 
-// subscribe streams every socket's miss samples into c.samples.
-func (c *Controller) subscribe(ctx context.Context) error {
+// watch subscribes to every socket's miss samples: streamed into
+// c.samples when the controller learns from them (Adaptive mode,
+// LearnShapes), else only watched for the server closing the socket.
+func (c *Controller) watch(ctx context.Context) (<-chan error, error) {
+	epOf := map[uint64]*endpoint{}
 	for _, ep := range c.eps {
 		for _, cookie := range ep.cookies {
-			sub, err := santa.Subscribe(c.cfg.Socket, santa.Cookie(cookie),
-				santa.SampleOptions{Bytes: sampleBytes, Rate: c.cfg.SampleRate})
-			if err != nil {
-				return fmt.Errorf("subscribe to the misses of socket %d: %w", cookie, err)
-			}
-			go func() {
-				err := sub.Each(ctx, func(s santa.Sample) {
-					select {
-					case c.samples <- sampleEvent{ep, s}:
-					default: // the controller is busy: a sample more or less does not matter
-					}
-				})
-				if err != nil {
-					c.log.Warn("miss samples stopped", "socket", cookie, "error", err)
-				}
-			}()
+			epOf[cookie] = ep
 		}
 	}
-	return nil
+	opts, each := follow.WatchOnly, func(uint64, santa.Sample) {}
+	if c.cfg.Mode == Adaptive || c.cfg.LearnShapes {
+		opts = santa.SampleOptions{Bytes: sampleBytes, Rate: c.cfg.SampleRate}
+		each = func(cookie uint64, s santa.Sample) {
+			select {
+			case c.samples <- sampleEvent{epOf[cookie], s}:
+			default: // the controller is busy: a sample more or less does not matter
+			}
+		}
+	}
+	return follow.Watch(ctx, c.cfg.Socket, slices.Collect(maps.Keys(epOf)), opts, each)
 }
 
 // formKey identifies a query up to what the endpoint's rules generalise

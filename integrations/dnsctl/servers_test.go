@@ -676,3 +676,52 @@ func TestTop(t *testing.T) {
 		t.Errorf("mail A (3rd) was answered by the rule processor")
 	}
 }
+
+// TestFollowServerRestart: when the server closes its sockets (a restart),
+// santa dns notices at once, even in static mode with no learning: without
+// --follow it exits and says why; with --follow it waits and offloads
+// again once the new server process has its sockets.
+func TestFollowServerRestart(t *testing.T) {
+	r := newRig(t, testbed.KindNSD, 0)
+	www := "www." + r.zone.Origin
+	args := []string{"static", "--port", "53/udp", "--names", r.namesFile([]string{www}, []uint16{dns.TypeA}),
+		"--shape", "rd,ad,edns", "--learn-shapes=false"}
+	once := r.startController(args...)
+	following := r.startController(append(args, "--follow")...)
+	if got, kernel := r.dig(www, "A"); got != testbed.ExampleWWW4.String() || !kernel {
+		t.Fatalf("before the restart: %q, from the rule processor %v", got, kernel)
+	}
+
+	zone := r.srv.Proc().Zone
+	if err := r.srv.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	exited, err := once.Wait(5 * time.Second)
+	if !exited || err == nil || !strings.Contains(once.Output(), "the server closed a socket") ||
+		!strings.Contains(once.Output(), "--follow") {
+		t.Errorf("without --follow, 5 s after the server stopped: exited %v (%v), output:\n%s", exited, err, once.Output())
+	}
+	if exited, _ := following.Wait(time.Second); exited {
+		t.Fatalf("with --follow the controller exited when the server stopped:\n%s", following.Output())
+	}
+
+	srv, err := r.tb.StartDNSServer(testbed.KindNSD, testbed.DNSServerOptions{Zone: &zone})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.srv = srv
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		got, kernel := r.dig(www, "A")
+		if got == testbed.ExampleWWW4.String() && kernel {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("15 s after the restart: %q, from the rule processor %v; controller output:\n%s", got, kernel, following.Output())
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if n := strings.Count(following.Output(), "ready:"); n != 2 {
+		t.Errorf("the following controller was ready %d times, want 2:\n%s", n, following.Output())
+	}
+}

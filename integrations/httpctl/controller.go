@@ -22,6 +22,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/netip"
 	"path/filepath"
 	"slices"
@@ -32,6 +33,7 @@ import (
 
 	"github.com/santa-offload/santa/api"
 	"github.com/santa-offload/santa/clients/go/santa"
+	"github.com/santa-offload/santa/integrations/follow"
 	"github.com/santa-offload/santa/internal/sketch"
 )
 
@@ -314,17 +316,14 @@ func (c *Controller) Run(ctx context.Context) error {
 	defer w.close()
 	subCtx, stop := context.WithCancel(ctx)
 	defer stop()
-	if err := c.subscribe(subCtx); err != nil {
+	gone, err := c.watch(subCtx)
+	if err != nil {
 		return err
 	}
 	if c.cfg.Ready != nil {
 		c.cfg.Ready(c.Report())
 	}
-	err = c.loop(ctx, w.changed)
-	if errors.Is(err, santa.ErrNotFound) {
-		err = fmt.Errorf("%w: a listening socket is gone with its rules (nginx restarted?); start santa http again", err)
-	}
-	return err
+	return c.loop(ctx, w.changed, gone)
 }
 
 // attach takes the listening sockets and groups them by the address their
@@ -370,33 +369,24 @@ func (c *Controller) attach(rules ruleClient, socks []api.SocketInfo) {
 	}
 }
 
-// subscribe streams every listening socket's miss samples into c.samples.
-func (c *Controller) subscribe(ctx context.Context) error {
-	for cookie := range c.byCookie {
-		sub, err := santa.Subscribe(c.cfg.Socket, santa.Cookie(cookie), santa.SampleOptions{Bytes: reqWindow, Rate: c.cfg.SampleRate})
-		if err != nil {
-			return fmt.Errorf("subscribe to the misses of socket %d: %w", cookie, err)
-		}
-		go func() {
-			err := sub.Each(ctx, func(s santa.Sample) {
-				select {
-				case c.samples <- sample{cookie, s.Data, s.RequestLen}:
-				default: // busy: a sample more or less does not matter
-				}
-			})
-			if err != nil {
-				c.log.Warn("miss samples stopped", "socket", cookie, "error", err)
+// watch streams every listening socket's miss samples into c.samples,
+// and says when the server closes a socket.
+func (c *Controller) watch(ctx context.Context) (<-chan error, error) {
+	return follow.Watch(ctx, c.cfg.Socket, slices.Collect(maps.Keys(c.byCookie)),
+		santa.SampleOptions{Bytes: reqWindow, Rate: c.cfg.SampleRate},
+		func(cookie uint64, s santa.Sample) {
+			select {
+			case c.samples <- sample{cookie, s.Data, s.RequestLen}:
+			default: // busy: a sample more or less does not matter
 			}
-		}()
-	}
-	return nil
+		})
 }
 
 // loop handles samples and changes on disk as they come; every
 // 10 ms it fetches what changed and settled; just after every second of
 // the wall clock it offloads what got hot, rewrites Dates, re-validates
-// and removes idle rules.
-func (c *Controller) loop(ctx context.Context, changed <-chan string) error {
+// and removes idle rules; until ctx ends or a socket's watch ends (gone).
+func (c *Controller) loop(ctx context.Context, changed <-chan string, gone <-chan error) error {
 	fine := time.NewTicker(10 * time.Millisecond)
 	defer fine.Stop()
 	second := time.NewTimer(untilNextSecond(time.Now()))
@@ -407,6 +397,8 @@ func (c *Controller) loop(ctx context.Context, changed <-chan string) error {
 		select {
 		case <-ctx.Done():
 			return nil
+		case err := <-gone:
+			return err
 		case s := <-c.samples:
 			c.sample(s.cookie, s.data, s.requestLen)
 		case p, ok := <-changed:
@@ -951,14 +943,15 @@ func (c *Controller) dropIdle(now time.Time) error {
 // removeAll deletes every rule of the controller (on exit), after reading
 // their hits for the report.
 func (c *Controller) removeAll() {
-	if err := c.readHits(); err != nil {
+	// santa.ErrNotFound: the rules went with their socket (nginx stopped)
+	if err := c.readHits(); err != nil && !errors.Is(err, santa.ErrNotFound) {
 		c.log.Warn("reading the rules' hits on exit failed", "error", err)
 	}
 	all := make([]*entry, 0, len(c.entries))
 	for _, e := range c.entries {
 		all = append(all, e)
 	}
-	if err := c.deleteRules(all); err != nil {
+	if err := c.deleteRules(all); err != nil && !errors.Is(err, santa.ErrNotFound) {
 		c.log.Warn("removing the rules on exit failed", "error", err)
 	}
 	clear(c.pending)

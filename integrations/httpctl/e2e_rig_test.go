@@ -35,6 +35,7 @@ const e2eMaxReply = 14480
 // e2eOptions configure newE2E.
 type e2eOptions struct {
 	files     map[string][]byte
+	root      string   // nginx's document root; "": one of the testbed's
 	paths     []string // Config.Paths; nil: every path
 	accessLog bool
 	// impair: an impaired testbed (testbed.NewImpaired) with short TCP
@@ -74,7 +75,7 @@ func newE2E(t *testing.T, o e2eOptions) *e2eRig {
 	} else {
 		r.tb = testbed.New(t)
 	}
-	ng, err := r.tb.StartNginx(testbed.NginxOptions{Port: testPort, IPv6: true, Files: o.files, AccessLog: o.accessLog})
+	ng, err := r.tb.StartNginx(testbed.NginxOptions{Port: testPort, IPv6: true, Root: o.root, Files: o.files, AccessLog: o.accessLog})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,7 +10,9 @@ package httpctl
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"image"
 	"image/png"
@@ -26,6 +28,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/santa-offload/santa/api"
+	"github.com/santa-offload/santa/integrations/follow"
 	"github.com/santa-offload/santa/internal/testbed"
 	"golang.org/x/sys/unix"
 )
@@ -883,5 +887,83 @@ func TestE2ELostAckAfterCloseReply(t *testing.T) {
 		ss, _ := r.tb.Client.Run("ss", "-tnio", "dport", fmt.Sprint(testPort))
 		t.Errorf("3 s after the link recovered, the client's request is still unacked (%d segment): counters %v\n%s",
 			n, delta(before, r.counters()), ss)
+	}
+}
+
+// TestE2EFollowRestart: when nginx stops, its listening sockets close and
+// the controller returns at once with follow.ErrServerGone; a controller
+// run under follow.Run (santa http --follow) waits for the new nginx,
+// learns again and its rules answer.
+func TestE2EFollowRestart(t *testing.T) {
+	root := t.TempDir()
+	if err := os.Chmod(root, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	files := map[string][]byte{"a.txt": []byte("before and after the restart\n")}
+	r := newE2E(t, e2eOptions{files: files, root: root})
+	r.curl(r.ng.URL4("/a.txt"))
+	r.waitLines(4, "GET /a.txt HTTP/1.1")
+
+	if err := r.ng.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-r.errc:
+		r.stopped = true
+		if !errors.Is(err, follow.ErrServerGone) {
+			t.Fatalf("the controller ended with %v, want follow.ErrServerGone", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the controller still runs 5 s after nginx stopped")
+	}
+
+	ready := make(chan struct{}, 4)
+	cfg := r.ctl.cfg
+	cfg.Ready = func(Report) { ready <- struct{}{} }
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() {
+		errc <- r.tb.Server.Do(func() error {
+			o := follow.Options{Follow: true, Port: testPort, Protocol: api.ProtocolTCP, Settle: 100 * time.Millisecond, Log: cfg.Log}
+			return follow.Run(ctx, o, func(ctx context.Context) error {
+				ctl, err := New(cfg)
+				if err != nil {
+					return err
+				}
+				return ctl.Run(ctx)
+			})
+		})
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-errc; err != nil {
+			t.Errorf("following controller: %v", err)
+		}
+	})
+	select {
+	case <-ready:
+		t.Fatal("the following controller attached while nginx was stopped")
+	case err := <-errc:
+		t.Fatalf("the following controller ended while nginx was stopped: %v", err)
+	case <-time.After(time.Second):
+	}
+	ng, err := r.tb.StartNginx(testbed.NginxOptions{Port: testPort, IPv6: true, Root: root, Files: files})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.ng = ng
+	select {
+	case <-ready:
+	case <-time.After(15 * time.Second):
+		t.Fatal("the following controller did not attach to the new nginx within 15 s")
+	}
+	dir := t.TempDir()
+	r.curl("-o", filepath.Join(dir, "learn"), r.ng.URL4("/a.txt"))
+	r.waitLines(4, "GET /a.txt HTTP/1.1")
+	before := r.counters()["answered"]
+	r.curl("-o", filepath.Join(dir, "a"), r.ng.URL4("/a.txt"))
+	checkFile(t, filepath.Join(dir, "a"), files["a.txt"], "after the restart")
+	if r.counters()["answered"] == before {
+		t.Error("after the restart the rule processor answered nothing")
 	}
 }

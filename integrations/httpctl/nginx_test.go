@@ -339,7 +339,7 @@ func TestInvalidate(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	errc := make(chan error, 1)
-	go func() { errc <- r.tb.Server.Do(func() error { return r.c.loop(ctx, w.changed) }) }()
+	go func() { errc <- r.tb.Server.Do(func() error { return r.c.loop(ctx, w.changed, nil) }) }()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-errc; err != nil {

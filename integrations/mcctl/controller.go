@@ -29,6 +29,7 @@ import (
 
 	"github.com/santa-offload/santa/api"
 	"github.com/santa-offload/santa/clients/go/santa"
+	"github.com/santa-offload/santa/integrations/follow"
 	"github.com/santa-offload/santa/internal/sketch"
 )
 
@@ -246,14 +247,13 @@ func (c *Controller) Run(ctx context.Context) (err error) {
 	if c.cfg.Ready != nil {
 		c.cfg.Ready(c.Report())
 	}
-	if c.cfg.Mode == Adaptive {
-		subCtx, stop := context.WithCancel(ctx)
-		defer stop()
-		if err := c.subscribe(subCtx); err != nil {
-			return err
-		}
+	subCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	gone, err := c.watch(subCtx)
+	if err != nil {
+		return err
 	}
-	return c.loop(ctx)
+	return c.loop(ctx, gone)
 }
 
 // startTracker loads the write tracker and attaches it everywhere before
@@ -594,7 +594,9 @@ func (c *Controller) removeAll() {
 	}
 	for i := 0; i < len(all); i += c.cfg.Batch {
 		if err := c.remove(all[i:min(i+c.cfg.Batch, len(all))]); err != nil {
-			c.log.Warn("removing the rules on exit failed", "error", err)
+			if !errors.Is(err, santa.ErrNotFound) { // else gone with their socket (memcached stopped)
+				c.log.Warn("removing the rules on exit failed", "error", err)
+			}
 			break
 		}
 	}
@@ -611,8 +613,8 @@ func (c *Controller) removeAll() {
 
 // loop rebuilds retired rules every Interval; every second it retries
 // wanted keys that had no value and, in Adaptive mode, installs hot keys
-// and drops idle ones.
-func (c *Controller) loop(ctx context.Context) error {
+// and drops idle ones; until ctx ends or a socket's watch ends (gone).
+func (c *Controller) loop(ctx context.Context, gone <-chan error) error {
 	tick := time.NewTicker(c.cfg.Interval)
 	defer tick.Stop()
 	lastSecond := time.Now()
@@ -620,6 +622,8 @@ func (c *Controller) loop(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return nil
+		case err := <-gone:
+			return err
 		case key := <-c.samples:
 			c.sampled(key)
 			continue
@@ -694,28 +698,23 @@ func (c *Controller) dropIdle() error {
 	return c.remove(idle)
 }
 
-// subscribe streams the keys of every socket's missed GETs into c.samples.
-func (c *Controller) subscribe(ctx context.Context) error {
-	for _, cookie := range c.cookies {
-		sub, err := santa.Subscribe(c.cfg.Socket, santa.Cookie(cookie), santa.SampleOptions{Bytes: 256, Rate: c.cfg.SampleRate})
-		if err != nil {
-			return fmt.Errorf("subscribe to the misses of socket %d: %w", cookie, err)
-		}
-		go func() {
-			err := sub.Each(ctx, func(s santa.Sample) {
-				if key, ok := sampledKey(s.Data, s.RequestLen); ok {
-					select {
-					case c.samples <- key:
-					default: // busy: a sample more or less does not matter
-					}
+// watch subscribes to every socket's miss samples: in Adaptive mode the
+// keys of missed GETs go into c.samples, else the sockets are only watched
+// for the server closing them.
+func (c *Controller) watch(ctx context.Context) (<-chan error, error) {
+	opts, each := follow.WatchOnly, func(uint64, santa.Sample) {}
+	if c.cfg.Mode == Adaptive {
+		opts = santa.SampleOptions{Bytes: 256, Rate: c.cfg.SampleRate}
+		each = func(_ uint64, s santa.Sample) {
+			if key, ok := sampledKey(s.Data, s.RequestLen); ok {
+				select {
+				case c.samples <- key:
+				default: // busy: a sample more or less does not matter
 				}
-			})
-			if err != nil {
-				c.log.Warn("miss samples stopped", "socket", cookie, "error", err)
 			}
-		}()
+		}
 	}
-	return nil
+	return follow.Watch(ctx, c.cfg.Socket, c.cookies, opts, each)
 }
 
 // sampledKey is the key of a missed plain UDP GET (the request a rule

@@ -476,3 +476,65 @@ func TestNoStaleReadsUnderLoss(t *testing.T) {
 		t.Fatalf("the loss did not exercise the tracker's reordering path (%d writes)", rep.Writes)
 	}
 }
+
+// TestFollowRestart: santa memcached --follow (static keys, no learning)
+// notices at once that memcached closed its sockets, waits, and offloads
+// again once a new memcached has them, with the new process's values:
+// nothing of the old one is ever answered.
+func TestFollowRestart(t *testing.T) {
+	r := newRig(t)
+	udp, conns := r.clients(false)
+	const key = "follow:key"
+	if err := conns["text"].Set(key, []byte("old"), 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(t.TempDir(), "keys")
+	writeKeys(t, file, []string{key})
+	ctl := r.startController("static", "--keys", file, "--follow")
+	get := func() string {
+		it, ok, err := udp.Get(key, time.Second)
+		if err != nil || !ok {
+			return fmt.Sprintf("(found %v, %v)", ok, err)
+		}
+		return string(it.Value)
+	}
+	r.waitAnswered(func() { get() }, r.counters()["answered"])
+
+	if err := r.mc.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if exited, err := ctl.Wait(time.Second); exited {
+		t.Fatalf("with --follow the controller exited (%v) when memcached stopped:\n%s", err, ctl.Output())
+	}
+	mc, err := r.tb.StartMemcached(testbed.MemcachedOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.mc = mc
+	if v := get(); v == "old" {
+		t.Fatalf("after the restart a GET gave the old process's value")
+	}
+	_, conns = r.clients(false)
+	if err := conns["text"].Set(key, []byte("new"), 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		before := r.counters()["answered"]
+		v := get()
+		if v == "old" {
+			t.Fatalf("after the restart a GET gave the old process's value")
+		}
+		if v == "new" && r.counters()["answered"] > before {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("15 s after the restart: GET gave %s, answered by the rule processor: %v; controller output:\n%s",
+				v, r.counters()["answered"] > before, ctl.Output())
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if n := strings.Count(ctl.Output(), "ready:"); n != 2 {
+		t.Errorf("the controller was ready %d times, want 2:\n%s", n, ctl.Output())
+	}
+}

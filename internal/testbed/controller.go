@@ -19,7 +19,7 @@ type Controller struct {
 	ready string
 	done  chan struct{} // closed once it has exited
 	err   error         // its exit, once done is closed
-	told  bool          // Stop has reported its exit once
+	told  bool          // Wait or Stop has reported its exit once
 	name  string        // "santa dns", "santa memcached": for messages
 }
 
@@ -100,6 +100,18 @@ func (c *Controller) Output() string { return c.out.String() }
 func (c *Controller) tail() string {
 	lines := strings.Split(strings.TrimSuffix(c.out.String(), "\n"), "\n")
 	return strings.Join(lines[max(0, len(lines)-20):], "\n")
+}
+
+// Wait waits at most timeout for the controller to exit by itself. If it
+// did, exited is true and err is how it ended (then Stop reports nothing).
+func (c *Controller) Wait(timeout time.Duration) (exited bool, err error) {
+	select {
+	case <-c.done:
+		c.told = true
+		return true, c.err
+	case <-time.After(timeout):
+		return false, nil
+	}
 }
 
 // Stop sends SIGTERM (the controller deletes its rules and prints its

@@ -1,0 +1,164 @@
+// Package follow keeps a controller (santa dns, santa memcached, santa
+// http) in step with its server. Watch streams the miss samples of the
+// sockets the controller attached to and says at once when the server
+// closes one: santad ends a socket's subscriptions when its rule set goes
+// with the socket. Run starts the controller again once the server is back
+// (the --follow option).
+package follow
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"syscall"
+	"time"
+
+	"github.com/santa-offload/santa/api"
+	"github.com/santa-offload/santa/clients/go/santa"
+	"github.com/vishvananda/netlink"
+)
+
+// ErrServerGone is why a controller stops when its server closed a socket
+// it attached to: the server stopped or restarted, and the socket's rules
+// went with it.
+var ErrServerGone = errors.New("the server closed a socket the controller attached to (it stopped or restarted); its rules are gone")
+
+// WatchOnly are the sample options of a controller that does not learn
+// from misses: the least santad takes, one byte once a second and CPU,
+// enough to be told when the socket goes.
+var WatchOnly = santa.SampleOptions{Bytes: 1, Rate: 1}
+
+// Watch subscribes to the miss samples of every socket in cookies and
+// calls each (if not nil) with every sample, from the subscriptions'
+// goroutines, until ctx ends. The returned channel receives one error when
+// a subscription ends early and cannot be made again: one wrapping
+// ErrServerGone when santad no longer has the socket's rule set, another
+// when santad is unreachable. A failed first subscription is returned at
+// once.
+func Watch(ctx context.Context, socketPath string, cookies []uint64, opts santa.SampleOptions,
+	each func(cookie uint64, s santa.Sample)) (<-chan error, error) {
+	ended := make(chan error, len(cookies))
+	for _, cookie := range cookies {
+		sub, err := santa.Subscribe(socketPath, santa.Cookie(cookie), opts)
+		if err != nil {
+			return nil, fmt.Errorf("subscribe to the misses of socket %d: %w", cookie, err)
+		}
+		go func() {
+			for {
+				streamErr := sub.Each(ctx, func(s santa.Sample) {
+					if each != nil {
+						each(cookie, s)
+					}
+				})
+				if ctx.Err() != nil {
+					return
+				}
+				// santad ends a socket's subscriptions when its rule set
+				// goes, and all of them when it stops: subscribing
+				// again tells which.
+				var err error
+				sub, err = santa.Subscribe(socketPath, santa.Cookie(cookie), opts)
+				switch {
+				case errors.Is(err, santa.ErrNotFound):
+					ended <- fmt.Errorf("%w (socket %d)", ErrServerGone, cookie)
+					return
+				case err != nil:
+					ended <- fmt.Errorf("the miss samples of socket %d stopped (%v) and santad does not take them up again: %w",
+						cookie, streamErr, err)
+					return
+				}
+			}
+		}()
+	}
+	return ended, nil
+}
+
+// Gone reports whether a controller stopped because its server went away:
+// ErrServerGone, or santad's "not found" for a socket closed under a call.
+func Gone(err error) bool {
+	return errors.Is(err, ErrServerGone) || errors.Is(err, santa.ErrNotFound)
+}
+
+// Options are what Run needs to wait for the server.
+type Options struct {
+	Follow   bool          // start again after the server went away; else run once
+	Port     uint16        // the server's port
+	Protocol uint32        // api.ProtocolUDP or api.ProtocolTCP (listeners)
+	Settle   time.Duration // wait this long after the port has a socket again, for the server to load its data
+	Log      *slog.Logger
+}
+
+// Run calls run until ctx ends. Without o.Follow it calls it once. With
+// it, whenever run ends because the server went away (Gone), or finds no
+// socket on the port, Run waits until the port has a socket again, then
+// o.Settle, and calls run again. Any other failure ends Run.
+func Run(ctx context.Context, o Options, run func(context.Context) error) error {
+	for {
+		err := run(ctx)
+		if !o.Follow && Gone(err) {
+			return fmt.Errorf("%w (with --follow the controller waits for the server and attaches again)", err)
+		}
+		if !o.Follow || ctx.Err() != nil || !Gone(err) {
+			return err
+		}
+		o.Log.Warn("the server went away; attaching again once it is back", "port", o.Port, "error", err)
+		if err := WaitForPort(ctx, o.Port, o.Protocol); err != nil {
+			return nil // ctx ended while waiting
+		}
+		o.Log.Info("the port has a socket again", "port", o.Port, "settle", o.Settle)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(o.Settle):
+		}
+	}
+}
+
+// pollEvery is how often WaitForPort looks for the server's socket.
+const pollEvery = 250 * time.Millisecond
+
+// WaitForPort returns once a UDP socket (protocol api.ProtocolUDP) is
+// bound, or a TCP socket (api.ProtocolTCP) listens, on port in this network
+// namespace, IPv4 or IPv6; or with ctx's error when ctx ends first.
+func WaitForPort(ctx context.Context, port uint16, protocol uint32) error {
+	for {
+		found, err := portInUse(port, protocol)
+		if err != nil {
+			return err
+		}
+		if found {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(pollEvery):
+		}
+	}
+}
+
+// tcpListen is the TCP_LISTEN state of sock_diag.
+const tcpListen = 10
+
+// portInUse asks sock_diag (netlink) for the namespace's sockets.
+func portInUse(port uint16, protocol uint32) (bool, error) {
+	for _, family := range []uint8{syscall.AF_INET, syscall.AF_INET6} {
+		var socks []*netlink.Socket
+		var err error
+		if protocol == api.ProtocolTCP {
+			socks, err = netlink.SocketDiagTCP(family)
+		} else {
+			socks, err = netlink.SocketDiagUDP(family)
+		}
+		if err != nil && !errors.Is(err, netlink.ErrDumpInterrupted) {
+			return false, fmt.Errorf("list the sockets of port %d (sock_diag): %w", port, err)
+		}
+		for _, s := range socks {
+			if s.ID.SourcePort == port && (protocol != api.ProtocolTCP || s.State == tcpListen) {
+				return true, nil
+			}
+		}
+	}
+	return false, nil
+}
