@@ -226,6 +226,27 @@ func TestLoadMillionRules(t *testing.T) {
 	}
 	t.Logf("1000 sampled answers and 15 misses through BPF_PROG_RUN: %v", time.Since(start).Round(time.Millisecond))
 
+	// the statistics of a million rules, read in batches, agree with the
+	// answers and with a lookup of each slot
+	start = time.Now()
+	stats, err := e.d.RuleStats(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("RuleStats of %d rules: %v", len(stats), time.Since(start).Round(time.Millisecond))
+	var total uint64
+	for _, st := range stats {
+		total += st.Hits
+	}
+	if len(stats) != n || total != 1002 {
+		t.Errorf("RuleStats: %d rules, %d hits; want %d rules, 1002 hits", len(stats), total, n)
+	}
+	for _, r := range e.d.bySocket[sock].rules {
+		if got, want := stats[r.id], e.d.slotStats(r.slot); got != want {
+			t.Fatalf("RuleStats of rule %d: %+v, a lookup of its slot %d: %+v", r.id, got, r.slot, want)
+		}
+	}
+
 	// incremental: delete 1000 rules, then add 1000 new ones on top
 	del := rng.Perm(n)[:1000]
 	delIDs := make([]RuleID, len(del))
@@ -279,7 +300,7 @@ func TestLoadMillionRules(t *testing.T) {
 	}
 	defer prev.Close()
 	start = time.Now()
-	stats, err := prev.RuleStats()
+	stats, err = prev.RuleStats()
 	if err != nil {
 		t.Fatal(err)
 	}
