@@ -13,6 +13,7 @@ import (
 type subscriber struct {
 	cookie  uint64
 	seq     uint64
+	opts    dataplane.SampleOptions // what it asked for
 	samples chan dataplane.MissSample
 	done    chan struct{}
 }
@@ -38,17 +39,30 @@ func (s *session) subscribe(req *api.Message, files []*os.File) (*subscriber, er
 		return nil, err
 	}
 	opts := dataplane.SampleOptions{Bytes: int(req.SampleBytes), PerSecond: int(req.SampleRate)}
-	if err := d.dp.SetSampling(rs.info.Cookie, opts); err != nil {
+	sub := &subscriber{cookie: rs.info.Cookie, seq: req.Seq, opts: opts,
+		samples: make(chan dataplane.MissSample, 1024), done: make(chan struct{})}
+	d.subMu.Lock()
+	defer d.subMu.Unlock()
+	if err := d.dp.SetSampling(sub.cookie, d.widestSamplingLocked(sub.cookie, opts)); err != nil {
 		return nil, fail(api.StatusInvalid, "%v", err)
 	}
-	sub := &subscriber{cookie: rs.info.Cookie, seq: req.Seq, samples: make(chan dataplane.MissSample, 1024), done: make(chan struct{})}
-	d.subMu.Lock()
 	if d.subs[sub.cookie] == nil {
 		d.subs[sub.cookie] = map[*subscriber]struct{}{}
 	}
 	d.subs[sub.cookie][sub] = struct{}{}
-	d.subMu.Unlock()
 	return sub, nil
+}
+
+// widestSamplingLocked is opts widened to what every subscriber of the
+// socket asked for (the most bytes, the highest rate): a subscriber that
+// only watches the socket does not thin out another's samples. Callers
+// hold d.subMu.
+func (d *Daemon) widestSamplingLocked(cookie uint64, opts dataplane.SampleOptions) dataplane.SampleOptions {
+	for other := range d.subs[cookie] {
+		opts.Bytes = max(opts.Bytes, other.opts.Bytes)
+		opts.PerSecond = max(opts.PerSecond, other.opts.PerSecond)
+	}
+	return opts
 }
 
 // stream sends samples until the client hangs up, the socket's rule set
@@ -78,21 +92,23 @@ func (s *session) stream(sub *subscriber) {
 	}
 }
 
+// unsubscribe narrows the socket's sampling to what the remaining
+// subscribers ask for, or restores the socket's own after the last.
 func (d *Daemon) unsubscribe(sub *subscriber) {
-	d.subMu.Lock()
-	delete(d.subs[sub.cookie], sub)
-	last := len(d.subs[sub.cookie]) == 0
-	if last {
-		delete(d.subs, sub.cookie)
-	}
-	d.subMu.Unlock()
-	if !last {
-		return
-	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if rs, ok := d.sets[sub.cookie]; ok {
-		d.dp.SetSampling(sub.cookie, rs.sample)
+	d.subMu.Lock()
+	defer d.subMu.Unlock()
+	delete(d.subs[sub.cookie], sub)
+	rs, ok := d.sets[sub.cookie]
+	switch {
+	case len(d.subs[sub.cookie]) == 0:
+		delete(d.subs, sub.cookie)
+		if ok {
+			d.dp.SetSampling(sub.cookie, rs.sample)
+		}
+	case ok:
+		d.dp.SetSampling(sub.cookie, d.widestSamplingLocked(sub.cookie, dataplane.SampleOptions{}))
 	}
 }
 

@@ -1,0 +1,104 @@
+package daemon_test
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/santa-offload/santa/clients/go/santa"
+	"github.com/santa-offload/santa/internal/testbed"
+)
+
+// TestSubscribersWidestSampling: a socket with several subscribers is
+// sampled as widely as any of them asks (most bytes, highest rate), so a
+// subscriber that only watches the socket (1 byte, once a second, as the
+// controllers' watch-only mode) does not thin out a learner's samples,
+// whichever subscribed last. When the learner leaves, the sampling narrows
+// to the watcher's.
+func TestSubscribersWidestSampling(t *testing.T) {
+	tb := testbed.New(t)
+	sd := newSantad(t, tb)
+	sd.start()
+	server := netip.AddrPortFrom(tb.Server.IP4, 7910)
+	conn := echoServer(t, tb, server)
+	defer conn.Close()
+	raw, err := conn.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := sd.client()
+	var cookie uint64
+	if cerr := raw.Control(func(fd uintptr) {
+		info, berr := c.Bind(santa.FD(int(fd)), santa.SampleOptions{})
+		cookie, err = info.Cookie, berr
+	}); cerr != nil || err != nil {
+		t.Fatal(cerr, err)
+	}
+
+	type stream struct {
+		mu      sync.Mutex
+		lengths []int
+		cancel  context.CancelFunc
+		done    chan struct{}
+	}
+	subscribe := func(opts santa.SampleOptions) *stream {
+		sub, err := santa.Subscribe(sd.Socket, santa.Cookie(cookie), opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		s := &stream{cancel: cancel, done: make(chan struct{})}
+		go func() {
+			defer close(s.done)
+			sub.Each(ctx, func(smp santa.Sample) {
+				s.mu.Lock()
+				s.lengths = append(s.lengths, len(smp.Data))
+				s.mu.Unlock()
+			})
+		}()
+		t.Cleanup(func() { s.cancel(); <-s.done })
+		return s
+	}
+	got := func(s *stream) []int {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return append([]int(nil), s.lengths...)
+	}
+	// send misses until s has want samples more (at most 5 s)
+	miss := func(s *stream, want int, what string) []int {
+		t.Helper()
+		before := len(got(s))
+		deadline := time.Now().Add(5 * time.Second)
+		for i := 0; len(got(s)) < before+want; i++ {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: %d samples in 5 s, want %d", what, len(got(s))-before, want)
+			}
+			exchange(t, tb, server, fmt.Sprintf("miss %d %s", i, strings.Repeat("x", 100)))
+		}
+		return got(s)[before:]
+	}
+
+	learner := subscribe(santa.SampleOptions{Bytes: 64, Rate: 1000})
+	watcher := subscribe(santa.SampleOptions{Bytes: 1, Rate: 1}) // after the learner
+	for _, n := range miss(learner, 20, "the learner, with a watcher subscribed after it") {
+		if n != 64 {
+			t.Fatalf("the learner got a %d-byte sample, want 64 (the watcher narrowed the sampling)", n)
+		}
+	}
+	if n := got(watcher); len(n) == 0 || n[0] != 64 {
+		t.Errorf("the watcher got samples of %v bytes, want the socket's widest sampling (64)", n)
+	}
+
+	learner.cancel()
+	<-learner.done
+	time.Sleep(200 * time.Millisecond) // santad sees the hang-up
+	for _, n := range miss(watcher, 1, "the watcher alone") {
+		if n != 1 {
+			t.Errorf("the watcher alone got a %d-byte sample, want 1", n)
+		}
+	}
+}
