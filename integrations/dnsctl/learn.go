@@ -30,7 +30,8 @@ func (c *Controller) watch(ctx context.Context) (<-chan error, error) {
 			epOf[cookie] = ep
 		}
 	}
-	opts, each := follow.WatchOnly, func(uint64, santa.Sample) {}
+	opts := follow.WatchOnly
+	var each func(uint64, santa.Sample) // nil: only watched
 	if c.cfg.Mode == Adaptive || c.cfg.LearnShapes {
 		opts = santa.SampleOptions{Bytes: sampleBytes, Rate: c.cfg.SampleRate}
 		each = func(cookie uint64, s santa.Sample) {

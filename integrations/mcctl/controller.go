@@ -702,7 +702,8 @@ func (c *Controller) dropIdle() error {
 // keys of missed GETs go into c.samples, else the sockets are only watched
 // for the server closing them.
 func (c *Controller) watch(ctx context.Context) (<-chan error, error) {
-	opts, each := follow.WatchOnly, func(uint64, santa.Sample) {}
+	opts := follow.WatchOnly
+	var each func(uint64, santa.Sample) // nil: only watched
 	if c.cfg.Mode == Adaptive {
 		opts = santa.SampleOptions{Bytes: 256, Rate: c.cfg.SampleRate}
 		each = func(_ uint64, s santa.Sample) {
