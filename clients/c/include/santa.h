@@ -378,7 +378,8 @@ SANTA_API void santa_rule_info_free(struct santa_rule_info *infos);
 /**
  * Turns this connection into a stream of the socket's miss samples: requests
  * that matched no rule, @p sample_bytes of each, at most @p sample_rate per
- * second and CPU. Read them with santa_next_sample(). Afterwards the
+ * second and CPU (more if another subscriber of the socket asks for more:
+ * santad samples as widely as any asks). Read them with santa_next_sample(). Afterwards the
  * connection carries only samples (other calls fail with EINVAL); close the
  * client to unsubscribe.
  */

@@ -283,7 +283,8 @@ type Subscription struct {
 }
 
 // Subscribe sets the target's miss sampling and streams its samples until
-// the subscription is closed.
+// the subscription is closed. With several subscribers santad samples as
+// widely as any of them asks (docs/protocol.md).
 func Subscribe(path string, t Target, s SampleOptions) (*Subscription, error) {
 	c, err := Dial(path)
 	if err != nil {

@@ -179,7 +179,8 @@ class Client:
         returned iterator yields a :class:`Sample` per event and ends when the
         connection closes; other requests on this client raise
         :class:`RuntimeError`. Close the client to unsubscribe (the socket's
-        sampling returns to what bind set). Errors in the request itself are
+        sampling returns to what bind set, or to the widest other subscribers
+        ask for). Errors in the request itself are
         raised here, not on iteration.
         """
         with self._lock:  # no other request may slip in between
