@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -38,6 +40,7 @@ type memcachedPart struct {
 	*demo
 	mc     *testbed.Memcached
 	udp    map[bool]*mcproto.UDPClient // GETs, by v6
+	lo     *mcproto.UDPClient          // GETs on memcached's loopback address, where no rule answers
 	direct map[string][]byte           // memcached's own last reply to a GET of each key
 	socket map[string]uint64           // memcached's UDP sockets (rule sets), by family name
 	rules  map[bool]map[string]uint64  // the controller's rule ids by v6 and key
@@ -68,9 +71,17 @@ func (m *demo) memcached(verbose bool) (err error) {
 		}
 		return nil
 	})
+	if err == nil {
+		err = m.tb.Server.Do(func() (err error) {
+			p.lo, err = mcproto.DialUDP(p.mc.Loopback)
+			return err
+		})
+	}
 	defer func() {
-		for _, c := range p.udp {
-			c.Close()
+		for _, c := range append(slices.Collect(maps.Values(p.udp)), p.lo) {
+			if c != nil {
+				c.Close()
+			}
 		}
 	}()
 	if err != nil {
@@ -382,7 +393,8 @@ func (p *memcachedPart) writes() error {
 	fmt.Fprintln(p.out)
 	fmt.Fprintln(p.out, "Writes over TCP from the client namespace (on new connections, which the tracker saw open), each")
 	fmt.Fprintln(p.out, "followed at once by a UDP GET, which must show the new value, never the old; then GETs until the")
-	fmt.Fprintln(p.out, "kernel answers again (=: memcached's reply just before, byte for byte):")
+	fmt.Fprintln(p.out, "kernel answers again (=: memcached's own reply, byte for byte, asked on its loopback address,")
+	fmt.Fprintln(p.out, "where no rule answers, right after the write):")
 	for i, w := range []struct {
 		key, want, what string
 		write           func() (string, error)
@@ -407,6 +419,10 @@ func (p *memcachedPart) writes() error {
 			return fmt.Errorf("%s over TCP: %w", w.what, err)
 		}
 		fmt.Fprintf(p.out, "  %s → %s\n", w.what, res)
+		// the reference, also if the rule is back before the next GET
+		if p.direct[w.key], err = p.lo.Do(mcproto.GetRequest(w.key), mcTimeout); err != nil {
+			return fmt.Errorf("GET %s on memcached's loopback address: %w", w.key, err)
+		}
 		if err := p.get(w.key, false, w.want); err != nil {
 			return err
 		}
