@@ -43,7 +43,9 @@ __noinline int tcp_send(struct xdp_md *ctx, struct pkt_info *req, const struct t
 		return XDP_PASS;
 	const struct santa_rule *r = NULL;
 	const struct santa_page *page = NULL;
+	struct santa_rule_counters *st = NULL;
 	if (slot) {
+		st = rule_counters(slot);
 		r = bpf_map_lookup_elem(&santa_rules, &slot);
 		if (!r) {
 			COUNT(pass_error);
@@ -70,7 +72,7 @@ __noinline int tcp_send(struct xdp_md *ctx, struct pkt_info *req, const struct t
 	/* a frame without the room for the reply is left as it is, for TC */
 	if (resize_frame(ctx, l23 + tcp_len + reply_len))
 		return TCP_NO_ROOM;
-	return send_frame(ctx, s, l23 + tcp_len, r, page, slot);
+	return send_frame(ctx, s, l23 + tcp_len, r, page, st);
 }
 
 /* Pass the segment to TC with metadata that has it send the reply of flow f
