@@ -118,6 +118,10 @@ type Controller struct {
 	// Adaptive: when idle rules were last looked for
 	idleChecked time.Time
 
+	// rulesLeft: on exit santad did not confirm that every rule is gone
+	// (it went away): the write tracker stays attached to guard them.
+	rulesLeft bool
+
 	repMu sync.Mutex
 	rep   Report
 }
@@ -299,6 +303,15 @@ func (c *Controller) stopTracker() {
 	final, err := c.tracker.Counters()
 	if err == nil {
 		c.count(func(r *Report) { r.Tracker = final })
+	}
+	if c.rulesLeft {
+		// the rules may still answer (the data plane outlives santad, and
+		// the next santad restores them): writes must keep retiring them
+		c.log.Warn("the write tracker stays attached, since santad did not confirm that the controller's rules are gone: "+
+			"writes keep retiring them; the next `santa memcached` on this port replaces it, `santad cleanup` removes it",
+			"pins", c.pinDir())
+		c.tracker.Close()
+		return
 	}
 	if err := c.tracker.Unpin(); err != nil {
 		c.log.Warn("unpinning the write tracker failed", "error", err)
@@ -586,7 +599,8 @@ func (c *Controller) remove(es []*entry) error {
 }
 
 // removeAll deletes every rule the controller installed and detaches the
-// sockets its attach bound (on exit, before the tracker stops).
+// sockets its attach bound (on exit, before the tracker stops); rules it
+// cannot delete set rulesLeft.
 func (c *Controller) removeAll() {
 	all := make([]*entry, 0, len(c.entries))
 	for _, e := range c.entries {
@@ -596,8 +610,17 @@ func (c *Controller) removeAll() {
 		if err := c.remove(all[i:min(i+c.cfg.Batch, len(all))]); err != nil {
 			if !errors.Is(err, santa.ErrNotFound) { // else gone with their socket (memcached stopped)
 				c.log.Warn("removing the rules on exit failed", "error", err)
+				c.rulesLeft = true
 			}
 			break
+		}
+	}
+	if !c.rulesLeft {
+		// an add santad took but did not answer (it went away) left rules
+		// this controller does not know of
+		if _, _, err := c.client.Health(); err != nil {
+			c.log.Warn("santad does not answer", "error", err)
+			c.rulesLeft = true
 		}
 	}
 	for _, cookie := range c.created {
@@ -608,7 +631,9 @@ func (c *Controller) removeAll() {
 			c.log.Warn("detaching a socket failed", "socket", cookie, "error", err)
 		}
 	}
-	c.log.Info("removed the controller's rules", "rules", len(all))
+	if !c.rulesLeft {
+		c.log.Info("removed the controller's rules", "rules", len(all))
+	}
 }
 
 // loop rebuilds retired rules every Interval; every second it retries

@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -537,4 +538,54 @@ func TestFollowRestart(t *testing.T) {
 	if n := strings.Count(ctl.Output(), "ready:"); n != 2 {
 		t.Errorf("the controller was ready %d times, want 2:\n%s", n, ctl.Output())
 	}
+}
+
+// TestSantadGone: when santad goes away the controller cannot delete its
+// rules and exits, but the data plane outlives santad (its pinned links) and
+// the next santad restores the rules. Its write tracker must stay attached:
+// a write must still retire the rule, before santad is back and after.
+func TestSantadGone(t *testing.T) {
+	r := newRig(t)
+	udp, conns := r.clients(false)
+	const key = "santad-gone:key"
+	if err := conns["text"].Set(key, []byte("old"), 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(t.TempDir(), "keys")
+	writeKeys(t, file, []string{key})
+	ctl := r.startController("static", "--keys", file)
+	get := func() string {
+		it, ok, err := udp.Get(key, time.Second)
+		if err != nil || !ok {
+			return fmt.Sprintf("(found %v, %v)", ok, err)
+		}
+		return string(it.Value)
+	}
+	r.waitAnswered(func() { get() }, r.counters()["answered"])
+
+	if err := r.santad.Stop(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if exited, _ := ctl.Wait(10 * time.Second); !exited {
+		t.Fatalf("the controller still runs 10 s after santad was killed:\n%s", ctl.Output())
+	}
+	if out := ctl.Output(); !strings.Contains(out, "the write tracker stays attached") {
+		t.Errorf("the controller did not say that its write tracker stays attached:\n%s", out)
+	}
+	if err := conns["text"].Set(key, []byte("new"), 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	check := func(when string) {
+		t.Helper()
+		for range 20 {
+			if v := get(); v != "new" {
+				t.Fatalf("%s: GET after the write gave %s, want new", when, v)
+			}
+		}
+	}
+	check("santad gone")
+	if err := r.santad.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	check("santad back, the rule restored")
 }
