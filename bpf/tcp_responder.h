@@ -107,12 +107,12 @@ static __always_inline int emit_by_tc(struct xdp_md *ctx, const struct santa_tcp
  * send it again from what the client acks; else ack the request (fin: the
  * stamp says eBPF sent its FIN). */
 static __always_inline int answer_again(struct xdp_md *ctx, struct pkt_info *req, struct santa_scratch *s,
-					const struct santa_tcp_flow *f, struct tcp_reply *t,
+					struct santa_tcp_flow *f, struct tcp_reply *t,
 					const struct tcp_opts *o, __u64 unit, int in_flight, int fin)
 {
 	/* a client retransmits its request while it misses any of the reply:
 	 * santad's sweep leaves a flow alone that long */
-	((struct santa_tcp_flow *)f)->seen = unit;
+	f->seen = unit;
 	if (!in_flight) {
 		t->ack = f->req_end;
 		t->tsval = reply_stamp(req, unit, fin, t->opts, o->tsecr);
