@@ -132,6 +132,29 @@ func writeKeys(t *testing.T, path string, keys []string) {
 	}
 }
 
+// offloadOld stores "old" under key over TCP, runs `santa memcached static`
+// for that key (with more args) and waits until the rule processor answers
+// it. get is a GET of the key over UDP: its value, or what it found.
+func (r *rig) offloadOld(key string, args ...string) (map[string]mcproto.Conn, *testbed.Controller, func() string) {
+	r.t.Helper()
+	udp, conns := r.clients(false)
+	if err := conns["text"].Set(key, []byte("old"), 0, 0); err != nil {
+		r.t.Fatal(err)
+	}
+	file := filepath.Join(r.t.TempDir(), "keys")
+	writeKeys(r.t, file, []string{key})
+	ctl := r.startController(append([]string{"static", "--keys", file}, args...)...)
+	get := func() string {
+		it, ok, err := udp.Get(key, time.Second)
+		if err != nil || !ok {
+			return fmt.Sprintf("(found %v, %v)", ok, err)
+		}
+		return string(it.Value)
+	}
+	r.waitAnswered(func() { get() }, r.counters()["answered"])
+	return conns, ctl, get
+}
+
 // waitAnswered waits until the rule processor has answered more than n.
 func (r *rig) waitAnswered(get func(), n uint64) uint64 {
 	r.t.Helper()
@@ -484,22 +507,8 @@ func TestNoStaleReadsUnderLoss(t *testing.T) {
 // nothing of the old one is ever answered.
 func TestFollowRestart(t *testing.T) {
 	r := newRig(t)
-	udp, conns := r.clients(false)
 	const key = "follow:key"
-	if err := conns["text"].Set(key, []byte("old"), 0, 0); err != nil {
-		t.Fatal(err)
-	}
-	file := filepath.Join(t.TempDir(), "keys")
-	writeKeys(t, file, []string{key})
-	ctl := r.startController("static", "--keys", file, "--follow")
-	get := func() string {
-		it, ok, err := udp.Get(key, time.Second)
-		if err != nil || !ok {
-			return fmt.Sprintf("(found %v, %v)", ok, err)
-		}
-		return string(it.Value)
-	}
-	r.waitAnswered(func() { get() }, r.counters()["answered"])
+	conns, ctl, get := r.offloadOld(key, "--follow")
 
 	if err := r.mc.Stop(); err != nil {
 		t.Fatal(err)
@@ -546,22 +555,8 @@ func TestFollowRestart(t *testing.T) {
 // a write must still retire the rule, before santad is back and after.
 func TestSantadGone(t *testing.T) {
 	r := newRig(t)
-	udp, conns := r.clients(false)
 	const key = "santad-gone:key"
-	if err := conns["text"].Set(key, []byte("old"), 0, 0); err != nil {
-		t.Fatal(err)
-	}
-	file := filepath.Join(t.TempDir(), "keys")
-	writeKeys(t, file, []string{key})
-	ctl := r.startController("static", "--keys", file)
-	get := func() string {
-		it, ok, err := udp.Get(key, time.Second)
-		if err != nil || !ok {
-			return fmt.Sprintf("(found %v, %v)", ok, err)
-		}
-		return string(it.Value)
-	}
-	r.waitAnswered(func() { get() }, r.counters()["answered"])
+	conns, ctl, get := r.offloadOld(key)
 
 	if err := r.santad.Stop(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
