@@ -104,7 +104,10 @@ func Run(ctx context.Context, o Options, run func(context.Context) error) error 
 		}
 		o.Log.Warn("the server went away; attaching again once it is back", "port", o.Port, "error", err)
 		if err := WaitForPort(ctx, o.Port, o.Protocol); err != nil {
-			return nil // ctx ended while waiting
+			if ctx.Err() != nil {
+				return nil // stopped while waiting
+			}
+			return err
 		}
 		o.Log.Info("the port has a socket again", "port", o.Port, "settle", o.Settle)
 		select {
