@@ -186,22 +186,11 @@ func (f *dnsFlags) run(e env, g *globals, mode dnsctl.Mode, qs []dnsctl.Question
 	cfg.Ready = func(r dnsctl.Report) {
 		fmt.Fprintf(e.stdout, "ready: %d rules on %d sockets (%d questions not offloaded)\n", r.Rules, r.Sockets, sum(r.Skipped))
 	}
-	if _, err := dnsctl.New(cfg); err != nil {
-		return err // a bad option: before any waiting
-	}
-	ctx, stop := controllerContext(f.duration)
-	defer stop()
-	return runFollowing(ctx, f.follow, cfg.Port, api.ProtocolUDP, cfg.Log, func(ctx context.Context) error {
-		ctl, err := dnsctl.New(cfg)
-		if err != nil {
-			return err
-		}
-		err = ctl.Run(ctx)
-		r := ctl.Report()
-		fmt.Fprintf(e.stdout, "done: installed %d, refreshed %d, changed %d, removed %d rules\n",
-			r.Installed, r.Refreshed, r.Changed, r.Removed)
-		return err
-	})
+	return runController(e, func() (*dnsctl.Controller, error) { return dnsctl.New(cfg) }, f.duration,
+		f.follow, cfg.Port, api.ProtocolUDP, cfg.Log, func(r dnsctl.Report) string {
+			return fmt.Sprintf("done: installed %d, refreshed %d, changed %d, removed %d rules",
+				r.Installed, r.Refreshed, r.Changed, r.Removed)
+		})
 }
 
 func sum(m map[string]int) int {
@@ -226,10 +215,34 @@ func controllerLog(e env, verbose bool) *slog.Logger {
 // the server may still be loading its data.
 const followSettle = time.Second
 
-// runFollowing calls run once, or with follow again each time the server
-// went away and came back (package follow).
-func runFollowing(ctx context.Context, follow bool, port uint16, protocol uint32, log *slog.Logger, run func(context.Context) error) error {
-	return followpkg.Run(ctx, followpkg.Options{Follow: follow, Port: port, Protocol: protocol, Settle: followSettle, Log: log}, run)
+// controller is what the three controllers have in common.
+type controller[R any] interface {
+	Run(context.Context) error
+	Report() R
+}
+
+// runController runs the controller newCtl builds until SIGINT, SIGTERM or
+// duration (0: no limit); with follow it builds and runs a new one each
+// time the server's port went away and came back (package follow). After
+// each run it prints done's line about the report. A bad option fails
+// before any waiting: newCtl is called once first to check it.
+func runController[R any, C controller[R]](e env, newCtl func() (C, error), duration time.Duration,
+	follow bool, port uint16, protocol uint32, log *slog.Logger, done func(R) string) error {
+	if _, err := newCtl(); err != nil {
+		return err
+	}
+	ctx, stop := controllerContext(duration)
+	defer stop()
+	opts := followpkg.Options{Follow: follow, Port: port, Protocol: protocol, Settle: followSettle, Log: log}
+	return followpkg.Run(ctx, opts, func(ctx context.Context) error {
+		ctl, err := newCtl()
+		if err != nil {
+			return err
+		}
+		err = ctl.Run(ctx)
+		fmt.Fprintln(e.stdout, done(ctl.Report()))
+		return err
+	})
 }
 
 // controllerContext ends on SIGINT, SIGTERM or after d (0: never).

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"net/netip"
 	"strconv"
@@ -59,22 +58,11 @@ network namespace, next to santad. See docs/http.md.`,
 			cfg.Ready = func(r httpctl.Report) {
 				fmt.Fprintf(e.stdout, "ready: learning on %d sockets of port %d\n", r.Sockets, cfg.Port)
 			}
-			if _, err := httpctl.New(cfg); err != nil {
-				return err // a bad option: before any waiting
-			}
-			ctx, stop := controllerContext(duration)
-			defer stop()
-			return runFollowing(ctx, follow, cfg.Port, api.ProtocolTCP, cfg.Log, func(ctx context.Context) error {
-				ctl, err := httpctl.New(cfg)
-				if err != nil {
-					return err
-				}
-				err = ctl.Run(ctx)
-				r := ctl.Report()
-				fmt.Fprintf(e.stdout, "done: installed %d, invalidated %d, changed %d, removed %d rules; dated %d; skipped %d (%d too big); %d hits; %d samples (%d ignored)\n",
-					r.Installed, r.Invalidated, r.Changed, r.Removed, r.Dated, r.Skipped, r.TooBig, r.Hits, r.Samples, r.Ignored)
-				return err
-			})
+			return runController(e, func() (*httpctl.Controller, error) { return httpctl.New(cfg) }, duration,
+				follow, cfg.Port, api.ProtocolTCP, cfg.Log, func(r httpctl.Report) string {
+					return fmt.Sprintf("done: installed %d, invalidated %d, changed %d, removed %d rules; dated %d; skipped %d (%d too big); %d hits; %d samples (%d ignored)",
+						r.Installed, r.Invalidated, r.Changed, r.Removed, r.Dated, r.Skipped, r.TooBig, r.Hits, r.Samples, r.Ignored)
+				})
 		},
 	}
 	f := cmd.Flags()

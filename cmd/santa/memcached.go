@@ -3,7 +3,6 @@ package main
 import (
 	"bufio"
 	"cmp"
-	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -206,26 +205,15 @@ func (f *memcachedFlags) run(e env, g *globals, mode mcctl.Mode, keys []string) 
 	cfg.Ready = func(r mcctl.Report) {
 		fmt.Fprintf(e.stdout, "ready: %d rules on %d sockets (%d keys not offloaded)\n", r.Rules, r.Sockets, r.Skipped)
 	}
-	if _, err := mcctl.New(cfg); err != nil {
-		return err // a bad option: before any waiting
-	}
-	ctx, stop := controllerContext(f.duration)
-	defer stop()
-	return runFollowing(ctx, f.follow, cfg.Port, api.ProtocolUDP, cfg.Log, func(ctx context.Context) error {
-		ctl, err := mcctl.New(cfg)
-		if err != nil {
-			return err
-		}
-		err = ctl.Run(ctx)
-		r := ctl.Report()
-		var seen []string
-		for _, k := range slices.Sorted(maps.Keys(r.Tracker)) {
-			if r.Tracker[k] > 0 {
-				seen = append(seen, fmt.Sprintf("%s=%d", k, r.Tracker[k]))
+	return runController(e, func() (*mcctl.Controller, error) { return mcctl.New(cfg) }, f.duration,
+		f.follow, cfg.Port, api.ProtocolUDP, cfg.Log, func(r mcctl.Report) string {
+			var seen []string
+			for _, k := range slices.Sorted(maps.Keys(r.Tracker)) {
+				if r.Tracker[k] > 0 {
+					seen = append(seen, fmt.Sprintf("%s=%d", k, r.Tracker[k]))
+				}
 			}
-		}
-		fmt.Fprintf(e.stdout, "done: installed %d, rebuilt %d, removed %d rules; tracker: %s\n",
-			r.Installed, r.Refreshed, r.Removed, strings.Join(seen, " "))
-		return err
-	})
+			return fmt.Sprintf("done: installed %d, rebuilt %d, removed %d rules; tracker: %s",
+				r.Installed, r.Refreshed, r.Removed, strings.Join(seen, " "))
+		})
 }
