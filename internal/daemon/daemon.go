@@ -294,7 +294,9 @@ func (d *Daemon) attach() error {
 			return err
 		}
 		d.atts = append(d.atts, att)
-		want[filepath.Base(d.cfg.linkPin(ifname))] = true
+		for _, pin := range att.Pins() { // the XDP link and the TC handover's
+			want[filepath.Base(pin)] = true
+		}
 	}
 	ents, _ := os.ReadDir(filepath.Join(d.cfg.BPFFS, "links"))
 	for _, e := range ents {

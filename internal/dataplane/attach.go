@@ -115,6 +115,14 @@ func (d *Dataplane) linkHandover(att *Attachment, ifindex int) error {
 	return nil
 }
 
+// Pins are the paths of att's pinned links (none if it is not pinned).
+func (a *Attachment) Pins() []string {
+	if a.pin == "" {
+		return nil
+	}
+	return []string{a.pin, a.handoverPin()}
+}
+
 func (a *Attachment) handoverPin() string {
 	if a.pin == "" {
 		return ""
