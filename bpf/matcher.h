@@ -107,6 +107,13 @@ __noinline __u32 santa_fnv1a(const struct santa_scratch *s, __u32 pos, __u32 end
 }
 
 /* State of one bucket-chain walk (bpf_loop callback context). */
+/* What a rule walk noticed besides its result. */
+struct match_notes {
+	__u8 truncated;   /* a chain had more than SANTA_MAX_CHAIN rules */
+	__u8 invalidated; /* a rule's conditions held but a guard did not */
+	__u8 expired;     /* a rule's conditions held but its expires time had come */
+};
+
 struct chain_walk {
 	__u32 slot;        /* next rule slot to look at, 0 = end of chain */
 	__u32 ruleset;
@@ -116,7 +123,7 @@ struct chain_walk {
 	__u32 disjoint;    /* stop at the first match */
 	__u32 generation;  /* the rule set's visible generation */
 	__u32 best;        /* best matching rule slot so far, 0 = none */
-	__u32 invalidated; /* a rule's conditions held but a guard did not */
+	struct match_notes notes;
 	__u32 best_priority;
 	__u32 best_order;
 };
@@ -183,7 +190,13 @@ static long chain_step(__u32 i, struct chain_walk *w)
 	if (!s || !rule_matches(r, s, w->payload_len))
 		return 0;
 	if (!guards_hold(r)) {
-		w->invalidated = 1;
+		w->notes.invalidated = 1;
+		return 0;
+	}
+	/* santad removes a rule when its time comes; this holds the rule to
+	 * that time in the second before, and while no santad runs */
+	if (r->flags & SANTA_RULE_EXPIRES && bpf_ktime_get_coarse_ns() >= r->expires) {
+		w->notes.expired = 1;
 		return 0;
 	}
 	w->best = slot;
@@ -192,9 +205,8 @@ static long chain_step(__u32 i, struct chain_walk *w)
 	return w->disjoint ? 1 : 0;
 }
 
-/* The best rule of rule set rs_id for the request in s, 0 if none.
- * *truncated is set when a chain had more than SANTA_MAX_CHAIN rules,
- * *invalidated when a rule matched but its guards did not hold.
+/* The best rule of rule set rs_id for the request in s, 0 if none, with
+ * what the walk noticed on the way in *notes.
  * Regions are hashed in ascending order (one FNV pass per offset), and
  * their bucket heads loaded in the same pass: the loads do not depend on each
  * other, so their cache misses overlap. Chains are then walked longest
@@ -203,7 +215,7 @@ static long chain_step(__u32 i, struct chain_walk *w)
  * disjoint rule set stops there. The best rule does not depend on the order. */
 static __always_inline __u32 match_rules(__u32 rs_id, const struct santa_ruleset *rs,
 					 struct santa_scratch *s, __u32 payload_len,
-					 int *truncated, int *invalidated)
+					 struct match_notes *notes)
 {
 	struct chain_walk w = {
 		.ruleset = rs_id,
@@ -250,10 +262,10 @@ static __always_inline __u32 match_rules(__u32 rs_id, const struct santa_ruleset
 		if (!chain_step(0, &w) && w.slot)
 			bpf_loop(SANTA_MAX_CHAIN - 1, chain_step, &w, 0);
 		if (w.slot && !(w.disjoint && w.best))
-			*truncated = 1;
+			w.notes.truncated = 1;
 		if (w.disjoint && w.best)
 			break;
 	}
-	*invalidated = w.invalidated;
+	*notes = w.notes;
 	return w.best;
 }

@@ -27,6 +27,7 @@ enum santa_limit {
 	SANTA_ADDR_BROADCAST = 2,    /* santa_local_addrs: a subnet broadcast address */
 	SANTA_COND_MASKED = 1u << 31, /* santa_cond.data flag: the pattern has a mask */
 	SANTA_RULE_CLOSE = 1,        /* santa_rule.flags: TCP, the reply ends the connection (FIN with it) */
+	SANTA_RULE_EXPIRES = 2,      /* santa_rule.flags: the rule stops answering at santa_rule.expires */
 	SANTA_TCP_UNIT_SHIFT = 33,   /* stamp time unit: 2^33 ns (8.6 s) of CLOCK_MONOTONIC */
 	SANTA_TCP_EPOCH_SHIFT = 8,   /* a stamp key serves 2^8 units (36.7 min) */
 	SANTA_TCP_VALID_UNITS = 16,  /* a stamp proves its connection for 16 units (137 s) */
@@ -129,7 +130,8 @@ struct santa_rule {
 	struct santa_cond conds[SANTA_MAX_CONDS - 1];   /* conditions 1.. */
 	struct santa_copy copies[SANTA_MAX_COPIES - 1]; /* copies 1.. */
 	__u64 id;               /* user space's RuleID, read back by its successor after a restart */
-	__u8 pad[8];            /* to three whole cache lines */
+	__u64 expires;          /* with SANTA_RULE_EXPIRES: CLOCK_MONOTONIC ns (bpf_ktime_get_coarse_ns)
+				 * from which the rule no longer answers, santad running or not */
 };
 _Static_assert(__builtin_offsetof(struct santa_rule, guards) == 64, "santa_rule: first line overflows");
 _Static_assert(sizeof(struct santa_rule) == 192, "santa_rule: not three cache lines");
@@ -182,6 +184,7 @@ struct santa_reasons {
 	__u64 pass_no_ruleset;   /* the receiving socket has no rule set */
 	__u64 pass_no_match;     /* rule set present, no rule matched */
 	__u64 pass_invalidated;  /* a rule's conditions held but one of its guards has moved on */
+	__u64 pass_expired;      /* the best matching rule's expires time has come (santad not yet removed it) */
 	__u64 pass_too_long;     /* payload longer than the matcher's window */
 	__u64 pass_bad_checksum; /* a rule matched but the request's UDP checksum is wrong */
 	__u64 pass_no_room;      /* the frame could not be resized for the reply */

@@ -427,13 +427,15 @@ static __always_inline const struct santa_rule *match_request(struct xdp_md *ctx
 		COUNT(pass_error);
 		return NULL;
 	}
-	int truncated = 0, invalidated = 0;
-	*slot = match_rules(id, rs, s, req->payload_len, &truncated, &invalidated);
-	if (truncated)
+	struct match_notes notes;
+	*slot = match_rules(id, rs, s, req->payload_len, &notes);
+	if (notes.truncated)
 		COUNT(chain_truncated);
 	if (!*slot) {
-		if (invalidated)
+		if (notes.invalidated)
 			COUNT(pass_invalidated);
+		else if (notes.expired)
+			COUNT(pass_expired);
 		else
 			COUNT(pass_no_match);
 		sample_miss(cookie, id, rs, s, req);

@@ -219,7 +219,6 @@ func (d *Daemon) restore(prev *dataplane.Previous) error {
 		restored := make([]api.Rule, len(infos))
 		for i, ri := range infos {
 			restored[i] = fromDataplane(ri)
-			restored[i].Expires = rs.rules[restored[i].ID].Expires
 		}
 		set.addRules(u, restored)
 		d.sets[cookie] = set

@@ -503,7 +503,8 @@ func TestAttachUnmodifiedServer(t *testing.T) {
 
 // TestRulesExpire: santad removes a rule when its Expires time comes (and
 // not its neighbour without one), keeps a deadline across its own restart,
-// and refuses a rule whose time has passed.
+// and refuses a rule whose time has passed; with no santad running the data
+// plane keeps to a deadline by itself.
 func TestRulesExpire(t *testing.T) {
 	tb := testbed.New(t)
 	sd := newSantad(t, tb)
@@ -584,6 +585,31 @@ func TestRulesExpire(t *testing.T) {
 	if got := exchange(t, tb, server, "Later"); got != "Later" {
 		t.Fatalf("Later after its rule expired: %q, want the server's echo", got)
 	}
+
+	// with santad killed the data plane keeps to the deadline by itself
+	brief := time.Now().Add(2 * time.Second)
+	if _, err := c.Add(target, []api.Rule{rule("Short", "Answered", brief)}); err != nil {
+		t.Fatal(err)
+	}
+	if got := exchange(t, tb, server, "Short"); got != "Answered" {
+		t.Fatalf("Short before its rule expires: %q, want Answered", got)
+	}
+	sd.stop(syscall.SIGKILL)
+	if got := exchange(t, tb, server, "Short"); got != "Answered" {
+		t.Fatalf("Short right after santad was killed: %q, want Answered (the data plane outlives santad)", got)
+	}
+	// so does the TCP handover (TC), pinned like the XDP link
+	for _, pin := range []string{"xdp-" + tb.Server.Dev, "xdp-" + tb.Server.Dev + "-handover"} {
+		if _, err := os.Stat(filepath.Join("/sys/fs/bpf", filepath.Base(sd.dir), "links", pin)); err != nil {
+			t.Errorf("santad killed, its link %s is not pinned: %v", pin, err)
+		}
+	}
+	time.Sleep(time.Until(time.Unix(brief.Unix(), 0).Add(50 * time.Millisecond)))
+	if got := exchange(t, tb, server, "Short"); got != "Short" {
+		t.Fatalf("Short after its rule expired, no santad running: %q, want the server's echo", got)
+	}
+	sd.start()
+	c = sd.client()
 
 	// santa rules add --lifetime: a rule without its own expires gets one
 	fixed := time.Now().Add(time.Hour).Unix()

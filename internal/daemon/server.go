@@ -352,7 +352,6 @@ func (d *Daemon) listRules(rs *ruleSet) ([]api.Rule, error) {
 	out := make([]api.Rule, len(infos))
 	for i, ri := range infos {
 		out[i] = fromDataplane(ri)
-		out[i].Expires = rs.rules[out[i].ID].expires
 	}
 	return out, nil
 }

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"math"
+	"time"
 )
 
 // Condition holds when the request's UDP payload carries Pattern at Offset.
@@ -69,7 +71,9 @@ type Guard struct {
 // Of several matching rules the one with the lowest Priority wins, then the
 // one added first. Close (TCP only) makes the reply end the connection: it
 // goes out with FIN. The data plane stores it for any rule set; santad
-// refuses it for UDP sockets.
+// refuses it for UDP sockets. A rule with Expires (Unix seconds) no longer
+// matches from that time on: the data plane keeps to it by itself, so it
+// holds while no santad runs to remove the rule.
 type Rule struct {
 	Conditions []Condition `json:"conditions" yaml:"conditions"`
 	Processors []Processor `json:"processors" yaml:"processors"`
@@ -79,6 +83,7 @@ type Rule struct {
 	MaxLen     int         `json:"max_len,omitempty" yaml:"max_len,omitempty"`
 	Guards     []Guard     `json:"guards,omitempty" yaml:"guards,omitempty"`
 	Close      bool        `json:"close,omitempty" yaml:"close,omitempty"`
+	Expires    uint64      `json:"expires,omitempty" yaml:"expires,omitempty"`
 }
 
 // ErrInvalidRule wraps every reason a rule is refused.
@@ -102,7 +107,8 @@ type compiledRule struct {
 	tplCsum   uint16
 	priority  uint32
 	guards    []santaSantaGuard
-	flags     uint8 // santa_rule.flags: SANTA_RULE_*
+	flags     uint8  // santa_rule.flags: SANTA_RULE_*
+	expires   uint64 // santa_rule.expires: CLOCK_MONOTONIC ns, with SANTA_RULE_EXPIRES
 }
 
 // fullLen is how many bytes at the start of cond are compared in full.
@@ -135,6 +141,14 @@ func compileRule(r Rule) (*compiledRule, error) {
 	c := &compiledRule{priority: r.Priority}
 	if r.Close {
 		c.flags |= uint8(santaSantaLimitSANTA_RULE_CLOSE)
+	}
+	if r.Expires != 0 {
+		at, err := monotonicAt(time.Unix(int64(min(r.Expires, math.MaxInt64)), 0))
+		if err != nil {
+			return nil, err
+		}
+		c.flags |= uint8(santaSantaLimitSANTA_RULE_EXPIRES)
+		c.expires = at
 	}
 	for i, cond := range r.Conditions {
 		switch {

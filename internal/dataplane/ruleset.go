@@ -607,6 +607,7 @@ func (d *Dataplane) install(id, gen uint32, r *installed) error {
 		Ncopies:    uint8(len(c.copies)),
 		Nguards:    uint8(len(c.guards)),
 		Flags:      c.flags,
+		Expires:    c.expires,
 	}
 	copy(v.Guards[:], c.guards)
 	// the layout dataLen counts and compileRule's copy mask offsets assume

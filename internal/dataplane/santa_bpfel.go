@@ -73,6 +73,7 @@ const (
 	santaSantaLimitSANTA_ADDR_BROADCAST   santaSantaLimit = 2
 	santaSantaLimitSANTA_COND_MASKED      santaSantaLimit = 2147483648
 	santaSantaLimitSANTA_RULE_CLOSE       santaSantaLimit = 1
+	santaSantaLimitSANTA_RULE_EXPIRES     santaSantaLimit = 2
 	santaSantaLimitSANTA_TCP_UNIT_SHIFT   santaSantaLimit = 33
 	santaSantaLimitSANTA_TCP_EPOCH_SHIFT  santaSantaLimit = 8
 	santaSantaLimitSANTA_TCP_VALID_UNITS  santaSantaLimit = 16
@@ -124,6 +125,7 @@ type santaSantaReasons struct {
 	PassNoRuleset        uint64
 	PassNoMatch          uint64
 	PassInvalidated      uint64
+	PassExpired          uint64
 	PassTooLong          uint64
 	PassBadChecksum      uint64
 	PassNoRoom           uint64
@@ -194,7 +196,7 @@ type santaSantaRule struct {
 	Conds      [3]santaSantaCond
 	Copies     [7]santaSantaCopy
 	Id         uint64
-	Pad        [8]uint8
+	Expires    uint64
 }
 
 type santaSantaRuleCounters struct {

@@ -90,6 +90,10 @@ func scaleAnswer(name string, i int) []byte {
 	return append(a, 0, 0, 41, 0x04, 0xd0, 0, 0, 0, 0, 0, 0)
 }
 
+// scaleExpires is the rules' expires: in an hour, the answers' TTL, as
+// santa dns sets it (so every answer pays for the expiry check).
+var scaleExpires = uint64(time.Now().Unix() + 3600)
+
 // scaleRule answers name's A query: copy the ID, put the rest of the answer.
 func scaleRule(i int) Rule {
 	name := scaleName(i)
@@ -98,6 +102,7 @@ func scaleRule(i int) Rule {
 		Conditions: []Condition{{Offset: 2, Pattern: scaleQuery(name, 1)}},
 		Processors: []Processor{{Kind: Copy, ReplyOffset: 0, SrcOffset: 0, Length: 2}, {Kind: Put, ReplyOffset: 2, Template: ans}},
 		ReplyLen:   2 + len(ans),
+		Expires:    scaleExpires,
 	}
 }
 

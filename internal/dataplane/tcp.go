@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
-	"golang.org/x/sys/unix"
 )
 
 // Stamp time, as the TCP path measures it (bpf/tcp.h): units of
@@ -23,14 +22,10 @@ const (
 // StampKey is the SipHash key of one stamp epoch.
 type StampKey = santaSantaTcpKey
 
-// stampUnit is the current stamp time unit (bpf_ktime_get_coarse_ns is
-// CLOCK_MONOTONIC, a jiffy behind at most).
+// stampUnit is the current stamp time unit.
 func stampUnit() (uint64, error) {
-	var ts unix.Timespec
-	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
-		return 0, err
-	}
-	return uint64(ts.Nano()) >> stampUnitShift, nil
+	now, err := monotonicNow()
+	return now >> stampUnitShift, err
 }
 
 // stampEpoch is the current stamp epoch.

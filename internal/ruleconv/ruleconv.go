@@ -13,7 +13,8 @@ import (
 // ToDataplane is r in the data plane's terms; its ID and Version are not part
 // of a rule there. The byte strings are shared with r.
 func ToDataplane(r api.Rule) dataplane.Rule {
-	d := dataplane.Rule{ReplyLen: int(r.ReplyLen), Priority: r.Priority, MinLen: int(r.MinLen), MaxLen: int(r.MaxLen), Close: r.Close}
+	d := dataplane.Rule{ReplyLen: int(r.ReplyLen), Priority: r.Priority, MinLen: int(r.MinLen), MaxLen: int(r.MaxLen), Close: r.Close,
+		Expires: r.Expires}
 	for _, c := range r.Conditions {
 		d.Conditions = append(d.Conditions, dataplane.Condition{Offset: int(c.Offset), Pattern: c.Pattern, Mask: c.Mask})
 	}
@@ -32,7 +33,8 @@ func ToDataplane(r api.Rule) dataplane.Rule {
 // strings (e.g. to install a rule built with the data plane's types through
 // santa.Client.Add).
 func ToAPI(r dataplane.Rule) api.Rule {
-	out := api.Rule{ReplyLen: uint32(r.ReplyLen), Priority: r.Priority, MinLen: uint32(r.MinLen), MaxLen: uint32(r.MaxLen), Close: r.Close}
+	out := api.Rule{ReplyLen: uint32(r.ReplyLen), Priority: r.Priority, MinLen: uint32(r.MinLen), MaxLen: uint32(r.MaxLen), Close: r.Close,
+		Expires: r.Expires}
 	for _, c := range r.Conditions {
 		out.Conditions = append(out.Conditions, api.Condition{Offset: uint32(c.Offset),
 			Pattern: bytes.Clone(c.Pattern), Mask: bytes.Clone(c.Mask)})

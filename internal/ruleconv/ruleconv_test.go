@@ -14,7 +14,7 @@ func TestRoundTrip(t *testing.T) {
 		Processors: []api.Processor{
 			{Kind: api.KindPut, ReplyOffset: 1, Template: api.Bytes("xyz")},
 			{Kind: api.KindCopy, ReplyOffset: 2, SrcOffset: 3, Length: 2, Mask: api.Bytes{0x01, 0x10}}},
-		ReplyLen: 9, Priority: 4, MinLen: 7, MaxLen: 300, Close: true,
+		ReplyLen: 9, Priority: 4, MinLen: 7, MaxLen: 300, Close: true, Expires: 1_900_000_000,
 		Guards: []api.Guard{{Slot: 7, Version: 3}, {Slot: 1<<20 - 1, Version: 1 << 40}},
 	}
 	got := ToAPI(ToDataplane(r))

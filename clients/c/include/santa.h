@@ -289,7 +289,8 @@ SANTA_API int santa_rule_close(struct santa_rule *rule, int on);
 /**
  * Makes santad remove the rule by itself at Unix time @p unix_seconds (0, the
  * default: never), e.g. when the answer's TTL runs out, even if the
- * application is gone. santad refuses a time that has passed.
+ * application is gone; from then on the rule never answers, even while
+ * santad is not running. santad refuses a time that has passed.
  *
  * @return 0, or -1 with errno EINVAL if @p rule is NULL.
  */

@@ -344,7 +344,8 @@ class Rule:
     ``close`` (TCP only: santad refuses it for a UDP socket's rules) makes the
     reply end the connection: it goes out with FIN. ``expires`` (Unix time in
     seconds, 0 = never) is when santad removes the rule by itself, e.g. when
-    the answer's TTL runs out.
+    the answer's TTL runs out; from then on the rule never answers, even
+    while santad is not running.
     """
 
     conditions: list[Condition] = _key(2, _List(_Struct(Condition)), factory=list)
