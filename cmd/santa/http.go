@@ -36,8 +36,11 @@ Each reply's Date is rewritten every second (--date-refresh). A change of a
 file under --root (inotify) deletes its rules at once; they are fetched and
 installed again once the file is quiet. Every rule is compared with nginx's
 current response once per --interval. The controller deletes its rules
-when it stops (SIGINT, SIGTERM or --duration). It must run in nginx's
-network namespace, next to santad. See docs/http.md.`,
+when it stops (SIGINT, SIGTERM or --duration). Its rules are leased: each
+answers for --lease after the controller last renewed it (when half is
+left), so rules the controller could not delete (it was killed, or santad
+went away) stop answering within --lease, santad running or not. It must
+run in nginx's network namespace, next to santad. See docs/http.md.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			p, err := strconv.ParseUint(strings.TrimSuffix(port, "/tcp"), 10, 16)
@@ -60,8 +63,8 @@ network namespace, next to santad. See docs/http.md.`,
 			}
 			return runController(e, func() (*httpctl.Controller, error) { return httpctl.New(cfg) }, duration,
 				follow, cfg.Port, api.ProtocolTCP, cfg.Log, func(r httpctl.Report) string {
-					return fmt.Sprintf("done: installed %d, invalidated %d, changed %d, removed %d rules; dated %d; skipped %d (%d too big); %d hits; %d samples (%d ignored)",
-						r.Installed, r.Invalidated, r.Changed, r.Removed, r.Dated, r.Skipped, r.TooBig, r.Hits, r.Samples, r.Ignored)
+					return fmt.Sprintf("done: installed %d, invalidated %d, changed %d, removed %d rules; dated %d, renewed %d; skipped %d (%d too big); %d hits; %d samples (%d ignored)",
+						r.Installed, r.Invalidated, r.Changed, r.Removed, r.Dated, r.Renewed, r.Skipped, r.TooBig, r.Hits, r.Samples, r.Ignored)
 				})
 		},
 	}
@@ -76,6 +79,7 @@ network namespace, next to santad. See docs/http.md.`,
 	f.IntVar(&cfg.MaxReply, "max-reply", cfg.MaxReply, "offload only responses of at most this many bytes, headers included (at most 14480, 10 segments; IPv6 listeners: 20 less per segment)")
 	f.IntVar(&cfg.DateRefresh, "date-refresh", cfg.DateRefresh, "rewrite the Date of at most this many rules per second (0: keep the Date of the fetch)")
 	f.DurationVar(&cfg.Interval, "interval", cfg.Interval, "compare every rule with nginx's current response once per this long")
+	f.DurationVar(&cfg.Lease, "lease", cfg.Lease, "a rule answers this long after its last renewal: how long rules outlive a controller that could not delete them (at least 4s)")
 	f.DurationVar(&cfg.Idle, "idle", cfg.Idle, "remove a rule after this long without hits (0: never)")
 	f.DurationVar(&cfg.Settle, "settle", cfg.Settle, "after a file changes, fetch its responses again once it was quiet this long")
 	f.DurationVar(&cfg.Timeout, "timeout", cfg.Timeout, "wait this long for nginx's responses")

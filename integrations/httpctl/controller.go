@@ -71,6 +71,11 @@ type Config struct {
 	// Date of their fetch.
 	DateRefresh int
 	Interval    time.Duration // re-validate every rule against nginx once per Interval
+	// Lease is how long a rule answers after the controller last renewed
+	// it (it does when half is left): how long the rules outlive a
+	// controller that is gone without deleting them (killed, or santad
+	// restarted), with their Date and body as they were. At least 4s.
+	Lease       time.Duration
 	Idle        time.Duration // remove a rule without hits for this long; 0: never
 	Settle      time.Duration // after a change on disk, fetch again once the file was quiet this long
 	Timeout     time.Duration // for nginx's responses
@@ -90,6 +95,7 @@ var DefaultConfig = Config{
 	MaxReply:    maxTCPReply,
 	DateRefresh: 1000,
 	Interval:    10 * time.Second,
+	Lease:       30 * time.Second,
 	Idle:        30 * time.Second,
 	Settle:      100 * time.Millisecond,
 	Timeout:     2 * time.Second,
@@ -105,6 +111,7 @@ type Report struct {
 	Changed     uint64 `json:"changed"`      // rules rebuilt because re-validation found a new response
 	Removed     uint64 `json:"removed"`      // requests no longer offloaded (idle, or no longer offloadable)
 	Dated       uint64 `json:"dated"`        // rules whose Date was rewritten
+	Renewed     uint64 `json:"renewed"`      // rules whose lease was renewed
 	Skipped     uint64 `json:"skipped"`      // learned requests not offloaded (see the log for why)
 	TooBig      uint64 `json:"too_big"`      // of those, responses longer than MaxReply
 	FetchErrors uint64 `json:"fetch_errors"` // requests to nginx that failed
@@ -146,13 +153,33 @@ type entry struct {
 	dated   time.Time // the Date in reply (zero without one)
 	checked time.Time // fetched or re-validated last
 	since   time.Time // installed at
+	leased  time.Time // its rules' Expires: they answer until then unless renewed
 	ids     []uint64
 	hits    uint64    // of its rules, at the last statistics read
 	idle    uint64    // hits at the last idle check
 	due     time.Time // pending: when to fetch again
 }
 
-func (e *entry) rule() api.Rule { return exactRule(e.req.raw, e.reply, e.req.close || e.resp.close) }
+// rule is e's rule, answering until lease ends.
+func (e *entry) rule(lease time.Time) api.Rule {
+	r := exactRule(e.req.raw, e.reply, e.req.close || e.resp.close)
+	r.Expires = uint64(lease.Unix())
+	return r
+}
+
+// minLease is the shortest Config.Lease: renewed with half of it left, in
+// whole seconds, a rule keeps a second or more to spare.
+const minLease = 4 * time.Second
+
+// leaseEnd is the Expires of a rule (re)installed at now: Lease later,
+// rounded up to the second.
+func (c *Controller) leaseEnd(now time.Time) time.Time {
+	end := now.Add(c.cfg.Lease)
+	if t := end.Truncate(time.Second); t.Before(end) {
+		return t.Add(time.Second)
+	}
+	return end
+}
 
 // refusal is a request not offloaded, not tried again before until
 // (or before a change of its file).
@@ -229,7 +256,7 @@ func New(cfg Config) (*Controller, error) {
 	if cfg.MaxReply == 0 {
 		cfg.MaxReply = d.MaxReply
 	}
-	for _, s := range []struct{ v, d *time.Duration }{{&cfg.Interval, &d.Interval}, {&cfg.Settle, &d.Settle}, {&cfg.Timeout, &d.Timeout}} {
+	for _, s := range []struct{ v, d *time.Duration }{{&cfg.Interval, &d.Interval}, {&cfg.Lease, &d.Lease}, {&cfg.Settle, &d.Settle}, {&cfg.Timeout, &d.Timeout}} {
 		if *s.v == 0 {
 			*s.v = *s.d
 		}
@@ -260,6 +287,8 @@ func New(cfg Config) (*Controller, error) {
 		return nil, fmt.Errorf("date refresh %d: must be 0 (off) or more", cfg.DateRefresh)
 	case cfg.Interval < time.Second:
 		return nil, fmt.Errorf("interval %v: at least a second", cfg.Interval)
+	case cfg.Lease < minLease:
+		return nil, fmt.Errorf("lease %v: at least %v (it is renewed when half is left, to the second)", cfg.Lease, minLease)
 	case cfg.Idle < 0 || cfg.Report < 0:
 		return nil, errors.New("idle and report intervals cannot be negative")
 	}
@@ -429,7 +458,7 @@ func untilNextSecond(now time.Time) time.Duration {
 }
 
 func (c *Controller) everySecond(now time.Time) error {
-	if err := c.refreshDates(now); err != nil {
+	if err := c.refresh(now); err != nil {
 		return err
 	}
 	if err := c.learn(now); err != nil {
@@ -452,7 +481,7 @@ func (c *Controller) everySecond(now time.Time) error {
 		c.log.Info("status", "rules", r.Rules, "sockets", r.Sockets,
 			"hits_per_second", float64(r.Hits-c.reportHits)/now.Sub(c.reported).Seconds(),
 			"installed", r.Installed, "invalidated", r.Invalidated, "changed", r.Changed, "removed", r.Removed,
-			"skipped", r.Skipped, "too_big", r.TooBig, "dated", r.Dated, "samples", r.Samples)
+			"skipped", r.Skipped, "too_big", r.TooBig, "dated", r.Dated, "renewed", r.Renewed, "samples", r.Samples)
 		c.reported, c.reportHits = now, r.Hits
 	}
 	return nil
@@ -640,9 +669,10 @@ func (c *Controller) install(es []*entry, now time.Time) error {
 // addRules adds the entries' rules on every socket of g, all or none, and
 // records them.
 func (c *Controller) addRules(g *group, es []*entry) error {
+	lease := c.leaseEnd(time.Now())
 	rules := make([]api.Rule, len(es))
 	for i, e := range es {
-		rules[i] = e.rule()
+		rules[i] = e.rule(lease)
 	}
 	ids := make([][]uint64, len(es))
 	for ci, cookie := range g.cookies {
@@ -663,22 +693,23 @@ func (c *Controller) addRules(g *group, es []*entry) error {
 	}
 	now := time.Now()
 	for k, e := range es {
-		e.ids, e.since, e.hits, e.idle = ids[k], now, 0, 0
+		e.ids, e.since, e.leased, e.hits, e.idle = ids[k], now, lease, 0, 0
 		c.entries[e.key] = e
 		delete(c.pending, e.key)
 		c.hot.Forget(e.key)
-		c.log.Debug("offloaded", "request", e.req.line(), "reply_bytes", len(e.reply), "status", e.resp.status, "close", e.rule().Close)
+		c.log.Debug("offloaded", "request", e.req.line(), "reply_bytes", len(e.reply), "status", e.resp.status, "close", rules[k].Close)
 	}
 	c.count(func(r *Report) { r.Installed += uint64(len(es)) })
 	return nil
 }
 
-// modifyRules replaces the rules of the entries by their current rule()
-// in place, on every socket of their group.
+// modifyRules replaces the rules of the entries by their current rule
+// in place, on every socket of their group, with a new lease.
 func (c *Controller) modifyRules(es []*entry) error {
+	lease := c.leaseEnd(time.Now())
 	byCookie := map[uint64][]api.Rule{}
 	for _, e := range es {
-		r := e.rule()
+		r := e.rule(lease)
 		for ci, cookie := range e.g.cookies {
 			r.ID = e.ids[ci]
 			byCookie[cookie] = append(byCookie[cookie], r)
@@ -692,6 +723,10 @@ func (c *Controller) modifyRules(es []*entry) error {
 				}
 			}
 		}
+	}
+	// only now: a rule left with its old lease is renewed again sooner
+	for _, e := range es {
+		e.leased = lease
 	}
 	return nil
 }
@@ -783,49 +818,90 @@ func (c *Controller) refetchPending(now time.Time) error {
 	return c.install(again, now)
 }
 
-// refreshDates rewrites the Date of up to DateRefresh rules (counting
-// one per socket) to the current second, those with the oldest Date
-// first. A Date has a fixed length, so the rule keeps its size, and an
-// Expires that moves with the Date (nginx's `expires TIME`) moves with
-// it.
-func (c *Controller) refreshDates(now time.Time) error {
-	if c.cfg.DateRefresh == 0 {
-		return nil
+// refresh rewrites the rules whose lease has half or less left (all of
+// them: a rule not renewed stops answering), and up to DateRefresh rules
+// in all (counting one per socket) whose Date is behind the current
+// second, the oldest Date first. Every rule it rewrites gets the current
+// Date, unless DateRefresh is 0. A Date has a fixed length, so the rule
+// keeps its size, and an Expires that moves with the Date (nginx's
+// `expires TIME`) moves with it.
+func (c *Controller) refresh(now time.Time) error {
+	if err := c.forgetLapsed(now); err != nil {
+		return err
 	}
 	sec := now.Truncate(time.Second)
-	var stale []*entry
+	renewBy := now.Add(c.cfg.Lease / 2)
+	var due, stale []*entry
 	for _, e := range c.entries {
-		if !e.dated.IsZero() && e.dated.Before(sec) {
+		switch {
+		case e.leased.Before(renewBy):
+			due = append(due, e)
+		case c.cfg.DateRefresh > 0 && !e.dated.IsZero() && e.dated.Before(sec):
 			stale = append(stale, e)
 		}
 	}
 	slices.SortFunc(stale, func(a, b *entry) int { return a.dated.Compare(b.dated) })
-	budget, n := c.cfg.DateRefresh, 0
+	budget := c.cfg.DateRefresh
+	for _, e := range due {
+		budget -= len(e.g.cookies)
+	}
+	n := 0
 	for ; n < len(stale); n++ {
 		cost := len(stale[n].g.cookies)
-		if n > 0 && cost > budget { // at least one request a second, however many sockets
+		if (n > 0 || len(due) > 0) && cost > budget { // at least one request a second, however many sockets
 			break
 		}
 		budget -= cost
-		stale[n].reply, stale[n].dated = stale[n].resp.withDate(sec), sec
 	}
-	if n == 0 {
+	es := append(due, stale[:n]...)
+	if len(es) == 0 {
 		return nil
 	}
-	if err := c.modifyRules(stale[:n]); err != nil {
+	dated := 0
+	for _, e := range es {
+		if c.cfg.DateRefresh > 0 && !e.dated.IsZero() && e.dated.Before(sec) {
+			e.reply, e.dated = e.resp.withDate(sec), sec
+			dated += len(e.g.cookies)
+		}
+	}
+	if err := c.modifyRules(es); err != nil {
 		if !isRefusal(err) {
 			return err
 		}
-		// e.g. santad full: the Dates are rewritten again next second
-		c.log.Warn("rewriting Dates failed", "rules", n, "error", err)
+		// e.g. santad full: tried again next second, with a second to spare
+		c.log.Warn("renewing rules failed", "rules", len(es), "error", err)
 		return nil
 	}
-	rules := 0
-	for _, e := range stale[:n] {
-		rules += len(e.g.cookies)
+	renewed := 0
+	for _, e := range due {
+		renewed += len(e.g.cookies)
 	}
-	c.count(func(r *Report) { r.Dated += uint64(rules) })
+	c.count(func(r *Report) { r.Dated += uint64(dated); r.Renewed += uint64(renewed) })
 	return nil
+}
+
+// forgetLapsed forgets the entries whose lease has passed (the controller
+// was held up for half a lease): their rules no longer answer and santad
+// removes them, if it has not yet. They can be learned again.
+func (c *Controller) forgetLapsed(now time.Time) error {
+	var lapsed []*entry
+	for _, e := range c.entries {
+		if !e.leased.After(now) {
+			lapsed = append(lapsed, e)
+		}
+	}
+	if len(lapsed) == 0 {
+		return nil
+	}
+	c.log.Warn("rules lapsed: the controller did not renew them in time", "rules", len(lapsed))
+	var errs []error
+	for _, e := range lapsed {
+		// one by one: a rule santad removed already fails its delete alone
+		if err := c.remove([]*entry{e}); err != nil && !errors.Is(err, santa.ErrNotFound) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // revalidate fetches the responses of the rules not checked for Interval

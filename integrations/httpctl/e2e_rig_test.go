@@ -38,6 +38,7 @@ type e2eOptions struct {
 	root      string   // nginx's document root; "": one of the testbed's
 	paths     []string // Config.Paths; nil: every path
 	accessLog bool
+	lease     time.Duration // Config.Lease; 0: the default
 	// impair: an impaired testbed (testbed.NewImpaired) with short TCP
 	// timers; the impairment itself is set by the test (rig.link).
 	impair bool
@@ -87,7 +88,7 @@ func newE2E(t *testing.T, o e2eOptions) *e2eRig {
 	t.Cleanup(func() { r.client.Close() })
 	ready := make(chan Report, 1)
 	r.ctl, err = New(Config{Socket: r.sd.Socket, Port: testPort, Root: ng.Root, Paths: o.paths, MinSamples: 1,
-		MaxReply: e2eMaxReply, DateRefresh: 1000,
+		MaxReply: e2eMaxReply, DateRefresh: 1000, Lease: o.lease,
 		Log:   slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo})),
 		Ready: func(rep Report) { ready <- rep }})
 	if err != nil {

@@ -25,10 +25,12 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/santa-offload/santa/api"
+	"github.com/santa-offload/santa/clients/go/santa"
 	"github.com/santa-offload/santa/integrations/follow"
 	"github.com/santa-offload/santa/internal/testbed"
 	"golang.org/x/sys/unix"
@@ -965,5 +967,71 @@ func TestE2EFollowRestart(t *testing.T) {
 	checkFile(t, filepath.Join(dir, "a"), files["a.txt"], "after the restart")
 	if r.counters()["answered"] == before {
 		t.Error("after the restart the rule processor answered nothing")
+	}
+}
+
+// TestE2ESantadGone: when santad is killed the controller exits without
+// deleting its rules, and they keep answering from the data plane (its
+// links are pinned), with what they had: here a file changed since. The
+// data plane itself stops them at the end of their lease, with no santad
+// to remove them; from then on nginx answers, and the next santad does
+// not bring them back.
+func TestE2ESantadGone(t *testing.T) {
+	const lease = minLease
+	files := map[string][]byte{"a.txt": []byte("the version before santad went away\n")}
+	r := newE2E(t, e2eOptions{files: files, lease: lease})
+	dir := t.TempDir()
+	get := func(name string) string {
+		out := filepath.Join(dir, name)
+		r.curl("-o", out, r.ng.URL4("/a.txt"))
+		return out
+	}
+	get("learn")
+	r.waitLines(4, "GET /a.txt HTTP/1.1")
+	before := r.counters()["answered"]
+	checkFile(t, get("offloaded"), files["a.txt"], "offloaded")
+	if r.counters()["answered"] == before {
+		t.Fatal("the rule processor did not answer the learned request")
+	}
+
+	if err := r.sd.Stop(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	select {
+	case err := <-r.errc:
+		r.stopped = true
+		t.Logf("the controller ended with: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the controller still runs 10 s after santad was killed")
+	}
+	changed := []byte("the version after santad went away, longer\n")
+	if err := os.WriteFile(filepath.Join(r.ng.Root, "a.txt"), changed, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// the premise: the rule still answers, with the old file
+	checkFile(t, get("stale"), files["a.txt"], "right after santad was killed")
+
+	// renewed last before the kill, for lease rounded up to the second
+	time.Sleep(time.Until(killed.Add(lease + time.Second + 100*time.Millisecond)))
+	checkFile(t, get("expired"), changed, "once the lease ended, santad still gone")
+	if err := r.sd.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	checkFile(t, get("restarted"), changed, "after santad restarted")
+	client, err := santa.Dial(r.sd.Socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.client.Close() // the killed santad's
+	r.client = client
+	socks, err := client.ListSockets()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range socks {
+		if s.Rules != 0 {
+			t.Errorf("the restarted santad restored %d rules of socket %v, whose leases ended", s.Rules, s.AddrPort())
+		}
 	}
 }

@@ -145,13 +145,14 @@ func TestFetch(t *testing.T) {
 		}
 		// The rule: the request exactly, the response exactly, the connection semantics.
 		e := &entry{req: req, resp: resp, reply: resp.raw}
-		rule := e.rule()
+		lease := time.Unix(time.Now().Unix()+60, 0)
+		rule := e.rule(lease)
 		var pat []byte
 		for _, c := range rule.Conditions {
 			pat = append(pat, c.Pattern...)
 		}
 		if string(pat) != tc.req || rule.MinLen != uint32(len(tc.req)) || rule.MaxLen != rule.MinLen ||
-			!bytes.Equal(rule.Processors[0].Template, resp.raw) || rule.Close != tc.close {
+			!bytes.Equal(rule.Processors[0].Template, resp.raw) || rule.Close != tc.close || rule.Expires != uint64(lease.Unix()) {
 			t.Errorf("%s: rule %+v", tc.name, rule)
 		}
 	}
@@ -228,13 +229,32 @@ func TestDateModel(t *testing.T) {
 		t.Fatalf("%d requests offloaded, want 3", n)
 	}
 	before := r.fs.snapshot()
+	for id, rule := range before { // leased for Lease, to the second
+		if end := time.Unix(int64(rule.Expires), 0); end.Before(now.Add(r.c.cfg.Lease)) || end.After(now.Add(r.c.cfg.Lease+2*time.Second)) {
+			t.Errorf("rule %d expires at %v, want %v after %v", id, end, r.c.cfg.Lease, now)
+		}
+	}
 	sec := now.Truncate(time.Second).Add(time.Second)
-	if err := r.c.refreshDates(sec); err != nil {
+	if err := r.c.refresh(sec); err != nil {
 		t.Fatal(err)
 	}
 	after := r.fs.snapshot()
-	if r.c.Report().Dated != 6 { // three requests on two IPv4 sockets
-		t.Errorf("%d rules dated, want 6", r.c.Report().Dated)
+	if rep := r.c.Report(); rep.Dated != 6 || rep.Renewed != 0 { // three requests on two IPv4 sockets
+		t.Errorf("%d rules dated and %d renewed, want 6 and 0", rep.Dated, rep.Renewed)
+	}
+	// With half the lease left every rule is renewed, whatever the Date budget.
+	r.c.cfg.DateRefresh = 1
+	if err := r.c.refresh(sec.Add(r.c.cfg.Lease/2 + time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	r.c.cfg.DateRefresh = DefaultConfig.DateRefresh
+	if rep := r.c.Report(); rep.Renewed != 6 {
+		t.Errorf("%d rules renewed with half the lease left, want 6", rep.Renewed)
+	}
+	for id, rule := range r.fs.snapshot() {
+		if rule.Expires < after[id].Expires {
+			t.Errorf("rule %d: renewed to expire at %d, before %d", id, rule.Expires, after[id].Expires)
+		}
 	}
 	for id, rule := range after {
 		old, tpl := before[id].Processors[0].Template, rule.Processors[0].Template
