@@ -75,12 +75,12 @@ type Config struct {
 	// it (it does when half is left): how long the rules outlive a
 	// controller that is gone without deleting them (killed, or santad
 	// restarted), with their Date and body as they were. At least 4s.
-	Lease       time.Duration
-	Idle        time.Duration // remove a rule without hits for this long; 0: never
-	Settle      time.Duration // after a change on disk, fetch again once the file was quiet this long
-	Timeout     time.Duration // for nginx's responses
-	Report      time.Duration // log a status line this often; 0: never
-	Log         *slog.Logger
+	Lease   time.Duration
+	Idle    time.Duration // remove a rule without hits for this long; 0: never
+	Settle  time.Duration // after a change on disk, fetch again once the file was quiet this long
+	Timeout time.Duration // for nginx's responses
+	Report  time.Duration // log a status line this often; 0: never
+	Log     *slog.Logger
 	// Ready, if set, is called once the controller is attached, watching
 	// and learning.
 	Ready func(Report)
