@@ -66,7 +66,7 @@ Modes:
 	pf.IntVar(&f.cfg.MaxRules, "max-rules", f.cfg.MaxRules, "adaptive: rules per server address; static and top: rules for learned shapes")
 	pf.DurationVar(&f.duration, "duration", 0, "stop after this long (0: run until SIGINT or SIGTERM)")
 	pf.BoolVar(&f.verbose, "verbose", false, "log every refresh and sample decision")
-	pf.BoolVar(&f.follow, "follow", false, "when the server closes its sockets (restart), wait for it and attach again (needs --port)")
+	pf.BoolVar(&f.follow, "follow", false, "when the server closes its sockets (restart) or santad goes away, wait for it and attach again (needs --port)")
 
 	var namesFile, zoneFile, origin, types string
 	static := &cobra.Command{
@@ -187,7 +187,8 @@ func (f *dnsFlags) run(e env, g *globals, mode dnsctl.Mode, qs []dnsctl.Question
 		fmt.Fprintf(e.stdout, "ready: %d rules on %d sockets (%d questions not offloaded)\n", r.Rules, r.Sockets, sum(r.Skipped))
 	}
 	return runController(e, func() (*dnsctl.Controller, error) { return dnsctl.New(cfg) }, f.duration,
-		f.follow, cfg.Port, api.ProtocolUDP, cfg.Log, func(r dnsctl.Report) string {
+		followpkg.Options{Follow: f.follow, Socket: cfg.Socket, Port: cfg.Port, Protocol: api.ProtocolUDP, Log: cfg.Log},
+		func(r dnsctl.Report) string {
 			return fmt.Sprintf("done: installed %d, refreshed %d, changed %d, removed %d rules",
 				r.Installed, r.Refreshed, r.Changed, r.Removed)
 		})
@@ -227,13 +228,13 @@ type controller[R any] interface {
 // each run it prints done's line about the report. A bad option fails
 // before any waiting: newCtl is called once first to check it.
 func runController[R any, C controller[R]](e env, newCtl func() (C, error), duration time.Duration,
-	follow bool, port uint16, protocol uint32, log *slog.Logger, done func(R) string) error {
+	opts followpkg.Options, done func(R) string) error {
 	if _, err := newCtl(); err != nil {
 		return err
 	}
 	ctx, stop := controllerContext(duration)
 	defer stop()
-	opts := followpkg.Options{Follow: follow, Port: port, Protocol: protocol, Settle: followSettle, Log: log}
+	opts.Settle = followSettle
 	return followpkg.Run(ctx, opts, func(ctx context.Context) error {
 		ctl, err := newCtl()
 		if err != nil {

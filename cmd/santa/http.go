@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/santa-offload/santa/api"
+	followpkg "github.com/santa-offload/santa/integrations/follow"
 	"github.com/santa-offload/santa/integrations/httpctl"
 )
 
@@ -62,7 +63,8 @@ run in nginx's network namespace, next to santad. See docs/http.md.`,
 				fmt.Fprintf(e.stdout, "ready: learning on %d sockets of port %d\n", r.Sockets, cfg.Port)
 			}
 			return runController(e, func() (*httpctl.Controller, error) { return httpctl.New(cfg) }, duration,
-				follow, cfg.Port, api.ProtocolTCP, cfg.Log, func(r httpctl.Report) string {
+				followpkg.Options{Follow: follow, Socket: cfg.Socket, Port: cfg.Port, Protocol: api.ProtocolTCP, Log: cfg.Log},
+				func(r httpctl.Report) string {
 					return fmt.Sprintf("done: installed %d, invalidated %d, changed %d, removed %d rules; dated %d, renewed %d; skipped %d (%d too big); %d hits; %d samples (%d ignored)",
 						r.Installed, r.Invalidated, r.Changed, r.Removed, r.Dated, r.Renewed, r.Skipped, r.TooBig, r.Hits, r.Samples, r.Ignored)
 				})
@@ -86,6 +88,6 @@ run in nginx's network namespace, next to santad. See docs/http.md.`,
 	f.DurationVar(&cfg.Report, "report", cfg.Report, "log a status line this often (0: never)")
 	f.DurationVar(&duration, "duration", 0, "stop after this long (0: run until SIGINT or SIGTERM)")
 	f.BoolVar(&verbose, "verbose", false, "log every request offloaded, not offloaded, or invalidated")
-	f.BoolVar(&follow, "follow", false, "when nginx closes its listening sockets (restart), wait for it and attach again")
+	f.BoolVar(&follow, "follow", false, "when nginx closes its listening sockets (restart) or santad goes away, wait for it and attach again")
 	return cmd
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/santa-offload/santa/api"
+	followpkg "github.com/santa-offload/santa/integrations/follow"
 	"github.com/santa-offload/santa/integrations/mcctl"
 )
 
@@ -63,7 +64,7 @@ Modes:
 	pf.IntVar(&f.cfg.Batch, "batch", f.cfg.Batch, "keys per fetch and per request to santad")
 	pf.DurationVar(&f.cfg.Timeout, "timeout", f.cfg.Timeout, "wait this long for memcached's replies")
 	pf.DurationVar(&f.duration, "duration", 0, "stop after this long (0: run until SIGINT or SIGTERM)")
-	pf.BoolVar(&f.follow, "follow", false, "when memcached closes its sockets (restart), wait for it and attach again")
+	pf.BoolVar(&f.follow, "follow", false, "when memcached closes its sockets (restart) or santad goes away, wait for it and attach again")
 	pf.BoolVar(&f.verbose, "verbose", false, "log every key not offloaded")
 
 	var keysFile string
@@ -206,7 +207,8 @@ func (f *memcachedFlags) run(e env, g *globals, mode mcctl.Mode, keys []string) 
 		fmt.Fprintf(e.stdout, "ready: %d rules on %d sockets (%d keys not offloaded)\n", r.Rules, r.Sockets, r.Skipped)
 	}
 	return runController(e, func() (*mcctl.Controller, error) { return mcctl.New(cfg) }, f.duration,
-		f.follow, cfg.Port, api.ProtocolUDP, cfg.Log, func(r mcctl.Report) string {
+		followpkg.Options{Follow: f.follow, Socket: cfg.Socket, Port: cfg.Port, Protocol: api.ProtocolUDP, Log: cfg.Log},
+		func(r mcctl.Report) string {
 			var seen []string
 			for _, k := range slices.Sorted(maps.Keys(r.Tracker)) {
 				if r.Tracker[k] > 0 {

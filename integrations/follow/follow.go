@@ -2,8 +2,8 @@
 // http) in step with its server. Watch streams the miss samples of the
 // sockets the controller attached to and says at once when the server
 // closes one: santad ends a socket's subscriptions when its rule set goes
-// with the socket. Run starts the controller again once the server is back
-// (the --follow option).
+// with the socket. Run starts the controller again once the server, or
+// santad, is back (the --follow option).
 package follow
 
 import (
@@ -80,9 +80,10 @@ func Gone(err error) bool {
 	return errors.Is(err, ErrServerGone) || errors.Is(err, santa.ErrNotFound)
 }
 
-// Options are what Run needs to wait for the server.
+// Options are what Run needs to wait for the server and santad.
 type Options struct {
-	Follow   bool          // start again after the server went away; else run once
+	Follow   bool          // start again after the server or santad went away; else run once
+	Socket   string        // santad's control socket ("": santa.SocketPath())
 	Port     uint16        // the server's port
 	Protocol uint32        // api.ProtocolUDP or api.ProtocolTCP (listeners)
 	Settle   time.Duration // wait this long after the port has a socket again, for the server to load its data
@@ -92,17 +93,36 @@ type Options struct {
 // Run calls run until ctx ends. Without o.Follow it calls it once. With
 // it, whenever run ends because the server went away (Gone), or finds no
 // socket on the port, Run waits until the port has a socket again, then
-// o.Settle, and calls run again. Any other failure ends Run.
+// o.Settle, and calls run again; and whenever run fails while santad,
+// which answered before run, no longer does or is another process (it
+// stopped or restarted), Run waits until santad answers, then for the
+// port, and calls run again. Any other failure ends Run.
 func Run(ctx context.Context, o Options, run func(context.Context) error) error {
 	for {
+		santad := santadPID(o.Socket)
 		err := run(ctx)
-		if !o.Follow && Gone(err) {
-			return fmt.Errorf("%w (with --follow the controller waits for the server and attaches again)", err)
-		}
-		if !o.Follow || ctx.Err() != nil || !Gone(err) {
+		if err == nil || ctx.Err() != nil {
 			return err
 		}
-		o.Log.Warn("the server went away; attaching again once it is back", "port", o.Port, "error", err)
+		santadGone := !Gone(err) && santad != 0 && santadPID(o.Socket) != santad
+		switch {
+		case !Gone(err) && !santadGone:
+			return err
+		case !o.Follow && santadGone:
+			return fmt.Errorf("%w (santad went away; with --follow the controller waits for it and starts again)", err)
+		case !o.Follow:
+			return fmt.Errorf("%w (with --follow the controller waits for the server and attaches again)", err)
+		case santadGone:
+			o.Log.Warn("santad went away; starting again once it is back", "socket", o.Socket, "error", err)
+			if err := waitForSantad(ctx, o.Socket); err != nil {
+				return nil // stopped while waiting
+			}
+			// a server gone meanwhile makes run fail with Gone: waited for then
+			o.Log.Info("santad is back; starting again", "socket", o.Socket)
+			continue
+		default:
+			o.Log.Warn("the server went away; attaching again once it is back", "port", o.Port, "error", err)
+		}
 		if err := WaitForPort(ctx, o.Port, o.Protocol); err != nil {
 			if ctx.Err() != nil {
 				return nil // stopped while waiting
@@ -118,8 +138,36 @@ func Run(ctx context.Context, o Options, run func(context.Context) error) error 
 	}
 }
 
-// pollEvery is how often WaitForPort looks for the server's socket.
+// pollEvery is how often WaitForPort looks for the server's socket, and
+// waitForSantad for santad.
 const pollEvery = 250 * time.Millisecond
+
+// santadPID is the pid santad at socket reports, 0 if it does not answer.
+func santadPID(socket string) uint32 {
+	c, err := santa.Dial(socket)
+	if err != nil {
+		return 0
+	}
+	defer c.Close()
+	info, _, err := c.Health()
+	if err != nil {
+		return 0
+	}
+	return info.PID
+}
+
+// waitForSantad returns once santad at socket answers, or with ctx's error
+// when ctx ends first.
+func waitForSantad(ctx context.Context, socket string) error {
+	for santadPID(socket) == 0 {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(pollEvery):
+		}
+	}
+	return nil
+}
 
 // WaitForPort returns once a UDP socket (protocol api.ProtocolUDP) is
 // bound, or a TCP socket (api.ProtocolTCP) listens, on port in this network

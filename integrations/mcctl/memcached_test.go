@@ -584,3 +584,51 @@ func TestSantadGone(t *testing.T) {
 	}
 	check("santad back, the rule restored")
 }
+
+// TestFollowSantadRestart: santa memcached --follow outlives santad. When
+// santad is killed it waits, its write tracker attached meanwhile, so a
+// write still retires the rule; once a new santad answers it starts again,
+// and its rule answers with the new value.
+func TestFollowSantadRestart(t *testing.T) {
+	r := newRig(t)
+	const key = "follow-santad:key"
+	conns, ctl, get := r.offloadOld(key, "--follow")
+
+	if err := r.santad.Stop(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(ctl.Output(), "santad went away") {
+		if exited, err := ctl.Wait(100 * time.Millisecond); exited {
+			t.Fatalf("with --follow the controller exited (%v) when santad was killed:\n%s", err, ctl.Output())
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("10 s after santad was killed the controller has not said it waits for santad:\n%s", ctl.Output())
+		}
+	}
+	if err := conns["text"].Set(key, []byte("new"), 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	for range 20 {
+		if v := get(); v != "new" {
+			t.Fatalf("santad gone: GET after the write gave %s, want new", v)
+		}
+	}
+	if err := r.santad.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	deadline = time.Now().Add(15 * time.Second)
+	for {
+		before := r.counters()["answered"]
+		if v := get(); v != "new" {
+			t.Fatalf("santad back: GET gave %s, want new", v)
+		}
+		if r.counters()["answered"] > before && strings.Count(ctl.Output(), "ready:") == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("15 s after santad came back the rule processor does not answer the key:\n%s", ctl.Output())
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
