@@ -217,18 +217,26 @@ func requestLine(req string) string {
 // once a second) and returns them.
 func (r *e2eRig) waitRules(what string, ok func([]e2eRule) bool) []e2eRule {
 	r.t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	rs, done := r.learnedWithin(10*time.Second, ok)
+	if !done {
+		var lines []string
+		for _, x := range rs {
+			lines = append(lines, fmt.Sprintf("IPv%d %q (%d hits)", x.family, x.request, x.hits))
+		}
+		r.t.Fatalf("%s: not offloaded within 10 s; rules:\n%s\ncontroller %+v; counters %v", what, strings.Join(lines, "\n"), r.ctl.Report(), r.counters())
+	}
+	return rs
+}
+
+// learnedWithin polls the rules until ok holds or d has passed, and
+// returns them and whether ok held.
+func (r *e2eRig) learnedWithin(d time.Duration, ok func([]e2eRule) bool) ([]e2eRule, bool) {
+	r.t.Helper()
+	deadline := time.Now().Add(d)
 	for {
 		rs := r.rules()
-		if ok(rs) {
-			return rs
-		}
-		if time.Now().After(deadline) {
-			var lines []string
-			for _, x := range rs {
-				lines = append(lines, fmt.Sprintf("IPv%d %q (%d hits)", x.family, x.request, x.hits))
-			}
-			r.t.Fatalf("%s: not offloaded within 10 s; rules:\n%s\ncontroller %+v; counters %v", what, strings.Join(lines, "\n"), r.ctl.Report(), r.counters())
+		if ok(rs) || time.Now().After(deadline) {
+			return rs, ok(rs)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

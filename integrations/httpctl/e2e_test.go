@@ -800,13 +800,24 @@ func TestE2ELoss(t *testing.T) {
 			checkFile(t, out(fmt.Sprint(i+6)), files[f], "keep-alive with a handover: "+f)
 		}
 	}
-	// learning, under loss too
-	for _, p := range []string{"/a.txt", "/m.bin", "/"} {
-		r.curl("-o", out("learn"), url(p))
+	// learning, under loss too. Each request is sent once a pass, so one
+	// lost sample would leave it unlearned (as a request nobody repeats
+	// is): a second pass may follow, as clients would ask again.
+	for pass := 1; ; pass++ {
+		for _, p := range []string{"/a.txt", "/m.bin", "/"} {
+			r.curl("-o", out("learn"), url(p))
+		}
+		r.runPython(script, "learn")
+		learned, all := r.learnedWithin(10*time.Second, func(rs []e2eRule) bool { return len(rs) == 10 })
+		t.Logf("learning pass %d: %d of 10 requests offloaded", pass, len(learned))
+		if all {
+			break
+		}
+		if pass == 2 {
+			r.waitLines(4, "GET /a.txt HTTP/1.1", "GET /m.bin HTTP/1.1", "GET / HTTP/1.1", "HEAD /a.txt HTTP/1.1", "HEAD /m.bin HTTP/1.1", "GET /a.txt HTTP/1.0")
+			r.waitRules("the raw HTTP/1.0 request and Python's", func(rs []e2eRule) bool { return len(rs) == 10 })
+		}
 	}
-	r.runPython(script, "learn")
-	r.waitLines(4, "GET /a.txt HTTP/1.1", "GET /m.bin HTTP/1.1", "GET / HTTP/1.1", "HEAD /a.txt HTTP/1.1", "HEAD /m.bin HTTP/1.1", "GET /a.txt HTTP/1.0")
-	r.waitRules("the raw HTTP/1.0 request and Python's", func(rs []e2eRule) bool { return len(rs) == 10 })
 
 	const rounds = 5
 	before := r.counters()
