@@ -193,8 +193,8 @@ static long chain_step(__u32 i, struct chain_walk *w)
 		w->notes.invalidated = 1;
 		return 0;
 	}
-	/* santad removes a rule when its time comes; this holds the rule to
-	 * that time in the second before, and while no santad runs */
+	/* santad removes a rule within the second its time comes; this
+	 * holds the rule to its time exactly, and while no santad runs */
 	if (r->flags & SANTA_RULE_EXPIRES && bpf_ktime_get_coarse_ns() >= r->expires) {
 		w->notes.expired = 1;
 		return 0;

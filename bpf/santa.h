@@ -184,7 +184,7 @@ struct santa_reasons {
 	__u64 pass_no_ruleset;   /* the receiving socket has no rule set */
 	__u64 pass_no_match;     /* rule set present, no rule matched */
 	__u64 pass_invalidated;  /* a rule's conditions held but one of its guards has moved on */
-	__u64 pass_expired;      /* the best matching rule's expires time has come (santad not yet removed it) */
+	__u64 pass_expired;      /* a rule's conditions held but its expires time had come (not yet removed) */
 	__u64 pass_too_long;     /* payload longer than the matcher's window */
 	__u64 pass_bad_checksum; /* a rule matched but the request's UDP checksum is wrong */
 	__u64 pass_no_room;      /* the frame could not be resized for the reply */
