@@ -220,13 +220,15 @@ const followSettle = time.Second
 type controller[R any] interface {
 	Run(context.Context) error
 	Report() R
+	Leftover() followpkg.Leftovers
 }
 
 // runController runs the controller newCtl builds until SIGINT, SIGTERM or
 // duration (0: no limit); with follow it builds and runs a new one each
-// time the server's port went away and came back (package follow). After
-// each run it prints done's line about the report. A bad option fails
-// before any waiting: newCtl is called once first to check it.
+// time the server or santad went away and came back (package follow),
+// which first deletes the rules the last one could not. After each run it
+// prints done's line about the report. A bad option fails before any
+// waiting: newCtl is called once first to check it.
 func runController[R any, C controller[R]](e env, newCtl func() (C, error), duration time.Duration,
 	opts followpkg.Options, done func(R) string) error {
 	if _, err := newCtl(); err != nil {
@@ -235,12 +237,21 @@ func runController[R any, C controller[R]](e env, newCtl func() (C, error), dura
 	ctx, stop := controllerContext(duration)
 	defer stop()
 	opts.Settle = followSettle
+	var left followpkg.Leftovers
 	return followpkg.Run(ctx, opts, func(ctx context.Context) error {
+		if n := left.Rules(); n > 0 {
+			opts.Log.Info("deleting the rules the last run could not", "rules", n)
+			if err := left.Delete(opts.Socket); err != nil {
+				return fmt.Errorf("delete the rules the last run left: %w", err)
+			}
+		}
+		left = nil
 		ctl, err := newCtl()
 		if err != nil {
 			return err
 		}
 		err = ctl.Run(ctx)
+		left = ctl.Leftover()
 		fmt.Fprintln(e.stdout, done(ctl.Report()))
 		return err
 	})

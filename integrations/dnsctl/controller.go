@@ -15,6 +15,7 @@ import (
 
 	"github.com/santa-offload/santa/api"
 	"github.com/santa-offload/santa/clients/go/santa"
+	"github.com/santa-offload/santa/integrations/follow"
 	"github.com/santa-offload/santa/internal/sketch"
 )
 
@@ -114,6 +115,7 @@ type Controller struct {
 	// created are the sockets whose rule set this controller's attach
 	// made: it removes them again on exit if no one else added rules.
 	created []uint64
+	left    follow.Leftovers // rules it could not delete on exit
 
 	// mu guards the endpoints' entries, the wheels, the zones and the santad
 	// connection. The main loop holds it except while it asks the server;
@@ -198,7 +200,7 @@ func New(cfg Config) (*Controller, error) {
 		return nil, fmt.Errorf("%s mode needs at least one query shape", cfg.Mode)
 	}
 	c := &Controller{
-		cfg: cfg, log: cfg.Log,
+		cfg: cfg, log: cfg.Log, left: follow.Leftovers{},
 		allowed: map[Question]bool{},
 		zones:   map[string]*zone{},
 		zoneOf:  map[string]string{},
@@ -224,6 +226,10 @@ func setDefault[T comparable](v *T, d T) {
 }
 
 // Report returns a copy of the counters.
+// Leftover returns the rules the controller could not delete when Run
+// ended (santad went away), for the next controller to delete.
+func (c *Controller) Leftover() follow.Leftovers { return c.left }
+
 func (c *Controller) Report() Report {
 	c.repMu.Lock()
 	defer c.repMu.Unlock()
@@ -851,7 +857,7 @@ func (c *Controller) remove(ep *endpoint, es []*entry) error {
 			for k, e := range batch {
 				ids[k] = e.ids[ci]
 			}
-			if err := c.deleteRules(cookie, ids); err != nil {
+			if err := follow.DeleteRules(c.client, cookie, ids); err != nil {
 				return fmt.Errorf("delete %d rules of socket %d: %w", len(ids), cookie, err)
 			}
 		}
@@ -866,22 +872,6 @@ func (c *Controller) remove(ep *endpoint, es []*entry) error {
 	return nil
 }
 
-// deleteRules deletes rules ids of socket cookie. santad refuses the whole
-// request if one is gone; it removes a rule itself when it expires, so
-// rules already gone are left out and the rest deleted one by one.
-func (c *Controller) deleteRules(cookie uint64, ids []uint64) error {
-	err := c.client.Delete(santa.Cookie(cookie), ids)
-	if !errors.Is(err, santa.ErrNotFound) {
-		return err
-	}
-	for _, id := range ids {
-		if err := c.client.Delete(santa.Cookie(cookie), []uint64{id}); err != nil && !errors.Is(err, santa.ErrNotFound) {
-			return err
-		}
-	}
-	return nil
-}
-
 // removeAll deletes every rule the controller installed (on exit).
 func (c *Controller) removeAll() {
 	for _, ep := range c.eps {
@@ -891,6 +881,11 @@ func (c *Controller) removeAll() {
 		}
 		if err := c.remove(ep, all); err != nil {
 			c.log.Warn("removing the rules on exit failed", "server", ep.addr, "error", err)
+			for _, e := range ep.entries { // those remove did not get to
+				for ci, cookie := range ep.cookies {
+					c.left.Add(cookie, e.ids[ci])
+				}
+			}
 			continue
 		}
 		c.log.Info("removed the controller's rules", "server", ep.addr, "rules", len(all))

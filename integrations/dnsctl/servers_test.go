@@ -725,3 +725,61 @@ func TestFollowServerRestart(t *testing.T) {
 		t.Errorf("the following controller was ready %d times, want 2:\n%s", n, following.Output())
 	}
 }
+
+// TestFollowSantadRestart: santa dns --follow outlives santad. Killed,
+// the controller waits; once santad is back, with the rules restored, it
+// deletes the rules its first run could not and installs its own: each
+// socket holds one rule again (no duplicate, which would also cost the
+// rule set its disjointness), and the rule processor answers.
+func TestFollowSantadRestart(t *testing.T) {
+	r := newRig(t, testbed.KindNSD, 0)
+	www := "www." + r.zone.Origin
+	ctl := r.startController("static", "--port", "53/udp", "--names", r.namesFile([]string{www}, []uint16{dns.TypeA}),
+		"--shape", "rd,ad,edns", "--learn-shapes=false", "--follow")
+	if got, kernel := r.dig(www, "A"); got != testbed.ExampleWWW4.String() || !kernel {
+		t.Fatalf("before santad was killed: %q, from the rule processor %v", got, kernel)
+	}
+	if err := r.santad.Stop(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(ctl.Output(), "santad went away") {
+		if exited, err := ctl.Wait(100 * time.Millisecond); exited {
+			t.Fatalf("with --follow the controller exited (%v) when santad was killed:\n%s", err, ctl.Output())
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("10 s after santad was killed the controller has not said it waits for santad:\n%s", ctl.Output())
+		}
+	}
+	if err := r.santad.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	deadline = time.Now().Add(15 * time.Second)
+	for {
+		got, kernel := r.dig(www, "A")
+		if got == testbed.ExampleWWW4.String() && kernel && strings.Count(ctl.Output(), "ready:") == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("15 s after santad came back: %q, from the rule processor %v; controller output:\n%s", got, kernel, ctl.Output())
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if !strings.Contains(ctl.Output(), "deleting the rules the last run could not") {
+		t.Errorf("the controller did not delete the rules its first run left:\n%s", ctl.Output())
+	}
+	c, err := santa.Dial(r.santad.Socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	socks, err := c.ListSockets()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range socks {
+		if s.Rules != 1 {
+			t.Errorf("socket %v has %d rules, want the one of the running controller", s.AddrPort(), s.Rules)
+		}
+	}
+}

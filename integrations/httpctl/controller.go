@@ -216,7 +216,8 @@ type Controller struct {
 	rules    ruleClient
 	groups   []*group
 	byCookie map[uint64]*group
-	created  []uint64 // sockets the attach bound, unbound on exit if left empty
+	created  []uint64         // sockets the attach bound, unbound on exit if left empty
+	left     follow.Leftovers // rules it could not delete on exit
 	entries  map[string]*entry
 	pending  map[string]*entry
 	refused  map[string]refusal
@@ -292,7 +293,7 @@ func New(cfg Config) (*Controller, error) {
 	case cfg.Idle < 0 || cfg.Report < 0:
 		return nil, errors.New("idle and report intervals cannot be negative")
 	}
-	c := &Controller{cfg: cfg, log: cfg.Log, byCookie: map[uint64]*group{}, entries: map[string]*entry{},
+	c := &Controller{cfg: cfg, log: cfg.Log, left: follow.Leftovers{}, byCookie: map[uint64]*group{}, entries: map[string]*entry{},
 		pending: map[string]*entry{}, refused: map[string]refusal{}, logged: map[string]bool{},
 		hot: sketch.New(4 * min(cfg.MaxRules, 16384)), samples: make(chan sample, 4096)}
 	if len(cfg.Paths) > 0 {
@@ -309,6 +310,10 @@ func New(cfg Config) (*Controller, error) {
 }
 
 // Report returns the counters.
+// Leftover returns the rules the controller could not delete when Run
+// ended (santad went away), for the next controller to delete.
+func (c *Controller) Leftover() follow.Leftovers { return c.left }
+
 func (c *Controller) Report() Report {
 	c.repMu.Lock()
 	defer c.repMu.Unlock()
@@ -1025,13 +1030,18 @@ func (c *Controller) removeAll() {
 	}
 	all := make([]*entry, 0, len(c.entries))
 	for _, e := range c.entries {
+		for ci, cookie := range e.g.cookies { // deleteRules forgets them
+			c.left.Add(cookie, e.ids[ci])
+		}
 		all = append(all, e)
-	}
-	if err := c.deleteRules(all); err != nil && !errors.Is(err, santa.ErrNotFound) {
-		c.log.Warn("removing the rules on exit failed", "error", err)
 	}
 	clear(c.pending)
 	c.count(func(r *Report) { r.Removed += uint64(len(all)) })
+	if err := c.deleteRules(all); err != nil && !errors.Is(err, santa.ErrNotFound) {
+		c.log.Warn("removing the rules on exit failed", "error", err)
+		return
+	}
+	clear(c.left)
 	c.log.Info("removed the controller's rules", "rules", len(all))
 }
 

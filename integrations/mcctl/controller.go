@@ -121,6 +121,7 @@ type Controller struct {
 	// rulesLeft: on exit santad did not confirm that every rule is gone
 	// (it went away): the write tracker stays attached to guard them.
 	rulesLeft bool
+	left      follow.Leftovers // of those, the ones it knows of
 
 	repMu sync.Mutex
 	rep   Report
@@ -185,7 +186,7 @@ func New(cfg Config) (*Controller, error) {
 	case cfg.MaxRules < 1:
 		return nil, fmt.Errorf("max rules %d: must be at least 1", cfg.MaxRules)
 	}
-	c := &Controller{cfg: cfg, log: cfg.Log, entries: map[string]*entry{}, bySlot: map[uint32][]*entry{},
+	c := &Controller{cfg: cfg, log: cfg.Log, left: follow.Leftovers{}, entries: map[string]*entry{}, bySlot: map[uint32][]*entry{},
 		expiry: map[int64]map[string]*entry{}, start: time.Now(), wanted: map[string]bool{}, missing: map[string]bool{},
 		samples: make(chan string, 4096)}
 	keys := cfg.Keys
@@ -205,6 +206,10 @@ func New(cfg Config) (*Controller, error) {
 }
 
 // Report returns the counters.
+// Leftover returns the rules the controller could not delete when Run
+// ended (santad went away), for the next controller to delete.
+func (c *Controller) Leftover() follow.Leftovers { return c.left }
+
 func (c *Controller) Report() Report {
 	c.repMu.Lock()
 	r := c.rep
@@ -611,6 +616,11 @@ func (c *Controller) removeAll() {
 			if !errors.Is(err, santa.ErrNotFound) { // else gone with their socket (memcached stopped)
 				c.log.Warn("removing the rules on exit failed", "error", err)
 				c.rulesLeft = true
+				for _, e := range all[i:] {
+					for ci, cookie := range c.cookies {
+						c.left.Add(cookie, e.ids[ci])
+					}
+				}
 			}
 			break
 		}

@@ -587,8 +587,9 @@ func TestSantadGone(t *testing.T) {
 
 // TestFollowSantadRestart: santa memcached --follow outlives santad. When
 // santad is killed it waits, its write tracker attached meanwhile, so a
-// write still retires the rule; once a new santad answers it starts again,
-// and its rule answers with the new value.
+// write still retires the rule; once a new santad answers it deletes the
+// rules it could not (santad restored them) and starts again, and its rule
+// answers with the new value.
 func TestFollowSantadRestart(t *testing.T) {
 	r := newRig(t)
 	const key = "follow-santad:key"
@@ -630,5 +631,23 @@ func TestFollowSantadRestart(t *testing.T) {
 			t.Fatalf("15 s after santad came back the rule processor does not answer the key:\n%s", ctl.Output())
 		}
 		time.Sleep(200 * time.Millisecond)
+	}
+	// the rules of the first run, restored by santad, were deleted first
+	if !strings.Contains(ctl.Output(), "deleting the rules the last run could not") {
+		t.Errorf("the controller did not delete the rules its first run left:\n%s", ctl.Output())
+	}
+	c, err := santa.Dial(r.santad.Socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	socks, err := c.ListSockets()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range socks {
+		if s.Rules != 1 {
+			t.Errorf("socket %v has %d rules, want the one of the running controller", s.AddrPort(), s.Rules)
+		}
 	}
 }
