@@ -598,14 +598,8 @@ func TestFollowSantadRestart(t *testing.T) {
 	if err := r.santad.Stop(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for !strings.Contains(ctl.Output(), "santad went away") {
-		if exited, err := ctl.Wait(100 * time.Millisecond); exited {
-			t.Fatalf("with --follow the controller exited (%v) when santad was killed:\n%s", err, ctl.Output())
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("10 s after santad was killed the controller has not said it waits for santad:\n%s", ctl.Output())
-		}
+	if err := ctl.WaitOutput("santad went away", 10*time.Second); err != nil {
+		t.Fatalf("with --follow, santad killed: %v", err)
 	}
 	if err := conns["text"].Set(key, []byte("new"), 0, 0); err != nil {
 		t.Fatal(err)
@@ -618,7 +612,7 @@ func TestFollowSantadRestart(t *testing.T) {
 	if err := r.santad.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	deadline = time.Now().Add(15 * time.Second)
+	deadline := time.Now().Add(15 * time.Second)
 	for {
 		before := r.counters()["answered"]
 		if v := get(); v != "new" {
@@ -633,21 +627,5 @@ func TestFollowSantadRestart(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 	}
 	// the rules of the first run, restored by santad, were deleted first
-	if !strings.Contains(ctl.Output(), "deleting the rules the last run could not") {
-		t.Errorf("the controller did not delete the rules its first run left:\n%s", ctl.Output())
-	}
-	c, err := santa.Dial(r.santad.Socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	socks, err := c.ListSockets()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, s := range socks {
-		if s.Rules != 1 {
-			t.Errorf("socket %v has %d rules, want the one of the running controller", s.AddrPort(), s.Rules)
-		}
-	}
+	r.santad.ExpectLeftoversDeleted(t, ctl)
 }

@@ -114,6 +114,21 @@ func (c *Controller) Wait(timeout time.Duration) (exited bool, err error) {
 	}
 }
 
+// WaitOutput waits at most timeout for the controller to print text; it
+// fails if the controller exits first.
+func (c *Controller) WaitOutput(text string, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for !strings.Contains(c.Output(), text) {
+		if exited, err := c.Wait(100 * time.Millisecond); exited {
+			return fmt.Errorf("%s exited (%v) before it printed %q:\n%s", c.name, err, text, c.tail())
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s did not print %q within %v:\n%s", c.name, text, timeout, c.tail())
+		}
+	}
+	return nil
+}
+
 // Stop sends SIGTERM (the controller deletes its rules and prints its
 // "done:" line) and waits, SIGKILL after timeout. It may be called again:
 // only the first call reports how the controller ended.

@@ -7,7 +7,9 @@ import (
 	"io"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
+	"testing"
 	"time"
 
 	santa "github.com/santa-offload/santa/clients/go/santa"
@@ -117,4 +119,42 @@ func (s *Santad) Cleanup() error {
 		return fmt.Errorf("santad cleanup: %w: %s", err, bytes.TrimSpace(out))
 	}
 	return nil
+}
+
+// rulesBySocket is how many rules each socket with a rule set holds.
+func (s *Santad) rulesBySocket() (map[string]uint64, error) {
+	c, err := santa.Dial(s.Socket)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	socks, err := c.ListSockets()
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]uint64{}
+	for _, si := range socks {
+		out[si.AddrPort().String()] = si.Rules
+	}
+	return out, nil
+}
+
+// ExpectLeftoversDeleted fails t unless controller ctl, started again by
+// --follow after santad went away, said it deleted the rules its last run
+// could not, and every socket of s holds one rule, its own (for the
+// tests' controllers that offload one request per socket).
+func (s *Santad) ExpectLeftoversDeleted(t testing.TB, ctl *Controller) {
+	t.Helper()
+	if !strings.Contains(ctl.Output(), "deleting the rules the last run could not") {
+		t.Errorf("the controller did not delete the rules its first run left:\n%s", ctl.Output())
+	}
+	rules, err := s.rulesBySocket()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for sock, n := range rules {
+		if n != 1 {
+			t.Errorf("socket %s has %d rules, want the one of the running controller", sock, n)
+		}
+	}
 }
