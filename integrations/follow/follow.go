@@ -159,27 +159,23 @@ func santadPID(socket string) uint32 {
 // waitForSantad returns once santad at socket answers, or with ctx's error
 // when ctx ends first.
 func waitForSantad(ctx context.Context, socket string) error {
-	for santadPID(socket) == 0 {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(pollEvery):
-		}
-	}
-	return nil
+	return pollUntil(ctx, func() (bool, error) { return santadPID(socket) != 0, nil })
 }
 
 // WaitForPort returns once a UDP socket (protocol api.ProtocolUDP) is
 // bound, or a TCP socket (api.ProtocolTCP) listens, on port in this network
 // namespace, IPv4 or IPv6; or with ctx's error when ctx ends first.
 func WaitForPort(ctx context.Context, port uint16, protocol uint32) error {
+	return pollUntil(ctx, func() (bool, error) { return portInUse(port, protocol) })
+}
+
+// pollUntil asks done every pollEvery until it says yes or fails, or ctx
+// ends (then it returns ctx's error).
+func pollUntil(ctx context.Context, done func() (bool, error)) error {
 	for {
-		found, err := portInUse(port, protocol)
-		if err != nil {
+		ok, err := done()
+		if ok || err != nil {
 			return err
-		}
-		if found {
-			return nil
 		}
 		select {
 		case <-ctx.Done():
