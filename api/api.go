@@ -4,7 +4,13 @@
 // examples every client library is tested against.
 package api
 
-import "net/netip"
+import (
+	"fmt"
+	"net/netip"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+)
 
 // Version is the protocol version this package speaks.
 const Version = 1
@@ -134,6 +140,37 @@ type Rule struct {
 	Guards     []Guard     `cbor:"8,keyasint,omitempty" json:"guards,omitempty"`   // the rule answers only while these hold
 	Close      bool        `cbor:"9,keyasint,omitempty" json:"close,omitempty"`    // TCP only: the reply ends the connection (sent with FIN)
 	Expires    uint64      `cbor:"10,keyasint,omitempty" json:"expires,omitempty"` // Unix time (s) santad removes the rule at, 0 = never
+	Tag        string      `cbor:"11,keyasint,omitempty" json:"tag,omitempty"`     // who added the rule, e.g. "santa-dns": how a restarted controller finds its predecessor's rules
+}
+
+// MaxTagLen is the longest Tag santad accepts, in bytes.
+const MaxTagLen = 64
+
+// CheckTag says why santad would refuse tag: longer than MaxTagLen bytes,
+// not UTF-8, or holding a control character (it is printed in listings).
+func CheckTag(tag string) error {
+	if len(tag) > MaxTagLen {
+		return fmt.Errorf("tag %.20q… is %d bytes, at most %d", tag, len(tag), MaxTagLen)
+	}
+	if !utf8.ValidString(tag) {
+		return fmt.Errorf("tag %q is not UTF-8", tag)
+	}
+	if i := strings.IndexFunc(tag, unicode.IsControl); i >= 0 {
+		return fmt.Errorf("tag %q has a control character at byte %d", tag, i)
+	}
+	return nil
+}
+
+// MatchKey names what r matches: its length bounds and conditions. Rules
+// with equal keys answer the same requests, so a controller uses it to find
+// the rule of a request it is about to install among those it inherited.
+func (r Rule) MatchKey() string {
+	var k strings.Builder
+	fmt.Fprintf(&k, "%d-%d", r.MinLen, r.MaxLen)
+	for _, c := range r.Conditions {
+		fmt.Fprintf(&k, "|%d:%x/%x", c.Offset, []byte(c.Pattern), []byte(c.Mask))
+	}
+	return k.String()
 }
 
 // Guard holds while slot Slot of santad's guard map holds Version (see

@@ -111,6 +111,11 @@ var vectorMessages = []Vector{
 				Template: Bytes("\x81\x80\x00\x01\x00\x01\x00\x00\x00\x00\x03www\x07example\x03com\x00\x00\x01\x00\x01" +
 					"\xc0\x0c\x00\x01\x00\x01\x00\x00\x01\x2c\x00\x04\xc6\x13\x00\x01")}},
 			ReplyLen: 49, Expires: 1795000000}}}},
+	{Name: "list_rules response: a rule tagged by the controller that added it", Message: Message{V: 1, Op: OpListRules, Seq: 21,
+		Rules: []Rule{{ID: 9, Version: 2,
+			Conditions: []Condition{{Offset: 0, Pattern: Bytes("get k\r\n")}},
+			Processors: []Processor{{Kind: KindPut, Template: Bytes("VALUE k 0 1\r\nv\r\nEND\r\n")}},
+			ReplyLen:   21, Tag: "santa-memcached"}}}},
 }
 
 func TestVectors(t *testing.T) {

@@ -147,11 +147,17 @@ rule file that 'santa rules replace' takes back.`,
 		})
 
 	var rmCookie uint64
+	var rmTag string
 	rm := &cobra.Command{
-		Use:   "rm ID...",
-		Short: "Remove rules by id, all or none",
-		Args:  cobra.MinimumNArgs(1),
+		Use:   "rm (ID... | --tag T)",
+		Short: "Remove rules by id, or every rule with a tag, all or none",
+		Long: `Remove rules by id, or every rule with a tag, all or none.
+With --tag, the socket's rules tagged T (e.g. santa-dns: what a controller
+that is gone left behind) are removed.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if (len(args) == 0) == !cmd.Flags().Changed("tag") {
+				return fmt.Errorf("give rule ids or --tag T (not both)")
+			}
 			ids, err := parseIDs(args)
 			if err != nil {
 				return err
@@ -161,6 +167,15 @@ rule file that 'santa rules replace' takes back.`,
 				return err
 			}
 			defer c.Close()
+			if cmd.Flags().Changed("tag") {
+				if ids, err = taggedRules(c, rmCookie, rmTag); err != nil {
+					return err
+				}
+				if len(ids) == 0 {
+					fmt.Fprintf(e.stdout, "no rules tagged %q\n", rmTag)
+					return nil
+				}
+			}
 			if err := c.Delete(santa.Cookie(rmCookie), ids); err != nil {
 				return err
 			}
@@ -169,8 +184,24 @@ rule file that 'santa rules replace' takes back.`,
 		},
 	}
 	socketFlag(rm, &rmCookie, true)
+	rm.Flags().StringVar(&rmTag, "tag", "", "remove every rule of the socket with this tag (\"\": the untagged ones)")
 	rules.AddCommand(ls, add, replace, modify, rm)
 	return rules
+}
+
+// taggedRules returns the ids of the socket's rules tagged tag.
+func taggedRules(c *santa.Client, cookie uint64, tag string) ([]uint64, error) {
+	rules, err := c.ListRules(santa.Cookie(cookie))
+	if err != nil {
+		return nil, err
+	}
+	var ids []uint64
+	for _, r := range rules {
+		if r.Tag == tag {
+			ids = append(ids, r.ID)
+		}
+	}
+	return ids, nil
 }
 
 func parseIDs(args []string) ([]uint64, error) {
@@ -189,6 +220,7 @@ func parseIDs(args []string) ([]uint64, error) {
 func ruleFileCmd(e env, g *globals, use, short string, do func(*santa.Client, santa.Target, []api.Rule) ([]uint64, error)) *cobra.Command {
 	var cookie uint64
 	var lifetime time.Duration
+	var tag string
 	cmd := &cobra.Command{
 		Use:   use,
 		Short: short,
@@ -196,11 +228,14 @@ func ruleFileCmd(e env, g *globals, use, short string, do func(*santa.Client, sa
 The rule file format is in docs/cli.md: a list of rules, each with
 conditions (offset and text, hex or base64) and processors (put or copy).
 With --lifetime, santad removes each rule that has no expires of its own
-that long after now.`,
+that long after now; --tag tags each rule that has no tag of its own.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if lifetime < 0 {
 				return fmt.Errorf("--lifetime %v: must not be negative (0: the rules do not expire)", lifetime)
+			}
+			if err := api.CheckTag(tag); err != nil {
+				return fmt.Errorf("--tag: %w", err)
 			}
 			var data []byte
 			var err error
@@ -215,6 +250,11 @@ that long after now.`,
 			rules, err := rulefile.Parse(data)
 			if err != nil {
 				return err
+			}
+			for i := range rules {
+				if rules[i].Tag == "" {
+					rules[i].Tag = tag
+				}
 			}
 			if lifetime > 0 {
 				// the whole second at or after now + lifetime: never early
@@ -242,6 +282,7 @@ that long after now.`,
 	}
 	socketFlag(cmd, &cookie, true)
 	cmd.Flags().DurationVar(&lifetime, "lifetime", 0, "santad removes each rule without its own expires this long after now (e.g. 30s, 5m, 2h; 0: never)")
+	cmd.Flags().StringVar(&tag, "tag", "", "tag each rule without a tag of its own (who added it; santa rules rm --tag removes them)")
 	return cmd
 }
 
@@ -278,9 +319,13 @@ func listRules(e env, g *globals, c *santa.Client, cookie uint64) error {
 		hits[s.ID] = s.Hits
 	}
 	w := table(e.stdout)
-	fmt.Fprintln(w, "ID\tVERSION\tPRIORITY\tCONDITIONS\tREPLY\tHITS")
+	fmt.Fprintln(w, "ID\tVERSION\tPRIORITY\tTAG\tCONDITIONS\tREPLY\tHITS")
 	for _, r := range rules {
-		fmt.Fprintf(w, "%d\t%d\t%d\t%s\t%d B\t%d\n", r.ID, r.Version, r.Priority, matches(r), r.ReplyLen, hits[r.ID])
+		tag := r.Tag
+		if tag == "" {
+			tag = "-"
+		}
+		fmt.Fprintf(w, "%d\t%d\t%d\t%s\t%s\t%d B\t%d\n", r.ID, r.Version, r.Priority, tag, matches(r), r.ReplyLen, hits[r.ID])
 	}
 	return w.Flush()
 }

@@ -66,6 +66,8 @@ func TestBadInput(t *testing.T) {
 		"max length below a condition": {Conditions: good[0].Conditions, Processors: good[0].Processors, ReplyLen: 1, MaxLen: 2},
 		"min length above max length":  {Conditions: good[0].Conditions, Processors: good[0].Processors, ReplyLen: 1, MinLen: 9, MaxLen: 8},
 		"close on a UDP socket":        {Conditions: good[0].Conditions, Processors: good[0].Processors, ReplyLen: 1, Close: true},
+		"tag of 65 bytes":              {Conditions: good[0].Conditions, Processors: good[0].Processors, ReplyLen: 1, Tag: strings.Repeat("t", 65)},
+		"tag with a newline":           {Conditions: good[0].Conditions, Processors: good[0].Processors, ReplyLen: 1, Tag: "santa\ndns"},
 	}
 	for name, r := range invalid {
 		// the invalid rule comes last in a batch of valid ones: none may stay

@@ -219,6 +219,7 @@ func (d *Daemon) restore(prev *dataplane.Previous) error {
 		restored := make([]api.Rule, len(infos))
 		for i, ri := range infos {
 			restored[i] = fromDataplane(ri)
+			restored[i].Tag = rs.rules[uint64(ri.ID)].Tag
 		}
 		set.addRules(u, restored)
 		d.sets[cookie] = set

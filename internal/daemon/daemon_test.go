@@ -226,7 +226,7 @@ func TestRestartUnderLoad(t *testing.T) {
 	}
 	// the answering rule echoes an 8-byte sequence number (whose top bits
 	// its masked condition checks, and whose length its bounds fix); 2000
-	// more rules, some with masks, make the restore real work
+	// more rules, some with masks, some tagged, make the restore real work
 	rules := []api.Rule{{
 		Conditions: []api.Condition{santa.Match(0, []byte("Hello")), {Offset: 5, Pattern: api.Bytes{0}, Mask: api.Bytes{0xf0}}},
 		Processors: []api.Processor{santa.Put(0, []byte("COMSYS")), santa.Copy(6, 5, 8)},
@@ -243,6 +243,9 @@ func TestRestartUnderLoad(t *testing.T) {
 		if i%100 == 0 {
 			r.Processors = append(r.Processors, api.Processor{Kind: api.KindCopy, ReplyOffset: 10, SrcOffset: 11, Length: 1, Mask: api.Bytes{0x0f}})
 		}
+		if i%3 == 0 {
+			r.Tag = fmt.Sprintf("tag-%d", i%2)
+		}
 		rules = append(rules, r)
 	}
 	ids, err := c.Add(target, rules)
@@ -251,6 +254,7 @@ func TestRestartUnderLoad(t *testing.T) {
 	}
 	rules[1].ID = ids[1]
 	rules[1].Processors = []api.Processor{santa.Put(0, []byte("changed-one"))}
+	rules[1].Tag = "retagged" // a modify sets the tag anew
 	if err := c.Modify(target, rules[1:2]); err != nil {
 		t.Fatal(err)
 	}
@@ -263,6 +267,13 @@ func TestRestartUnderLoad(t *testing.T) {
 	}
 	if len(before) != 1999 {
 		t.Fatalf("%d rules before the restart, want 1999", len(before))
+	}
+	tags := map[string]int{}
+	for _, r := range before {
+		tags[r.Tag]++
+	}
+	if want := map[string]int{"": 1332, "tag-0": 333, "tag-1": 333, "retagged": 1}; !reflect.DeepEqual(tags, want) {
+		t.Fatalf("tags listed before the restart: %v, want %v", tags, want)
 	}
 
 	const rate, duration = 2000, 6 * time.Second

@@ -352,6 +352,7 @@ func (d *Daemon) listRules(rs *ruleSet) ([]api.Rule, error) {
 	out := make([]api.Rule, len(infos))
 	for i, ri := range infos {
 		out[i] = fromDataplane(ri)
+		out[i].Tag = rs.rules[out[i].ID].tag // santad's, not the data plane's
 	}
 	return out, nil
 }

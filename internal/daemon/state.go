@@ -5,6 +5,7 @@ import (
 	"maps"
 	"slices"
 	"time"
+	"unique"
 
 	"github.com/santa-offload/santa/api"
 	"github.com/santa-offload/santa/internal/dataplane"
@@ -24,6 +25,7 @@ type ruleMeta struct {
 	cost    uint64
 	version uint32
 	expires uint64 // api.Rule.Expires
+	tag     string // api.Rule.Tag, interned: a million rules share a few tags
 }
 
 // usage is what one uid holds, against its quota.
@@ -97,10 +99,16 @@ func (d *Daemon) checkQuota(caller uint32, rs *ruleSet, addRules, dropRules, add
 	return nil
 }
 
-// checkRules refuses rules the socket cannot carry and rules already expired.
+// checkRules refuses rules the socket cannot carry, rules already expired
+// and bad tags.
 func checkRules(rs *ruleSet, rules []api.Rule) error {
 	if err := checkSocket(rs, rules); err != nil {
 		return err
+	}
+	for i, r := range rules {
+		if err := api.CheckTag(r.Tag); err != nil {
+			return fail(api.StatusInvalid, "rule %d: %v", i, err)
+		}
 	}
 	return checkExpires(rules, time.Now())
 }
@@ -174,7 +182,7 @@ func newRules(rules []api.Rule, ids []dataplane.RuleID) ([]uint64, []api.Rule) {
 func (rs *ruleSet) addRules(u *usage, rules []api.Rule) {
 	for _, r := range rules {
 		c := cost(r)
-		rs.rules[r.ID] = ruleMeta{cost: c, version: r.Version, expires: r.Expires}
+		rs.rules[r.ID] = ruleMeta{cost: c, version: r.Version, expires: r.Expires, tag: unique.Make(r.Tag).Value()}
 		rs.bytes += c
 		u.rules++
 		u.bytes += c

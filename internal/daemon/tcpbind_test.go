@@ -110,15 +110,18 @@ func TestTCPListener(t *testing.T) {
 	}
 	file := filepath.Join(sd.dir, "tcp.yaml")
 	writeFile(t, file, "rules:\n- conditions: [{offset: 0, text: \"GET /file\"}]\n  processors: [{put: {at: 0, text: x}}]\n  reply_len: 1\n  close: true\n")
-	if _, err := sd.cli(0, "rules", "add", "--socket", fmt.Sprint(info.Cookie), file); err != nil {
+	if _, err := sd.cli(0, "rules", "add", "--socket", fmt.Sprint(info.Cookie), "--tag", "from a file", file); err != nil {
 		t.Fatalf("rule file with close for a TCP listener: %v", err)
 	}
 	fileRules, err := c.ListRules(santa.Cookie(info.Cookie))
-	if err != nil || len(fileRules) != 3 || !fileRules[2].Close {
-		t.Fatalf("rule file's rule: %+v (%v), want close", fileRules, err)
+	if err != nil || len(fileRules) != 3 || !fileRules[2].Close || fileRules[2].Tag != "from a file" {
+		t.Fatalf("rule file's rule: %+v (%v), want close and the tag", fileRules, err)
 	}
-	if err := c.Delete(santa.Cookie(info.Cookie), []uint64{fileRules[2].ID}); err != nil {
-		t.Fatal(err)
+	if out, err = sd.cli(0, "rules", "ls", "--socket", fmt.Sprint(info.Cookie)); err != nil || strings.Count(out, "from a file") != 1 {
+		t.Errorf("rules ls --socket shows the tag %d times, want once: %v\n%s", strings.Count(out, "from a file"), err, out)
+	}
+	if out, err = sd.cli(0, "rules", "rm", "--socket", fmt.Sprint(info.Cookie), "--tag", "from a file"); err != nil || !strings.Contains(out, "removed 1 rules") {
+		t.Fatalf("rules rm --tag: %v\n%s", err, out)
 	}
 
 	// the protocol and close survive a restart (journal and compaction),

@@ -34,6 +34,7 @@ type Rule struct {
 	Guards     []Guard     `json:"guards,omitempty" yaml:"guards,omitempty"`
 	Close      bool        `json:"close,omitempty" yaml:"close,omitempty"`     // TCP only: the reply ends the connection (FIN)
 	Expires    uint64      `json:"expires,omitempty" yaml:"expires,omitempty"` // Unix time (s) santad removes the rule at, 0 = never
+	Tag        string      `json:"tag,omitempty" yaml:"tag,omitempty"`         // who added the rule
 }
 
 // Guard holds while slot Slot of santad's guard map holds Version. Both are
@@ -173,7 +174,7 @@ func Parse(data []byte) ([]api.Rule, error) {
 
 func (r Rule) toAPI() (api.Rule, error) {
 	out := api.Rule{ID: r.ID, ReplyLen: r.ReplyLen, Priority: r.Priority, MinLen: r.MinLen, MaxLen: r.MaxLen, Close: r.Close,
-		Expires: r.Expires}
+		Expires: r.Expires, Tag: r.Tag}
 	for i, c := range r.Conditions {
 		b, err := c.bytes()
 		if err != nil {
@@ -215,7 +216,7 @@ func FromAPI(rules []api.Rule) File {
 	f := File{Rules: make([]Rule, len(rules))}
 	for i, r := range rules {
 		fr := Rule{ID: r.ID, Version: r.Version, Priority: r.Priority, ReplyLen: r.ReplyLen, MinLen: r.MinLen, MaxLen: r.MaxLen, Close: r.Close,
-			Expires: r.Expires}
+			Expires: r.Expires, Tag: r.Tag}
 		for _, c := range r.Conditions {
 			fr.Conditions = append(fr.Conditions, Condition{Offset: c.Offset, Data: dataOf(c.Pattern), Mask: maskOf(c.Mask)})
 		}

@@ -28,6 +28,8 @@ rules:
       - {slot: 0, version: 18446744073709551615}
       - {slot: 1048575, version: 3}
     close: true
+    expires: 1795000000
+    tag: my app
 `
 
 var want = []api.Rule{{
@@ -42,6 +44,8 @@ var want = []api.Rule{{
 	MaxLen:   512,
 	Guards:   []api.Guard{{Slot: 0, Version: 1<<64 - 1}, {Slot: 1<<20 - 1, Version: 3}},
 	Close:    true,
+	Expires:  1795000000,
+	Tag:      "my app",
 }}
 
 func TestParseYAMLAndJSONRoundTrip(t *testing.T) {

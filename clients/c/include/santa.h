@@ -56,6 +56,8 @@ extern "C" {
 #define SANTA_REQUEST_WINDOW 1472
 /** Bytes of one masked copy (santa_rule_copy_masked()). */
 #define SANTA_MAX_COPY_MASK 8
+/** The longest rule tag santad accepts, in bytes (santa_rule_tag()). */
+#define SANTA_MAX_TAG 64
 /** Guards a rule may have (santa_rule_guard()). */
 #define SANTA_MAX_GUARDS 2
 /** Slots of santad's guard map: a guard's slot is below this. */
@@ -115,6 +117,7 @@ struct santa_rule_info {
 	uint32_t max_len;   /**< longest request payload it answers (0: no bound) */
 	uint64_t expires;   /**< Unix time (s) santad removes it at, 0: never (santa_rule_expires()) */
 	int close;          /**< TCP: 1 if its reply ends the connection (santa_rule_close()) */
+	char tag[SANTA_MAX_TAG + 1]; /**< who added it ("" if untagged; santa_rule_tag()) */
 };
 
 /* ---- connection --------------------------------------------------------- */
@@ -295,6 +298,17 @@ SANTA_API int santa_rule_close(struct santa_rule *rule, int on);
  * @return 0, or -1 with errno EINVAL if @p rule is NULL.
  */
 SANTA_API int santa_rule_expires(struct santa_rule *rule, uint64_t unix_seconds);
+
+/**
+ * Tags the rule with @p tag (NULL or "", the default: no tag): who added it,
+ * e.g. "santa-dns". santa_list_rules() reports it, so a program started anew
+ * finds the rules its predecessor left and takes them over or deletes them.
+ * santad refuses tags that are not UTF-8 or hold control characters.
+ *
+ * @return 0, or -1 with errno EINVAL if @p rule is NULL or @p tag is longer
+ *         than SANTA_MAX_TAG bytes, ENOMEM if out of memory.
+ */
+SANTA_API int santa_rule_tag(struct santa_rule *rule, const char *tag);
 
 /** Why a builder call on @p rule failed, or NULL if none did. */
 SANTA_API const char *santa_rule_error(const struct santa_rule *rule);

@@ -541,6 +541,8 @@ int santa_list_rules(struct santa_client *c, int sockfd, uint64_t cookie, struct
 			.expires = r->expires,
 			.close = r->close,
 		};
+		if (r->tag)
+			snprintf(infos[i].tag, sizeof infos[i].tag, "%s", r->tag);
 	}
 	*out = infos;
 	*n = resp.nrules;

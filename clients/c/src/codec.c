@@ -64,6 +64,7 @@ static const struct sp_field rule_fields[] = {
 	F_ARRAY(8, struct sp_rule, guards, guard_schema),
 	F_BOOL(9, struct sp_rule, close),
 	F_UINT(10, struct sp_rule, expires),
+	F_TEXT(11, struct sp_rule, tag),
 };
 static const struct sp_schema rule_schema = SCHEMA(struct sp_rule, "rule", rule_fields);
 

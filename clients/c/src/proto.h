@@ -78,6 +78,7 @@ struct sp_rule {
 	size_t nguards;
 	bool close; /* TCP only: the reply ends the connection (sent with FIN) */
 	uint64_t expires; /* Unix time (s) santad removes the rule at, 0 = never */
+	char *tag; /* who added the rule; NULL or "": no tag */
 };
 
 struct sp_socket_info {

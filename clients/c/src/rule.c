@@ -64,6 +64,7 @@ void santa_rule_free(struct santa_rule *rule)
 		free(rule->r.processors[i].mask.data);
 	}
 	free(rule->r.processors);
+	free(rule->r.tag);
 	free(rule);
 }
 
@@ -123,6 +124,21 @@ int santa_rule_expires(struct santa_rule *rule, uint64_t unix_seconds)
 	if (!rule)
 		return rule_fail(NULL, EINVAL, "no rule");
 	rule->r.expires = unix_seconds;
+	return 0;
+}
+
+int santa_rule_tag(struct santa_rule *rule, const char *tag)
+{
+	char *dup = NULL;
+
+	if (!rule)
+		return rule_fail(NULL, EINVAL, "no rule");
+	if (tag && strlen(tag) > SANTA_MAX_TAG)
+		return rule_fail(rule, EINVAL, "tag: %zu bytes, at most %d", strlen(tag), SANTA_MAX_TAG);
+	if (tag && *tag && !(dup = strdup(tag)))
+		return rule_fail(rule, ENOMEM, "tag: out of memory");
+	free(rule->r.tag);
+	rule->r.tag = dup;
 	return 0;
 }
 

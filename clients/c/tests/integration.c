@@ -353,12 +353,14 @@ static struct santa_rule *rule_query(void)
 	return built(r, rc, "query");
 }
 
-/* "Ping" -> "Pong", priority 5, removed by santad at Unix time expires. */
+/* "Ping" -> "Pong", priority 5, removed by santad at Unix time expires,
+ * tagged PING_TAG. */
+#define PING_TAG "c-integration ping"
 static struct santa_rule *rule_ping(uint64_t expires)
 {
 	struct santa_rule *r = santa_rule_new(4);
 	int rc = r ? santa_rule_match(r, 0, "Ping", 4) | santa_rule_put(r, 0, "Pong", 4) | santa_rule_priority(r, 5) |
-	                 santa_rule_expires(r, expires)
+	                 santa_rule_expires(r, expires) | santa_rule_tag(r, PING_TAG)
 	           : -1;
 	return built(r, rc, "ping");
 }
@@ -406,6 +408,7 @@ struct want_rule {
 	uint64_t id;
 	uint32_t version, priority, reply_len, min_len, max_len;
 	uint64_t expires;
+	const char *tag; /* NULL: untagged */
 };
 
 /* Checks that the socket's rule set holds exactly want, in order. */
@@ -421,13 +424,14 @@ static void expect_rules(struct santa_client *c, const struct fam *f, const char
 
 	for (size_t i = 0; rc == 0 && i < ngot && o < sizeof desc - 64; i++)
 		o += (size_t)snprintf(desc + o, sizeof desc - o,
-		                      " {id %" PRIu64 " v%u prio %u len %u req %u..%u expires %" PRIu64 " close %d}",
+		                      " {id %" PRIu64 " v%u prio %u len %u req %u..%u expires %" PRIu64 " close %d tag \"%s\"}",
 		                      got[i].id, got[i].version, got[i].priority, got[i].reply_len, got[i].min_len,
-		                      got[i].max_len, got[i].expires, got[i].close);
+		                      got[i].max_len, got[i].expires, got[i].close, got[i].tag);
 	for (size_t i = 0; ok && i < n; i++)
 		ok = got[i].id == want[i].id && got[i].version == want[i].version && got[i].priority == want[i].priority &&
 		     got[i].reply_len == want[i].reply_len && got[i].min_len == want[i].min_len &&
-		     got[i].max_len == want[i].max_len && got[i].expires == want[i].expires && !got[i].close;
+		     got[i].max_len == want[i].max_len && got[i].expires == want[i].expires && !got[i].close &&
+		     strcmp(got[i].tag, want[i].tag ? want[i].tag : "") == 0;
 	check(ok, "%s: %s: santa_list_rules: rc=%d, %zu rules:%s (want %zu) %s", f->name, what, rc, ngot, desc, n,
 	      why(c, rc));
 	santa_rule_info_free(got);
@@ -654,7 +658,7 @@ static void test_family(struct santa_client *c, struct fam *f)
 	      " (old %" PRIu64 " %" PRIu64 ") %s",
 	      f->name, rc, new_ids[0], new_ids[1], ids[0], ids[1], why(c, rc));
 	struct want_rule replaced[] = {
-		{ .id = new_ids[0], .version = 1, .priority = 5, .reply_len = 4, .expires = ping_expires },
+		{ .id = new_ids[0], .version = 1, .priority = 5, .reply_len = 4, .expires = ping_expires, .tag = PING_TAG },
 		{ .id = new_ids[1], .version = 1, .reply_len = 5 },
 	};
 	expect_rules(c, f, "after replace", replaced, 2);

@@ -33,7 +33,7 @@ static const struct {
 	{ "indefinite array", "a10a9f01ff", "ids: indefinite" },
 	{ "uint where bool", "a10b81a10901", "sockets[0].created: want a bool, got an unsigned integer" },
 	{ "text key", "a1616101", "key: want an unsigned integer, got text" },
-	{ "nested unknown key", "a10981a10b 01", "rules[0]: unknown rule key 11" },
+	{ "nested unknown key", "a10981a10c 01", "rules[0]: unknown rule key 12" },
 	{ "uint where bool (close)", "a10981a10901", "rules[0].close: want a bool, got an unsigned integer" },
 	{ "nested duplicate key", "a10981a204010402", "rules[0]: duplicate rule key 4 (reply_len)" },
 	{ "trailing byte after nesting", "a10981a10281a1014161 00", "trailing bytes" },

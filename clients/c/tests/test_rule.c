@@ -29,6 +29,11 @@ static const char expiring_hex[] =
 	"03636f6d00000100010382a200020402a30001010202582f8180000100010000000003777777076578616d706c6503636f6d"
 	"0000010001c00c000100010000012c0004c61300010418310a1a6afd86c0";
 
+/* vectors.json, "list_rules response: a rule tagged by the controller that added it" */
+static const char tagged_hex[] =
+	"a40001010902150981a6000901020281a10147676574206b0d0a0381a20001025556414c5545206b203020310d0a760d0a454e440d0a04"
+	"150b6f73616e74612d6d656d636163686564";
+
 /* Checks that a builder call failed with EINVAL and recorded why. */
 #define REFUSED(rule, call, text)                                                                          \
 	do {                                                                                               \
@@ -268,6 +273,31 @@ static void test_wire(void)
 	      "expiring rule: %s", santa_rule_error(r));
 	encodes_as(&m, expiring_hex, "expiring rule");
 	CHECK(santa_rule_expires(NULL, 1) == -1, "expires on NULL");
+	santa_rule_free(r);
+
+	/* a tagged rule as list_rules reports it: tag is key 11 of the rule */
+	r = fresh(21);
+	r->r.id = 9;
+	r->r.version = 2;
+	m = (struct sp_msg){ .v = 1, .op = SP_OP_LIST_RULES, .seq = 21, .nrules = 1, .rules = &r->r };
+	CHECK(santa_rule_match(r, 0, "get k\r\n", 7) == 0 && santa_rule_put(r, 0, "VALUE k 0 1\r\nv\r\nEND\r\n", 21) == 0 &&
+	      santa_rule_tag(r, "an old tag") == 0 && santa_rule_tag(r, "santa-memcached") == 0,
+	      "tagged rule: %s", santa_rule_error(r));
+	encodes_as(&m, tagged_hex, "tagged rule");
+	CHECK(santa_rule_tag(r, "") == 0 && r->r.tag == NULL, "empty tag not cleared");
+	CHECK(santa_rule_tag(r, NULL) == 0 && r->r.tag == NULL, "NULL tag not cleared");
+	CHECK(santa_rule_tag(NULL, "x") == -1 && errno == EINVAL, "tag on NULL");
+	santa_rule_free(r);
+	char long_tag[SANTA_MAX_TAG + 2];
+	memset(long_tag, 't', sizeof long_tag - 1);
+	long_tag[sizeof long_tag - 1] = '\0';
+	r = fresh(1);
+	CHECK(santa_rule_tag(r, long_tag) == -1 && errno == EINVAL && santa_rule_error(r), "a 65-byte tag taken");
+	santa_rule_free(r);
+	r = fresh(1);
+	long_tag[SANTA_MAX_TAG] = '\0';
+	CHECK(santa_rule_tag(r, long_tag) == 0 && strlen(r->r.tag) == SANTA_MAX_TAG, "a 64-byte tag refused: %s",
+	      santa_rule_error(r));
 	santa_rule_free(r);
 }
 

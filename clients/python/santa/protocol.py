@@ -345,7 +345,10 @@ class Rule:
     reply end the connection: it goes out with FIN. ``expires`` (Unix time in
     seconds, 0 = never) is when santad removes the rule by itself, e.g. when
     the answer's TTL runs out; from then on the rule never answers, even
-    while santad is not running.
+    while santad is not running. ``tag`` (at most 64 bytes of UTF-8 without
+    control characters, "" = none) says who added the rule, e.g.
+    ``"santa-dns"``: a program started anew finds its predecessor's rules
+    in :meth:`Client.list_rules` by it.
     """
 
     conditions: list[Condition] = _key(2, _List(_Struct(Condition)), factory=list)
@@ -359,6 +362,7 @@ class Rule:
     guards: list[Guard] = _key(8, _List(_Struct(Guard)), factory=list)
     close: bool = _key(9, _BOOL, False)
     expires: int = _key(10, _U64, 0)
+    tag: str = _key(11, _TEXT, "")
 
 
 @dataclass

@@ -66,10 +66,11 @@ HEADERS = {4: 14 + 20 + 8, 6: 14 + 40 + 8}  # Ethernet + IP + UDP bytes of a rep
 #: The paper's Listing 1: answer b"Hello" with b"COMSYS".
 LISTING1 = Rule(conditions=[Condition(offset=0, pattern=b"Hello")],
                 processors=[Put(reply_offset=0, template=b"COMSYS")], reply_len=6)
-#: b"ECHO" + 8 bytes is answered with b"ECHO:" + those 8 bytes.
+#: b"ECHO" + 8 bytes is answered with b"ECHO:" + those 8 bytes; tagged, so
+#: every listing checks that santad keeps the tag.
 ECHO = Rule(conditions=[Condition(offset=0, pattern=b"ECHO")],
             processors=[Put(reply_offset=0, template=b"ECHO:"), Copy(reply_offset=5, src_offset=4, length=8)],
-            reply_len=13)
+            reply_len=13, tag="python-integration")
 
 SO_COOKIE = getattr(socket, "SO_COOKIE", 57)
 CLONE_NEWNET = 0x40000000

@@ -79,7 +79,7 @@ def test_vectors_cover_every_op() -> None:
     ("a2000101", "truncated message"),  # truncated
     ("", "truncated message"),  # empty
     # and more
-    ("a10981a10b01", "unknown key 11"),  # unknown key in a nested map: rules[0] = {11: 1}
+    ("a10981a10c01", "unknown key 12"),  # unknown key in a nested map: rules[0] = {12: 1}
     ("a10981a10901", "want bool, got integer"),  # close as an integer: rules[0] = {9: 1}
     ("a20001180001", "duplicate map key 0"),  # duplicate key in a non-shortest encoding: {0:1, 0:1}
     ("a100f5", "want an unsigned integer, got bool"),  # bool where uint: {0: true}
