@@ -66,6 +66,7 @@ Modes:
 	pf.IntVar(&f.cfg.MaxRules, "max-rules", f.cfg.MaxRules, "adaptive: rules per server address; static and top: rules for learned shapes")
 	pf.DurationVar(&f.duration, "duration", 0, "stop after this long (0: run until SIGINT or SIGTERM)")
 	pf.BoolVar(&f.verbose, "verbose", false, "log every refresh and sample decision")
+	pf.StringVar(&f.cfg.Tag, "tag", f.cfg.Tag, "tag every rule with this: at start the controller takes over or deletes the rules with it on its sockets, which a predecessor left (two controllers on one socket need different tags)")
 	pf.BoolVar(&f.follow, "follow", false, "when the server closes its sockets (restart) or santad goes away, wait for it and attach again (needs --port)")
 
 	var namesFile, zoneFile, origin, types string
@@ -220,13 +221,13 @@ const followSettle = time.Second
 type controller[R any] interface {
 	Run(context.Context) error
 	Report() R
-	Leftover() followpkg.Leftovers
 }
 
 // runController runs the controller newCtl builds until SIGINT, SIGTERM or
 // duration (0: no limit); with follow it builds and runs a new one each
-// time the server or santad went away and came back (package follow),
-// which first deletes the rules the last one could not. After each run it
+// time the server or santad went away and came back (package follow); the
+// new one takes over the rules the last one could not delete, by their tag
+// (follow.Inherited). After each run it
 // prints done's line about the report. A bad option fails before any
 // waiting: newCtl is called once first to check it.
 func runController[R any, C controller[R]](e env, newCtl func() (C, error), duration time.Duration,
@@ -237,21 +238,12 @@ func runController[R any, C controller[R]](e env, newCtl func() (C, error), dura
 	ctx, stop := controllerContext(duration)
 	defer stop()
 	opts.Settle = followSettle
-	var left followpkg.Leftovers
 	return followpkg.Run(ctx, opts, func(ctx context.Context) error {
-		if n := left.Rules(); n > 0 {
-			opts.Log.Info("deleting the rules the last run could not", "rules", n)
-			if err := left.Delete(opts.Socket); err != nil {
-				return fmt.Errorf("delete the rules the last run left: %w", err)
-			}
-		}
-		left = nil
 		ctl, err := newCtl()
 		if err != nil {
 			return err
 		}
 		err = ctl.Run(ctx)
-		left = ctl.Leftover()
 		fmt.Fprintln(e.stdout, done(ctl.Report()))
 		return err
 	})

@@ -68,6 +68,10 @@ type Config struct {
 	Parallel   int           // questions in flight to the server
 	Timeout    time.Duration // per question
 	Batch      int           // rules per santad request
+	// Tag tags every rule the controller installs. It takes over the rules
+	// with its tag that its sockets hold when it starts (follow.Inherited):
+	// two controllers on one socket need different tags.
+	Tag string
 
 	Log *slog.Logger
 	// Ready, if set, is called once the initial rules are installed.
@@ -86,6 +90,7 @@ var DefaultConfig = Config{
 	Timeout:     time.Second,
 	Batch:       1024,
 	LearnShapes: true,
+	Tag:         "santa-dns",
 }
 
 // Report counts what the controller has done.
@@ -114,8 +119,8 @@ type Controller struct {
 	repMu sync.Mutex
 	// created are the sockets whose rule set this controller's attach
 	// made: it removes them again on exit if no one else added rules.
-	created []uint64
-	left    follow.Leftovers // rules it could not delete on exit
+	created   []uint64
+	inherited *follow.Inherited // a predecessor's rules, until installed again or deleted
 
 	// mu guards the endpoints' entries, the wheels, the zones and the santad
 	// connection. The main loop holds it except while it asks the server;
@@ -184,6 +189,7 @@ func New(cfg Config) (*Controller, error) {
 	setDefault(&cfg.Parallel, d.Parallel)
 	setDefault(&cfg.Timeout, d.Timeout)
 	setDefault(&cfg.Batch, d.Batch)
+	setDefault(&cfg.Tag, d.Tag)
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
@@ -199,8 +205,11 @@ func New(cfg Config) (*Controller, error) {
 	case cfg.Mode != Adaptive && len(cfg.Shapes) == 0:
 		return nil, fmt.Errorf("%s mode needs at least one query shape", cfg.Mode)
 	}
+	if err := api.CheckTag(cfg.Tag); err != nil {
+		return nil, err
+	}
 	c := &Controller{
-		cfg: cfg, log: cfg.Log, left: follow.Leftovers{},
+		cfg: cfg, log: cfg.Log,
 		allowed: map[Question]bool{},
 		zones:   map[string]*zone{},
 		zoneOf:  map[string]string{},
@@ -226,10 +235,6 @@ func setDefault[T comparable](v *T, d T) {
 }
 
 // Report returns a copy of the counters.
-// Leftover returns the rules the controller could not delete when Run
-// ended (santad went away), for the next controller to delete.
-func (c *Controller) Leftover() follow.Leftovers { return c.left }
-
 func (c *Controller) Report() Report {
 	c.repMu.Lock()
 	defer c.repMu.Unlock()
@@ -279,6 +284,9 @@ func (c *Controller) Run(ctx context.Context) error {
 		if err := c.installInitial(ctx); err != nil {
 			return err
 		}
+	}
+	if err := c.inherited.DeleteRest(c.client); err != nil {
+		return err
 	}
 	if c.cfg.Ready != nil {
 		c.cfg.Ready(c.Report())
@@ -354,10 +362,14 @@ func (c *Controller) attach() error {
 	}
 	sort.Slice(c.eps, func(i, j int) bool { return c.eps[i].addr.String() < c.eps[j].addr.String() })
 	c.count(func(r *Report) { r.Sockets = len(socks) })
+	var cookies []uint64
 	for _, ep := range c.eps {
 		c.log.Info("attached", "server", ep.addr, "family", ep.family, "sockets", len(ep.cookies))
+		cookies = append(cookies, ep.cookies...)
 	}
-	return nil
+	in, err := follow.Inherit(c.client, c.cfg.Tag, cookies, c.log)
+	c.inherited = in
+	return err
 }
 
 // probe finds out the endpoint's behaviour from the first questions.
@@ -468,12 +480,12 @@ func (c *Controller) install(ep *endpoint, queries []*Query, questions []Questio
 			continue
 		}
 		r := Rule(q, answers[i], ep.b)
-		key := matchKey(r)
+		key := r.MatchKey()
 		if ep.entries[key] != nil {
 			continue
 		}
 		e := &entry{key: key, question: questions[i], query: q, answer: answers[i], fetched: asked, lastHit: asked, ep: ep}
-		r.Expires = uint64(e.expires().Unix())
+		r.Expires, r.Tag = uint64(e.expires().Unix()), c.cfg.Tag
 		ep.entries[key] = e
 		fresh = append(fresh, e)
 		rules = append(rules, r)
@@ -528,6 +540,9 @@ func (c *Controller) add(ep *endpoint, es []*entry, rules []api.Rule) int {
 func (c *Controller) addEverywhere(ep *endpoint, rules []api.Rule) ([][]uint64, error) {
 	ids := make([][]uint64, len(rules))
 	for ci, cookie := range ep.cookies {
+		if err := c.inherited.Supersede(c.client, cookie, rules); err != nil {
+			return nil, err
+		}
 		got, err := c.client.Add(santa.Cookie(cookie), rules)
 		if err != nil {
 			for undo := 0; undo < ci; undo++ { // keep the sockets alike
@@ -811,7 +826,7 @@ func (c *Controller) refreshEndpoint(ep *endpoint, es []*entry) error {
 			continue
 		}
 		newRule := Rule(e.query, answers[i], ep.b)
-		if matchKey(newRule) != e.key {
+		if newRule.MatchKey() != e.key {
 			// e.g. the reply grew past 512 bytes: the rule now matches less
 			gone = append(gone, e)
 			continue
@@ -822,7 +837,7 @@ func (c *Controller) refreshEndpoint(ep *endpoint, es []*entry) error {
 		// the same reply too: the rule's expiry moves with the new TTL
 		e.answer, e.fetched = answers[i], asked
 		c.count(func(r *Report) { r.Refreshed++ })
-		newRule.Expires = uint64(e.expires().Unix())
+		newRule.Expires, newRule.Tag = uint64(e.expires().Unix()), c.cfg.Tag
 		changed = append(changed, e)
 		rules = append(rules, newRule)
 		c.schedule(e)
@@ -880,15 +895,14 @@ func (c *Controller) removeAll() {
 			all = append(all, e)
 		}
 		if err := c.remove(ep, all); err != nil {
+			// santad went away: the next controller with this tag takes them over
 			c.log.Warn("removing the rules on exit failed", "server", ep.addr, "error", err)
-			for _, e := range ep.entries { // those remove did not get to
-				for ci, cookie := range ep.cookies {
-					c.left.Add(cookie, e.ids[ci])
-				}
-			}
 			continue
 		}
 		c.log.Info("removed the controller's rules", "server", ep.addr, "rules", len(all))
+	}
+	if err := c.inherited.DeleteRest(c.client); err != nil { // stopped before it got to them
+		c.log.Warn("removing the rules a predecessor left failed", "error", err)
 	}
 	for _, cookie := range c.created {
 		if rules, err := c.client.ListRules(santa.Cookie(cookie)); err != nil || len(rules) > 0 {

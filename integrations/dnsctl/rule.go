@@ -179,14 +179,3 @@ func Rule(q *Query, a Answer, b Behaviour) api.Rule {
 		MaxLen:     uint32(len(w)),
 	}
 }
-
-// matchKey identifies what a rule matches: two queries whose rules have the
-// same key are answered by the same rule.
-func matchKey(r api.Rule) string {
-	var k bytes.Buffer
-	fmt.Fprintf(&k, "%d-%d", r.MinLen, r.MaxLen)
-	for _, c := range r.Conditions {
-		fmt.Fprintf(&k, "|%d:%x/%x", c.Offset, c.Pattern, c.Mask)
-	}
-	return k.String()
-}

@@ -16,6 +16,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"sync"
 	"syscall"
@@ -614,6 +615,71 @@ func TestTTLBoundControllerKilled(t *testing.T) {
 	}
 }
 
+// TestControllerStartedAnew: a controller killed with SIGKILL leaves its
+// rules, tagged santa-dns. The one started next as a new process (by a
+// supervisor, say) takes over the rule it installs again, deletes the one
+// it does not, and leaves another program's rule alone: each socket then
+// holds one rule of each, the old run's other name goes to the server, and
+// the rule processor answers the new run's name.
+func TestControllerStartedAnew(t *testing.T) {
+	r := newRig(t, testbed.KindNSD, 0)
+	www, mail := "www."+r.zone.Origin, "mail."+r.zone.Origin
+	static := func(names ...string) []string {
+		return []string{"static", "--port", "53/udp", "--names", r.namesFile(names, []uint16{dns.TypeA}),
+			"--shape", "rd,ad,edns", "--learn-shapes=false"}
+	}
+	first := r.startController(static(www, mail)...)
+	c, err := santa.Dial(r.santad.Socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	socks, err := c.ListSockets()
+	if err != nil || len(socks) != 2 {
+		t.Fatalf("sockets %+v (%v), want NSD's two", socks, err)
+	}
+	other := api.Rule{Conditions: []api.Condition{santa.Match(0, []byte("other program"))},
+		Processors: []api.Processor{santa.Put(0, []byte("x"))}, ReplyLen: 1, Tag: "other-program"}
+	for _, s := range socks {
+		if _, err := c.Add(santa.Cookie(s.Cookie), []api.Rule{other}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := syscall.Kill(first.PID(), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if err := first.Stop(5 * time.Second); err == nil {
+		t.Fatal("the controller survived SIGKILL")
+	}
+
+	second := r.startController(static(www)...)
+	for _, want := range []string{`"taking over the rules a predecessor left" tag=santa-dns rules=4`,
+		`"deleted the rules a predecessor left that this run did not install again" tag=santa-dns rules=2`} {
+		if !strings.Contains(second.Output(), want) {
+			t.Errorf("the second controller did not log %q:\n%s", want, second.Output())
+		}
+	}
+	for _, s := range socks {
+		rules, err := c.ListRules(santa.Cookie(s.Cookie))
+		if err != nil {
+			t.Fatal(err)
+		}
+		tags := map[string]int{}
+		for _, r := range rules {
+			tags[r.Tag]++
+		}
+		if want := map[string]int{"santa-dns": 1, "other-program": 1}; !reflect.DeepEqual(tags, want) {
+			t.Errorf("socket %v holds rules tagged %v, want %v", s.AddrPort(), tags, want)
+		}
+	}
+	if got, kernel := r.dig(www, "A"); got != testbed.ExampleWWW4.String() || !kernel {
+		t.Errorf("%s: %q, from the rule processor %v", www, got, kernel)
+	}
+	if got, kernel := r.dig(mail, "A"); got == "" || kernel {
+		t.Errorf("%s (offloaded by the killed controller only): %q, from the rule processor %v", mail, got, kernel)
+	}
+}
+
 // TestAdaptive: the adaptive controller offloads the question that misses
 // often and leaves one-off questions to the server.
 func TestAdaptive(t *testing.T) {
@@ -728,7 +794,7 @@ func TestFollowServerRestart(t *testing.T) {
 
 // TestFollowSantadRestart: santa dns --follow outlives santad. Killed,
 // the controller waits; once santad is back, with the rules restored, it
-// deletes the rules its first run could not and installs its own: each
+// takes over the rules its first run could not delete (by their tag): each
 // socket holds one rule again (no duplicate, which would also cost the
 // rule set its disjointness), and the rule processor answers.
 func TestFollowSantadRestart(t *testing.T) {
@@ -759,5 +825,5 @@ func TestFollowSantadRestart(t *testing.T) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	r.santad.ExpectLeftoversDeleted(t, ctl)
+	r.santad.ExpectPredecessorTakenOver(t, ctl)
 }

@@ -210,54 +210,6 @@ func portInUse(port uint16, protocol uint32) (bool, error) {
 	return false, nil
 }
 
-// Leftovers are the rules a controller could not delete when it stopped
-// (santad went away): rule ids by socket cookie. santad restores rules with
-// their ids, so a controller started again under Run deletes them first:
-// else they would answer beside its own until they expire, winning as the
-// older ones, with what they answered before.
-type Leftovers map[uint64][]uint64
-
-// Add records rules ids of socket cookie.
-func (l Leftovers) Add(cookie uint64, ids ...uint64) { l[cookie] = append(l[cookie], ids...) }
-
-// Rules counts l's rules.
-func (l Leftovers) Rules() int {
-	n := 0
-	for _, ids := range l {
-		n += len(ids)
-	}
-	return n
-}
-
-// leftoverBatch is how many rules one delete request of Leftovers.Delete carries.
-const leftoverBatch = 1024
-
-// Delete deletes l's rules through santad at socket. Rules already gone
-// (expired, or with their socket) are left out.
-func (l Leftovers) Delete(socket string) error {
-	if len(l) == 0 {
-		return nil
-	}
-	c, err := santa.Dial(socket)
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	socks, err := c.ListSockets()
-	if err != nil {
-		return err
-	}
-	for _, s := range socks {
-		ids := l[s.Cookie] // none: the socket is gone, and its rules with it
-		for i := 0; i < len(ids); i += leftoverBatch {
-			if err := DeleteRules(c, s.Cookie, ids[i:min(i+leftoverBatch, len(ids))]); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
-}
-
 // DeleteRules deletes rules ids of socket cookie. santad refuses the whole
 // request if one is gone; it removes a rule itself when it expires, so
 // rules already gone are left out and the rest deleted one by one.

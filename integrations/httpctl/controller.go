@@ -80,7 +80,12 @@ type Config struct {
 	Settle  time.Duration // after a change on disk, fetch again once the file was quiet this long
 	Timeout time.Duration // for nginx's responses
 	Report  time.Duration // log a status line this often; 0: never
-	Log     *slog.Logger
+	// Tag tags every rule the controller installs. It deletes the rules
+	// with its tag that its sockets hold when it starts, which a
+	// predecessor left (follow.Inherited): their requests miss and are
+	// learned again. Two controllers on one socket need different tags.
+	Tag string
+	Log *slog.Logger
 	// Ready, if set, is called once the controller is attached, watching
 	// and learning.
 	Ready func(Report)
@@ -100,6 +105,7 @@ var DefaultConfig = Config{
 	Settle:      100 * time.Millisecond,
 	Timeout:     2 * time.Second,
 	Report:      time.Minute,
+	Tag:         "santa-http",
 }
 
 // Report counts what the controller did.
@@ -160,10 +166,10 @@ type entry struct {
 	due     time.Time // pending: when to fetch again
 }
 
-// rule is e's rule, answering until lease ends.
-func (e *entry) rule(lease time.Time) api.Rule {
+// rule is e's rule, tagged tag, answering until lease ends.
+func (e *entry) rule(lease time.Time, tag string) api.Rule {
 	r := exactRule(e.req.raw, e.reply, e.req.close || e.resp.close)
-	r.Expires = uint64(lease.Unix())
+	r.Expires, r.Tag = uint64(lease.Unix()), tag
 	return r
 }
 
@@ -216,8 +222,7 @@ type Controller struct {
 	rules    ruleClient
 	groups   []*group
 	byCookie map[uint64]*group
-	created  []uint64         // sockets the attach bound, unbound on exit if left empty
-	left     follow.Leftovers // rules it could not delete on exit
+	created  []uint64 // sockets the attach bound, unbound on exit if left empty
 	entries  map[string]*entry
 	pending  map[string]*entry
 	refused  map[string]refusal
@@ -257,6 +262,9 @@ func New(cfg Config) (*Controller, error) {
 	if cfg.MaxReply == 0 {
 		cfg.MaxReply = d.MaxReply
 	}
+	if cfg.Tag == "" {
+		cfg.Tag = d.Tag
+	}
 	for _, s := range []struct{ v, d *time.Duration }{{&cfg.Interval, &d.Interval}, {&cfg.Lease, &d.Lease}, {&cfg.Settle, &d.Settle}, {&cfg.Timeout, &d.Timeout}} {
 		if *s.v == 0 {
 			*s.v = *s.d
@@ -293,7 +301,10 @@ func New(cfg Config) (*Controller, error) {
 	case cfg.Idle < 0 || cfg.Report < 0:
 		return nil, errors.New("idle and report intervals cannot be negative")
 	}
-	c := &Controller{cfg: cfg, log: cfg.Log, left: follow.Leftovers{}, byCookie: map[uint64]*group{}, entries: map[string]*entry{},
+	if err := api.CheckTag(cfg.Tag); err != nil {
+		return nil, err
+	}
+	c := &Controller{cfg: cfg, log: cfg.Log, byCookie: map[uint64]*group{}, entries: map[string]*entry{},
 		pending: map[string]*entry{}, refused: map[string]refusal{}, logged: map[string]bool{},
 		hot: sketch.New(4 * min(cfg.MaxRules, 16384)), samples: make(chan sample, 4096)}
 	if len(cfg.Paths) > 0 {
@@ -310,10 +321,6 @@ func New(cfg Config) (*Controller, error) {
 }
 
 // Report returns the counters.
-// Leftover returns the rules the controller could not delete when Run
-// ended (santad went away), for the next controller to delete.
-func (c *Controller) Leftover() follow.Leftovers { return c.left }
-
 func (c *Controller) Report() Report {
 	c.repMu.Lock()
 	defer c.repMu.Unlock()
@@ -342,6 +349,13 @@ func (c *Controller) Run(ctx context.Context) error {
 	}
 	c.attach(client, socks)
 	defer c.unbindCreated(client)
+	inherited, err := follow.Inherit(client, c.cfg.Tag, slices.Collect(maps.Keys(c.byCookie)), c.log)
+	if err != nil {
+		return err
+	}
+	if err := inherited.DeleteRest(client); err != nil {
+		return err
+	}
 	defer c.removeAll()
 	w, err := watch(c.cfg.Root, c.log)
 	if err != nil {
@@ -677,7 +691,7 @@ func (c *Controller) addRules(g *group, es []*entry) error {
 	lease := c.leaseEnd(time.Now())
 	rules := make([]api.Rule, len(es))
 	for i, e := range es {
-		rules[i] = e.rule(lease)
+		rules[i] = e.rule(lease, c.cfg.Tag)
 	}
 	ids := make([][]uint64, len(es))
 	for ci, cookie := range g.cookies {
@@ -714,7 +728,7 @@ func (c *Controller) modifyRules(es []*entry) error {
 	lease := c.leaseEnd(time.Now())
 	byCookie := map[uint64][]api.Rule{}
 	for _, e := range es {
-		r := e.rule(lease)
+		r := e.rule(lease, c.cfg.Tag)
 		for ci, cookie := range e.g.cookies {
 			r.ID = e.ids[ci]
 			byCookie[cookie] = append(byCookie[cookie], r)
@@ -1030,18 +1044,15 @@ func (c *Controller) removeAll() {
 	}
 	all := make([]*entry, 0, len(c.entries))
 	for _, e := range c.entries {
-		for ci, cookie := range e.g.cookies { // deleteRules forgets them
-			c.left.Add(cookie, e.ids[ci])
-		}
 		all = append(all, e)
 	}
 	clear(c.pending)
 	c.count(func(r *Report) { r.Removed += uint64(len(all)) })
 	if err := c.deleteRules(all); err != nil && !errors.Is(err, santa.ErrNotFound) {
+		// santad went away: the next controller with this tag deletes them
 		c.log.Warn("removing the rules on exit failed", "error", err)
 		return
 	}
-	clear(c.left)
 	c.log.Info("removed the controller's rules", "rules", len(all))
 }
 

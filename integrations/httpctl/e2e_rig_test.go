@@ -86,8 +86,18 @@ func newE2E(t *testing.T, o e2eOptions) *e2eRig {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { r.client.Close() })
+	r.startController(o)
+	t.Cleanup(func() { r.stopController() })
+	return r
+}
+
+// startController starts a controller and waits until it is ready.
+func (r *e2eRig) startController(o e2eOptions) {
+	t := r.t
+	t.Helper()
 	ready := make(chan Report, 1)
-	r.ctl, err = New(Config{Socket: r.sd.Socket, Port: testPort, Root: ng.Root, Paths: o.paths, MinSamples: 1,
+	var err error
+	r.ctl, err = New(Config{Socket: r.sd.Socket, Port: testPort, Root: r.ng.Root, Paths: o.paths, MinSamples: 1,
 		MaxReply: e2eMaxReply, DateRefresh: 1000, Lease: o.lease,
 		Log:   slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo})),
 		Ready: func(rep Report) { ready <- rep }})
@@ -97,8 +107,8 @@ func newE2E(t *testing.T, o e2eOptions) *e2eRig {
 	var ctx context.Context
 	ctx, r.cancel = context.WithCancel(context.Background())
 	r.errc = make(chan error, 1)
+	r.stopped = false
 	go func() { r.errc <- r.tb.Server.Do(func() error { return r.ctl.Run(ctx) }) }()
-	t.Cleanup(func() { r.stopController() })
 	select {
 	case rep := <-ready:
 		if rep.Sockets != 2 {
@@ -110,7 +120,6 @@ func newE2E(t *testing.T, o e2eOptions) *e2eRig {
 	case <-time.After(20 * time.Second):
 		t.Fatal("controller not ready within 20 s")
 	}
-	return r
 }
 
 // stopController stops the controller, which deletes its rules and

@@ -1046,3 +1046,66 @@ func TestE2ESantadGone(t *testing.T) {
 		}
 	}
 }
+
+// TestE2EStartedAnew: a controller that ended while santad was away (here
+// killed with SIGKILL) left its rule, which the next santad restores with
+// its tag and which answers with the file as it was. The next controller
+// deletes it at its start, long before the rule's lease would end: nginx
+// answers the changed file at once, and the request is learned again.
+func TestE2EStartedAnew(t *testing.T) {
+	files := map[string][]byte{"a.txt": []byte("the version the first controller offloaded\n")}
+	r := newE2E(t, e2eOptions{files: files})
+	dir := t.TempDir()
+	get := func(name string) string {
+		out := filepath.Join(dir, name)
+		r.curl("-o", out, r.ng.URL4("/a.txt"))
+		return out
+	}
+	get("learn")
+	r.waitLines(4, "GET /a.txt HTTP/1.1")
+	checkFile(t, get("offloaded"), files["a.txt"], "offloaded")
+
+	if err := r.sd.Stop(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-r.errc:
+		r.stopped = true
+		t.Logf("the controller ended with: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the controller still runs 10 s after santad was killed")
+	}
+	changed := []byte("the version after the first controller ended, longer\n")
+	if err := os.WriteFile(filepath.Join(r.ng.Root, "a.txt"), changed, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.sd.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	client, err := santa.Dial(r.sd.Socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.client.Close() // the killed santad's
+	r.client = client
+	// the premise: the restored rule answers, with the old file
+	checkFile(t, get("stale"), files["a.txt"], "after santad restarted, no controller running")
+
+	r.startController(e2eOptions{})
+	checkFile(t, get("relearn"), changed, "once the next controller started")
+	r.waitLines(4, "GET /a.txt HTTP/1.1")
+	before := r.counters()["answered"]
+	checkFile(t, get("offloaded-again"), changed, "offloaded again")
+	if r.counters()["answered"] == before {
+		t.Error("the next controller's rule did not answer")
+	}
+	socks, err := client.ListSockets()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range socks {
+		if s.Rules > 1 {
+			t.Errorf("socket %v holds %d rules, want the next controller's one at most", s.AddrPort(), s.Rules)
+		}
+	}
+}

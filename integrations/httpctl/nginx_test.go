@@ -146,13 +146,13 @@ func TestFetch(t *testing.T) {
 		// The rule: the request exactly, the response exactly, the connection semantics.
 		e := &entry{req: req, resp: resp, reply: resp.raw}
 		lease := time.Unix(time.Now().Unix()+60, 0)
-		rule := e.rule(lease)
+		rule := e.rule(lease, "santa-http")
 		var pat []byte
 		for _, c := range rule.Conditions {
 			pat = append(pat, c.Pattern...)
 		}
 		if string(pat) != tc.req || rule.MinLen != uint32(len(tc.req)) || rule.MaxLen != rule.MinLen ||
-			!bytes.Equal(rule.Processors[0].Template, resp.raw) || rule.Close != tc.close || rule.Expires != uint64(lease.Unix()) {
+			!bytes.Equal(rule.Processors[0].Template, resp.raw) || rule.Close != tc.close || rule.Expires != uint64(lease.Unix()) || rule.Tag != "santa-http" {
 			t.Errorf("%s: rule %+v", tc.name, rule)
 		}
 	}

@@ -63,7 +63,10 @@ type Config struct {
 	Interval   time.Duration // scan for retired rules this often
 	Batch      int           // keys per fetch and per santad request
 	Timeout    time.Duration // for memcached's replies
-	Log        *slog.Logger
+	// Tag tags every rule the controller installs. It takes over the rules
+	// with its tag that its sockets hold when it starts (follow.Inherited).
+	Tag string
+	Log *slog.Logger
 	// Ready, if set, is called once the first rules are installed.
 	Ready func(Report)
 }
@@ -79,6 +82,7 @@ var DefaultConfig = Config{
 	Interval:   20 * time.Millisecond,
 	Batch:      256,
 	Timeout:    2 * time.Second,
+	Tag:        "santa-memcached",
 }
 
 // Report counts what the controller did.
@@ -121,7 +125,7 @@ type Controller struct {
 	// rulesLeft: on exit santad did not confirm that every rule is gone
 	// (it went away): the write tracker stays attached to guard them.
 	rulesLeft bool
-	left      follow.Leftovers // of those, the ones it knows of
+	inherited *follow.Inherited // a predecessor's rules, until installed again or deleted
 
 	repMu sync.Mutex
 	rep   Report
@@ -145,7 +149,7 @@ func New(cfg Config) (*Controller, error) {
 	for _, s := range []struct {
 		v *string
 		d string
-	}{{&cfg.Socket, d.Socket}, {&cfg.GuardsPin, d.GuardsPin}} {
+	}{{&cfg.Socket, d.Socket}, {&cfg.GuardsPin, d.GuardsPin}, {&cfg.Tag, d.Tag}} {
 		if *s.v == "" {
 			*s.v = s.d
 		}
@@ -186,7 +190,10 @@ func New(cfg Config) (*Controller, error) {
 	case cfg.MaxRules < 1:
 		return nil, fmt.Errorf("max rules %d: must be at least 1", cfg.MaxRules)
 	}
-	c := &Controller{cfg: cfg, log: cfg.Log, left: follow.Leftovers{}, entries: map[string]*entry{}, bySlot: map[uint32][]*entry{},
+	if err := api.CheckTag(cfg.Tag); err != nil {
+		return nil, err
+	}
+	c := &Controller{cfg: cfg, log: cfg.Log, entries: map[string]*entry{}, bySlot: map[uint32][]*entry{},
 		expiry: map[int64]map[string]*entry{}, start: time.Now(), wanted: map[string]bool{}, missing: map[string]bool{},
 		samples: make(chan string, 4096)}
 	keys := cfg.Keys
@@ -206,10 +213,6 @@ func New(cfg Config) (*Controller, error) {
 }
 
 // Report returns the counters.
-// Leftover returns the rules the controller could not delete when Run
-// ended (santad went away), for the next controller to delete.
-func (c *Controller) Leftover() follow.Leftovers { return c.left }
-
 func (c *Controller) Report() Report {
 	c.repMu.Lock()
 	r := c.rep
@@ -251,6 +254,9 @@ func (c *Controller) Run(ctx context.Context) (err error) {
 	defer c.fetch.close()
 
 	if err := c.install(sortedKeys(c.wanted)); err != nil {
+		return err
+	}
+	if err := c.inherited.DeleteRest(c.client); err != nil {
 		return err
 	}
 	if c.cfg.Ready != nil {
@@ -345,7 +351,8 @@ func (c *Controller) attach() error {
 	}
 	c.count(func(r *Report) { r.Sockets = len(c.cookies) })
 	c.log.Info("attached", "port", c.cfg.Port, "sockets", len(c.cookies))
-	return nil
+	c.inherited, err = follow.Inherit(c.client, c.cfg.Tag, c.cookies, c.log)
+	return err
 }
 
 // fetched is a key's value with the versions read before it was fetched.
@@ -434,6 +441,7 @@ func (c *Controller) build(f fetched) (api.Rule, *entry, bool) {
 		c.log.Debug("not offloaded", "reason", err)
 		return api.Rule{}, nil, false
 	}
+	r.Tag = c.cfg.Tag
 	e := &entry{key: f.key, slot: KeySlot(f.key), keyVersion: f.keyVersion, epochVersion: f.epochVersion}
 	if f.v.ttl >= 0 { // memcached's clock ticks in seconds: stop a second early
 		e.expires = f.at.Add(time.Duration(f.v.ttl-1) * time.Second)
@@ -446,6 +454,9 @@ func (c *Controller) build(f fetched) (api.Rule, *entry, bool) {
 func (c *Controller) addEverywhere(rules []api.Rule) ([][]uint64, error) {
 	ids := make([][]uint64, len(rules))
 	for ci, cookie := range c.cookies {
+		if err := c.inherited.Supersede(c.client, cookie, rules); err != nil {
+			return nil, err
+		}
 		got, err := c.client.Add(santa.Cookie(cookie), rules)
 		if err != nil {
 			for undo := range ci {
@@ -615,15 +626,14 @@ func (c *Controller) removeAll() {
 		if err := c.remove(all[i:min(i+c.cfg.Batch, len(all))]); err != nil {
 			if !errors.Is(err, santa.ErrNotFound) { // else gone with their socket (memcached stopped)
 				c.log.Warn("removing the rules on exit failed", "error", err)
-				c.rulesLeft = true
-				for _, e := range all[i:] {
-					for ci, cookie := range c.cookies {
-						c.left.Add(cookie, e.ids[ci])
-					}
-				}
+				c.rulesLeft = true // the next controller with this tag takes them over
 			}
 			break
 		}
+	}
+	if err := c.inherited.DeleteRest(c.client); err != nil { // stopped before it got to them
+		c.log.Warn("removing the rules a predecessor left failed", "error", err)
+		c.rulesLeft = true
 	}
 	if !c.rulesLeft {
 		// an add santad took but did not answer (it went away) left rules

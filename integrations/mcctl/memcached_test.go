@@ -587,9 +587,9 @@ func TestSantadGone(t *testing.T) {
 
 // TestFollowSantadRestart: santa memcached --follow outlives santad. When
 // santad is killed it waits, its write tracker attached meanwhile, so a
-// write still retires the rule; once a new santad answers it deletes the
-// rules it could not (santad restored them) and starts again, and its rule
-// answers with the new value.
+// write still retires the rule; once a new santad answers it starts again,
+// takes over the rule it could not delete (santad restored it, with its
+// tag), and its rule answers with the new value.
 func TestFollowSantadRestart(t *testing.T) {
 	r := newRig(t)
 	const key = "follow-santad:key"
@@ -626,6 +626,6 @@ func TestFollowSantadRestart(t *testing.T) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	// the rules of the first run, restored by santad, were deleted first
-	r.santad.ExpectLeftoversDeleted(t, ctl)
+	// the rule of the first run, restored by santad, was superseded
+	r.santad.ExpectPredecessorTakenOver(t, ctl)
 }

@@ -139,14 +139,15 @@ func (s *Santad) rulesBySocket() (map[string]uint64, error) {
 	return out, nil
 }
 
-// ExpectLeftoversDeleted fails t unless controller ctl, started again by
-// --follow after santad went away, said it deleted the rules its last run
-// could not, and every socket of s holds one rule, its own (for the
-// tests' controllers that offload one request per socket).
-func (s *Santad) ExpectLeftoversDeleted(t testing.TB, ctl *Controller) {
+// ExpectPredecessorTakenOver fails t unless controller ctl, started
+// again after santad went away or the controller was killed, said it took
+// over the rules its predecessor left, and every socket of s holds one
+// rule, its own (for the tests' controllers that offload one request per
+// socket).
+func (s *Santad) ExpectPredecessorTakenOver(t testing.TB, ctl *Controller) {
 	t.Helper()
-	if !strings.Contains(ctl.Output(), "deleting the rules the last run could not") {
-		t.Errorf("the controller did not delete the rules its first run left:\n%s", ctl.Output())
+	if !strings.Contains(ctl.Output(), "taking over the rules a predecessor left") {
+		t.Errorf("the controller did not take over the rules its predecessor left:\n%s", ctl.Output())
 	}
 	rules, err := s.rulesBySocket()
 	if err != nil {

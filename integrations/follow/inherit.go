@@ -1,0 +1,95 @@
+package follow
+
+import (
+	"fmt"
+	"log/slog"
+
+	"github.com/santa-offload/santa/api"
+	"github.com/santa-offload/santa/clients/go/santa"
+)
+
+// Inherited are the rules with a controller's tag that its sockets held
+// when it started: what a predecessor left (one that was killed, or that
+// ended while santad was away; santad restores rules with their tags).
+// Left alone they would answer beside the new controller's rules until they
+// expire, winning as the older ones with what they answered before, and
+// the new controller would not know them. So the controller supersedes
+// each one it installs again, deleting it just before adding its own (the
+// two never answer side by side, and the request goes to the server for
+// that moment), and deletes the rest once its first rules are in.
+type Inherited struct {
+	tag   string
+	rules map[uint64]map[string][]uint64 // socket cookie -> api.Rule.MatchKey -> ids
+	n     int
+	log   *slog.Logger
+}
+
+// Inherit lists the rules tagged tag on each socket in cookies.
+func Inherit(c *santa.Client, tag string, cookies []uint64, log *slog.Logger) (*Inherited, error) {
+	in := &Inherited{tag: tag, rules: map[uint64]map[string][]uint64{}, log: log}
+	for _, cookie := range cookies {
+		rules, err := c.ListRules(santa.Cookie(cookie))
+		if err != nil {
+			return nil, fmt.Errorf("list the rules of socket %d: %w", cookie, err)
+		}
+		byKey := map[string][]uint64{}
+		for _, r := range rules {
+			if r.Tag == tag {
+				k := r.MatchKey()
+				byKey[k] = append(byKey[k], r.ID)
+				in.n++
+			}
+		}
+		in.rules[cookie] = byKey
+	}
+	if in.n > 0 {
+		log.Info("taking over the rules a predecessor left", "tag", tag, "rules", in.n)
+	}
+	return in, nil
+}
+
+// Supersede deletes the inherited rules of socket cookie that match what
+// one of rules matches, which the caller is about to add there.
+func (in *Inherited) Supersede(c *santa.Client, cookie uint64, rules []api.Rule) error {
+	byKey := in.rules[cookie]
+	if len(byKey) == 0 {
+		return nil
+	}
+	var ids []uint64
+	for _, r := range rules {
+		k := r.MatchKey()
+		ids = append(ids, byKey[k]...)
+		delete(byKey, k)
+	}
+	if len(ids) == 0 {
+		return nil
+	}
+	in.n -= len(ids)
+	return DeleteRules(c, cookie, ids)
+}
+
+// deleteBatch is how many rules one delete request of DeleteRest carries.
+const deleteBatch = 1024
+
+// DeleteRest deletes every inherited rule not superseded yet.
+func (in *Inherited) DeleteRest(c *santa.Client) error {
+	if in.n == 0 {
+		return nil
+	}
+	n := in.n
+	for cookie, byKey := range in.rules {
+		var ids []uint64
+		for _, more := range byKey {
+			ids = append(ids, more...)
+		}
+		for i := 0; i < len(ids); i += deleteBatch {
+			if err := DeleteRules(c, cookie, ids[i:min(i+deleteBatch, len(ids))]); err != nil {
+				return fmt.Errorf("delete the rules of socket %d a predecessor left: %w", cookie, err)
+			}
+		}
+		delete(in.rules, cookie)
+		in.n -= len(ids)
+	}
+	in.log.Info("deleted the rules a predecessor left that this run did not install again", "tag", in.tag, "rules", n)
+	return nil
+}
