@@ -285,6 +285,9 @@ func (c *Controller) Run(ctx context.Context) error {
 			return err
 		}
 	}
+	if err := c.installInherited(ctx); err != nil {
+		return err
+	}
 	if err := c.inherited.DeleteRest(c.client); err != nil {
 		return err
 	}
@@ -411,24 +414,80 @@ func (c *Controller) installInitial(ctx context.Context) error {
 	for _, ep := range c.eps {
 		c.probe(ep, c.cfg.Questions)
 		start := time.Now()
-		for i := 0; i < len(queries); i += 16 * c.cfg.Batch {
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			j := min(i+16*c.cfg.Batch, len(queries))
-			if err := c.install(ep, queries[i:j], questions[i:j]); err != nil {
-				return err
-			}
-			if len(queries) > 16*c.cfg.Batch {
-				c.log.Info("installing", "server", ep.addr, "done", j, "of", len(queries),
-					"rules", len(ep.entries), "elapsed", time.Since(start).Round(time.Millisecond))
-			}
+		if err := c.installMany(ctx, ep, queries, questions); err != nil {
+			return err
 		}
 		c.log.Info("installed", "server", ep.addr, "rules", len(ep.entries), "queries", len(queries),
 			"elapsed", time.Since(start).Round(time.Millisecond))
 	}
 	if len(c.rep.Skipped) > 0 {
 		c.log.Info("not offloaded (they stay with the server)", "reasons", c.Report().Skipped)
+	}
+	return nil
+}
+
+// installMany installs queries in rounds of 16 batches, with feedback on
+// long work, until done or ctx ends.
+func (c *Controller) installMany(ctx context.Context, ep *endpoint, queries []*Query, questions []Question) error {
+	start := time.Now()
+	for i := 0; i < len(queries); i += 16 * c.cfg.Batch {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		j := min(i+16*c.cfg.Batch, len(queries))
+		if err := c.install(ep, queries[i:j], questions[i:j]); err != nil {
+			return err
+		}
+		if len(queries) > 16*c.cfg.Batch {
+			c.log.Info("installing", "server", ep.addr, "done", j, "of", len(queries),
+				"rules", len(ep.entries), "elapsed", time.Since(start).Round(time.Millisecond))
+		}
+	}
+	return nil
+}
+
+// installInherited installs again, in the shape it had, the question of
+// every rule a predecessor left (follow.Inherited) that this run may
+// offload and has not installed yet: one a static or top run allows (a
+// shape learned from misses, say), any in adaptive mode (kept while it has
+// hits). The new rules supersede the old ones, so the rule processor goes
+// on answering those questions, and a restart does not send their whole
+// load to the server until they are learned again.
+func (c *Controller) installInherited(ctx context.Context) error {
+	for _, ep := range c.eps {
+		room := c.cfg.MaxRules - ep.learned
+		if c.cfg.Mode == Adaptive {
+			room = c.cfg.MaxRules - len(ep.entries)
+		}
+		var queries []*Query
+		var questions []Question
+		for _, r := range c.inherited.Rules(ep.cookies[0]) { // an endpoint's sockets hold the same rules
+			q := queryOf(r)
+			if len(queries) >= room || q == nil || ep.entries[r.MatchKey()] != nil {
+				continue
+			}
+			question := Question{q.Name, q.Type}
+			if c.cfg.Mode == Adaptive || c.allowed[question] {
+				queries = append(queries, q)
+				questions = append(questions, question)
+			}
+		}
+		if len(queries) == 0 {
+			continue
+		}
+		c.probe(ep, questions)
+		for _, q := range queries {
+			ep.pending[formKey(q, ep.b)] = true
+		}
+		if c.cfg.Mode != Adaptive {
+			ep.learned += len(queries)
+		}
+		before := len(ep.entries)
+		if err := c.installMany(ctx, ep, queries, questions); err != nil {
+			return err
+		}
+		c.log.Info("installed again the questions of the rules a predecessor left", "server", ep.addr,
+			"queries", len(queries), "rules", len(ep.entries)-before)
 	}
 	return nil
 }

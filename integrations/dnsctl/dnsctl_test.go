@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/miekg/dns"
+	"github.com/santa-offload/santa/api"
 )
 
 func mustShape(t *testing.T, text string) Shape {
@@ -180,6 +181,36 @@ func TestRuleShape(t *testing.T) {
 	}
 	if formKey(q, Behaviour{}) == formKey(other, Behaviour{}) {
 		t.Errorf("form keys equal though nothing is generalised")
+	}
+}
+
+// TestQueryOf: the query rebuilt from a rule has the rule's question and
+// gets a rule with the same match key, whatever the rule generalises over.
+func TestQueryOf(t *testing.T) {
+	general := Behaviour{Echo: flagRD | flagCD, Ignore: flagAD, IgnoresCookie: true, IgnoresSize: true}
+	for _, shape := range []string{"plain", "rd", "rd,ad,edns", "edns=4096,do", "rd,edns,cookie", "cd,edns,nsid"} {
+		for _, b := range []Behaviour{{}, general} {
+			q := mustQuery(t, shape, "www.Example.test", dns.TypeAAAA)
+			a, err := CheckReply(q, reply(t, q, 300, nil), 4)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := Rule(q, a, b)
+			again := queryOf(r)
+			if again == nil {
+				t.Fatalf("%s, %v: no query rebuilt from %+v", shape, b, r)
+			}
+			if again.Name != q.Name || again.Type != q.Type {
+				t.Errorf("%s, %v: rebuilt %s %d, want %s %d", shape, b, again.Name, again.Type, q.Name, q.Type)
+			}
+			if k := Rule(again, a, b).MatchKey(); k != r.MatchKey() {
+				t.Errorf("%s, %v: the rebuilt query's rule matches %s, want %s", shape, b, k, r.MatchKey())
+			}
+		}
+	}
+	other := api.Rule{Conditions: []api.Condition{{Pattern: api.Bytes("other program")}}, ReplyLen: 1, MinLen: 13, MaxLen: 13}
+	if q := queryOf(other); q != nil {
+		t.Errorf("a query rebuilt from another program's rule: %v", q)
 	}
 }
 

@@ -179,3 +179,24 @@ func Rule(q *Query, a Answer, b Behaviour) api.Rule {
 		MaxLen:     uint32(len(w)),
 	}
 }
+
+// queryOf rebuilds the query that a rule made by Rule was made for, with
+// ID 0 and zeros where the rule compares nothing (flag bits it echoes or
+// ignores, an ignored cookie or UDP size); nil if r is no such rule.
+func queryOf(r api.Rule) *Query {
+	if r.MinLen == 0 || r.MinLen != r.MaxLen || r.MinLen > maxPattern+4 {
+		return nil
+	}
+	wire := make([]byte, r.MinLen)
+	for _, c := range r.Conditions {
+		if int(c.Offset)+len(c.Pattern) > len(wire) {
+			return nil
+		}
+		copy(wire[c.Offset:], c.Pattern)
+	}
+	q, err := ParseQuery(wire)
+	if err != nil {
+		return nil
+	}
+	return q
+}

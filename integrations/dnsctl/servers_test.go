@@ -684,7 +684,8 @@ func TestControllerStartedAnew(t *testing.T) {
 // often and leaves one-off questions to the server.
 func TestAdaptive(t *testing.T) {
 	r := newRig(t, testbed.KindNSD, 50)
-	r.startController("adaptive", "--port", "53/udp", "--min-samples", "20", "--interval", "500ms", "--zone", r.zone.Origin)
+	adaptive := []string{"adaptive", "--port", "53/udp", "--min-samples", "20", "--interval", "500ms", "--zone", r.zone.Origin}
+	first := r.startController(adaptive...)
 	v4, _ := r.srv.Addrs()
 	s := r.sender(v4, 4)
 	hot := new(dns.Msg)
@@ -718,6 +719,28 @@ func TestAdaptive(t *testing.T) {
 	}
 	if n := r.rules(); n != 1 {
 		t.Errorf("%d rules, want 1 (the hot question on the IPv4 socket)", n)
+	}
+
+	// killed and started anew, the controller installs the question of the
+	// rule it left again at once, with no miss to learn from
+	if err := syscall.Kill(first.PID(), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if err := first.Stop(5 * time.Second); err == nil {
+		t.Fatal("the controller survived SIGKILL")
+	}
+	second := r.startController(adaptive...)
+	if want := "queries=1 rules=1"; !strings.Contains(second.Output(), "installed again the questions of the rules a predecessor left") ||
+		!strings.Contains(second.Output(), want) {
+		t.Errorf("the second controller did not install the predecessor's question again:\n%s", second.Output())
+	}
+	before := r.answered()
+	s.sendAll(hots[:10])
+	if got := r.answered() - before; got != 10 {
+		t.Errorf("right after the restart the rule processor answered %d of 10 hot queries", got)
+	}
+	if n := r.rules(); n != 1 {
+		t.Errorf("%d rules after the restart, want 1", n)
 	}
 }
 

@@ -18,15 +18,16 @@ import (
 // two never answer side by side, and the request goes to the server for
 // that moment), and deletes the rest once its first rules are in.
 type Inherited struct {
-	tag   string
-	rules map[uint64]map[string][]uint64 // socket cookie -> api.Rule.MatchKey -> ids
-	n     int
-	log   *slog.Logger
+	tag    string
+	rules  map[uint64]map[string][]uint64 // socket cookie -> api.Rule.MatchKey -> ids
+	listed map[uint64][]api.Rule          // socket cookie -> the rules as listed
+	n      int
+	log    *slog.Logger
 }
 
 // Inherit lists the rules tagged tag on each socket in cookies.
 func Inherit(c *santa.Client, tag string, cookies []uint64, log *slog.Logger) (*Inherited, error) {
-	in := &Inherited{tag: tag, rules: map[uint64]map[string][]uint64{}, log: log}
+	in := &Inherited{tag: tag, rules: map[uint64]map[string][]uint64{}, listed: map[uint64][]api.Rule{}, log: log}
 	for _, cookie := range cookies {
 		rules, err := c.ListRules(santa.Cookie(cookie))
 		if err != nil {
@@ -37,6 +38,7 @@ func Inherit(c *santa.Client, tag string, cookies []uint64, log *slog.Logger) (*
 			if r.Tag == tag {
 				k := r.MatchKey()
 				byKey[k] = append(byKey[k], r.ID)
+				in.listed[cookie] = append(in.listed[cookie], r)
 				in.n++
 			}
 		}
@@ -47,6 +49,11 @@ func Inherit(c *santa.Client, tag string, cookies []uint64, log *slog.Logger) (*
 	}
 	return in, nil
 }
+
+// Rules are the inherited rules of socket cookie as listed at the start:
+// what a controller may install again, e.g. the questions a DNS
+// controller had learned.
+func (in *Inherited) Rules(cookie uint64) []api.Rule { return in.listed[cookie] }
 
 // Supersede deletes the inherited rules of socket cookie that match what
 // one of rules matches, which the caller is about to add there.
@@ -73,6 +80,7 @@ const deleteBatch = 1024
 
 // DeleteRest deletes every inherited rule not superseded yet.
 func (in *Inherited) DeleteRest(c *santa.Client) error {
+	in.listed = nil
 	if in.n == 0 {
 		return nil
 	}
