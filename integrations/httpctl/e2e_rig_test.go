@@ -122,6 +122,20 @@ func (r *e2eRig) startController(o e2eOptions) {
 	}
 }
 
+// restartSantad starts santad again (after it stopped) and connects to it.
+func (r *e2eRig) restartSantad() {
+	r.t.Helper()
+	if err := r.sd.Start(context.Background()); err != nil {
+		r.t.Fatal(err)
+	}
+	client, err := santa.Dial(r.sd.Socket)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	r.client.Close() // the stopped santad's
+	r.client = client
+}
+
 // stopController stops the controller, which deletes its rules and
 // detaches the listeners: from then on nginx answers everything.
 func (r *e2eRig) stopController() {

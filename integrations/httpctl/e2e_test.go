@@ -30,7 +30,6 @@ import (
 	"time"
 
 	"github.com/santa-offload/santa/api"
-	"github.com/santa-offload/santa/clients/go/santa"
 	"github.com/santa-offload/santa/integrations/follow"
 	"github.com/santa-offload/santa/internal/testbed"
 	"golang.org/x/sys/unix"
@@ -989,54 +988,13 @@ func TestE2EFollowRestart(t *testing.T) {
 // not bring them back.
 func TestE2ESantadGone(t *testing.T) {
 	const lease = minLease
-	files := map[string][]byte{"a.txt": []byte("the version before santad went away\n")}
-	r := newE2E(t, e2eOptions{files: files, lease: lease})
-	dir := t.TempDir()
-	get := func(name string) string {
-		out := filepath.Join(dir, name)
-		r.curl("-o", out, r.ng.URL4("/a.txt"))
-		return out
-	}
-	get("learn")
-	r.waitLines(4, "GET /a.txt HTTP/1.1")
-	before := r.counters()["answered"]
-	checkFile(t, get("offloaded"), files["a.txt"], "offloaded")
-	if r.counters()["answered"] == before {
-		t.Fatal("the rule processor did not answer the learned request")
-	}
-
-	if err := r.sd.Stop(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	killed := time.Now()
-	select {
-	case err := <-r.errc:
-		r.stopped = true
-		t.Logf("the controller ended with: %v", err)
-	case <-time.After(10 * time.Second):
-		t.Fatal("the controller still runs 10 s after santad was killed")
-	}
-	changed := []byte("the version after santad went away, longer\n")
-	if err := os.WriteFile(filepath.Join(r.ng.Root, "a.txt"), changed, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	// the premise: the rule still answers, with the old file
-	checkFile(t, get("stale"), files["a.txt"], "right after santad was killed")
-
+	r, get, killed := offloadThenKillSantad(t, lease)
 	// renewed last before the kill, for lease rounded up to the second
 	time.Sleep(time.Until(killed.Add(lease + time.Second + 100*time.Millisecond)))
-	checkFile(t, get("expired"), changed, "once the lease ended, santad still gone")
-	if err := r.sd.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	checkFile(t, get("restarted"), changed, "after santad restarted")
-	client, err := santa.Dial(r.sd.Socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r.client.Close() // the killed santad's
-	r.client = client
-	socks, err := client.ListSockets()
+	checkFile(t, get("expired"), fileAfter, "once the lease ended, santad still gone")
+	r.restartSantad()
+	checkFile(t, get("restarted"), fileAfter, "after santad restarted")
+	socks, err := r.client.ListSockets()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1053,53 +1011,20 @@ func TestE2ESantadGone(t *testing.T) {
 // deletes it at its start, long before the rule's lease would end: nginx
 // answers the changed file at once, and the request is learned again.
 func TestE2EStartedAnew(t *testing.T) {
-	files := map[string][]byte{"a.txt": []byte("the version the first controller offloaded\n")}
-	r := newE2E(t, e2eOptions{files: files})
-	dir := t.TempDir()
-	get := func(name string) string {
-		out := filepath.Join(dir, name)
-		r.curl("-o", out, r.ng.URL4("/a.txt"))
-		return out
-	}
-	get("learn")
-	r.waitLines(4, "GET /a.txt HTTP/1.1")
-	checkFile(t, get("offloaded"), files["a.txt"], "offloaded")
-
-	if err := r.sd.Stop(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case err := <-r.errc:
-		r.stopped = true
-		t.Logf("the controller ended with: %v", err)
-	case <-time.After(10 * time.Second):
-		t.Fatal("the controller still runs 10 s after santad was killed")
-	}
-	changed := []byte("the version after the first controller ended, longer\n")
-	if err := os.WriteFile(filepath.Join(r.ng.Root, "a.txt"), changed, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := r.sd.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	client, err := santa.Dial(r.sd.Socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r.client.Close() // the killed santad's
-	r.client = client
+	r, get, _ := offloadThenKillSantad(t, 0)
+	r.restartSantad()
 	// the premise: the restored rule answers, with the old file
-	checkFile(t, get("stale"), files["a.txt"], "after santad restarted, no controller running")
+	checkFile(t, get("stale"), fileBefore, "after santad restarted, no controller running")
 
 	r.startController(e2eOptions{})
-	checkFile(t, get("relearn"), changed, "once the next controller started")
+	checkFile(t, get("relearn"), fileAfter, "once the next controller started")
 	r.waitLines(4, "GET /a.txt HTTP/1.1")
 	before := r.counters()["answered"]
-	checkFile(t, get("offloaded-again"), changed, "offloaded again")
+	checkFile(t, get("offloaded-again"), fileAfter, "offloaded again")
 	if r.counters()["answered"] == before {
 		t.Error("the next controller's rule did not answer")
 	}
-	socks, err := client.ListSockets()
+	socks, err := r.client.ListSockets()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1108,4 +1033,50 @@ func TestE2EStartedAnew(t *testing.T) {
 			t.Errorf("socket %v holds %d rules, want the next controller's one at most", s.AddrPort(), s.Rules)
 		}
 	}
+}
+
+// a.txt of offloadThenKillSantad, before and after santad was killed.
+var (
+	fileBefore = []byte("the version before santad went away\n")
+	fileAfter  = []byte("the version after santad went away, longer\n")
+)
+
+// offloadThenKillSantad starts a rig with lease (0: the default) whose
+// controller offloads GET /a.txt (fileBefore), kills santad, waits until
+// the controller ended and changes a.txt to fileAfter; the rule still
+// answers with fileBefore. get fetches /a.txt over IPv4 into a new file
+// named name; killed is when santad was killed.
+func offloadThenKillSantad(t *testing.T, lease time.Duration) (r *e2eRig, get func(name string) string, killed time.Time) {
+	t.Helper()
+	r = newE2E(t, e2eOptions{files: map[string][]byte{"a.txt": fileBefore}, lease: lease})
+	dir := t.TempDir()
+	get = func(name string) string {
+		out := filepath.Join(dir, name)
+		r.curl("-o", out, r.ng.URL4("/a.txt"))
+		return out
+	}
+	get("learn")
+	r.waitLines(4, "GET /a.txt HTTP/1.1")
+	before := r.counters()["answered"]
+	checkFile(t, get("offloaded"), fileBefore, "offloaded")
+	if r.counters()["answered"] == before {
+		t.Fatal("the rule processor did not answer the learned request")
+	}
+
+	if err := r.sd.Stop(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	killed = time.Now()
+	select {
+	case err := <-r.errc:
+		r.stopped = true
+		t.Logf("the controller ended with: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the controller still runs 10 s after santad was killed")
+	}
+	if err := os.WriteFile(filepath.Join(r.ng.Root, "a.txt"), fileAfter, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	checkFile(t, get("stale"), fileBefore, "right after santad was killed")
+	return r, get, killed
 }
