@@ -370,7 +370,7 @@ func (c *Controller) attach() error {
 		c.log.Info("attached", "server", ep.addr, "family", ep.family, "sockets", len(ep.cookies))
 		cookies = append(cookies, ep.cookies...)
 	}
-	in, err := follow.Inherit(c.client, c.cfg.Tag, cookies, c.log)
+	in, err := follow.Inherit(c.cfg.Socket, c.cfg.Tag, cookies, c.log)
 	c.inherited = in
 	return err
 }

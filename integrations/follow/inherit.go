@@ -25,13 +25,33 @@ type Inherited struct {
 	log    *slog.Logger
 }
 
-// Inherit lists the rules tagged tag on each socket in cookies.
-func Inherit(c *santa.Client, tag string, cookies []uint64, log *slog.Logger) (*Inherited, error) {
+// Inherit lists the rules tagged tag on each socket in cookies, over a
+// connection of its own to santad at socketPath. A socket whose rules
+// cannot be listed (a listing larger than the protocol's frame limit, say)
+// is left out with a warning: its predecessor's rules then answer until
+// they expire or are removed by hand (santa rules rm --tag).
+func Inherit(socketPath, tag string, cookies []uint64, log *slog.Logger) (*Inherited, error) {
 	in := &Inherited{tag: tag, rules: map[uint64]map[string][]uint64{}, listed: map[uint64][]api.Rule{}, log: log}
+	var c *santa.Client
+	defer func() {
+		if c != nil {
+			c.Close()
+		}
+	}()
 	for _, cookie := range cookies {
+		if c == nil {
+			var err error
+			if c, err = santa.Dial(socketPath); err != nil {
+				return nil, err
+			}
+		}
 		rules, err := c.ListRules(santa.Cookie(cookie))
 		if err != nil {
-			return nil, fmt.Errorf("list the rules of socket %d: %w", cookie, err)
+			log.Warn("cannot list the rules of a socket: rules a predecessor left there are not taken over",
+				"socket", cookie, "tag", tag, "error", err)
+			c.Close() // the connection may be broken: the next socket gets a new one
+			c = nil
+			continue
 		}
 		byKey := map[string][]uint64{}
 		for _, r := range rules {

@@ -349,7 +349,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	}
 	c.attach(client, socks)
 	defer c.unbindCreated(client)
-	inherited, err := follow.Inherit(client, c.cfg.Tag, slices.Collect(maps.Keys(c.byCookie)), c.log)
+	inherited, err := follow.Inherit(c.cfg.Socket, c.cfg.Tag, slices.Collect(maps.Keys(c.byCookie)), c.log)
 	if err != nil {
 		return err
 	}

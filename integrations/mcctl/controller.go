@@ -351,7 +351,7 @@ func (c *Controller) attach() error {
 	}
 	c.count(func(r *Report) { r.Sockets = len(c.cookies) })
 	c.log.Info("attached", "port", c.cfg.Port, "sockets", len(c.cookies))
-	c.inherited, err = follow.Inherit(c.client, c.cfg.Tag, c.cookies, c.log)
+	c.inherited, err = follow.Inherit(c.cfg.Socket, c.cfg.Tag, c.cookies, c.log)
 	return err
 }
 
