@@ -106,7 +106,6 @@ __noinline __u32 santa_fnv1a(const struct santa_scratch *s, __u32 pos, __u32 end
 	return h;
 }
 
-/* State of one bucket-chain walk (bpf_loop callback context). */
 /* What a rule walk noticed besides its result. */
 struct match_notes {
 	__u8 truncated;   /* a chain had more than SANTA_MAX_CHAIN rules */
@@ -114,6 +113,7 @@ struct match_notes {
 	__u8 expired;     /* a rule's conditions held but its expires time had come */
 };
 
+/* State of one bucket-chain walk (bpf_loop callback context). */
 struct chain_walk {
 	__u32 slot;        /* next rule slot to look at, 0 = end of chain */
 	__u32 ruleset;

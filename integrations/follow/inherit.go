@@ -21,7 +21,6 @@ type Inherited struct {
 	tag    string
 	rules  map[uint64]map[string][]uint64 // socket cookie -> api.Rule.MatchKey -> ids
 	listed map[uint64][]api.Rule          // socket cookie -> the rules as listed
-	n      int
 	log    *slog.Logger
 }
 
@@ -59,13 +58,12 @@ func Inherit(socketPath, tag string, cookies []uint64, log *slog.Logger) (*Inher
 				k := r.MatchKey()
 				byKey[k] = append(byKey[k], r.ID)
 				in.listed[cookie] = append(in.listed[cookie], r)
-				in.n++
 			}
 		}
 		in.rules[cookie] = byKey
 	}
-	if in.n > 0 {
-		log.Info("taking over the rules a predecessor left", "tag", tag, "rules", in.n)
+	if n := countRules(in.listed); n > 0 {
+		log.Info("taking over the rules a predecessor left", "tag", tag, "rules", n)
 	}
 	return in, nil
 }
@@ -91,8 +89,16 @@ func (in *Inherited) Supersede(c *santa.Client, cookie uint64, rules []api.Rule)
 	if len(ids) == 0 {
 		return nil
 	}
-	in.n -= len(ids)
 	return DeleteRules(c, cookie, ids)
+}
+
+// countRules counts the rules of every socket.
+func countRules[R any](bySocket map[uint64][]R) int {
+	n := 0
+	for _, rules := range bySocket {
+		n += len(rules)
+	}
+	return n
 }
 
 // deleteBatch is how many rules one delete request of DeleteRest carries.
@@ -101,22 +107,23 @@ const deleteBatch = 1024
 // DeleteRest deletes every inherited rule not superseded yet.
 func (in *Inherited) DeleteRest(c *santa.Client) error {
 	in.listed = nil
-	if in.n == 0 {
+	rest := map[uint64][]uint64{}
+	for cookie, byKey := range in.rules {
+		for _, ids := range byKey {
+			rest[cookie] = append(rest[cookie], ids...)
+		}
+	}
+	n := countRules(rest)
+	if n == 0 {
 		return nil
 	}
-	n := in.n
-	for cookie, byKey := range in.rules {
-		var ids []uint64
-		for _, more := range byKey {
-			ids = append(ids, more...)
-		}
+	for cookie, ids := range rest {
 		for i := 0; i < len(ids); i += deleteBatch {
 			if err := DeleteRules(c, cookie, ids[i:min(i+deleteBatch, len(ids))]); err != nil {
 				return fmt.Errorf("delete the rules of socket %d a predecessor left: %w", cookie, err)
 			}
 		}
 		delete(in.rules, cookie)
-		in.n -= len(ids)
 	}
 	in.log.Info("deleted the rules a predecessor left that this run did not install again", "tag", in.tag, "rules", n)
 	return nil
