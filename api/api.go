@@ -118,6 +118,10 @@ type Message struct {
 	Counters    map[string]uint64 `cbor:"17,keyasint,omitempty" json:"counters,omitempty"`
 	RequestLen  uint32            `cbor:"18,keyasint,omitempty" json:"request_len,omitempty"`
 	Protocol    uint32            `cbor:"19,keyasint,omitempty" json:"protocol,omitempty"` // bind by port: ProtocolUDP (also 0) or ProtocolTCP
+	After       uint64            `cbor:"20,keyasint,omitempty" json:"after,omitempty"`    // list_rules: only rules with a larger id (the last id of the page before)
+	Limit       uint32            `cbor:"21,keyasint,omitempty" json:"limit,omitempty"`    // list_rules: at most this many rules (0: all)
+	More        bool              `cbor:"22,keyasint,omitempty" json:"more,omitempty"`     // list_rules response: rules past the last listed one remain
+	Tag         string            `cbor:"23,keyasint,omitempty" json:"tag,omitempty"`      // list_rules: only rules with this tag; delete: every rule with it
 }
 
 // IP protocol numbers: of a bound socket (SocketInfo.Protocol), and of the

@@ -46,7 +46,7 @@ func (c *Conn) Send(m *Message, fd int) error {
 		return err
 	}
 	if len(body) > MaxFrame {
-		return fmt.Errorf("message of %d bytes exceeds the %d-byte frame limit; split the request", len(body), MaxFrame)
+		return fmt.Errorf("%w: message of %d bytes exceeds the %d-byte frame limit; split the request", ErrTooLarge, len(body), MaxFrame)
 	}
 	frame := make([]byte, 4+len(body))
 	binary.BigEndian.PutUint32(frame, uint32(len(body)))
@@ -69,6 +69,10 @@ func (c *Conn) Send(m *Message, fd int) error {
 
 // ErrFrame marks a frame that is not a valid frame of this protocol.
 var ErrFrame = errors.New("malformed frame")
+
+// ErrTooLarge marks a message Send refused because it exceeds MaxFrame;
+// nothing was written.
+var ErrTooLarge = errors.New("message too large")
 
 // Recv reads one message and any fds passed with it; the caller owns the
 // files. A frame whose content does not decode returns ErrMalformed (with

@@ -104,14 +104,19 @@ func rulesCmd(e env, g *globals) *cobra.Command {
 		Short: "List, add, change and remove rules",
 	}
 	var cookie uint64
+	var lsTag string
 	ls := readFlag(&cobra.Command{
 		Use:   "ls",
 		Short: "List the sockets with rule sets, or with --socket that socket's rules",
 		Long: `Without --socket, list the rule sets you may see (all of them as root).
-With --socket, list that socket's rules with their hits; --json prints a
-rule file that 'santa rules replace' takes back.`,
+With --socket, list that socket's rules with their hits (--tag: only those
+with that tag); --json prints a rule file that 'santa rules replace' takes
+back.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if cookie == 0 && lsTag != "" {
+				return fmt.Errorf("--tag lists the rules of one socket: give --socket too")
+			}
 			c, err := g.dial()
 			if err != nil {
 				return err
@@ -120,10 +125,11 @@ rule file that 'santa rules replace' takes back.`,
 			if cookie == 0 {
 				return listSockets(e, g, c)
 			}
-			return listRules(e, g, c, cookie)
+			return listRules(e, g, c, cookie, lsTag)
 		},
 	}, g)
 	socketFlag(ls, &cookie, false)
+	ls.Flags().StringVar(&lsTag, "tag", "", "with --socket: list only the rules with this tag")
 
 	add := ruleFileCmd(e, g, "add FILE", "Add the rules of a rule file (JSON or YAML; - for stdin), all or none",
 		func(c *santa.Client, t santa.Target, r []api.Rule) ([]uint64, error) { return c.Add(t, r) })
@@ -167,17 +173,22 @@ that is gone left behind) are removed.`,
 				return err
 			}
 			defer c.Close()
-			if cmd.Flags().Changed("tag") {
-				if ids, err = taggedRules(c, rmCookie, rmTag); err != nil {
-					return err
+			switch {
+			case rmTag != "": // santad finds them: one request, however many
+				ids, err = c.DeleteTagged(santa.Cookie(rmCookie), rmTag)
+			case cmd.Flags().Changed("tag"): // the untagged ones
+				if ids, err = untaggedRules(c, rmCookie); err == nil && len(ids) > 0 {
+					err = c.Delete(santa.Cookie(rmCookie), ids)
 				}
-				if len(ids) == 0 {
-					fmt.Fprintf(e.stdout, "no rules tagged %q\n", rmTag)
-					return nil
-				}
+			default:
+				err = c.Delete(santa.Cookie(rmCookie), ids)
 			}
-			if err := c.Delete(santa.Cookie(rmCookie), ids); err != nil {
+			if err != nil {
 				return err
+			}
+			if len(ids) == 0 {
+				fmt.Fprintf(e.stdout, "no rules tagged %q\n", rmTag)
+				return nil
 			}
 			fmt.Fprintf(e.stdout, "removed %d rules\n", len(ids))
 			return nil
@@ -189,15 +200,15 @@ that is gone left behind) are removed.`,
 	return rules
 }
 
-// taggedRules returns the ids of the socket's rules tagged tag.
-func taggedRules(c *santa.Client, cookie uint64, tag string) ([]uint64, error) {
+// untaggedRules returns the ids of the socket's rules without a tag.
+func untaggedRules(c *santa.Client, cookie uint64) ([]uint64, error) {
 	rules, err := c.ListRules(santa.Cookie(cookie))
 	if err != nil {
 		return nil, err
 	}
 	var ids []uint64
 	for _, r := range rules {
-		if r.Tag == tag {
+		if r.Tag == "" {
 			ids = append(ids, r.ID)
 		}
 	}
@@ -302,8 +313,8 @@ func listSockets(e env, g *globals, c *santa.Client) error {
 	return w.Flush()
 }
 
-func listRules(e env, g *globals, c *santa.Client, cookie uint64) error {
-	rules, err := c.ListRules(santa.Cookie(cookie))
+func listRules(e env, g *globals, c *santa.Client, cookie uint64, tag string) error {
+	rules, err := c.ListTagged(santa.Cookie(cookie), tag)
 	if err != nil {
 		return err
 	}

@@ -26,9 +26,9 @@ type Inherited struct {
 
 // Inherit lists the rules tagged tag on each socket in cookies, over a
 // connection of its own to santad at socketPath. A socket whose rules
-// cannot be listed (a listing larger than the protocol's frame limit, say)
-// is left out with a warning: its predecessor's rules then answer until
-// they expire or are removed by hand (santa rules rm --tag).
+// cannot be listed is left out with a warning: its predecessor's rules
+// then answer until they expire or are removed by hand (santa rules rm
+// --tag).
 func Inherit(socketPath, tag string, cookies []uint64, log *slog.Logger) (*Inherited, error) {
 	in := &Inherited{tag: tag, rules: map[uint64]map[string][]uint64{}, listed: map[uint64][]api.Rule{}, log: log}
 	var c *santa.Client
@@ -44,7 +44,7 @@ func Inherit(socketPath, tag string, cookies []uint64, log *slog.Logger) (*Inher
 				return nil, err
 			}
 		}
-		rules, err := c.ListRules(santa.Cookie(cookie))
+		rules, err := c.ListTagged(santa.Cookie(cookie), tag)
 		if err != nil {
 			log.Warn("cannot list the rules of a socket: rules a predecessor left there are not taken over",
 				"socket", cookie, "tag", tag, "error", err)
@@ -54,13 +54,10 @@ func Inherit(socketPath, tag string, cookies []uint64, log *slog.Logger) (*Inher
 		}
 		byKey := map[string][]uint64{}
 		for _, r := range rules {
-			if r.Tag == tag {
-				k := r.MatchKey()
-				byKey[k] = append(byKey[k], r.ID)
-				in.listed[cookie] = append(in.listed[cookie], r)
-			}
+			k := r.MatchKey()
+			byKey[k] = append(byKey[k], r.ID)
 		}
-		in.rules[cookie] = byKey
+		in.rules[cookie], in.listed[cookie] = byKey, rules
 	}
 	if n := countRules(in.listed); n > 0 {
 		log.Info("taking over the rules a predecessor left", "tag", tag, "rules", n)

@@ -174,11 +174,7 @@ func ruleIDs(t *testing.T, c *santa.Client, target santa.Target) []uint64 {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ids := make([]uint64, len(rules))
-	for i, r := range rules {
-		ids[i] = r.ID
-	}
-	return ids
+	return idsOf(rules)
 }
 
 func checkRules(t *testing.T, c *santa.Client, target santa.Target, want int) {
@@ -235,6 +231,10 @@ func TestMalformedRequests(t *testing.T) {
 			api.StatusInvalid},
 		"bind by port, protocol 132": {mustEncode(t, &api.Message{V: 1, Op: api.OpBind, Seq: 1, Port: 53, Protocol: 132}), api.StatusInvalid},
 		"sample event":               {mustEncode(t, &api.Message{V: 1, Op: api.OpSample, Seq: 1}), api.StatusInvalid},
+		"limit on stats":             {mustEncode(t, &api.Message{V: 1, Op: api.OpStats, Seq: 1, Socket: 1, Limit: 5}), api.StatusInvalid},
+		"after on delete":            {mustEncode(t, &api.Message{V: 1, Op: api.OpDelete, Seq: 1, Socket: 1, After: 5}), api.StatusInvalid},
+		"tag on add":                 {mustEncode(t, &api.Message{V: 1, Op: api.OpAdd, Seq: 1, Socket: 1, Tag: "t"}), api.StatusInvalid},
+		"more in a request":          {mustEncode(t, &api.Message{V: 1, Op: api.OpListRules, Seq: 1, Socket: 1, More: true}), api.StatusInvalid},
 	} {
 		m := raw(tc.body)
 		if m.Status != tc.want || m.Error == "" {

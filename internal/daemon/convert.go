@@ -64,3 +64,16 @@ func cost(r api.Rule) uint64 {
 	}
 	return n
 }
+
+// encodedBound is at least the size of r's encoding in a message: its bytes
+// and, generously, the keys and integers around them.
+func encodedBound(r api.Rule) int {
+	n := 128 + len(r.Tag) + 32*len(r.Guards)
+	for _, c := range r.Conditions {
+		n += 32 + len(c.Pattern) + len(c.Mask)
+	}
+	for _, p := range r.Processors {
+		n += 64 + len(p.Template) + len(p.Mask)
+	}
+	return n
+}

@@ -245,20 +245,32 @@ func (d *Daemon) carryStats(prev *dataplane.Previous) {
 	d.dp.CarryStats(base)
 }
 
-// compact rewrites the journal as one bind and one add per rule set.
+// compactBatch is how many rules one add record of a compacted journal
+// holds at most: a record must fit a frame (api.MaxFrame), which listRules
+// also sees to for rules of any size.
+const compactBatch = 16384
+
+// compact rewrites the journal as one bind per rule set and its rules as
+// adds of up to compactBatch rules each.
 func (d *Daemon) compact() error {
 	var records []*api.Message
 	for cookie, rs := range d.sets {
 		records = append(records, &api.Message{Op: api.OpBind, Sockets: []api.SocketInfo{rs.info},
 			SampleBytes: uint32(rs.sample.Bytes), SampleRate: uint32(rs.sample.PerSecond)})
-		rules, err := d.listRules(rs)
-		if err != nil {
-			return err
+		page := &api.Message{Limit: compactBatch}
+		for {
+			rules, more, err := d.listRules(rs, page)
+			if err != nil {
+				return err
+			}
+			if len(rules) > 0 {
+				records = append(records, &api.Message{Op: api.OpAdd, Socket: cookie, Rules: rules})
+				page.After = rules[len(rules)-1].ID
+			}
+			if !more {
+				break
+			}
 		}
-		if len(rules) == 0 {
-			continue
-		}
-		records = append(records, &api.Message{Op: api.OpAdd, Socket: cookie, Rules: rules})
 	}
 	j, err := writeJournal(d.cfg.journalPath(), records)
 	if err != nil {

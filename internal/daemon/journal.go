@@ -114,6 +114,9 @@ func (j *journal) write(m *api.Message) error {
 	if err != nil {
 		return err
 	}
+	if len(body) > api.MaxFrame { // readJournal would take it for a torn tail and drop all after it
+		return fmt.Errorf("%s record of %d bytes exceeds the %d-byte frame limit", m.Op, len(body), api.MaxFrame)
+	}
 	var hdr [8]byte
 	binary.LittleEndian.PutUint32(hdr[:4], uint32(len(body)))
 	binary.LittleEndian.PutUint32(hdr[4:], crc32.Checksum(body, castagnoli))

@@ -3,6 +3,7 @@ package daemon
 import (
 	"cmp"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -79,7 +80,12 @@ func (s *session) serve() {
 		resp, stream := s.handle(req, files)
 		closeFiles(files) // santad never keeps an application's socket open
 		resp.V, resp.Op, resp.Seq = api.Version, req.Op, req.Seq
-		if err := s.conn.Send(resp, -1); err != nil {
+		err = s.conn.Send(resp, -1)
+		if errors.Is(err, api.ErrTooLarge) { // nothing was sent: say why instead
+			err = s.conn.Send(&api.Message{V: api.Version, Op: req.Op, Seq: req.Seq, Status: api.StatusInvalid,
+				Error: fmt.Sprintf("%v: list_rules in pages (limit, after)", err)}, -1)
+		}
+		if err != nil {
 			if stream != nil {
 				stream.close()
 			}
@@ -126,6 +132,15 @@ func (s *session) dispatch(req *api.Message, files []*os.File) (*api.Message, *s
 	if req.Op != api.OpBind && (req.PID != 0 || req.FD != 0 || req.Port != 0 || req.Protocol != 0) {
 		return nil, nil, fail(api.StatusInvalid, "pid, fd, port and protocol belong to bind only")
 	}
+	if req.Op != api.OpListRules && (req.After != 0 || req.Limit != 0) {
+		return nil, nil, fail(api.StatusInvalid, "after and limit belong to list_rules only")
+	}
+	if req.Op != api.OpListRules && req.Op != api.OpDelete && req.Tag != "" {
+		return nil, nil, fail(api.StatusInvalid, "tag belongs to list_rules and delete only (a rule's tag goes in the rule)")
+	}
+	if req.More {
+		return nil, nil, fail(api.StatusInvalid, "more belongs to list_rules responses, not to requests")
+	}
 	d := s.d
 	switch req.Op {
 	case api.OpHealth:
@@ -160,9 +175,9 @@ func (s *session) dispatch(req *api.Message, files []*os.File) (*api.Message, *s
 	case api.OpModify:
 		resp.IDs, err = d.modify(s.uid, rs, req.Rules)
 	case api.OpDelete:
-		err = d.delete(rs, req.IDs)
+		resp.IDs, err = d.deleteTagged(rs, req.IDs, req.Tag)
 	case api.OpListRules:
-		resp.Rules, err = d.listRules(rs)
+		resp.Rules, resp.More, err = d.listRules(rs, req)
 	case api.OpStats:
 		resp.Stats, err = d.stats(rs, req.IDs)
 	}
@@ -344,17 +359,49 @@ func (s *session) listSockets() (*api.Message, *subscriber, error) {
 	return resp, nil, nil
 }
 
-func (d *Daemon) listRules(rs *ruleSet) ([]api.Rule, error) {
-	infos, err := d.dp.ListRules(rs.info.Cookie)
-	if err != nil {
-		return nil, err
+// listRules lists the rules req asks for (req.After, req.Limit, req.Tag)
+// and says whether more follow. A page (req.Limit > 0) also ends before its
+// size could reach half the frame limit, after at least one rule.
+func (d *Daemon) listRules(rs *ruleSet, req *api.Message) ([]api.Rule, bool, error) {
+	var out []api.Rule
+	more, size := false, 0
+	err := d.dp.VisitRules(rs.info.Cookie, dataplane.RuleID(req.After), func(ri dataplane.RuleInfo) bool {
+		tag := rs.rules[uint64(ri.ID)].tag // santad's, not the data plane's
+		if req.Tag != "" && tag != req.Tag {
+			return true
+		}
+		r := fromDataplane(ri)
+		r.Tag = tag
+		n := encodedBound(r)
+		if req.Limit > 0 && (len(out) == int(req.Limit) || len(out) > 0 && size+n > api.MaxFrame/2) {
+			more = true
+			return false
+		}
+		out, size = append(out, r), size+n
+		return true
+	})
+	return out, more, err
+}
+
+// deleteTagged deletes the rules ids, or with tag (and no ids) every rule
+// that has it, and returns the ids it deleted for a tag.
+func (d *Daemon) deleteTagged(rs *ruleSet, ids []uint64, tag string) ([]uint64, error) {
+	if tag == "" {
+		return nil, d.delete(rs, ids)
 	}
-	out := make([]api.Rule, len(infos))
-	for i, ri := range infos {
-		out[i] = fromDataplane(ri)
-		out[i].Tag = rs.rules[out[i].ID].tag // santad's, not the data plane's
+	if len(ids) > 0 {
+		return nil, fail(api.StatusInvalid, "delete takes ids or a tag, not both")
 	}
-	return out, nil
+	for id, m := range rs.rules {
+		if m.tag == tag {
+			ids = append(ids, id)
+		}
+	}
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	slices.Sort(ids)
+	return ids, d.delete(rs, ids)
 }
 
 func (d *Daemon) stats(rs *ruleSet, ids []uint64) ([]api.RuleStats, error) {

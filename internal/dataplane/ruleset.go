@@ -1,6 +1,7 @@
 package dataplane
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"slices"
@@ -142,15 +143,21 @@ func (d *Dataplane) RestoreRules(cookie uint64, rules []RuleInfo) error {
 		return err
 	}
 	defer unlock()
-	seen := map[RuleID]bool{}
+	last := RuleID(0) // insertion order stays ascending ID order (VisitRules)
+	if n := len(rs.rules); n > 0 {
+		last = rs.rules[n-1].id
+	}
 	for _, r := range rules {
 		if r.ID == 0 || r.Version == 0 {
 			return fmt.Errorf("rule %d version %d: IDs and versions start at 1", r.ID, r.Version)
 		}
-		if _, ok := d.byID[r.ID]; ok || seen[r.ID] {
+		if _, ok := d.byID[r.ID]; ok {
 			return fmt.Errorf("rule %d is installed already", r.ID)
 		}
-		seen[r.ID] = true
+		if r.ID <= last {
+			return fmt.Errorf("rule %d comes after rule %d: restore a socket's rules in ascending ID order, after those it has", r.ID, last)
+		}
+		last = r.ID
 	}
 	news := d.newInstalled(rs, src, compiled)
 	for i, r := range rules {
@@ -301,17 +308,33 @@ type RuleInfo struct {
 
 // ListRules returns the socket's rules in insertion order.
 func (d *Dataplane) ListRules(cookie uint64) ([]RuleInfo, error) {
+	var out []RuleInfo
+	err := d.VisitRules(cookie, 0, func(ri RuleInfo) bool {
+		out = append(out, ri)
+		return true
+	})
+	return out, err
+}
+
+// VisitRules calls visit with each of the socket's rules whose ID is above
+// after, in insertion order, until visit returns false. Insertion order is
+// ascending ID order, so a listing in pages (after = the last ID of the
+// page before) sees once every rule that stays installed meanwhile. visit
+// runs with the data plane locked.
+func (d *Dataplane) VisitRules(cookie uint64, after RuleID, visit func(RuleInfo) bool) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	rs, ok := d.bySocket[cookie]
 	if !ok {
-		return nil, fmt.Errorf("%w: %#x", ErrNotBound, cookie)
+		return fmt.Errorf("%w: %#x", ErrNotBound, cookie)
 	}
-	out := make([]RuleInfo, len(rs.rules))
-	for i, r := range rs.rules {
-		out[i] = RuleInfo{ID: r.id, Version: r.version, Rule: r.src}
+	start, _ := slices.BinarySearchFunc(rs.rules, after+1, func(r *installed, id RuleID) int { return cmp.Compare(r.id, id) })
+	for _, r := range rs.rules[start:] {
+		if !visit(RuleInfo{ID: r.id, Version: r.version, Rule: r.src}) {
+			return nil
+		}
 	}
-	return out, nil
+	return nil
 }
 
 // prepare compiles rules and returns them with the socket's rule set, the

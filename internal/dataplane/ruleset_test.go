@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"unsafe"
@@ -74,6 +75,44 @@ func TestRuleLifecycle(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.expect("unbound", request(c, s, "key-z").build(t), xdpPass, nil, "pass_no_ruleset")
+}
+
+// A listing in pages sees each rule once, in ID order, across deletes,
+// modifies and adds between the pages.
+func TestVisitRules(t *testing.T) {
+	e := newEnv(t, Config{})
+	_, s := fixtureAddrs(e, false, 7201)
+	sock := e.socket(s, false)
+	ids := e.bindRules(sock, reply("key-a", "A"), reply("key-b", "B"), reply("key-c", "C"), reply("key-d", "D"))
+	expect := func(after RuleID, limit int, want ...RuleID) {
+		t.Helper()
+		var got []RuleID
+		err := e.d.VisitRules(sock, after, func(ri RuleInfo) bool {
+			got = append(got, ri.ID)
+			return len(got) < limit
+		})
+		if err != nil || !slices.Equal(got, want) {
+			t.Errorf("visit after %d, up to %d rules: %v (%v), want %v", after, limit, got, err, want)
+		}
+	}
+	expect(0, 2, ids[:2]...)
+	// between the pages: a rule of the next page goes, one of the first is modified, one is added
+	if err := e.d.DeleteRules(sock, []RuleID{ids[2]}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.d.ModifyRules(sock, []RuleUpdate{{ID: ids[0], Rule: reply("key-a", "A2")}}); err != nil {
+		t.Fatal(err)
+	}
+	added, err := e.d.AddRules(sock, []Rule{reply("key-e", "E")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	expect(ids[1], 3, ids[3], added[0])
+	expect(added[0], 3)
+	expect(0, 9, ids[0], ids[1], ids[3], added[0])
+	if err := e.d.VisitRules(sock+1, 0, func(RuleInfo) bool { return true }); !errors.Is(err, ErrNotBound) {
+		t.Errorf("visiting a socket without rule set: %v", err)
+	}
 }
 
 // Rules of one socket cannot be deleted through another.

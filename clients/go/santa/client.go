@@ -252,12 +252,57 @@ func (c *Client) ListSockets() ([]api.SocketInfo, error) {
 }
 
 // ListRules returns the target's rules, oldest first, with ids and versions.
-func (c *Client) ListRules(t Target) ([]api.Rule, error) {
-	resp, err := c.call(&api.Message{Op: api.OpListRules}, &t)
+// It asks in pages (ListPage), so a rule set of any size can be listed; a
+// rule added meanwhile may be listed or not, one deleted meanwhile may
+// already be missing, and every other rule is listed once.
+func (c *Client) ListRules(t Target) ([]api.Rule, error) { return c.ListTagged(t, "") }
+
+// ListTagged is ListRules for the rules tagged tag ("": all rules).
+func (c *Client) ListTagged(t Target, tag string) ([]api.Rule, error) {
+	var all []api.Rule
+	var after uint64
+	for {
+		rules, more, err := c.ListPage(t, tag, after, listPageRules)
+		if err != nil {
+			return nil, err
+		}
+		all = append(all, rules...)
+		if !more {
+			return all, nil
+		}
+		after = rules[len(rules)-1].ID
+	}
+}
+
+// listPageRules is how many rules ListTagged asks for per page.
+const listPageRules = 16384
+
+// ListPage returns up to limit (0: no limit) of the target's rules tagged
+// tag ("": all) whose id is above after, oldest first, and whether more
+// follow: ask again with after the last id returned. santad may end a page
+// early to keep it within the frame limit.
+func (c *Client) ListPage(t Target, tag string, after uint64, limit uint32) ([]api.Rule, bool, error) {
+	resp, err := c.call(&api.Message{Op: api.OpListRules, Tag: tag, After: after, Limit: limit}, &t)
+	if err != nil {
+		return nil, false, err
+	}
+	if resp.More && len(resp.Rules) == 0 {
+		return nil, false, fmt.Errorf("list_rules: santad says more rules follow but listed none")
+	}
+	return resp.Rules, resp.More, nil
+}
+
+// DeleteTagged deletes every rule of the target tagged tag, all or none,
+// and returns their ids (none if no rule has it).
+func (c *Client) DeleteTagged(t Target, tag string) ([]uint64, error) {
+	if tag == "" {
+		return nil, fmt.Errorf("delete by tag: no tag given")
+	}
+	resp, err := c.call(&api.Message{Op: api.OpDelete, Tag: tag}, &t)
 	if err != nil {
 		return nil, err
 	}
-	return resp.Rules, nil
+	return resp.IDs, nil
 }
 
 // Stats returns the statistics of the given rules of the target (all if none given).
