@@ -116,6 +116,19 @@ var vectorMessages = []Vector{
 			Conditions: []Condition{{Offset: 0, Pattern: Bytes("get k\r\n")}},
 			Processors: []Processor{{Kind: KindPut, Template: Bytes("VALUE k 0 1\r\nv\r\nEND\r\n")}},
 			ReplyLen:   21, Tag: "santa-memcached"}}}},
+	{Name: "list rules in pages: the rules tagged santa-dns after rule 41, at most 2", Message: Message{V: 1, Op: OpListRules, Seq: 22,
+		Socket: 4097, After: 41, Limit: 2, Tag: "santa-dns"}},
+	{Name: "list_rules response: a page, more rules follow", Message: Message{V: 1, Op: OpListRules, Seq: 22,
+		Rules: []Rule{
+			{ID: 42, Version: 1, Conditions: []Condition{{Offset: 12, Pattern: Bytes("\x01a\x00")}},
+				Processors: []Processor{{Kind: KindCopy, Length: 2}, {Kind: KindPut, ReplyOffset: 2, Template: Bytes{0x81, 0x80}}},
+				ReplyLen:   4, Tag: "santa-dns"},
+			{ID: 300, Version: 3, Conditions: []Condition{{Offset: 12, Pattern: Bytes("\x01b\x00")}},
+				Processors: []Processor{{Kind: KindCopy, Length: 2}, {Kind: KindPut, ReplyOffset: 2, Template: Bytes{0x81, 0x83}}},
+				ReplyLen:   4, Expires: 1795000000, Tag: "santa-dns"}},
+		More: true}},
+	{Name: "delete every rule tagged santa-http", Message: Message{V: 1, Op: OpDelete, Seq: 23, Socket: 4097, Tag: "santa-http"}},
+	{Name: "delete by tag response: the ids deleted", Message: Message{V: 1, Op: OpDelete, Seq: 23, IDs: []uint64{7, 8, 65536}}},
 }
 
 func TestVectors(t *testing.T) {

@@ -44,6 +44,7 @@ func TestErrorsSayWhatToDo(t *testing.T) {
 		"rules rm --socket 1 abc":                   "not a rule id",
 		"rules rm --socket 1":                       "give rule ids or --tag",
 		"rules rm --socket 1 --tag x 7":             "give rule ids or --tag",
+		"rules ls --tag x":                          "give --socket too",
 		"rules add --socket 1 --tag a\x01b FILE":    "control character",
 		"attach --port 53/sctp":                     "only udp and tcp",
 		"attach --port 0":                           "from 1 to 65535",

@@ -120,8 +120,15 @@ func TestTCPListener(t *testing.T) {
 	if out, err = sd.cli(0, "rules", "ls", "--socket", fmt.Sprint(info.Cookie)); err != nil || strings.Count(out, "from a file") != 1 {
 		t.Errorf("rules ls --socket shows the tag %d times, want once: %v\n%s", strings.Count(out, "from a file"), err, out)
 	}
+	if out, err = sd.cli(0, "rules", "ls", "--socket", fmt.Sprint(info.Cookie), "--tag", "from a file"); err != nil ||
+		strings.Count(out, "\n") != 2 || !strings.Contains(out, "from a file") {
+		t.Errorf("rules ls --tag: want a header and the one tagged rule: %v\n%s", err, out)
+	}
 	if out, err = sd.cli(0, "rules", "rm", "--socket", fmt.Sprint(info.Cookie), "--tag", "from a file"); err != nil || !strings.Contains(out, "removed 1 rules") {
 		t.Fatalf("rules rm --tag: %v\n%s", err, out)
+	}
+	if out, err = sd.cli(0, "rules", "rm", "--socket", fmt.Sprint(info.Cookie), "--tag", "from a file"); err != nil || !strings.Contains(out, "no rules tagged") {
+		t.Errorf("rules rm --tag again: %v\n%s", err, out)
 	}
 
 	// the protocol and close survive a restart (journal and compaction),

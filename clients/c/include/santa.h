@@ -378,7 +378,10 @@ SANTA_API int santa_stats(struct santa_client *c, int sockfd, uint64_t cookie, u
                           uint64_t *bytes);
 
 /**
- * Lists the rule set's rules, oldest first.
+ * Lists the rule set's rules, oldest first. It asks santad in pages, so a
+ * rule set of any size can be listed: a rule added meanwhile may be listed
+ * or not, one deleted meanwhile may already be missing, every other rule is
+ * listed once.
  *
  * @param out receives a malloc'd array (NULL if there are none); free it
  *            with santa_rule_info_free().
@@ -386,6 +389,24 @@ SANTA_API int santa_stats(struct santa_client *c, int sockfd, uint64_t cookie, u
  */
 SANTA_API int santa_list_rules(struct santa_client *c, int sockfd, uint64_t cookie, struct santa_rule_info **out,
                                size_t *n);
+
+/**
+ * santa_list_rules() for the rules tagged @p tag only (NULL or "": all);
+ * santad does the filtering. (Since libsanta 3.1.)
+ */
+SANTA_API int santa_list_rules_tagged(struct santa_client *c, int sockfd, uint64_t cookie, const char *tag,
+                                      struct santa_rule_info **out, size_t *n);
+
+/**
+ * Deletes every rule of the rule set tagged @p tag, all or none, e.g. what
+ * a program that will not run again left. No rule with the tag is not an
+ * error. (Since libsanta 3.1.)
+ *
+ * @param deleted if not NULL, receives how many rules went.
+ * @return 0, or -1 (errno EINVAL if @p tag is NULL or empty).
+ */
+SANTA_API int santa_delete_tagged(struct santa_client *c, int sockfd, uint64_t cookie, const char *tag,
+                                  size_t *deleted);
 
 /** Frees what santa_list_rules() returned. NULL is a no-op. */
 SANTA_API void santa_rule_info_free(struct santa_rule_info *infos);

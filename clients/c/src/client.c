@@ -516,22 +516,27 @@ int santa_stats(struct santa_client *c, int sockfd, uint64_t cookie, uint64_t id
 	return 0;
 }
 
-int santa_list_rules(struct santa_client *c, int sockfd, uint64_t cookie, struct santa_rule_info **out, size_t *n)
-{
-	struct sp_msg req = { .op = SP_OP_LIST_RULES }, resp;
-	struct santa_rule_info *infos = NULL;
+/* How many rules santa_list_rules_tagged asks for per page. */
+#define LIST_PAGE_RULES 16384
 
-	if (c && (!out || !n))
-		return fail(c, EINVAL, "list_rules: nowhere to put the rules");
-	if (request(c, &req, true, sockfd, cookie, &resp) < 0)
-		return -1;
-	if (resp.nrules && !(infos = calloc(resp.nrules, sizeof *infos))) {
-		santa_proto_msg_free(&resp);
-		return fail(c, ENOMEM, "list_rules: out of memory");
+/* Appends a list_rules page's rules to *infos (*n of them, room for *cap). */
+static int append_infos(struct santa_client *c, const struct sp_msg *page, struct santa_rule_info **infos, size_t *n,
+                        size_t *cap)
+{
+	if (*n + page->nrules > *cap) {
+		size_t want = *cap ? *cap : 64;
+		struct santa_rule_info *grown;
+		while (want < *n + page->nrules)
+			want *= 2;
+		if (!(grown = realloc(*infos, want * sizeof *grown)))
+			return fail(c, ENOMEM, "list_rules: out of memory");
+		*infos = grown;
+		*cap = want;
 	}
-	for (size_t i = 0; i < resp.nrules; i++) {
-		const struct sp_rule *r = &resp.rules[i];
-		infos[i] = (struct santa_rule_info){
+	for (size_t i = 0; i < page->nrules; i++) {
+		const struct sp_rule *r = &page->rules[i];
+		struct santa_rule_info *info = &(*infos)[(*n)++];
+		*info = (struct santa_rule_info){
 			.id = r->id,
 			.version = r->version,
 			.priority = r->priority,
@@ -542,10 +547,64 @@ int santa_list_rules(struct santa_client *c, int sockfd, uint64_t cookie, struct
 			.close = r->close,
 		};
 		if (r->tag)
-			snprintf(infos[i].tag, sizeof infos[i].tag, "%s", r->tag);
+			snprintf(info->tag, sizeof info->tag, "%s", r->tag);
+	}
+	return 0;
+}
+
+int santa_list_rules_tagged(struct santa_client *c, int sockfd, uint64_t cookie, const char *tag,
+                            struct santa_rule_info **out, size_t *n)
+{
+	struct santa_rule_info *infos = NULL;
+	size_t count = 0, cap = 0;
+	uint64_t after = 0;
+	bool more = true;
+
+	if (c && (!out || !n))
+		return fail(c, EINVAL, "list_rules: nowhere to put the rules");
+	while (more) {
+		/* the encoder only reads tag */
+		struct sp_msg req = { .op = SP_OP_LIST_RULES, .after = after, .limit = LIST_PAGE_RULES, .tag = (char *)tag },
+		              resp;
+		int rc;
+		if (request(c, &req, true, sockfd, cookie, &resp) < 0) {
+			free(infos);
+			return -1;
+		}
+		more = resp.more;
+		if (more && resp.nrules == 0)
+			rc = fail(c, EPROTO, "list_rules: santad says more rules follow but listed none");
+		else
+			rc = append_infos(c, &resp, &infos, &count, &cap);
+		if (rc == 0 && resp.nrules)
+			after = resp.rules[resp.nrules - 1].id;
+		santa_proto_msg_free(&resp);
+		if (rc < 0) {
+			free(infos);
+			return -1;
+		}
 	}
 	*out = infos;
-	*n = resp.nrules;
+	*n = count;
+	return 0;
+}
+
+int santa_list_rules(struct santa_client *c, int sockfd, uint64_t cookie, struct santa_rule_info **out, size_t *n)
+{
+	return santa_list_rules_tagged(c, sockfd, cookie, NULL, out, n);
+}
+
+int santa_delete_tagged(struct santa_client *c, int sockfd, uint64_t cookie, const char *tag, size_t *deleted)
+{
+	/* the encoder only reads tag */
+	struct sp_msg req = { .op = SP_OP_DELETE, .tag = (char *)tag }, resp;
+
+	if (c && (!tag || !*tag))
+		return fail(c, EINVAL, "delete by tag: no tag given");
+	if (request(c, &req, true, sockfd, cookie, &resp) < 0)
+		return -1;
+	if (deleted)
+		*deleted = resp.nids;
 	santa_proto_msg_free(&resp);
 	return 0;
 }

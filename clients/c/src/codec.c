@@ -136,6 +136,10 @@ static const struct sp_field msg_fields[] = {
 	F_COUNTERS(17, struct sp_msg, counters),
 	F_UINT(18, struct sp_msg, request_len),
 	F_UINT(19, struct sp_msg, protocol),
+	F_UINT(20, struct sp_msg, after),
+	F_UINT(21, struct sp_msg, limit),
+	F_BOOL(22, struct sp_msg, more),
+	F_TEXT(23, struct sp_msg, tag),
 };
 const struct sp_schema santa_proto_msg_schema = SCHEMA(struct sp_msg, "message", msg_fields);
 

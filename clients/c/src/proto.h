@@ -158,6 +158,10 @@ struct sp_msg {
 	size_t ncounters;
 	uint32_t request_len;
 	uint32_t protocol; /* bind by port: 17 UDP (also 0) or 6 TCP */
+	uint64_t after;    /* list_rules: only rules with a larger id */
+	uint32_t limit;    /* list_rules: at most this many rules (0: all) */
+	bool more;         /* list_rules response: rules past the last listed one remain */
+	char *tag;         /* list_rules: only rules with this tag; delete: every rule with it */
 };
 
 /* Schema: how a struct maps to a CBOR map. The types from SP_TEXT on are

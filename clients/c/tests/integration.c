@@ -367,13 +367,16 @@ static struct santa_rule *rule_ping(uint64_t expires)
 
 /* Masks and length bounds: exactly 7-byte requests <id:2><flags:2>"MSK" whose
  * flags have bit 0x80 of the first byte clear are answered <id>"\x84"<bit
- * 0x01 of the request's second flags byte>"OK". */
+ * 0x01 of the request's second flags byte>"OK". Tagged MASKED_TAG (deleted
+ * by tag). */
+#define MASKED_TAG "c-integration masked"
 static struct santa_rule *rule_masked(void)
 {
 	struct santa_rule *r = santa_rule_new(6);
 	int rc = r ? santa_rule_match_masked(r, 2, "\0", "\x80", 1) | santa_rule_match(r, 4, "MSK", 3) |
 	                 santa_rule_copy(r, 0, 0, 2) | santa_rule_put(r, 2, "\x84\0OK", 4) |
-	                 santa_rule_copy_masked(r, 3, 3, "\x01", 1) | santa_rule_length(r, 7, 7)
+	                 santa_rule_copy_masked(r, 3, 3, "\x01", 1) | santa_rule_length(r, 7, 7) |
+	                 santa_rule_tag(r, MASKED_TAG)
 	           : -1;
 	return built(r, rc, "masked");
 }
@@ -434,6 +437,19 @@ static void expect_rules(struct santa_client *c, const struct fam *f, const char
 		     strcmp(got[i].tag, want[i].tag ? want[i].tag : "") == 0;
 	check(ok, "%s: %s: santa_list_rules: rc=%d, %zu rules:%s (want %zu) %s", f->name, what, rc, ngot, desc, n,
 	      why(c, rc));
+	santa_rule_info_free(got);
+}
+
+/* Checks that the one rule tagged tag is id. */
+static void expect_tagged(struct santa_client *c, const struct fam *f, const char *tag, uint64_t id)
+{
+	struct santa_rule_info *got = NULL;
+	size_t n = 0;
+	int rc = santa_list_rules_tagged(c, -1, f->cookie, tag, &got, &n);
+
+	check(rc == 0 && n == 1 && got[0].id == id && strcmp(got[0].tag, tag) == 0,
+	      "%s: santa_list_rules_tagged(\"%s\"): rc=%d, %zu rules, first id %" PRIu64 " (want rule %" PRIu64 ") %s",
+	      f->name, tag, rc, n, n ? got[0].id : 0, id, why(c, rc));
 	santa_rule_info_free(got);
 }
 
@@ -520,6 +536,7 @@ static void test_unknown_cookie(struct santa_client *c, struct santa_rule *hello
 	REFUSED(santa_stats(c, -1, UNKNOWN_COOKIE, 0, &hits, NULL), "santa_stats");
 	REFUSED(santa_add(c, -1, UNKNOWN_COOKIE, rules, 1, &id), "santa_add");
 	REFUSED(santa_unbind(c, -1, UNKNOWN_COOKIE), "santa_unbind");
+	REFUSED(santa_delete_tagged(c, -1, UNKNOWN_COOKIE, "t", NULL), "santa_delete_tagged");
 #undef REFUSED
 	santa_rule_info_free(infos);
 	/* the connection stays usable after refusals */
@@ -682,15 +699,23 @@ static void test_family(struct santa_client *c, struct fam *f)
 	rc = santa_add(c, -1, f->cookie, one_masked, 1, &id_masked);
 	check(rc == 0 && id_masked != 0, "%s: santa_add(masked rule): rc=%d id %" PRIu64 " %s", f->name, rc, id_masked,
 	      why(c, rc));
-	struct want_rule with_masked[] = { replaced[0], replaced[1], { .id = id_masked, .version = 1, .reply_len = 6, .min_len = 7, .max_len = 7 } };
+	struct want_rule with_masked[] = { replaced[0], replaced[1],
+		                           { .id = id_masked, .version = 1, .reply_len = 6, .min_len = 7, .max_len = 7, .tag = MASKED_TAG } };
 	expect_rules(c, f, "after the masked rule's add", with_masked, 3);
 	expect_reply(f, "masked rule, ignored bits set", "\x12\x34\x7f\xffMSK", 7, "\x12\x34\x84\x01OK", 6);
 	expect_reply(f, "masked rule, ignored bits clear", "\x56\x78\x00\x00MSK", 7, "\x56\x78\x84\x00OK", 6);
 	expect_quiet(f, "masked rule");
 	expect_app(f, "masked rule, a compared bit differs", "\x12\x34\x80\x00MSK", 7);
 	expect_app(f, "masked rule, a request over max_len", "\x12\x34\x00\x00MSK!", 8);
-	rc = santa_delete(c, -1, f->cookie, &id_masked, 1);
-	check(rc == 0, "%s: santa_delete(masked rule %" PRIu64 "): rc=%d %s", f->name, id_masked, rc, why(c, rc));
+	expect_tagged(c, f, PING_TAG, new_ids[0]);
+	expect_tagged(c, f, MASKED_TAG, id_masked);
+	size_t deleted = 0;
+	rc = santa_delete_tagged(c, -1, f->cookie, MASKED_TAG, &deleted);
+	check(rc == 0 && deleted == 1, "%s: santa_delete_tagged(\"" MASKED_TAG "\"): rc=%d, %zu deleted (want 1) %s", f->name,
+	      rc, deleted, why(c, rc));
+	rc = santa_delete_tagged(c, -1, f->cookie, MASKED_TAG, &deleted);
+	check(rc == 0 && deleted == 0, "%s: santa_delete_tagged(\"" MASKED_TAG "\") again: rc=%d, %zu deleted (want 0) %s",
+	      f->name, rc, deleted, why(c, rc));
 	expect_rules(c, f, "after the masked rule's delete", replaced, 2);
 
 	/* guards: only the rule whose guard holds answers; with it gone the request reaches the application */

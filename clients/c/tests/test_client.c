@@ -423,6 +423,7 @@ static void test_calls(const char *path)
 	      "poisoned rule: %s", santa_error(c));
 	CHECK(santa_modify(c, udp, 0, 0, r) == -1 && errno == EINVAL, "modify without id");
 	CHECK(santa_bind(c, -1, 0, 0, NULL) == -1 && errno == EINVAL, "bind without fd");
+	CHECK(santa_delete_tagged(c, -1, cookie, "", NULL) == -1 && errno == EINVAL, "delete by an empty tag");
 	CHECK(santa_next_sample(c, NULL, 0, &n, NULL, 0) == -1 && errno == EINVAL, "sample without subscribe");
 	CHECK(santa_health(NULL, &h) == -1 && errno == EINVAL, "NULL client");
 	int closed = dup(udp);

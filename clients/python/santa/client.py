@@ -17,6 +17,9 @@ from .transport import recv_message, send_message
 
 __all__ = ["Client", "Cookie", "Health", "Sample", "Target", "socket_path"]
 
+#: How many rules :meth:`Client.list_rules` asks for per page.
+LIST_PAGE_RULES = 16384
+
 
 class _HasFileno(Protocol):
     def fileno(self) -> int: ...
@@ -164,9 +167,37 @@ class Client:
         """The rule sets the caller may see (root: all; others: their own)."""
         return self._call(Op.LIST_SOCKETS).sockets
 
-    def list_rules(self, target: Target) -> list[Rule]:
-        """The socket's rules, with ``id`` and ``version``, oldest first."""
-        return self._call(Op.LIST_RULES, target).rules
+    def delete_tagged(self, target: Target, tag: str) -> list[int]:
+        """Delete every rule tagged ``tag``, all or none; return their ids (none if no rule has it)."""
+        if not tag:
+            raise ValueError("delete by tag: no tag given")
+        return self._call(Op.DELETE, target, tag=tag).ids
+
+    def list_rules(self, target: Target, tag: str = "") -> list[Rule]:
+        """The socket's rules (only those tagged ``tag`` if given), with ``id`` and ``version``, oldest first.
+
+        It asks in pages (:meth:`list_page`), so a rule set of any size can be
+        listed: a rule added meanwhile may be listed or not, one deleted
+        meanwhile may already be missing, every other rule is listed once.
+        """
+        rules: list[Rule] = []
+        after, more = 0, True
+        while more:
+            page, more = self.list_page(target, tag=tag, after=after, limit=LIST_PAGE_RULES)
+            rules += page
+            if page:
+                after = page[-1].id
+        return rules
+
+    def list_page(self, target: Target, *, tag: str = "", after: int = 0, limit: int = 0) -> tuple[list[Rule], bool]:
+        """Up to ``limit`` (0: no limit) of the socket's rules tagged ``tag``
+        ("": all) whose id is above ``after``, oldest first, and whether more
+        follow: ask again with ``after`` the last id returned. santad may end a
+        page early to keep it within the frame limit."""
+        resp = self._call(Op.LIST_RULES, target, tag=tag, after=after, limit=limit)
+        if resp.more and not resp.rules:
+            raise ProtocolError("list_rules: santad says more rules follow but listed none")
+        return resp.rules, resp.more
 
     def stats(self, target: Target, ids: Iterable[int] | None = None) -> list[RuleStats]:
         """Per-rule statistics of the rules ``ids`` (all the socket's rules if ``None``)."""

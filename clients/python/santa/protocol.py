@@ -449,6 +449,10 @@ class Message:
     counters: dict[str, int] = _key(17, _TextMap(), factory=dict)
     request_len: int = _key(18, _U32, 0)
     protocol: int = _key(19, _U32, 0)  #: bind by port: 17 UDP (also 0) or 6 TCP
+    after: int = _key(20, _U64, 0)  #: list_rules: only rules with a larger id
+    limit: int = _key(21, _U32, 0)  #: list_rules: at most this many rules (0: all)
+    more: bool = _key(22, _BOOL, False)  #: list_rules response: rules past the last listed one remain
+    tag: str = _key(23, _TEXT, "")  #: list_rules: only rules with this tag; delete: every rule with it
 
 
 _MESSAGE = _Struct(Message)

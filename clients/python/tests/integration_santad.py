@@ -302,6 +302,9 @@ def test_rules_answered_by_the_kernel(client: santa.Client, open_server: Callabl
     want_rules = [installed(LISTING1, hello_id), installed(ECHO, echo_id)]
     assert client.list_rules(server) == want_rules
     assert client.list_rules(Cookie(cookie)) == want_rules
+    assert client.list_rules(server, tag=ECHO.tag) == want_rules[1:]
+    assert client.list_page(server, limit=1) == (want_rules[:1], True)
+    assert client.list_page(server, after=hello_id, limit=1) == (want_rules[1:], False)
 
     hdr = HEADERS[family]
     hello_stats = RuleStats(hello_id, hits=3, bytes=3 * (hdr + 6))
@@ -332,6 +335,14 @@ def test_rules_answered_by_the_kernel(client: santa.Client, open_server: Callabl
     with pytest.raises(santa.Error) as e:
         client.stats(server, [hello_id])
     assert e.value.status == Status.NOT_FOUND
+
+    # delete by tag: every rule with it at once, none the second time
+    tagged_id, = client.add(server, [dataclasses.replace(LISTING1, tag="python-doomed")])
+    assert client.delete_tagged(server, "python-doomed") == [tagged_id]
+    assert client.delete_tagged(server, "python-doomed") == []
+    assert client.list_rules(server) == [installed(ECHO, echo_id)]
+    with pytest.raises(ValueError):
+        client.delete_tagged(server, "")
 
 
 @FAMILIES
