@@ -37,14 +37,18 @@ var encMode = func() cbor.EncMode {
 	return m
 }()
 
-// The decoder refuses anything outside the protocol: unknown keys, duplicate
-// keys, indefinite lengths, tags, and nesting or sizes beyond what a frame can hold.
-var decMode = func() cbor.DecMode {
+// The decoders refuse anything outside the protocol: duplicate keys,
+// indefinite lengths, tags, and nesting or sizes beyond what a frame can
+// hold. santad's also refuses unknown keys; a client's skips them
+// (docs/protocol.md "Versioning").
+var decMode, lenientDecMode = newDecMode(cbor.ExtraDecErrorUnknownField), newDecMode(cbor.ExtraDecErrorNone)
+
+func newDecMode(extra cbor.ExtraDecErrorCond) cbor.DecMode {
 	m, err := cbor.DecOptions{
 		DupMapKey:         cbor.DupMapKeyEnforcedAPF,
 		IndefLength:       cbor.IndefLengthForbidden,
 		TagsMd:            cbor.TagsForbidden,
-		ExtraReturnErrors: cbor.ExtraDecErrorUnknownField,
+		ExtraReturnErrors: extra,
 		MaxNestedLevels:   8,
 		MaxArrayElements:  MaxFrame / 8,
 		MaxMapPairs:       4096,
@@ -54,7 +58,7 @@ var decMode = func() cbor.DecMode {
 		panic(err)
 	}
 	return m
-}()
+}
 
 // Encode returns the message's CBOR encoding, without the frame header.
 func Encode(m *Message) ([]byte, error) { return encMode.Marshal(m) }
@@ -62,10 +66,18 @@ func Encode(m *Message) ([]byte, error) { return encMode.Marshal(m) }
 // ErrMalformed marks a frame whose content is not a message of this protocol.
 var ErrMalformed = errors.New("malformed message")
 
-// Decode parses one message; the data must hold exactly one CBOR map.
-func Decode(data []byte) (*Message, error) {
+// Decode parses one message as santad does: the data must hold exactly
+// one CBOR map, and a key this package does not know is refused.
+func Decode(data []byte) (*Message, error) { return decodeWith(decMode, data) }
+
+// DecodeFromSantad parses one message from santad as a client does: like
+// Decode, but it skips keys this package does not know, which a newer
+// santad may add to its responses and events.
+func DecodeFromSantad(data []byte) (*Message, error) { return decodeWith(lenientDecMode, data) }
+
+func decodeWith(mode cbor.DecMode, data []byte) (*Message, error) {
 	var m Message
-	if err := decMode.Unmarshal(data, &m); err != nil {
+	if err := mode.Unmarshal(data, &m); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrMalformed, err)
 	}
 	return &m, nil

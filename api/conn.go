@@ -17,20 +17,23 @@ import (
 // passed fd rides as SCM_RIGHTS on the frame's first bytes. Send and Recv may
 // be called from different goroutines.
 type Conn struct {
-	c    *net.UnixConn
-	send sync.Mutex
+	c      *net.UnixConn
+	send   sync.Mutex
+	decode func([]byte) (*Message, error)
 }
 
-// NewConn wraps a connected Unix stream socket.
-func NewConn(c *net.UnixConn) *Conn { return &Conn{c: c} }
+// NewConn wraps a connected Unix stream socket as santad's end of a
+// connection: it refuses messages with keys it does not know.
+func NewConn(c *net.UnixConn) *Conn { return &Conn{c: c, decode: Decode} }
 
-// Dial connects to santad's socket.
+// Dial connects to santad's socket as a client, which skips keys it does
+// not know in santad's messages (DecodeFromSantad).
 func Dial(path string) (*Conn, error) {
 	c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: path, Net: "unix"})
 	if err != nil {
 		return nil, fmt.Errorf("connect to santad at %s: %w (is santad running? see docs/operations.md)", path, err)
 	}
-	return NewConn(c), nil
+	return &Conn{c: c, decode: DecodeFromSantad}, nil
 }
 
 // Unix is the underlying socket, e.g. for SO_PEERCRED.
@@ -108,7 +111,7 @@ func (c *Conn) Recv() (*Message, []*os.File, error) {
 		closeAll(files)
 		return nil, nil, err
 	}
-	m, err := Decode(body)
+	m, err := c.decode(body)
 	if err != nil {
 		return nil, files, err
 	}

@@ -8,6 +8,8 @@ import (
 	"os"
 	"reflect"
 	"testing"
+
+	"github.com/fxamacker/cbor/v2"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/protocol/vectors.json from the messages below")
@@ -131,6 +133,95 @@ var vectorMessages = []Vector{
 	{Name: "delete by tag response: the ids deleted", Message: Message{V: 1, Op: OpDelete, Seq: 23, IDs: []uint64{7, 8, 65536}}},
 }
 
+const skippedKeysPath = "../testdata/protocol/skipped_keys.json"
+
+// skippedKeyVectors are santad messages with keys this version does not
+// know, as a newer santad may send: clients skip them (and their values, of
+// any type), santad would refuse them. extend adds them to the message's
+// generic form.
+var skippedKeyVectors = []struct {
+	name   string
+	msg    Message
+	extend func(m map[any]any)
+}{
+	{"list_rules response with a key of a later version holding a map", Message{V: 1, Op: OpListRules, Seq: 5, Rules: []Rule{{
+		ID: 3, Version: 1, Conditions: []Condition{{Pattern: Bytes("Hello")}},
+		Processors: []Processor{{Kind: KindPut, Template: Bytes("COMSYS")}}, ReplyLen: 6}}},
+		func(m map[any]any) {
+			m[uint64(63)] = map[any]any{uint64(0): "later", uint64(1): []any{uint64(1), uint64(2), []byte{0}}}
+		}},
+	{"list_rules response whose rule and condition have keys of a later version", Message{V: 1, Op: OpListRules, Seq: 6, Rules: []Rule{{
+		ID: 4, Version: 2, Conditions: []Condition{{Offset: 2, Pattern: Bytes{1, 0}}},
+		Processors: []Processor{{Kind: KindCopy, Length: 2}}, ReplyLen: 2, Tag: "t"}}, More: true},
+		func(m map[any]any) {
+			rule := m[uint64(9)].([]any)[0].(map[any]any)
+			rule[uint64(40)] = []byte{0xff, 0xfe}
+			rule[uint64(2)].([]any)[0].(map[any]any)[uint64(9)] = true
+		}},
+	{"health response whose daemon info has a key of a later version", Message{V: 1, Op: OpHealth, Seq: 7,
+		Daemon: &DaemonInfo{Version: "9.9.9", Protocol: 1, PID: 42}, Counters: map[string]uint64{"answered": 1}},
+		func(m map[any]any) { m[uint64(16)].(map[any]any)[uint64(30)] = "later" }},
+	{"bind response whose socket info has a key of a later version", Message{V: 1, Op: OpBind, Seq: 8, Sockets: []SocketInfo{{
+		Cookie: 4097, Family: 4, Protocol: 17, Address: Bytes{198, 18, 0, 1}, Port: 53}}},
+		func(m map[any]any) { m[uint64(11)].([]any)[0].(map[any]any)[uint64(25)] = uint64(1) << 40 }},
+}
+
+// A client skips keys it does not know in santad's messages; santad
+// refuses them in requests.
+func TestSkippedKeys(t *testing.T) {
+	if *update {
+		out := make([]Vector, len(skippedKeyVectors))
+		for i, v := range skippedKeyVectors {
+			b, err := Encode(&v.msg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var generic map[any]any
+			if err := cbor.Unmarshal(b, &generic); err != nil {
+				t.Fatal(err)
+			}
+			v.extend(generic)
+			if b, err = encMode.Marshal(generic); err != nil {
+				t.Fatal(err)
+			}
+			out[i] = Vector{Name: v.name, Message: v.msg, CBOR: hex.EncodeToString(b)}
+		}
+		js, err := json.MarshalIndent(out, "", "  ")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(skippedKeysPath, append(js, '\n'), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	data, err := os.ReadFile(skippedKeysPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var vectors []Vector
+	if err := json.Unmarshal(data, &vectors); err != nil {
+		t.Fatal(err)
+	}
+	if len(vectors) != len(skippedKeyVectors) {
+		t.Fatalf("%s has %d vectors, the test %d: run go test ./api -update", skippedKeysPath, len(vectors), len(skippedKeyVectors))
+	}
+	for _, v := range vectors {
+		b, err := hex.DecodeString(v.CBOR)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m, err := Decode(b); err == nil {
+			t.Errorf("%s: santad's decoder took %+v, want it refused", v.Name, m)
+		}
+		m, err := DecodeFromSantad(b)
+		if err != nil {
+			t.Errorf("%s: a client's decoder refused it: %v", v.Name, err)
+		} else if !reflect.DeepEqual(*m, v.Message) {
+			t.Errorf("%s: decoded %+v\nwant %+v", v.Name, *m, v.Message)
+		}
+	}
+}
+
 func TestVectors(t *testing.T) {
 	if *update {
 		out := make([]Vector, len(vectorMessages))
@@ -183,6 +274,8 @@ func TestVectors(t *testing.T) {
 	}
 }
 
+// Both decoders refuse what is not a message of the protocol; santad's
+// also refuses unknown keys (TestSkippedKeys).
 func TestDecodeRefuses(t *testing.T) {
 	for name, hexMsg := range map[string]string{
 		"unknown key":     "a2000118ff01",     // {0:1, 255:1}
@@ -202,6 +295,9 @@ func TestDecodeRefuses(t *testing.T) {
 		}
 		if m, err := Decode(b); err == nil {
 			t.Errorf("%s: decoded %+v, want an error", name, m)
+		}
+		if m, err := DecodeFromSantad(b); err == nil && name != "unknown key" && name != "negative op" { // both keys it does not know
+			t.Errorf("%s: a client's decoder took %+v, want an error", name, m)
 		}
 	}
 }

@@ -3,9 +3,11 @@
  *
  * Encoding is RFC 8949 core deterministic, byte-identical to the Go encoder
  * (api/codec.go): shortest integer forms, definite lengths, map keys in
- * ascending order, zero/empty/false fields left out. Decoding is strict: it
- * refuses unknown and duplicate keys, wrong types, indefinite lengths, tags,
- * floats, negative integers, values too wide for their field and trailing bytes.
+ * ascending order, zero/empty/false fields left out. Decoding is strict but
+ * for one thing: it refuses duplicate keys, wrong types, indefinite lengths,
+ * tags, floats, negative integers, values too wide for their field and
+ * trailing bytes, and skips keys it does not know with their values, which a
+ * newer santad may add (docs/protocol.md "Versioning").
  */
 #include <errno.h>
 #include <stdarg.h>
@@ -528,7 +530,7 @@ static int dec_struct(struct dec *d, const struct sp_schema *s, const cbor_item_
 			if (s->fields[j].key == key)
 				f = &s->fields[j];
 		if (!f)
-			return fail(d, "unknown %s key %llu", s->name, (unsigned long long)key);
+			continue; /* a key of a later version */
 		if (seen & (UINT64_C(1) << key))
 			return fail(d, "duplicate %s key %llu (%s)", s->name, (unsigned long long)key, f->name);
 		seen |= UINT64_C(1) << key;

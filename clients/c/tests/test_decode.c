@@ -1,7 +1,7 @@
 /*
  * test_decode.c - the strict decoder: what it must refuse (the cases of
  * api/vectors_test.go TestDecodeRefuses, and more), and the few liberties it
- * shares with the Go decoder.
+ * shares with the Go client's decoder (keys it does not know are skipped).
  */
 #include <errno.h>
 
@@ -12,7 +12,6 @@ static const struct {
 	const char *name, *hex, *why; /* why: a part of the expected error text */
 } refused[] = {
 	/* api/vectors_test.go TestDecodeRefuses */
-	{ "unknown key", "a2000118ff01", "unknown message key 255" },
 	{ "duplicate key", "a200010002", "duplicate message key 0" },
 	{ "not a map", "83010203", "want a map, got an array" },
 	{ "trailing bytes", "a1000100", "trailing bytes" },
@@ -33,7 +32,6 @@ static const struct {
 	{ "indefinite array", "a10a9f01ff", "ids: indefinite" },
 	{ "uint where bool", "a10b81a10901", "sockets[0].created: want a bool, got an unsigned integer" },
 	{ "text key", "a1616101", "key: want an unsigned integer, got text" },
-	{ "nested unknown key", "a10981a10c 01", "rules[0]: unknown rule key 12" },
 	{ "uint where bool (close)", "a10981a10901", "rules[0].close: want a bool, got an unsigned integer" },
 	{ "nested duplicate key", "a10981a204010402", "rules[0]: duplicate rule key 4 (reply_len)" },
 	{ "trailing byte after nesting", "a10981a10281a1014161 00", "trailing bytes" },
@@ -65,6 +63,9 @@ static const struct {
 	{ "false present", "a10b81a109f4" },
 	{ "empty array", "a10a80" },
 	{ "empty daemon", "a110a0" },
+	/* keys of a later version, skipped (more in skipped_keys.json) */
+	{ "unknown key", "a2000118ff01" },
+	{ "nested unknown key", "a10981a10c01" },
 };
 
 /* Seeds for the mutation test: vectors.json's health response, DNS rule and guarded rule. */

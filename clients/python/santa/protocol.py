@@ -8,10 +8,11 @@ Every message is one CBOR map with small unsigned integer keys. A key whose
 value is zero, empty or false is omitted and a missing key reads as zero.
 :func:`encode` produces the core deterministic encoding (RFC 8949 §4.2.1), so
 it writes exactly the bytes the Go encoder writes. :func:`decode` is strict:
-unknown or duplicate keys, indefinite lengths, tags, floats, negative
-integers, simple values other than true/false, a wrong type (including bool
-for an integer and text for bytes, or the reverse) and trailing bytes are all
-refused with :class:`ProtocolError`.
+duplicate keys, indefinite lengths, tags, floats, negative integers, simple
+values other than true/false, a wrong type (including bool for an integer and
+text for bytes, or the reverse) and trailing bytes are all refused with
+:class:`ProtocolError`; keys it does not know, which a newer santad may add,
+are skipped with their values.
 """
 
 from __future__ import annotations
@@ -230,9 +231,11 @@ class _Struct(_Codec, Generic[_T]):
             raise ProtocolError(f"{path}: want a map, got {_type_name(wire)}")
         kwargs = {}
         for key, v in wire.items():
-            f = self.fields.get(key) if type(key) is int else None
+            if type(key) is not int:
+                raise ProtocolError(f"{path}: key {key!r} is not an unsigned integer")
+            f = self.fields.get(key)
             if f is None:
-                raise ProtocolError(f"{path}: unknown key {key!r}")
+                continue  # a key of a later version: skipped with its value
             kwargs[f.name] = f.metadata["codec"].decode(v, f"{path}.{f.name}")
         return self.cls(**kwargs)
 
