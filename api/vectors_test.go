@@ -186,26 +186,9 @@ func TestSkippedKeys(t *testing.T) {
 			}
 			out[i] = Vector{Name: v.name, Message: v.msg, CBOR: hex.EncodeToString(b)}
 		}
-		js, err := json.MarshalIndent(out, "", "  ")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(skippedKeysPath, append(js, '\n'), 0o644); err != nil {
-			t.Fatal(err)
-		}
+		writeVectors(t, skippedKeysPath, out)
 	}
-	data, err := os.ReadFile(skippedKeysPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var vectors []Vector
-	if err := json.Unmarshal(data, &vectors); err != nil {
-		t.Fatal(err)
-	}
-	if len(vectors) != len(skippedKeyVectors) {
-		t.Fatalf("%s has %d vectors, the test %d: run go test ./api -update", skippedKeysPath, len(vectors), len(skippedKeyVectors))
-	}
-	for _, v := range vectors {
+	for _, v := range readVectors(t, skippedKeysPath, len(skippedKeyVectors)) {
 		b, err := hex.DecodeString(v.CBOR)
 		if err != nil {
 			t.Fatal(err)
@@ -222,6 +205,32 @@ func TestSkippedKeys(t *testing.T) {
 	}
 }
 
+func writeVectors(t *testing.T, path string, vectors []Vector) {
+	js, err := json.MarshalIndent(vectors, "", "  ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, append(js, '\n'), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// readVectors reads the vectors at path, which must be as many as the test has.
+func readVectors(t *testing.T, path string, want int) []Vector {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var vectors []Vector
+	if err := json.Unmarshal(data, &vectors); err != nil {
+		t.Fatal(err)
+	}
+	if len(vectors) != want {
+		t.Fatalf("%s has %d vectors, the test %d: run go test ./api -update", path, len(vectors), want)
+	}
+	return vectors
+}
+
 func TestVectors(t *testing.T) {
 	if *update {
 		out := make([]Vector, len(vectorMessages))
@@ -233,26 +242,9 @@ func TestVectors(t *testing.T) {
 			v.CBOR = hex.EncodeToString(b)
 			out[i] = v
 		}
-		js, err := json.MarshalIndent(out, "", "  ")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(vectorsPath, append(js, '\n'), 0o644); err != nil {
-			t.Fatal(err)
-		}
+		writeVectors(t, vectorsPath, out)
 	}
-	data, err := os.ReadFile(vectorsPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var vectors []Vector
-	if err := json.Unmarshal(data, &vectors); err != nil {
-		t.Fatal(err)
-	}
-	if len(vectors) != len(vectorMessages) {
-		t.Fatalf("%s has %d vectors, the test %d: run go test ./api -update", vectorsPath, len(vectors), len(vectorMessages))
-	}
-	for _, v := range vectors {
+	for _, v := range readVectors(t, vectorsPath, len(vectorMessages)) {
 		want, err := hex.DecodeString(v.CBOR)
 		if err != nil {
 			t.Fatalf("%s: %v", v.Name, err)

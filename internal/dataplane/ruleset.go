@@ -328,7 +328,10 @@ func (d *Dataplane) VisitRules(cookie uint64, after RuleID, visit func(RuleInfo)
 	if !ok {
 		return fmt.Errorf("%w: %#x", ErrNotBound, cookie)
 	}
-	start, _ := slices.BinarySearchFunc(rs.rules, after+1, func(r *installed, id RuleID) int { return cmp.Compare(r.id, id) })
+	start, found := slices.BinarySearchFunc(rs.rules, after, func(r *installed, id RuleID) int { return cmp.Compare(r.id, id) })
+	if found {
+		start++
+	}
 	for _, r := range rs.rules[start:] {
 		if !visit(RuleInfo{ID: r.id, Version: r.version, Rule: r.src}) {
 			return nil

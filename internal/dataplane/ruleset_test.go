@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"math"
 	"net/netip"
 	"reflect"
 	"slices"
@@ -109,6 +110,8 @@ func TestVisitRules(t *testing.T) {
 	}
 	expect(ids[1], 3, ids[3], added[0])
 	expect(added[0], 3)
+	expect(math.MaxUint64, 3)
+	expect(ids[2], 1, ids[3]) // after a deleted rule: the next one
 	expect(0, 9, ids[0], ids[1], ids[3], added[0])
 	if err := e.d.VisitRules(sock+1, 0, func(RuleInfo) bool { return true }); !errors.Is(err, ErrNotBound) {
 		t.Errorf("visiting a socket without rule set: %v", err)
