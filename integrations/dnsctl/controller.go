@@ -963,14 +963,7 @@ func (c *Controller) removeAll() {
 	if err := c.inherited.DeleteRest(c.client); err != nil { // stopped before it got to them
 		c.log.Warn("removing the rules a predecessor left failed", "error", err)
 	}
-	for _, cookie := range c.created {
-		if rules, err := c.client.ListRules(santa.Cookie(cookie)); err != nil || len(rules) > 0 {
-			continue // gone with its socket, or somebody else's rules are in it
-		}
-		if err := c.client.Unbind(santa.Cookie(cookie)); err != nil {
-			c.log.Warn("detaching a socket failed", "socket", cookie, "error", err)
-		}
-	}
+	follow.UnbindEmpty(c.client, c.created, c.log)
 }
 
 // canonical is name in lower case, fully qualified: how zones are compared.

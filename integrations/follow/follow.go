@@ -225,3 +225,17 @@ func DeleteRules(c *santa.Client, cookie uint64, ids []uint64) error {
 	}
 	return nil
 }
+
+// UnbindEmpty removes the rule sets of cookies that hold no rules: those a
+// controller's attach made, on its exit. One with rules (somebody else's)
+// stays, and so does one that is gone with its socket.
+func UnbindEmpty(c *santa.Client, cookies []uint64, log *slog.Logger) {
+	for _, cookie := range cookies {
+		if rules, _, err := c.ListPage(santa.Cookie(cookie), "", 0, 1); err != nil || len(rules) > 0 {
+			continue
+		}
+		if err := c.Unbind(santa.Cookie(cookie)); err != nil {
+			log.Warn("detaching a socket failed", "socket", cookie, "error", err)
+		}
+	}
+}

@@ -348,7 +348,7 @@ func (c *Controller) Run(ctx context.Context) error {
 		return err
 	}
 	c.attach(client, socks)
-	defer c.unbindCreated(client)
+	defer func() { follow.UnbindEmpty(client, c.created, c.log) }()
 	inherited, err := follow.Inherit(c.cfg.Socket, c.cfg.Tag, slices.Collect(maps.Keys(c.byCookie)), c.log)
 	if err != nil {
 		return err
@@ -1056,14 +1056,3 @@ func (c *Controller) removeAll() {
 	c.log.Info("removed the controller's rules", "rules", len(all))
 }
 
-// unbindCreated removes the rule sets the attach made, if they are empty.
-func (c *Controller) unbindCreated(client *santa.Client) {
-	for _, cookie := range c.created {
-		if rules, err := client.ListRules(santa.Cookie(cookie)); err != nil || len(rules) > 0 {
-			continue // gone with its socket, or somebody else's rules are in it
-		}
-		if err := client.Unbind(santa.Cookie(cookie)); err != nil {
-			c.log.Warn("detaching a socket failed", "socket", cookie, "error", err)
-		}
-	}
-}

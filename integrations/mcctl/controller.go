@@ -643,14 +643,7 @@ func (c *Controller) removeAll() {
 			c.rulesLeft = true
 		}
 	}
-	for _, cookie := range c.created {
-		if rules, err := c.client.ListRules(santa.Cookie(cookie)); err != nil || len(rules) > 0 {
-			continue // gone with its socket, or somebody else's rules are in it
-		}
-		if err := c.client.Unbind(santa.Cookie(cookie)); err != nil {
-			c.log.Warn("detaching a socket failed", "socket", cookie, "error", err)
-		}
-	}
+	follow.UnbindEmpty(c.client, c.created, c.log)
 	if !c.rulesLeft {
 		c.log.Info("removed the controller's rules", "rules", len(all))
 	}
