@@ -1055,4 +1055,3 @@ func (c *Controller) removeAll() {
 	}
 	c.log.Info("removed the controller's rules", "rules", len(all))
 }
-
