@@ -64,6 +64,7 @@ var (
 	offRuleNext         = int(unsafe.Offsetof(santaSantaRule{}.Next))
 	offRuleRuleset      = int(unsafe.Offsetof(santaSantaRule{}.Ruleset))
 	offRuleID           = int(unsafe.Offsetof(santaSantaRule{}.Id))
+	offRuleGeneration   = int(unsafe.Offsetof(santaSantaRule{}.Generation))
 	offRulesetFlags     = int(unsafe.Offsetof(santaSantaRuleset{}.Flags))
 	offRulesetGen       = int(unsafe.Offsetof(santaSantaRuleset{}.Generation))
 	offRulesetSampleLen = int(unsafe.Offsetof(santaSantaRuleset{}.SampleLen))

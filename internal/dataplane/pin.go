@@ -253,25 +253,33 @@ func (p *Previous) RuleStats() (map[RuleID]RuleStats, error) {
 	}
 	defer stats.Close()
 
-	var slots []uint32
+	// A modified rule's old version stays linked for a moment (retireGrace)
+	// beside the new one, which already carries its counts (setBase): of a
+	// rule's slots, count the newest version's only.
+	type version struct{ slot, generation uint32 }
+	newest := map[RuleID]version{}
 	var end uint32 // one past the highest slot
 	limit := min(rules.entries, bases.entries)
 	for b := range buckets.entries {
 		for s, n := buckets.load32(b, 0), 0; s != 0 && s < limit && n < MaxChain; s, n = rules.load32(s, offRuleNext), n+1 {
-			if live[rules.load32(s, offRuleRuleset)] {
-				slots = append(slots, s)
-				end = max(end, s+1)
+			if !live[rules.load32(s, offRuleRuleset)] {
+				continue
 			}
+			id := RuleID(binary.LittleEndian.Uint64(rules.value(s)[offRuleID:]))
+			v := version{s, rules.load32(s, offRuleGeneration)}
+			if seen, ok := newest[id]; !ok || v.generation > seen.generation {
+				newest[id] = v
+			}
+			end = max(end, s+1)
 		}
 	}
 	counts, err := sumPerCPU(stats, end)
 	if err != nil {
 		return nil, fmt.Errorf("read previous rule counters: %w", err)
 	}
-	out := make(map[RuleID]RuleStats, len(slots))
-	for _, s := range slots {
-		id := RuleID(binary.LittleEndian.Uint64(rules.value(s)[offRuleID:]))
-		out[id] = out[id].add(baseOf(bases, s)).add(counts[s])
+	out := make(map[RuleID]RuleStats, len(newest))
+	for id, v := range newest {
+		out[id] = baseOf(bases, v.slot).add(counts[v.slot])
 	}
 	return out, nil
 }

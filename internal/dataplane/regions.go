@@ -156,21 +156,28 @@ func (s *disjointSet) add(ps [][]byte) bool {
 	return true
 }
 
+// samePatterns says whether news[i] compares the same bytes in full at the
+// set's offset as olds[i], for every i: then swapping them keeps the set.
+// It saves a modify of a million-rule set moving the set's patterns twice.
+func (s *disjointSet) samePatterns(olds, news []*installed) bool {
+	for i, o := range olds {
+		p := patternAt(news[i].rule, s.off)
+		if p == nil || !bytes.Equal(p, patternAt(o.rule, s.off)) {
+			return false
+		}
+	}
+	return true
+}
+
 // remove takes sorted ps, each in the set, out of it.
 func (s *disjointSet) remove(ps [][]byte) {
-	if len(ps) == 0 {
-		return
-	}
-	kept, j := s.patterns[:0], 0
-	for _, p := range s.patterns {
-		if j < len(ps) && bytes.Equal(p, ps[j]) {
-			j++
-			continue
+	at := make([]int, 0, len(ps))
+	for _, p := range ps {
+		if i, ok := slices.BinarySearchFunc(s.patterns, p, bytes.Compare); ok {
+			at = append(at, i)
 		}
-		kept = append(kept, p)
 	}
-	clear(s.patterns[len(kept):])
-	s.patterns = kept
+	s.patterns = removeAt(s.patterns, at)
 }
 
 // patternAt is the longest run of bytes at off that rule c compares in

@@ -218,6 +218,56 @@ func programID(t *testing.T, d *Dataplane) ebpf.ProgramID {
 	return id
 }
 
+// A santad killed right after a modify leaves the rule's old version linked
+// (retireGrace) beside the new one, which already carries the old counts:
+// its successor counts them once.
+func TestPreviousCountsModifiedRuleOnce(t *testing.T) {
+	e := newEnv(t, Config{})
+	c, s := fixtureAddrs(e, false, 7622)
+	sock := e.socket(s, false)
+	ids := e.bindRules(sock, reply("key", "K"))
+	gen := filepath.Join(mountBPFFS(t), "gen")
+	if err := e.d.Pin(gen); err != nil {
+		t.Fatal(err)
+	}
+	p := request(c, s, "key")
+	for range 2 {
+		e.expect("key -> K", p.build(t), xdpTx, p.answer([]byte("K")).build(t), "answered")
+	}
+	want, err := e.d.RuleStats(sock)
+	if err != nil || want[ids[0]].Hits != 2 {
+		t.Fatalf("rule stats %+v (error %v), want 2 hits", want, err)
+	}
+	// the lock keeps the old version linked, as a kill would
+	for version := 2; ; version++ {
+		if err := e.d.ModifyRules(sock, []RuleUpdate{{ids[0], reply("key", fmt.Sprint("K", version))}}); err != nil {
+			t.Fatal(err)
+		}
+		e.d.mu.Lock()
+		if len(e.d.retiring) > 0 {
+			break
+		}
+		e.d.mu.Unlock() // reaped before the lock (a slow machine): again
+		if version == 20 {
+			t.Fatal("the old version was reaped before every check")
+		}
+	}
+	prev, err := OpenPrevious(gen)
+	if err != nil {
+		e.d.mu.Unlock()
+		t.Fatal(err)
+	}
+	defer prev.Close()
+	stats, err := prev.RuleStats()
+	e.d.mu.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(stats, want) {
+		t.Errorf("previous rule stats %+v, want %+v", stats, want)
+	}
+}
+
 // A predecessor pinned by another layout is refused for statistics, not misread.
 func TestPreviousOfAnotherLayout(t *testing.T) {
 	e := newEnv(t, Config{})

@@ -210,39 +210,34 @@ func (d *Dataplane) ModifyRules(cookie uint64, updates []RuleUpdate) error {
 		return err
 	}
 	defer unlock()
-	olds := map[RuleID]*installed{}
 	news := map[RuleID]*installed{}
+	at := make([]int, len(updates)) // where each rule is in rs.rules
+	fresh, replaced := make([]*installed, len(updates)), make([]*installed, len(updates))
 	for i, u := range updates {
-		o, ok := d.byID[u.ID]
-		if !ok || o.owner != rs {
+		var ok bool
+		if at[i], ok = rs.index(u.ID); !ok {
 			return fmt.Errorf("rule %d is not a rule of socket %#x", u.ID, cookie)
 		}
 		if news[u.ID] != nil {
 			return fmt.Errorf("rule %d is modified twice", u.ID)
 		}
-		olds[u.ID] = o
-		news[u.ID] = &installed{id: o.id, version: o.version + 1, owner: rs, src: u.Rule, rule: compiled[i], order: o.order}
+		o := rs.rules[at[i]]
+		n := &installed{id: o.id, version: o.version + 1, owner: rs, src: u.Rule, rule: compiled[i], order: o.order}
+		news[u.ID], fresh[i], replaced[i] = n, n, o
 	}
-	all := make([]*installed, len(rs.rules))
-	var fresh, replaced []*installed
-	for i, r := range rs.rules {
-		all[i] = r
-		if n, ok := news[r.id]; ok {
-			all[i] = n
-			fresh = append(fresh, n)
-			replaced = append(replaced, r)
-		}
-	}
-	if err := d.linkInPlace(rs, fresh, replaced, all); err != nil {
+	if err := d.linkInPlace(rs, fresh, replaced); err != nil {
 		// the new versions do not suit the rule set's regions: rebuild it
+		all := slices.Clone(rs.rules)
+		for i, n := range fresh {
+			all[at[i]] = n
+		}
 		return d.rebuild(rs, all)
 	}
-	// the new versions are visible: retire the old ones, handing on their counts
-	retired := make([]*installed, 0, len(fresh))
-	for _, n := range fresh {
-		retired = append(retired, olds[n.id])
+	for i, n := range fresh {
+		rs.rules[at[i]] = n
 	}
-	d.retire(retired, news)
+	// the new versions are visible: retire the old ones, handing on their counts
+	d.retire(replaced, news)
 	return nil
 }
 
@@ -273,30 +268,56 @@ func (d *Dataplane) DeleteRules(cookie uint64, del []RuleID) error {
 	if !ok {
 		return fmt.Errorf("%w: %#x", ErrNotBound, cookie)
 	}
-	gone := map[RuleID]bool{}
+	gone := make(map[RuleID]bool, len(del))
+	at := make([]int, 0, len(del)) // where the rules are in rs.rules
 	for _, id := range del {
-		if r, ok := d.byID[id]; !ok || r.owner != rs {
+		i, ok := rs.index(id)
+		if !ok {
 			return fmt.Errorf("rule %d is not a rule of socket %#x", id, cookie)
 		}
-		gone[id] = true
-	}
-	d.unlinkRetired(gone)
-	kept, removed := rs.rules[:0], make([]*compiledRule, 0, len(gone))
-	for _, r := range rs.rules {
-		if gone[r.id] {
-			d.uninstall(r)
-			removed = append(removed, r.rule)
-		} else {
-			kept = append(kept, r)
+		if !gone[id] {
+			gone[id] = true
+			at = append(at, i)
 		}
 	}
-	clear(rs.rules[len(kept):])
-	rs.rules = kept
+	d.unlinkRetired(gone)
+	slices.Sort(at)
+	removed := make([]*compiledRule, len(at))
+	for k, i := range at {
+		d.uninstall(rs.rules[i])
+		removed[k] = rs.rules[i].rule
+	}
+	rs.rules = removeAt(rs.rules, at)
 	if rs.disjoint != nil {
 		ps, _ := rs.disjoint.sortedPatterns(removed)
 		rs.disjoint.remove(ps)
 	}
 	return nil
+}
+
+// index is where the rule with this ID is in rs.rules, which ascend by ID.
+func (rs *ruleset) index(id RuleID) (int, bool) {
+	return slices.BinarySearchFunc(rs.rules, id, func(r *installed, id RuleID) int { return cmp.Compare(r.id, id) })
+}
+
+// removeAt removes the elements at the ascending, distinct indexes at from
+// s in place, moving the runs between them whole: O(len(at) + the elements
+// moved), with no per-element lookups (a data plane of a million rules
+// deleted 1000 of them in 46 ms by testing every rule against a set).
+func removeAt[S ~[]E, E any](s S, at []int) S {
+	if len(at) == 0 {
+		return s
+	}
+	w := at[0]
+	for k, i := range at {
+		end := len(s)
+		if k+1 < len(at) {
+			end = at[k+1]
+		}
+		w += copy(s[w:], s[i+1:end])
+	}
+	clear(s[w:])
+	return s[:w]
 }
 
 // RuleInfo is an installed rule as listed.
@@ -328,7 +349,7 @@ func (d *Dataplane) VisitRules(cookie uint64, after RuleID, visit func(RuleInfo)
 	if !ok {
 		return fmt.Errorf("%w: %#x", ErrNotBound, cookie)
 	}
-	start, found := slices.BinarySearchFunc(rs.rules, after, func(r *installed, id RuleID) int { return cmp.Compare(r.id, id) })
+	start, found := rs.index(after)
 	if found {
 		start++
 	}
@@ -433,38 +454,44 @@ var errNoRegion = errors.New("no region for the rule")
 // add installs new rules into the rule set: in place if its regions and
 // part of the bucket table suit them, else by a rebuild.
 func (d *Dataplane) add(rs *ruleset, news []*installed) error {
-	all := append(slices.Clone(rs.rules), news...)
-	fits := rs.buckets.holds(len(all), d.mask)
-	if !fits && !d.roomForCopy(all) {
+	fits := rs.buckets.holds(len(rs.rules)+len(news), d.mask)
+	if !fits && !d.roomForCopy(rs.rules, news) {
 		// no room for the rebuild's second copy of the set: its part of the
 		// table still serves, with longer chains
 		fits = true
 	}
-	if fits && d.linkInPlace(rs, news, nil, all) == nil {
+	if fits && d.linkInPlace(rs, news, nil) == nil {
+		rs.rules = append(rs.rules, news...)
 		return nil
 	}
 	// new regions, or a larger part of the table: rebuild the rule set
-	return d.rebuild(rs, all)
+	return d.rebuild(rs, append(slices.Clone(rs.rules), news...))
 }
 
-// roomForCopy says whether rules fit beside the installed ones (counting
-// what retired rules hold for a moment).
-func (d *Dataplane) roomForCopy(rules []*installed) bool {
-	if d.slots.available()+len(d.retiring) < len(rules) {
+// roomForCopy says whether the rules of all groups fit beside the
+// installed ones (counting what retired rules hold for a moment).
+func (d *Dataplane) roomForCopy(groups ...[]*installed) bool {
+	n := 0
+	for _, rules := range groups {
+		n += len(rules)
+	}
+	if d.slots.available()+len(d.retiring) < n {
 		return false
 	}
 	need := 0
-	for _, r := range rules {
-		need += r.rule.dataLen()
+	for _, rules := range groups {
+		for _, r := range rules {
+			need += r.rule.dataLen()
+		}
 	}
 	return d.cfg.DataMiB*pageData-d.data.used >= need
 }
 
 // linkInPlace links news, new rules or new versions of the rules in
 // replaced, into the rule set as it is, visible all at once by one
-// generation step, after which the rule set's rules are all. It fails,
+// generation step; the caller then puts them in rs.rules. It fails,
 // changing nothing, if the rule set's regions do not suit news.
-func (d *Dataplane) linkInPlace(rs *ruleset, news, replaced, all []*installed) error {
+func (d *Dataplane) linkInPlace(rs *ruleset, news, replaced []*installed) error {
 	if len(rs.regions) == 0 {
 		return errNoRegion
 	}
@@ -473,7 +500,9 @@ func (d *Dataplane) linkInPlace(rs *ruleset, news, replaced, all []*installed) e
 	}
 	// the rule set stays disjoint if news do not overlap the rules they join
 	disjoint, undoDisjoint := false, func() {}
-	if ds := rs.disjoint; ds != nil {
+	if ds := rs.disjoint; ds != nil && len(replaced) > 0 && ds.samePatterns(replaced, news) {
+		disjoint = true // new versions of the same requests (the usual modify)
+	} else if ds != nil {
 		dropped, _ := ds.sortedPatterns(compiledOf(replaced))
 		ds.remove(dropped)
 		added, ok := ds.sortedPatterns(compiledOf(news))
@@ -491,7 +520,7 @@ func (d *Dataplane) linkInPlace(rs *ruleset, news, replaced, all []*installed) e
 					d.uninstall(done)
 				}
 			}
-			for _, r := range rs.rules { // the IDs of modified rules name the old versions again
+			for _, r := range replaced { // the IDs of modified rules name the old versions again
 				d.byID[r.id] = r
 			}
 			undoDisjoint()
@@ -505,7 +534,6 @@ func (d *Dataplane) linkInPlace(rs *ruleset, news, replaced, all []*installed) e
 	}
 	d.rulesets.store32(rs.id, offRulesetGen, gen)
 	rs.generation = gen
-	rs.rules = all
 	return nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"net/netip"
 	"reflect"
 	"slices"
@@ -303,4 +304,48 @@ func TestBucketRangeFollowsRuleCount(t *testing.T) {
 		t.Fatalf("1030 rules: range of %d buckets, want %d", b.mask+1, 8*minBucketRange)
 	}
 	answersAll()
+}
+
+// removeAt agrees with removing the elements one by one, and leaves no
+// pointer behind in the tail it cut off.
+func TestRemoveAt(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	for range 500 {
+		n := rng.IntN(40)
+		s := make([]*int, n)
+		for i := range s {
+			s[i] = new(int)
+			*s[i] = i
+		}
+		var at []int
+		for i := range n {
+			if rng.IntN(3) == 0 {
+				at = append(at, i)
+			}
+		}
+		want := slices.Clone(s)
+		for k := len(at) - 1; k >= 0; k-- {
+			want = slices.Delete(want, at[k], at[k]+1)
+		}
+		full := s[:n:n]
+		got := removeAt(s, at)
+		if !slices.Equal(got, want) {
+			t.Fatalf("removeAt(%d elements, %v) kept %v, want %v", n, at, deref(got), deref(want))
+		}
+		if tail := full[len(got):]; slices.ContainsFunc(tail, func(p *int) bool { return p != nil }) {
+			t.Fatalf("removeAt(%d elements, %v) left %v in the tail", n, at, deref(tail))
+		}
+	}
+}
+
+func deref(s []*int) []int {
+	out := make([]int, len(s))
+	for i, p := range s {
+		if p != nil {
+			out[i] = *p
+		} else {
+			out[i] = -1
+		}
+	}
+	return out
 }

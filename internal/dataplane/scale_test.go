@@ -230,17 +230,19 @@ func TestLoadMillionRules(t *testing.T) {
 	}
 
 	rng := rand.New(rand.NewPCG(1, 2))
-	answers := func(what string, i int) {
+	// answersWith checks that rule i answers with address v (scaleAnswer)
+	answersWith := func(what string, i, v int) {
 		t.Helper()
 		name := scaleName(i)
 		id := []byte{byte(rng.IntN(256)), byte(rng.IntN(256))}
 		req := request(c, s, string(append(id, scaleQuery(name, 1)...)))
-		want := req.answer(append(id, scaleAnswer(name, i)...)).build(t)
+		want := req.answer(append(id, scaleAnswer(name, v)...)).build(t)
 		verdict, out := e.run(req.build(t))
 		if verdict != xdpTx || string(out) != string(want) {
 			t.Fatalf("%s: rule %d (%s): verdict %d, reply %x; want XDP_TX, %x", what, i, name, verdict, out, want)
 		}
 	}
+	answers := func(what string, i int) { t.Helper(); answersWith(what, i, i) }
 	passes := func(what string, payload []byte) {
 		t.Helper()
 		frame := request(c, s, string(payload)).build(t)
@@ -320,6 +322,29 @@ func TestLoadMillionRules(t *testing.T) {
 		if i := rng.IntN(n); !gone[i] {
 			answers("kept", i)
 		}
+	}
+	// modify: one rule, then 1000, each to answer with another address
+	var modified []int
+	for len(modified) < 1001 {
+		if i := rng.IntN(n); !gone[i] && !slices.Contains(modified, i) {
+			modified = append(modified, i)
+		}
+	}
+	for _, batch := range [][]int{modified[:1], modified[1:]} {
+		updates := make([]RuleUpdate, len(batch))
+		for k, i := range batch {
+			r := scaleRule(i)
+			r.Processors[1].Template = scaleAnswer(scaleName(i), i+1)
+			updates[k] = RuleUpdate{ID: ids[i], Rule: r}
+		}
+		start = time.Now()
+		if err := e.d.ModifyRules(sock, updates); err != nil {
+			t.Fatalf("ModifyRules(%d): %v", len(batch), err)
+		}
+		t.Logf("ModifyRules(%d) of %d: %v", len(batch), n, time.Since(start).Round(time.Microsecond))
+	}
+	for _, i := range modified[:50] {
+		answersWith("modified", i, i+1)
 	}
 	if t.Failed() {
 		return
