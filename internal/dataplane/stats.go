@@ -24,12 +24,16 @@ func (s RuleStats) add(o RuleStats) RuleStats { return RuleStats{s.Hits + o.Hits
 // slotStats is what the rule in slot counted: its base, carried over from
 // its earlier slots, plus the slot's per-CPU counters.
 func (d *Dataplane) slotStats(slot uint32) RuleStats {
-	s := baseOf(d.bases, slot)
+	return baseOf(d.bases, slot).add(d.slotCounters(slot))
+}
+
+// slotCounters is the sum of slot's per-CPU counters (zero if unreadable).
+func (d *Dataplane) slotCounters(slot uint32) RuleStats {
 	var per []santaSantaRuleCounters
 	if err := d.objs.SantaRuleStats.Lookup(slot, &per); err != nil {
-		return s
+		return RuleStats{}
 	}
-	return s.add(sumCPUs(per))
+	return sumCPUs(per)
 }
 
 // sumCPUs adds up one slot's per-CPU counters.
@@ -64,34 +68,48 @@ func (d *Dataplane) resetSlotStats(slot uint32) error {
 	return nil
 }
 
-// RuleStats returns the statistics of the socket's rules.
+// RuleStats returns the statistics of the socket's rules. It holds the data
+// plane's lock only to note the rules' slots: reading the counters of a
+// million rules takes about 0.4 s, which would hold up every change (and
+// santad's Prometheus scrapes read them all). A rule deleted meanwhile is
+// still reported: its slot is not reused, nor its counters reset, within
+// the quarantine.
 func (d *Dataplane) RuleStats(cookie uint64) (map[RuleID]RuleStats, error) {
+	type counted struct {
+		id   RuleID
+		slot uint32
+		base RuleStats
+	}
 	d.mu.Lock()
-	defer d.mu.Unlock()
 	rs, ok := d.bySocket[cookie]
 	if !ok {
+		d.mu.Unlock()
 		return nil, fmt.Errorf("%w: %#x", ErrNotBound, cookie)
 	}
-	out := make(map[RuleID]RuleStats, len(rs.rules))
+	rules := make([]counted, len(rs.rules))
 	var highest uint32
-	for _, r := range rs.rules {
+	for i, r := range rs.rules {
+		rules[i] = counted{r.id, r.slot, baseOf(d.bases, r.slot)}
 		highest = max(highest, r.slot)
 	}
+	d.mu.Unlock()
+
+	out := make(map[RuleID]RuleStats, len(rules))
 	// One lookup per rule made a million system calls for a million
-	// rules (about a second, under d.mu). Batched reads of the table up
-	// to the highest slot copy a few kB per call instead.
-	if uint64(len(rs.rules))*statsBatchSpread <= uint64(highest) {
-		for _, r := range rs.rules {
-			out[r.id] = d.slotStats(r.slot)
+	// rules (about a second). Batched reads of the table up to the
+	// highest slot copy a few kB per call instead.
+	if uint64(len(rules))*statsBatchSpread <= uint64(highest) {
+		for _, r := range rules {
+			out[r.id] = r.base.add(d.slotCounters(r.slot))
 		}
 		return out, nil
 	}
-	counted, err := d.countersUpTo(highest)
+	slots, err := d.countersUpTo(highest)
 	if err != nil {
 		return nil, err
 	}
-	for _, r := range rs.rules {
-		out[r.id] = baseOf(d.bases, r.slot).add(counted[r.slot])
+	for _, r := range rules {
+		out[r.id] = r.base.add(slots[r.slot])
 	}
 	return out, nil
 }
