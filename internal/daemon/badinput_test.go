@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -66,6 +67,7 @@ func TestBadInput(t *testing.T) {
 		"max length below a condition": {Conditions: good[0].Conditions, Processors: good[0].Processors, ReplyLen: 1, MaxLen: 2},
 		"min length above max length":  {Conditions: good[0].Conditions, Processors: good[0].Processors, ReplyLen: 1, MinLen: 9, MaxLen: 8},
 		"close on a UDP socket":        {Conditions: good[0].Conditions, Processors: good[0].Processors, ReplyLen: 1, Close: true},
+		"65 processors":                {Conditions: good[0].Conditions, Processors: slices.Repeat(good[0].Processors, 65), ReplyLen: 1},
 		"tag of 65 bytes":              {Conditions: good[0].Conditions, Processors: good[0].Processors, ReplyLen: 1, Tag: strings.Repeat("t", 65)},
 		"tag with a newline":           {Conditions: good[0].Conditions, Processors: good[0].Processors, ReplyLen: 1, Tag: "santa\ndns"},
 	}
@@ -269,7 +271,12 @@ func TestQuota(t *testing.T) {
 	writeFile(t, three, "rules:\n"+strings.Repeat("- conditions: [{offset: 0, hex: '0102'}]\n  processors: [{put: {at: 0, text: ok}}]\n  reply_len: 2\n", 3))
 	big := filepath.Join(sd.dir, "big.json")
 	writeFile(t, big, fmt.Sprintf(`{"rules": [{"conditions": [{"offset": 0, "text": "big"}], "processors": [{"put": {"at": 0, "text": "x"}}], "reply_len": 1200}]}`))
-	for name, file := range map[string]string{"a fourth rule": three, "1200 reply bytes": big} {
+	// santad keeps every put: overlapping ones count with all their bytes
+	overlapping := filepath.Join(sd.dir, "overlapping.json")
+	put := fmt.Sprintf(`{"put": {"at": 0, "text": "%s"}}`, strings.Repeat("x", 40))
+	writeFile(t, overlapping, fmt.Sprintf(`{"rules": [{"conditions": [{"offset": 0, "text": "over"}], "processors": [%s], "reply_len": 40}]}`,
+		strings.Repeat(put+",", 29)+put))
+	for name, file := range map[string]string{"a fourth rule": three, "1200 reply bytes": big, "30 puts of 40 bytes at one place": overlapping} {
 		out, err := sd.cli(nobody, "rules", "add", "--socket", fmt.Sprint(a.Cookie), file)
 		if err == nil || !strings.Contains(out, "quota") {
 			t.Errorf("%s over the quota: %v %q, want a quota error", name, err, out)

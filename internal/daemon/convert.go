@@ -52,17 +52,19 @@ func fromDataplane(ri dataplane.RuleInfo) api.Rule {
 }
 
 // cost is what a rule counts against its owner's byte quota: its patterns
-// and masks and its reply, which the data plane stores as a flattened
-// template (copy masks included).
+// and masks (copy masks included) and its reply, which the data plane
+// stores as a flattened template, or its puts if they overlap and add up to
+// more (santad keeps each of them).
 func cost(r api.Rule) uint64 {
-	n := uint64(r.ReplyLen)
+	var n, puts uint64
 	for _, c := range r.Conditions {
 		n += uint64(len(c.Pattern) + len(c.Mask))
 	}
 	for _, p := range r.Processors {
 		n += uint64(len(p.Mask))
+		puts += uint64(len(p.Template))
 	}
-	return n
+	return n + max(uint64(r.ReplyLen), puts)
 }
 
 // encodedBound is at least the size of r's encoding in a message: its bytes

@@ -105,8 +105,9 @@ func TestListInPages(t *testing.T) {
 // TestListBeyondTheFrame: a rule set whose listing exceeds the protocol's
 // frame limit (256 MiB) is listed in pages, and a request for it whole gets
 // an error that says so; santad compacts its journal into records within the
-// limit too, and a restart restores every rule. The rules' many overlapping
-// puts make their listing large while the data plane stores one template.
+// limit too, and a restart restores every rule. The rules' overlapping puts
+// (64 each, the most a rule may have) make their listing large while the
+// data plane stores one template.
 func TestListBeyondTheFrame(t *testing.T) {
 	tb := testbed.New(t)
 	sd := newSantad(t, tb)
@@ -116,13 +117,13 @@ func TestListBeyondTheFrame(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	const nRules, nPuts = 200, 1000 // 200 × 1000 × 1472 bytes ≈ 294 MB listed
+	const nRules, nPuts = 3000, 64 // 3000 × 64 × 1472 bytes ≈ 283 MB listed
 	template := bytes.Repeat([]byte{'x'}, 1472)
 	var ids []uint64
 	for batch := 0; batch < 4; batch++ {
 		var rules []api.Rule
 		for i := 0; i < nRules/4; i++ {
-			r := rule(fmt.Sprintf("huge-%d-%02d", batch, i), 0, string(template))
+			r := rule(fmt.Sprintf("huge-%d-%03d", batch, i), 0, string(template))
 			r.Processors = slices.Repeat(r.Processors, nPuts)
 			rules = append(rules, r)
 		}

@@ -21,3 +21,9 @@ const (
 	flagDisjoint = uint32(santaSantaLimitSANTA_RULESET_DISJOINT)
 	condMasked   = uint32(santaSantaLimitSANTA_COND_MASKED)
 )
+
+// MaxProcessors is the processors one rule may have: a limit of the control
+// plane, which keeps every processor for listings and its journal while
+// the rule processor holds the flattened template (overlapping puts would
+// otherwise let a rule hold far more memory in santad than it is charged).
+const MaxProcessors = 64

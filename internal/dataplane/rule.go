@@ -189,6 +189,9 @@ func compileRule(r Rule) (*compiledRule, error) {
 	if len(r.Processors) == 0 {
 		return nil, invalid("a rule needs at least one processor")
 	}
+	if len(r.Processors) > MaxProcessors {
+		return nil, invalid("%d processors: a rule has at most %d (write adjacent bytes with one put)", len(r.Processors), MaxProcessors)
+	}
 
 	// Flatten: which source every reply byte ends up with.
 	const fromZero, fromTemplate, fromRequest, fromMasked = 0, 1, 2, 3
