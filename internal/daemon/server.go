@@ -159,8 +159,17 @@ func (s *session) dispatch(req *api.Message, files []*os.File) (*api.Message, *s
 		return nil, nil, fail(api.StatusUnsupported, "unknown op %d: santad %s knows ops 1 to %d", req.Op, Version, api.OpSample)
 	}
 	d.mu.Lock()
-	defer d.mu.Unlock()
 	rs, err := s.target(req, files, rulesetOps[req.Op])
+	if err == nil && req.Op == api.OpStats {
+		cookie := rs.info.Cookie
+		d.mu.Unlock() // the counters are read without santad's lock (addHits)
+		stats, err := d.stats(cookie, req.IDs)
+		if err != nil {
+			return nil, nil, err
+		}
+		return &api.Message{Stats: stats}, nil, nil
+	}
+	defer d.mu.Unlock()
 	if err != nil {
 		return nil, nil, err
 	}
@@ -178,8 +187,6 @@ func (s *session) dispatch(req *api.Message, files []*os.File) (*api.Message, *s
 		resp.IDs, err = d.deleteTagged(rs, req.IDs, req.Tag)
 	case api.OpListRules:
 		resp.Rules, resp.More, err = d.listRules(rs, req)
-	case api.OpStats:
-		resp.Stats, err = d.stats(rs, req.IDs)
 	}
 	if err != nil {
 		return nil, nil, err
@@ -311,6 +318,17 @@ func (s *session) bind(req *api.Message, files []*os.File) (*api.Message, *subsc
 	default:
 		return nil, nil, fail(api.StatusInvalid, "bind needs a socket: pass its fd (SCM_RIGHTS), or as root name pid and fd, or port")
 	}
+	out, err := d.bindFound(found, sample, req.SampleBytes != 0 || req.SampleRate != 0)
+	if err != nil {
+		return nil, nil, err
+	}
+	d.addHits(out)
+	return &api.Message{Sockets: out}, nil, nil
+}
+
+// bindFound binds the sockets that have no rule set yet, sets the sampling
+// of the others if setSample, and describes them all.
+func (d *Daemon) bindFound(found []api.SocketInfo, sample dataplane.SampleOptions, setSample bool) ([]api.SocketInfo, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	out := make([]api.SocketInfo, 0, len(found))
@@ -320,41 +338,51 @@ func (s *session) bind(req *api.Message, files []*os.File) (*api.Message, *subsc
 		switch {
 		case !ok:
 			rs, err = d.bind(info, sample)
-		case req.SampleBytes != 0 || req.SampleRate != 0:
+		case setSample:
 			err = d.setSampling(rs, sample)
 		}
 		if err != nil {
-			return nil, nil, err
+			return nil, err
 		}
 		si := d.socketInfo(rs)
 		si.Created = !ok
 		out = append(out, si)
 	}
-	return &api.Message{Sockets: out}, nil, nil
+	return out, nil
 }
 
-// socketInfo describes a rule set for list_sockets and bind. Callers hold d.mu.
+// socketInfo describes a rule set for list_sockets and bind, hits not yet
+// counted (addHits). Callers hold d.mu.
 func (d *Daemon) socketInfo(rs *ruleSet) api.SocketInfo {
 	si := rs.info
 	si.Rules, si.TemplateBytes = uint64(len(rs.rules)), rs.bytes
-	if stats, err := d.dp.RuleStats(rs.info.Cookie); err == nil {
-		for _, st := range stats {
-			si.Hits += st.Hits
+	return si
+}
+
+// addHits counts the hits of each socket's rules, without santad's lock:
+// reading the counters of a million rules takes about 0.4 s, which would
+// hold up every request.
+func (d *Daemon) addHits(socks []api.SocketInfo) {
+	for i := range socks {
+		if stats, err := d.dp.RuleStats(socks[i].Cookie); err == nil {
+			for _, st := range stats {
+				socks[i].Hits += st.Hits
+			}
 		}
 	}
-	return si
 }
 
 func (s *session) listSockets() (*api.Message, *subscriber, error) {
 	d := s.d
-	d.mu.Lock()
-	defer d.mu.Unlock()
 	resp := &api.Message{}
+	d.mu.Lock()
 	for _, rs := range d.sets {
 		if s.uid == 0 || rs.info.Owner == s.uid {
 			resp.Sockets = append(resp.Sockets, d.socketInfo(rs))
 		}
 	}
+	d.mu.Unlock()
+	d.addHits(resp.Sockets)
 	slices.SortFunc(resp.Sockets, func(a, b api.SocketInfo) int { return cmp.Compare(a.Cookie, b.Cookie) })
 	return resp, nil, nil
 }
@@ -404,8 +432,11 @@ func (d *Daemon) deleteTagged(rs *ruleSet, ids []uint64, tag string) ([]uint64, 
 	return ids, d.delete(rs, ids)
 }
 
-func (d *Daemon) stats(rs *ruleSet, ids []uint64) ([]api.RuleStats, error) {
-	all, err := d.dp.RuleStats(rs.info.Cookie)
+func (d *Daemon) stats(cookie uint64, ids []uint64) ([]api.RuleStats, error) {
+	all, err := d.dp.RuleStats(cookie)
+	if errors.Is(err, dataplane.ErrNotBound) { // unbound since the request was checked
+		return nil, fail(api.StatusNotFound, "socket %d has no rule set", cookie)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -419,7 +450,7 @@ func (d *Daemon) stats(rs *ruleSet, ids []uint64) ([]api.RuleStats, error) {
 	for i, id := range ids {
 		st, ok := all[dataplane.RuleID(id)]
 		if !ok {
-			return nil, fail(api.StatusNotFound, "socket %d has no rule with id %d", rs.info.Cookie, id)
+			return nil, fail(api.StatusNotFound, "socket %d has no rule with id %d", cookie, id)
 		}
 		out[i] = api.RuleStats{ID: id, Hits: st.Hits, Bytes: st.Bytes}
 	}
