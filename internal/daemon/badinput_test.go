@@ -32,11 +32,7 @@ func TestBadInput(t *testing.T) {
 	sd := newSantad(t, tb)
 	sd.start()
 	c := sd.client()
-	conn := listenUDP(t, tb, 7400)
-	target, err := santa.Socket(conn)
-	if err != nil {
-		t.Fatal(err)
-	}
+	target := udpTarget(t, tb, 7400)
 	good := []api.Rule{rule("one", 0, "1"), rule("two", 0, "2")}
 	if _, err := c.Add(target, good); err != nil {
 		t.Fatal(err)
@@ -168,6 +164,16 @@ func listenUDP(t *testing.T, tb *testbed.Testbed, port int) *net.UDPConn {
 	}
 	t.Cleanup(func() { conn.Close() })
 	return conn
+}
+
+// udpTarget is a UDP socket of the test's on port, named for santad.
+func udpTarget(t *testing.T, tb *testbed.Testbed, port int) santa.Target {
+	t.Helper()
+	target, err := santa.Socket(listenUDP(t, tb, port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return target
 }
 
 func ruleIDs(t *testing.T, c *santa.Client, target santa.Target) []uint64 {

@@ -21,10 +21,7 @@ func TestListInPages(t *testing.T) {
 	sd := newSantad(t, tb)
 	sd.start()
 	c := sd.client()
-	target, err := santa.Socket(listenUDP(t, tb, 7410))
-	if err != nil {
-		t.Fatal(err)
-	}
+	target := udpTarget(t, tb, 7410)
 	var rules []api.Rule
 	for i := 0; i < 30; i++ {
 		r := rule(fmt.Sprintf("page-%02d", i), 0, "r")
@@ -113,10 +110,7 @@ func TestListBeyondTheFrame(t *testing.T) {
 	sd := newSantad(t, tb)
 	sd.start()
 	c := sd.client()
-	target, err := santa.Socket(listenUDP(t, tb, 7411))
-	if err != nil {
-		t.Fatal(err)
-	}
+	target := udpTarget(t, tb, 7411)
 	const nRules, nPuts = 3000, 64 // 3000 × 64 × 1472 bytes ≈ 283 MB listed
 	template := bytes.Repeat([]byte{'x'}, 1472)
 	var ids []uint64
