@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -132,21 +133,27 @@ func TestUDPClientMatchesIDs(t *testing.T) {
 	}
 }
 
-// TestConnDeadline: a server that never answers costs DefaultTimeout, and
-// the connection refuses further calls after it.
+// TestConnDeadline: a server that never answers costs DefaultTimeout, the
+// connection refuses further calls after it, and closing it resets it
+// (nothing the caller gave up on is sent later).
 func TestConnDeadline(t *testing.T) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer l.Close()
+	closedBy := make(chan error, 1) // how the server saw the client go
 	go func() {
 		c, err := l.Accept()
-		if err == nil {
-			defer c.Close()
-			c.Read(make([]byte, 1024)) // and never answer
-			time.Sleep(2 * mcproto.DefaultTimeout)
+		if err != nil {
+			closedBy <- err
+			return
 		}
+		defer c.Close()
+		c.Read(make([]byte, 1024)) // and never answer
+		c.SetReadDeadline(time.Now().Add(3 * mcproto.DefaultTimeout))
+		_, err = c.Read(make([]byte, 1024))
+		closedBy <- err
 	}()
 	c, err := mcproto.DialMeta(l.Addr().String())
 	if err != nil {
@@ -162,6 +169,10 @@ func TestConnDeadline(t *testing.T) {
 	}
 	if err := c.Set("k", nil, 0, 0); err == nil || !strings.Contains(err.Error(), "earlier error") {
 		t.Errorf("Set after the timeout: %v", err)
+	}
+	c.Close()
+	if err := <-closedBy; !errors.Is(err, syscall.ECONNRESET) {
+		t.Errorf("the server saw the client go with %v, want a reset", err)
 	}
 }
 

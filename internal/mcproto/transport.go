@@ -51,7 +51,18 @@ func (s *stream) roundTrip(req []byte, parse func(r *bufio.Reader) error) error 
 	return err
 }
 
-func (s *stream) Close() error { return s.conn.Close() }
+// Close closes the connection. After an I/O error it resets it instead
+// (linger 0): a request that got no reply may still sit in the kernel's
+// retransmission queue, and a plain close would go on sending it, so that
+// memcached could apply a write seconds after its caller gave up on it
+// (TestNoStaleReadsUnderLoss saw a replace land 3 s late, after 25 newer
+// writes of its key).
+func (s *stream) Close() error {
+	if tc, ok := s.conn.(*net.TCPConn); ok && s.err != nil {
+		tc.SetLinger(0)
+	}
+	return s.conn.Close()
+}
 
 // datagrams carries each request in one UDP datagram and takes the reply
 // from one datagram.

@@ -14,7 +14,9 @@
 // published. A reader takes that index a before it sends a UDP GET; the
 // reply must show the state of a write with index >= a that had been sent
 // by the time the reply arrived (a write whose reply is still on its way
-// may already show). Anything else is a Violation.
+// may already show). Anything else is a Violation. A write without a
+// reply leaves its key's state unknown until the writer's next set; its
+// TCP connection is reset (mcproto), so that it cannot land later.
 package stalecheck
 
 import (
@@ -188,8 +190,12 @@ func (v Violation) String() string {
 	if v.Source == nil {
 		return s + "; no write ever made that state"
 	}
-	return s + fmt.Sprintf("; the read shows write #%d (%s over %s, sent %v before the GET)",
-		v.Source.Index, v.Source.Op, v.Source.Protocol, v.Sent.Sub(v.Source.Sent).Round(time.Microsecond))
+	unacked := ""
+	if v.Source.Acked.IsZero() {
+		unacked = ", never acknowledged"
+	}
+	return s + fmt.Sprintf("; the read shows write #%d (%s over %s, sent %v before the GET%s)",
+		v.Source.Index, v.Source.Op, v.Source.Protocol, v.Sent.Sub(v.Source.Sent).Round(time.Microsecond), unacked)
 }
 
 // Report is the outcome of a run.
