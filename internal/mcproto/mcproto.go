@@ -56,8 +56,9 @@ func (e *ServerError) Error() string { return "mcproto: server error: " + e.Repl
 // Conn writes (and reads back, with CAS) items over one memcached protocol.
 // A Conn is not safe for concurrent use. Each call has a deadline of
 // DefaultTimeout; after an I/O or framing error the Conn refuses further
-// calls (its stream may be out of step), while the outcome errors above
-// and *ServerError leave it usable.
+// calls (its stream may be out of step), and Close then resets a TCP
+// connection, so that a request without a reply is not sent later; the
+// outcome errors above and *ServerError leave it usable.
 type Conn interface {
 	// Set stores value unconditionally.
 	Set(key string, value []byte, flags uint32, exptime int32) error
