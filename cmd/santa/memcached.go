@@ -61,6 +61,7 @@ Modes:
 	pf.StringVar(&f.cfg.GuardsPin, "guards", f.cfg.GuardsPin, "santad's guard map (<santad --bpffs>/guards)")
 	pf.StringSliceVar(&f.cfg.Interfaces, "interface", nil, "put the write tracker on these interfaces (default: every interface of the namespace)")
 	pf.DurationVar(&f.cfg.Interval, "refresh", f.cfg.Interval, "how often to look for rules a write retired, and rebuild them")
+	pf.DurationVar(&f.cfg.Settle, "settle", f.cfg.Settle, "retire a key's rules once more this long after a write of it that gets no reply (noreply, quiet, reset connection): memcached has applied it by then")
 	pf.IntVar(&f.cfg.Batch, "batch", f.cfg.Batch, "keys per fetch and per request to santad")
 	pf.DurationVar(&f.cfg.Timeout, "timeout", f.cfg.Timeout, "wait this long for memcached's replies")
 	pf.DurationVar(&f.duration, "duration", 0, "stop after this long (0: run until SIGINT or SIGTERM)")
@@ -216,7 +217,7 @@ func (f *memcachedFlags) run(e env, g *globals, mode mcctl.Mode, keys []string) 
 					seen = append(seen, fmt.Sprintf("%s=%d", k, r.Tracker[k]))
 				}
 			}
-			return fmt.Sprintf("done: installed %d, rebuilt %d, removed %d rules; tracker: %s",
-				r.Installed, r.Refreshed, r.Removed, strings.Join(seen, " "))
+			return fmt.Sprintf("done: installed %d, rebuilt %d, removed %d rules; %d slots bumped again after writes without a reply; tracker: %s",
+				r.Installed, r.Refreshed, r.Removed, r.Settled, strings.Join(seen, " "))
 		})
 }

@@ -9,7 +9,9 @@
 // both versions: if a write raced with the fetch, the rule never answers.
 // Every Interval it checks the versions of the rules of the slots the
 // tracker reports bumped, and fetches the keys whose rules a write retired
-// again.
+// again. A write no reply may follow (noreply, quiet, a reset connection)
+// has no second bump from the tracker: the controller bumps its slot itself
+// once the write has settled (Settle).
 package mcctl
 
 import (
@@ -63,6 +65,10 @@ type Config struct {
 	Interval   time.Duration // scan for retired rules this often
 	Batch      int           // keys per fetch and per santad request
 	Timeout    time.Duration // for memcached's replies
+	// Settle is how long after a write that gets no reply its key's rules
+	// are retired once more: by then memcached has applied it, and a rule
+	// built from a value fetched before is rebuilt.
+	Settle time.Duration
 	// Tag tags every rule the controller installs. It takes over the rules
 	// with its tag that its sockets hold when it starts (follow.Inherited).
 	Tag string
@@ -80,6 +86,7 @@ var DefaultConfig = Config{
 	SampleRate: 2000,
 	Idle:       30 * time.Second,
 	Interval:   20 * time.Millisecond,
+	Settle:     time.Second,
 	Batch:      256,
 	Timeout:    2 * time.Second,
 	Tag:        "santa-memcached",
@@ -92,6 +99,7 @@ type Report struct {
 	Installed uint64 `json:"installed"` // rules added
 	Refreshed uint64 `json:"refreshed"` // rules rebuilt after a write retired them
 	Removed   uint64 `json:"removed"`   // rules deleted (key gone, expired, too big, idle)
+	Settled   uint64 `json:"settled"`   // slots bumped again after a write without a reply settled
 	Skipped   uint64 `json:"skipped"`   // keys not offloadable (missing, too big, invalid)
 	// Tracker holds the write tracker's counters (bpf/tracker.h).
 	Tracker map[string]uint64 `json:"tracker"`
@@ -121,6 +129,7 @@ type Controller struct {
 	samples chan string
 	// Adaptive: when idle rules were last looked for
 	idleChecked time.Time
+	settling    settling
 
 	// rulesLeft: on exit santad did not confirm that every rule is gone
 	// (it went away): the write tracker stays attached to guard them.
@@ -163,9 +172,16 @@ func New(cfg Config) (*Controller, error) {
 	if cfg.SampleRate == 0 {
 		cfg.SampleRate = d.SampleRate
 	}
-	for _, s := range []struct{ v, d *time.Duration }{{&cfg.Idle, &d.Idle}, {&cfg.Interval, &d.Interval}, {&cfg.Timeout, &d.Timeout}} {
+	for _, s := range []struct {
+		name string
+		v, d *time.Duration
+	}{{"idle time", &cfg.Idle, &d.Idle}, {"refresh interval", &cfg.Interval, &d.Interval},
+		{"timeout", &cfg.Timeout, &d.Timeout}, {"settle time", &cfg.Settle, &d.Settle}} {
 		if *s.v == 0 {
 			*s.v = *s.d
+		}
+		if *s.v < 0 {
+			return nil, fmt.Errorf("%s %v: must be positive", s.name, *s.v)
 		}
 	}
 	if cfg.Batch == 0 {
@@ -195,7 +211,7 @@ func New(cfg Config) (*Controller, error) {
 	}
 	c := &Controller{cfg: cfg, log: cfg.Log, entries: map[string]*entry{}, bySlot: map[uint32][]*entry{},
 		expiry: map[int64]map[string]*entry{}, start: time.Now(), wanted: map[string]bool{}, missing: map[string]bool{},
-		samples: make(chan string, 4096)}
+		samples: make(chan string, 4096), settling: settling{due: map[uint32]time.Time{}}}
 	keys := cfg.Keys
 	if cfg.Mode == Top && len(keys) > cfg.MaxRules {
 		keys = keys[:cfg.MaxRules]
@@ -512,12 +528,25 @@ func (c *Controller) drop(e *entry) {
 // retired lists the keys whose rules a write retired or whose values are
 // about to expire. It checks only the entries of the slots bumped since the
 // last call, unless the epoch was bumped or bumps went unreported: then it
-// checks every entry.
+// checks every entry. First it bumps the slots of the writes without a
+// reply that have settled.
 func (c *Controller) retired(now time.Time) ([]string, error) {
 	bumped := map[uint32]bool{}
-	lost, err := c.tracker.DrainBumps(func(slot uint32) { bumped[slot] = true })
+	lost, err := c.tracker.DrainBumps(func(slot uint32, unacked bool) {
+		bumped[slot] = true
+		if unacked {
+			c.settling.add(slot, now.Add(c.cfg.Settle))
+		}
+	})
 	if err != nil {
 		return nil, err
+	}
+	settled := c.settling.pop(now, func(slot uint32) {
+		c.guards.bump(slot)
+		bumped[slot] = true
+	})
+	if settled > 0 {
+		c.count(func(r *Report) { r.Settled += uint64(settled) })
 	}
 	out := map[string]bool{}
 	epoch := c.guards.version(epochSlot)

@@ -10,8 +10,10 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -289,6 +291,57 @@ func TestOffloadAndWrites(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Log(ctl.Output())
+}
+
+// A write that gets no reply leaves the tracker nothing to bump when
+// memcached has applied it. Here the rule is rebuilt between the write's
+// head (bumped at ingress) and its value (applied by memcached), so it
+// holds the value from before; the controller retires it once more when
+// the write has settled, and the kernel answers with the new value.
+func TestWriteWithoutReplySettles(t *testing.T) {
+	r := newRig(t)
+	const key = "settle:key"
+	_, ctl, get := r.offloadOld(key, "--settle", "2s")
+	var raw net.Conn
+	if err := r.tb.Client.Do(func() (err error) {
+		raw, err = net.Dial("tcp", r.mc.Addr4.String())
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close() // open until the end: memcached's FIN would bump the slot
+	if _, err := raw.Write([]byte("set " + key + " 0 0 3 noreply\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond) // the controller rebuilds the rule the head retired
+	r.waitAnswered(func() { get() }, r.counters()["answered"])
+	if v := get(); v != "old" {
+		t.Fatalf("before the write's value: GET gave %q, want old", v)
+	}
+	if _, err := raw.Write([]byte("new\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	written := time.Now()
+	for get() != "new" {
+		if time.Since(written) > 5*time.Second {
+			t.Fatalf("GET still gives the value from before a write without a reply %v after it (counters %v)",
+				time.Since(written), r.counters())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Logf("the new value %v after the write", time.Since(written).Round(time.Millisecond))
+	r.waitAnswered(func() { get() }, r.counters()["answered"])
+	if v := get(); v != "new" {
+		t.Fatalf("the rule rebuilt after settling: GET gave %q, want new", v)
+	}
+	if err := ctl.Stop(20 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	out := ctl.Output()
+	t.Log(out)
+	if !regexp.MustCompile(`rules; [1-9]\d* slots bumped again after writes without a reply; tracker: .*\bunacked_bumps=1\b`).MatchString(out) {
+		t.Fatal("the done line does not count the write without a reply and its second bump")
+	}
 }
 
 // The stale-read checker finds nothing while writers over every protocol

@@ -24,6 +24,7 @@ const (
 	fnvBasis      = uint32(trackerMcLimitMC_FNV_BASIS)
 	fnvPrime      = uint32(trackerMcLimitMC_FNV_PRIME)
 	maxKeyLen     = int(trackerMcLimitMC_MAX_KEY)
+	reportUnacked = uint32(trackerMcLimitMC_REPORT_UNACKED)
 	trackedFlows  = 16384
 	flowsMaxLimit = 1 << 20
 )
@@ -141,9 +142,12 @@ func (t *Tracker) Counters() (map[string]uint64, error) {
 }
 
 // DrainBumps calls each with the slot of every bump since the last call,
-// without waiting for more. lost says that some of those bumps were not
-// reported (the ring was full): their slots are unknown.
-func (t *Tracker) DrainBumps(each func(slot uint32)) (lost bool, err error) {
+// without waiting for more. unacked says that memcached may apply the write
+// with no reply after it, so that no later bump comes when it has (a
+// noreply or quiet write, a reset connection, a request the tracker could
+// not follow). lost says that some of those bumps were not reported (the
+// ring was full): their slots are unknown.
+func (t *Tracker) DrainBumps(each func(slot uint32, unacked bool)) (lost bool, err error) {
 	t.bumps.SetDeadline(time.Now())
 	var rec ringbuf.Record
 	for {
@@ -154,7 +158,8 @@ func (t *Tracker) DrainBumps(each func(slot uint32)) (lost bool, err error) {
 		if err != nil {
 			return false, err
 		}
-		each(binary.NativeEndian.Uint32(rec.RawSample))
+		report := binary.NativeEndian.Uint32(rec.RawSample)
+		each(report&^reportUnacked, report&reportUnacked != 0)
 	}
 	var per []trackerMcCounters
 	if err := t.objs.McEvents.Lookup(uint32(0), &per); err != nil {

@@ -28,6 +28,7 @@ type trackerMcCounters struct {
 	UdpRepliesBumped  uint64
 	NotParsed         uint64
 	BumpsUnreported   uint64
+	UnackedBumps      uint64
 }
 
 type trackerMcFlow struct {
@@ -86,6 +87,7 @@ const (
 	trackerMcLimitMC_FLOW_SYNACK    trackerMcLimit = 1
 	trackerMcLimitMC_FLOW_UNCOUNTED trackerMcLimit = 2
 	trackerMcLimitMC_FLOW_LOST      trackerMcLimit = 4
+	trackerMcLimitMC_REPORT_UNACKED trackerMcLimit = 1073741824
 )
 
 type trackerMcUdpKey struct {

@@ -1,7 +1,10 @@
 package mcctl_test
 
 import (
+	"maps"
+	"net"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/santa-offload/santa/integrations/mcctl"
@@ -11,7 +14,7 @@ import (
 
 // The tracker reports the slot of every bump to the controller: a write of
 // a key, over TCP and over UDP, as it goes in and as its reply leaves; a
-// flush_all as the epoch's.
+// flush_all as the epoch's; a write that gets no reply as such.
 func TestTrackerReportsBumps(t *testing.T) {
 	tb := testbed.New(t)
 	mc, err := tb.StartMemcached(testbed.MemcachedOptions{})
@@ -34,10 +37,17 @@ func TestTrackerReportsBumps(t *testing.T) {
 	}
 	r := &rig{t: t, tb: tb, mc: mc}
 	_, conns := r.clients(false)
+	unacked := map[uint32]int{} // reports of writes no reply may follow, by slot
 	reported := func() map[uint32]int {
 		t.Helper()
 		n := map[uint32]int{}
-		lost, err := tr.DrainBumps(func(slot uint32) { n[slot]++ })
+		lost, err := tr.DrainBumps(func(slot uint32, noReply bool) {
+			if noReply {
+				unacked[slot]++
+			} else {
+				n[slot]++
+			}
+		})
 		if err != nil || lost {
 			t.Fatalf("drain: lost %v, %v", lost, err)
 		}
@@ -59,4 +69,49 @@ func TestTrackerReportsBumps(t *testing.T) {
 	if got := reported(); len(got) != 1 || got[1] != 2 {
 		t.Fatalf("flush_all: slots reported %v, want the epoch's (1) twice", got)
 	}
+	if len(unacked) > 0 {
+		t.Fatalf("writes with replies reported as without: %v", unacked)
+	}
+
+	// Writes no reply may follow are reported as such: a noreply set, and
+	// a set whose connection the client resets before its value (memcached
+	// never replies to it).
+	var raw *net.TCPConn
+	if err := tb.Client.Do(func() error {
+		c, err := net.Dial("tcp", mc.Addr4.String())
+		raw, _ = c.(*net.TCPConn)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	awaitReports := func(step string, want map[uint32]int, wantUnacked map[uint32]int) {
+		t.Helper()
+		got := map[uint32]int{}
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+			maps.Copy(got, reported()) // each slot is reported in one packet's pass
+			if maps.Equal(got, want) && maps.Equal(unacked, wantUnacked) {
+				clear(unacked)
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: reported %v and without a reply %v, want %v and %v", step, got, unacked, want, wantUnacked)
+			}
+		}
+	}
+	noreply, reset := mcctl.KeySlot("reported:noreply"), mcctl.KeySlot("reported:reset")
+	if _, err := raw.Write([]byte("set reported:noreply 0 0 1 noreply\r\nv\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	awaitReports("noreply set", map[uint32]int{}, map[uint32]int{noreply: 1})
+	if _, err := raw.Write([]byte("set reported:reset 0 0 1\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	awaitReports("set without its value", map[uint32]int{reset: 1}, map[uint32]int{})
+	if err := raw.SetLinger(0); err != nil {
+		t.Fatal(err)
+	}
+	raw.Close()
+	// both writes are still owed: the noreply one awaited the next reply
+	awaitReports("connection reset", map[uint32]int{}, map[uint32]int{noreply: 1, reset: 1})
 }

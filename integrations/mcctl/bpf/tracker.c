@@ -12,7 +12,9 @@
  * queue of runs; a reply that completes pops the queue. Where replies cannot
  * be counted (quiet commands, unknown commands) the connection falls back to
  * bumping every key it wrote on every reply; where the requests cannot be
- * parsed at all, every segment bumps the epoch, which retires every rule. */
+ * parsed at all, every segment bumps the epoch, which retires every rule.
+ * A bump no reply may follow (a noreply write, a reset connection) is marked
+ * in its report: the controller bumps the slot again once it has settled. */
 #include "../../../bpf/include/vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
@@ -86,7 +88,7 @@ struct {
 			_c->field++;                                          \
 	} while (0)
 
-static __always_inline void bump(__u32 slot)
+static __always_inline void report_bump(__u32 slot, __u32 report)
 {
 	if (slot < MC_EPOCH_SLOT)
 		return; /* slot 0: a read's reply, no write; it guards no rule */
@@ -94,8 +96,24 @@ static __always_inline void bump(__u32 slot)
 	if (v)
 		__sync_fetch_and_add(v, 1);
 	/* after the increment: whoever reads the report sees the new version */
-	if (bpf_ringbuf_output(&mc_bumped, &slot, sizeof(slot), BPF_RB_NO_WAKEUP))
+	if (report & MC_REPORT_UNACKED)
+		COUNT(unacked_bumps);
+	report |= slot;
+	if (bpf_ringbuf_output(&mc_bumped, &report, sizeof(report), BPF_RB_NO_WAKEUP))
 		COUNT(bumps_unreported);
+}
+
+static __always_inline void bump(__u32 slot)
+{
+	report_bump(slot, 0);
+}
+
+/* A write that memcached may apply with no reply after it for the tracker to
+ * see: the controller bumps its slot again once memcached has surely applied
+ * it (Config.Settle), retiring a rule built from a value fetched before. */
+static __always_inline void bump_unacked(__u32 slot)
+{
+	report_bump(slot, MC_REPORT_UNACKED);
 }
 
 /* ---- packets ---- */
@@ -533,16 +551,21 @@ __noinline int mc_sticky_add(struct mc_flow *f, __u32 slot)
 	return 0;
 }
 
-__noinline int mc_bump_sticky(struct mc_flow *f)
+__noinline int mc_report_sticky(struct mc_flow *f, __u32 report)
 {
 	if (!f)
 		return 0;
 	for (__u32 i = 0; i < MC_STICKY; i++) {
 		if (i >= f->nsticky)
 			break;
-		bump(f->sticky[i]);
+		report_bump(f->sticky[i], report);
 	}
 	return 0;
+}
+
+static __always_inline void mc_bump_sticky(struct mc_flow *f)
+{
+	mc_report_sticky(f, 0);
 }
 
 /* From now on replies are not counted: the writes still owed a reply join
@@ -628,7 +651,7 @@ static __always_inline void lose(struct mc_flow *f)
 	if (!(f->flags & MC_FLOW_LOST))
 		COUNT(lost_flows);
 	f->flags |= MC_FLOW_LOST;
-	bump(MC_EPOCH_SLOT);
+	bump_unacked(MC_EPOCH_SLOT);
 }
 
 /* The request head in f->in is whole: act on it. */
@@ -644,7 +667,10 @@ __noinline int mc_request(struct mc_flow *f)
 		mc_owe(f, 0, !v.noreply);
 		break;
 	case MC_WRITE:
-		bump(v.slot);
+		if (v.noreply)
+			bump_unacked(v.slot);
+		else
+			bump(v.slot);
 		if (v.slot == MC_EPOCH_SLOT)
 			COUNT(epoch_writes);
 		else
@@ -653,7 +679,7 @@ __noinline int mc_request(struct mc_flow *f)
 		break;
 	case MC_QUIET:
 		if (v.slot) {
-			bump(v.slot);
+			bump_unacked(v.slot);
 			COUNT(writes);
 		}
 		mc_uncount(f);
@@ -786,15 +812,24 @@ static __always_inline void flow_key(struct mc_flow_key *k, const struct packet 
 	__builtin_memcpy(k->server, egress ? p->src : p->dst, 16);
 }
 
-/* The connection ends: whatever it still owes has been applied. */
-static __always_inline void retire(struct mc_flow *f, const struct mc_flow_key *k)
+/* Bump every slot the connection wrote and owes a reply for. */
+__noinline int mc_report_owed(struct mc_flow *f, __u32 report)
 {
+	if (!f)
+		return 0;
 	for (__u32 i = 0; i < MC_QUEUE; i++) {
 		if (f->head + i >= f->tail)
 			break;
-		bump(f->queue[(f->head + i) & (MC_QUEUE - 1)].slot);
+		report_bump(f->queue[(f->head + i) & (MC_QUEUE - 1)].slot, report);
 	}
-	mc_bump_sticky(f);
+	mc_report_sticky(f, report);
+	return 0;
+}
+
+/* The connection ends: whatever it still owes has been applied. */
+static __always_inline void retire(struct mc_flow *f, const struct mc_flow_key *k)
+{
+	mc_report_owed(f, 0);
 	bpf_map_delete_elem(&mc_flows, k);
 }
 
@@ -814,15 +849,20 @@ static __always_inline int tcp_request(struct __sk_buff *skb, const struct packe
 		return TCX_NEXT;
 	}
 	struct mc_flow *f = bpf_map_lookup_elem(&mc_flows, &k);
+	/* The client resets the connection: memcached may still apply what it
+	 * has read, but will not reply. The entry stays for a reply already on
+	 * its way out. */
+	if (f && p->tcp_flags & TCP_RST)
+		mc_report_owed(f, MC_REPORT_UNACKED);
 	if (!p->payload_len)
 		return TCX_NEXT;
 	if (!f) {
-		bump(MC_EPOCH_SLOT);
+		bump_unacked(MC_EPOCH_SLOT);
 		COUNT(untracked_segments);
 		return TCX_NEXT;
 	}
 	if (f->flags & MC_FLOW_LOST) {
-		bump(MC_EPOCH_SLOT);
+		bump_unacked(MC_EPOCH_SLOT);
 		return TCX_NEXT;
 	}
 	return walk_segment(skb, f, p, 0) ? TCX_NEXT : TCX_DROP;
@@ -896,7 +936,10 @@ static __always_inline int udp_request(struct __sk_buff *skb, const struct packe
 	}
 	/* a bad command line, or more than one command: not worth parsing */
 	__u32 slot = single && v.slot ? v.slot : MC_EPOCH_SLOT;
-	bump(slot);
+	if (v.noreply || !single) /* several commands: maybe all noreply */
+		bump_unacked(slot);
+	else
+		bump(slot);
 	if (slot == MC_EPOCH_SLOT)
 		COUNT(epoch_writes);
 	else

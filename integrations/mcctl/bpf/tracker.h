@@ -16,6 +16,8 @@ enum mc_limit {
 	MC_FLOW_SYNACK = 1,       /* out.seq is known */
 	MC_FLOW_UNCOUNTED = 2,    /* replies cannot be counted: every reply bumps the sticky keys */
 	MC_FLOW_LOST = 4,         /* the request stream cannot be parsed: every segment bumps the epoch */
+	/* an mc_bumped report: the slot, or'd with */
+	MC_REPORT_UNACKED = 1 << 30, /* a write no reply of memcached may follow: bump it again later */
 };
 
 /* One direction of a TCP connection: where its parser stands. */
@@ -80,4 +82,5 @@ struct mc_counters {
 	__u64 udp_replies_bumped; /* UDP replies to writes */
 	__u64 not_parsed;        /* memcached-port packets whose headers could not be parsed: epoch bumped */
 	__u64 bumps_unreported;  /* bumps not reported in mc_bumped (full): the controller checks every rule */
+	__u64 unacked_bumps;     /* bumps for writes no reply may follow (noreply, quiet, reset, unparsed, untracked): the controller repeats them later */
 };
