@@ -19,7 +19,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -112,6 +111,7 @@ type Controller struct {
 	client  *santa.Client
 	guards  *guardMap
 	tracker *Tracker
+	links   *linkFollower // nil: Interfaces were given
 	fetch   *fetcher
 	cookies []uint64 // the attached sockets
 	created []uint64 // those the attach bound (unbound on exit)
@@ -130,6 +130,9 @@ type Controller struct {
 	// Adaptive: when idle rules were last looked for
 	idleChecked time.Time
 	settling    settling
+	epochSeen   uint64   // the epoch's version at the last scan
+	swept       []uint64 // every slot's version when sweep last looked
+	sweepAt     uint32   // where sweep goes on
 
 	// rulesLeft: on exit santad did not confirm that every rule is gone
 	// (it went away): the write tracker stays attached to guard them.
@@ -288,9 +291,10 @@ func (c *Controller) Run(ctx context.Context) (err error) {
 }
 
 // startTracker loads the write tracker and attaches it everywhere before
-// any value is fetched. Its links are pinned beside the guard map, so that
-// rules a killed controller leaves behind stay guarded; a predecessor's are
-// replaced.
+// any value is fetched; without given interfaces it follows the namespace's
+// new ones too (linkFollower). Its links are pinned beside the guard map,
+// so that rules a killed controller leaves behind stay guarded; a
+// predecessor's are replaced.
 func (c *Controller) startTracker() error {
 	t, err := LoadTracker(TrackerConfig{TCPPort: c.cfg.TCPPort, UDPPort: c.cfg.Port, Guards: c.guards.m})
 	if err != nil {
@@ -298,22 +302,21 @@ func (c *Controller) startTracker() error {
 	}
 	ifnames := c.cfg.Interfaces
 	if ifnames == nil {
-		ifs, err := net.Interfaces()
-		if err != nil {
+		if c.links, ifnames, err = followLinks(t, c.guards, c.pinDir(), c.log); err != nil {
 			t.Close()
 			return err
 		}
-		for _, ifc := range ifs {
-			ifnames = append(ifnames, ifc.Name)
-		}
 	}
-	for _, name := range ifnames {
+	for _, name := range c.cfg.Interfaces {
 		if err := t.Attach(name); err != nil {
 			t.Close()
 			return err
 		}
 	}
 	if err := t.Pin(c.pinDir()); err != nil {
+		if c.links != nil {
+			c.links.stop()
+		}
 		t.Close()
 		return err
 	}
@@ -327,6 +330,9 @@ func (c *Controller) pinDir() string {
 }
 
 func (c *Controller) stopTracker() {
+	if c.links != nil {
+		c.links.stop()
+	}
 	final, err := c.tracker.Counters()
 	if err == nil {
 		c.count(func(r *Report) { r.Tracker = final })
@@ -529,7 +535,7 @@ func (c *Controller) drop(e *entry) {
 // about to expire. It checks only the entries of the slots bumped since the
 // last call, unless the epoch was bumped or bumps went unreported: then it
 // checks every entry. First it bumps the slots of the writes without a
-// reply that have settled.
+// reply that have settled, and sweeps for bumps it was not told of.
 func (c *Controller) retired(now time.Time) ([]string, error) {
 	bumped := map[uint32]bool{}
 	lost, err := c.tracker.DrainBumps(func(slot uint32, unacked bool) {
@@ -541,6 +547,9 @@ func (c *Controller) retired(now time.Time) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
+	if c.links != nil && c.links.epochBumped() { // a new interface was up before the tracker was on it
+		c.settling.add(epochSlot, now.Add(c.cfg.Settle))
+	}
 	settled := c.settling.pop(now, func(slot uint32) {
 		c.guards.bump(slot)
 		bumped[slot] = true
@@ -548,6 +557,7 @@ func (c *Controller) retired(now time.Time) ([]string, error) {
 	if settled > 0 {
 		c.count(func(r *Report) { r.Settled += uint64(settled) })
 	}
+	c.sweep(bumped)
 	out := map[string]bool{}
 	epoch := c.guards.version(epochSlot)
 	check := func(e *entry) {
@@ -555,7 +565,11 @@ func (c *Controller) retired(now time.Time) ([]string, error) {
 			out[e.key] = true
 		}
 	}
-	if lost || bumped[epochSlot] {
+	// The epoch may also move unreported: the link follower, or another
+	// controller's tracker (they share the guard map).
+	epochMoved := epoch != c.epochSeen
+	c.epochSeen = epoch
+	if lost || bumped[epochSlot] || epochMoved {
 		for _, e := range c.entries {
 			check(e)
 		}
@@ -568,6 +582,25 @@ func (c *Controller) retired(now time.Time) ([]string, error) {
 	}
 	c.expired(now, out)
 	return sortedKeys(out), nil
+}
+
+// sweep adds to bumped the slots bumped without a report: another
+// controller's tracker shares the guard map, and its writes retire this
+// controller's rules of the same slot. Each scan compares a share of the
+// slots with their versions at the last sweep, every slot once a second.
+func (c *Controller) sweep(bumped map[uint32]bool) {
+	if c.swept == nil {
+		c.swept = make([]uint64, guardSlots)
+	}
+	n := guardSlots / uint32(max(1, time.Second/c.cfg.Interval))
+	for range max(n, 1) {
+		s := c.sweepAt
+		if v := c.guards.version(s); v != c.swept[s] {
+			c.swept[s] = v
+			bumped[s] = true
+		}
+		c.sweepAt = (s + 1) % guardSlots
+	}
 }
 
 // expired takes the entries whose values expire by now out of the expiry
@@ -680,16 +713,23 @@ func (c *Controller) removeAll() {
 
 // loop rebuilds retired rules every Interval; every second it retries
 // wanted keys that had no value and, in Adaptive mode, installs hot keys
-// and drops idle ones; until ctx ends or a socket's watch ends (gone).
+// and drops idle ones; until ctx ends, a socket's watch ends (gone) or the
+// link follower fails.
 func (c *Controller) loop(ctx context.Context, gone <-chan error) error {
 	tick := time.NewTicker(c.cfg.Interval)
 	defer tick.Stop()
+	var linksFailed <-chan error // nil: blocks
+	if c.links != nil {
+		linksFailed = c.links.failed
+	}
 	lastSecond := time.Now()
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case err := <-gone:
+			return err
+		case err := <-linksFailed:
 			return err
 		case key := <-c.samples:
 			c.sampled(key)

@@ -344,6 +344,69 @@ func TestWriteWithoutReplySettles(t *testing.T) {
 	}
 }
 
+// An interface that appears after the controller started gets the write
+// tracker as well: a write through it is seen, and the GET right after its
+// reply is not answered with the value from before.
+func TestNewInterfaceTracked(t *testing.T) {
+	r := newRig(t)
+	const key = "newlink:key"
+	_, ctl, get := r.offloadOld(key)
+	// a third namespace, joined to memcached's by a new veth pair
+	// (198.19.X.0/24), routes to memcached's address through it
+	x := r.tb.Server.Prefix4.Addr().As4()[2]
+	ns := r.tb.ID + "-new"
+	dev, peer := strings.Replace(r.tb.Server.Dev, "sv", "sw", 1), strings.Replace(r.tb.Server.Dev, "sv", "nw", 1)
+	r.tb.OnClose(func() error {
+		_, err := testbed.Run("", "ip", "netns", "del", ns)
+		return err
+	})
+	for _, cmd := range [][]string{
+		{"netns", "add", ns},
+		{"link", "add", dev, "netns", r.tb.Server.NS, "type", "veth", "peer", "name", peer, "netns", ns},
+	} {
+		if out, err := testbed.Run("", "ip", cmd...); err != nil {
+			t.Fatalf("ip %v: %v %s", cmd, err, out)
+		}
+	}
+	// the tracker is on the new interface before it carries a packet
+	deadline := time.Now().Add(5 * time.Second)
+	for !strings.Contains(ctl.Output(), `msg="write tracker attached to a new interface" interface=`+dev+` up=false`) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the controller did not put the tracker on %s:\n%s", dev, ctl.Output())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	for _, cmd := range [][]string{
+		{"-n", r.tb.Server.NS, "addr", "add", fmt.Sprintf("198.19.%d.1/24", x), "dev", dev},
+		{"-n", r.tb.Server.NS, "link", "set", dev, "up"},
+		{"-n", ns, "addr", "add", fmt.Sprintf("198.19.%d.2/24", x), "dev", peer},
+		{"-n", ns, "link", "set", peer, "up"},
+		{"-n", ns, "route", "add", r.mc.Addr4.Addr().String(), "dev", peer, "src", fmt.Sprintf("198.19.%d.2", x)},
+	} {
+		if out, err := testbed.Run("", "ip", cmd...); err != nil {
+			t.Fatalf("ip %v: %v %s", cmd, err, out)
+		}
+	}
+	var conn mcproto.Conn
+	if err := testbed.Do(ns, func() (err error) {
+		conn, err = mcproto.DialText(r.mc.Addr4.String())
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if err := conn.Set(key, []byte("new"), 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	if v := get(); v != "new" {
+		t.Fatalf("GET right after a write through the new interface gave %q, want new", v)
+	}
+	r.waitAnswered(func() { get() }, r.counters()["answered"])
+	if v := get(); v != "new" {
+		t.Fatalf("the rebuilt rule: GET gave %q, want new", v)
+	}
+}
+
 // The stale-read checker finds nothing while writers over every protocol
 // race readers whose GETs the kernel answers; the kernel answers a good
 // share of them, and the tracker counted every write by its key.

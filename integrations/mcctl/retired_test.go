@@ -2,6 +2,7 @@ package mcctl
 
 import (
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -107,6 +108,31 @@ func TestRetiredMatchesFullScan(t *testing.T) {
 	if c.Report().Settled != 1 {
 		t.Fatalf("%d slots bumped after settling, want 1", c.Report().Settled)
 	}
+
+	// A bump nobody reports (another controller's tracker shares the guard
+	// map) is found by the sweep within a second's scans.
+	c.guards.bump(KeySlot("c"))
+	scans := int(time.Second / c.cfg.Interval)
+	for i := 0; ; i++ {
+		got, err := c.retired(now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got) > 0 {
+			if !slices.Equal(got, []string{"c"}) {
+				t.Fatalf("unreported bump of c's slot: retired %q", got)
+			}
+			t.Logf("unreported bump found in scan %d of %d", i+1, scans)
+			put("c", time.Time{})
+			break
+		}
+		if i == scans {
+			t.Fatalf("an unreported bump of c's slot was not found in %d scans", scans+1)
+		}
+	}
+	check("unreported bump rebuilt")
+	c.guards.bump(epochSlot)
+	check("unreported epoch bump", slices.Collect(maps.Keys(c.entries))...)
 
 	for _, e := range c.entries {
 		c.drop(e)

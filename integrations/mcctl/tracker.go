@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -47,9 +48,12 @@ func KeySlot(key string) uint32 {
 // attached at TC ingress and egress of interfaces of one network namespace.
 type Tracker struct {
 	objs       trackerObjects
-	links      []link.Link
 	bumps      *ringbuf.Reader // mc_bumped
 	unreported uint64          // bumps_unreported at the last DrainBumps
+
+	mu     sync.Mutex // links may be added while the controller runs
+	links  []link.Link
+	pinned int // links[:pinned] are pinned
 }
 
 // TrackerConfig says what to track.
@@ -109,11 +113,18 @@ func (t *Tracker) Attach(ifname string) error {
 	if err != nil {
 		return err
 	}
+	return t.AttachIndex(ifc.Index, ifname)
+}
+
+// AttachIndex is Attach by interface index (name is for messages).
+func (t *Tracker) AttachIndex(index int, ifname string) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	for _, a := range []struct {
 		prog   *ebpf.Program
 		attach ebpf.AttachType
 	}{{t.objs.McIngress, ebpf.AttachTCXIngress}, {t.objs.McEgress, ebpf.AttachTCXEgress}} {
-		l, err := link.AttachTCX(link.TCXOptions{Interface: ifc.Index, Program: a.prog, Attach: a.attach, Anchor: link.Head()})
+		l, err := link.AttachTCX(link.TCXOptions{Interface: index, Program: a.prog, Attach: a.attach, Anchor: link.Head()})
 		if err != nil {
 			return fmt.Errorf("attach memcached tracker to %s (TCX): %w", ifname, err)
 		}
@@ -190,6 +201,8 @@ func snake(s string) string {
 
 // Close detaches and unloads the tracker.
 func (t *Tracker) Close() error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	var errs []error
 	for _, l := range t.links {
 		errs = append(errs, l.Close())
@@ -198,20 +211,30 @@ func (t *Tracker) Close() error {
 	return errors.Join(errs...)
 }
 
-// Pin pins the tracker's links under dir (made if missing), so that they
-// outlive the process; links a predecessor pinned there are replaced.
+// Pin pins the tracker's links not pinned yet under dir (made if missing),
+// so that they outlive the process. The links a predecessor pinned there
+// are replaced: the first call removes those beyond this tracker's.
 func (t *Tracker) Pin(dir string) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
-	for i, l := range t.links {
-		path := filepath.Join(dir, fmt.Sprintf("link-%d", i))
+	pinPath := func(i int) string { return filepath.Join(dir, fmt.Sprintf("link-%d", i)) }
+	first := t.pinned == 0
+	for ; t.pinned < len(t.links); t.pinned++ {
+		path := pinPath(t.pinned)
 		if old, err := link.LoadPinnedLink(path, nil); err == nil {
 			old.Unpin() // the new tracker runs already: no write goes unseen
 			old.Close()
 		}
-		if err := l.Pin(path); err != nil {
+		if err := t.links[t.pinned].Pin(path); err != nil {
 			return fmt.Errorf("pin memcached tracker: %w", err)
+		}
+	}
+	for i := len(t.links); first; i++ {
+		if err := os.Remove(pinPath(i)); err != nil {
+			break // the predecessor pinned no more
 		}
 	}
 	return nil
@@ -219,9 +242,12 @@ func (t *Tracker) Pin(dir string) error {
 
 // Unpin removes the pins of Pin: the links go with Close.
 func (t *Tracker) Unpin() error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	var errs []error
-	for _, l := range t.links {
+	for _, l := range t.links[:t.pinned] {
 		errs = append(errs, l.Unpin())
 	}
+	t.pinned = 0
 	return errors.Join(errs...)
 }
