@@ -41,7 +41,7 @@ func followLinks(t *Tracker, g *guardMap, pinDir string, log *slog.Logger) (*lin
 	if err != nil {
 		return nil, nil, err
 	}
-	names, err := f.attachAll(false)
+	names, err := f.attachAll(false) // pinned, with the rest, by the controller
 	if err != nil {
 		close(f.done)
 		return nil, nil, err
@@ -69,8 +69,8 @@ func (f *linkFollower) subscribe() (chan netlink.LinkUpdate, error) {
 }
 
 // attachAll puts the tracker on every interface it is not on yet, and
-// returns their names.
-func (f *linkFollower) attachAll(bumpIfUp bool) ([]string, error) {
+// returns their names. appeared: they came while the controller runs.
+func (f *linkFollower) attachAll(appeared bool) ([]string, error) {
 	ifs, err := net.Interfaces()
 	if err != nil {
 		return nil, err
@@ -80,7 +80,7 @@ func (f *linkFollower) attachAll(bumpIfUp bool) ([]string, error) {
 		if f.attached[ifc.Index] {
 			continue
 		}
-		if err := f.attach(ifc.Index, ifc.Name, bumpIfUp); err != nil {
+		if err := f.attach(ifc.Index, ifc.Name, appeared); err != nil {
 			return nil, err
 		}
 		names = append(names, ifc.Name)
@@ -88,7 +88,9 @@ func (f *linkFollower) attachAll(bumpIfUp bool) ([]string, error) {
 	return names, nil
 }
 
-func (f *linkFollower) attach(index int, name string, bumpIfUp bool) error {
+// attach puts the tracker on one interface. One that appeared while the
+// controller runs is pinned at once, and bumps the epoch if it is up.
+func (f *linkFollower) attach(index int, name string, appeared bool) error {
 	if err := f.tracker.AttachIndex(index, name); err != nil {
 		if _, lerr := net.InterfaceByIndex(index); lerr != nil {
 			return nil // gone again
@@ -96,7 +98,7 @@ func (f *linkFollower) attach(index int, name string, bumpIfUp bool) error {
 		return err
 	}
 	f.attached[index] = true
-	if !bumpIfUp {
+	if !appeared {
 		return nil
 	}
 	if err := f.tracker.Pin(f.pinDir); err != nil {

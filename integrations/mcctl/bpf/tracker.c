@@ -667,10 +667,7 @@ __noinline int mc_request(struct mc_flow *f)
 		mc_owe(f, 0, !v.noreply);
 		break;
 	case MC_WRITE:
-		if (v.noreply)
-			bump_unacked(v.slot);
-		else
-			bump(v.slot);
+		report_bump(v.slot, v.noreply ? MC_REPORT_UNACKED : 0);
 		if (v.slot == MC_EPOCH_SLOT)
 			COUNT(epoch_writes);
 		else
@@ -936,10 +933,8 @@ static __always_inline int udp_request(struct __sk_buff *skb, const struct packe
 	}
 	/* a bad command line, or more than one command: not worth parsing */
 	__u32 slot = single && v.slot ? v.slot : MC_EPOCH_SLOT;
-	if (v.noreply || !single) /* several commands: maybe all noreply */
-		bump_unacked(slot);
-	else
-		bump(slot);
+	/* several commands: maybe all noreply */
+	report_bump(slot, v.noreply || !single ? MC_REPORT_UNACKED : 0);
 	if (slot == MC_EPOCH_SLOT)
 		COUNT(epoch_writes);
 	else
