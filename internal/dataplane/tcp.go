@@ -118,14 +118,20 @@ func (d *Dataplane) sweepFlows(now uint64) error {
 	return nil
 }
 
-// fillStampKeys writes a new key into each of the slots of epochs e-1, e and
-// e+1 that does not hold that epoch's key.
+// fillStampKeys writes a new key into each of the slots of epochs e-1 (if
+// any), e and e+1 that does not hold that epoch's key.
 func (d *Dataplane) fillStampKeys() error {
 	e, err := stampEpoch()
 	if err != nil {
 		return err
 	}
-	for epoch := e - 1; epoch <= e+1; epoch++ {
+	return d.fillStampKeysAt(e)
+}
+
+func (d *Dataplane) fillStampKeysAt(e uint64) error {
+	// from e-1, except in epoch 0 (the first 37 minutes after boot), where
+	// e-1 would wrap around and end the loop before it began
+	for epoch := max(e, 1) - 1; epoch <= e+1; epoch++ {
 		slot := uint32(epoch % stampKeySlots)
 		var k StampKey
 		if err := d.objs.SantaTcpKeys.Lookup(slot, &k); err != nil {

@@ -485,3 +485,25 @@ func TestTCPKeepalive(t *testing.T) {
 			after["tcp_handed_over"]-before["tcp_handed_over"])
 	}
 }
+
+// In every stamp epoch, the first (the first 37 minutes after boot)
+// included, the current and the next epoch have keys: socket-less TCP works
+// on a machine that has just booted. (e-1 wrapped around in epoch 0 and no
+// key was written: every connection went to the kernel.)
+func TestStampKeysEveryEpoch(t *testing.T) {
+	e := newEnv(t, Config{})
+	for _, epoch := range []uint64{0, 1, 5, 1 << 40} {
+		if err := e.d.fillStampKeysAt(epoch); err != nil {
+			t.Fatal(err)
+		}
+		for _, want := range []uint64{epoch, epoch + 1} {
+			var k StampKey
+			if err := e.d.objs.SantaTcpKeys.Lookup(uint32(want%stampKeySlots), &k); err != nil {
+				t.Fatal(err)
+			}
+			if k.EpochPlus1 != want+1 || k.K0 == 0 && k.K1 == 0 {
+				t.Errorf("in epoch %d: the slot of epoch %d holds epoch %d's key (%x %x); want its own", epoch, want, k.EpochPlus1-1, k.K0, k.K1)
+			}
+		}
+	}
+}
