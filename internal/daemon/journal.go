@@ -26,6 +26,10 @@ type journal struct {
 	records  int   // since the last compaction
 	appended int64 // bytes appended since the last compaction
 	base     int64 // bytes the compaction wrote
+	// superseding: a record since the last compaction may have made earlier
+	// ones obsolete (modify, replace, delete, unbind); after only binds and
+	// adds a compaction would write the journal again as it is
+	superseding bool
 }
 
 // compactAt is how far a journal grows past its compacted size before
@@ -33,8 +37,10 @@ type journal struct {
 // (`santa http` refreshes Date every second) would otherwise fill the disk.
 const compactAt = 16 << 20
 
-// overgrown says the journal is worth compacting now.
-func (j *journal) overgrown() bool { return j.appended > 2*j.base+compactAt }
+// overgrown says the journal is worth compacting now. A journal that only
+// grew is not: compacting it while a million rules were added cost santad a
+// fifth of its time.
+func (j *journal) overgrown() bool { return j.superseding && j.appended > 2*j.base+compactAt }
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
@@ -139,6 +145,7 @@ func (j *journal) append(m *api.Message) error {
 		return fmt.Errorf("journal: %w", err)
 	}
 	j.records++
+	j.superseding = j.superseding || m.Op != api.OpAdd && m.Op != api.OpBind
 	return nil
 }
 

@@ -122,3 +122,33 @@ func TestConfig(t *testing.T) {
 		}
 	}
 }
+
+// TestJournalOvergrownOnlyWithSupersededRecords: a journal that only grew
+// (binds and adds) is written again as it is by a compaction, so it is not
+// compacted however long it gets; once a record may have made earlier ones
+// obsolete, it is compacted past twice its compacted size plus compactAt.
+func TestJournalOvergrownOnlyWithSupersededRecords(t *testing.T) {
+	for _, op := range []api.Op{api.OpModify, api.OpDelete, api.OpReplace, api.OpUnbind} {
+		j, err := writeJournal(filepath.Join(t.TempDir(), "journal"), []*api.Message{{Op: api.OpBind, Sockets: []api.SocketInfo{{Cookie: 7}}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		big := testRule(1, 1, strings.Repeat("q", 1<<20))
+		for i := 0; j.appended <= 2*j.base+compactAt; i++ {
+			big.ID = uint64(i + 1)
+			if err := j.append(&api.Message{Op: api.OpAdd, Socket: 7, Rules: []api.Rule{big}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if j.overgrown() {
+			t.Fatalf("after %d bytes of adds only: overgrown; want not (nothing to drop)", j.appended)
+		}
+		if err := j.append(&api.Message{Op: op, Socket: 7, IDs: []uint64{1}, Rules: []api.Rule{testRule(1, 2, "a")}}); err != nil {
+			t.Fatal(err)
+		}
+		if !j.overgrown() {
+			t.Errorf("after %d bytes of adds and a %s: not overgrown; want overgrown", j.appended, op)
+		}
+		j.close()
+	}
+}
