@@ -946,22 +946,19 @@ func (c *Controller) remove(ep *endpoint, es []*entry) error {
 	return nil
 }
 
-// removeAll deletes every rule the controller installed (on exit).
+// removeAll deletes every rule with the controller's tag on its sockets (on
+// exit): its own and those a predecessor left that it did not get to.
 func (c *Controller) removeAll() {
 	for _, ep := range c.eps {
-		all := make([]*entry, 0, len(ep.entries))
-		for _, e := range ep.entries {
-			all = append(all, e)
-		}
-		if err := c.remove(ep, all); err != nil {
+		if err := follow.DeleteTagged(c.client, ep.cookies, c.cfg.Tag); err != nil {
 			// santad went away: the next controller with this tag takes them over
 			c.log.Warn("removing the rules on exit failed", "server", ep.addr, "error", err)
 			continue
 		}
-		c.log.Info("removed the controller's rules", "server", ep.addr, "rules", len(all))
-	}
-	if err := c.inherited.DeleteRest(c.client); err != nil { // stopped before it got to them
-		c.log.Warn("removing the rules a predecessor left failed", "error", err)
+		n := len(ep.entries)
+		c.count(func(r *Report) { r.Removed += uint64(n) })
+		clear(ep.entries)
+		c.log.Info("removed the controller's rules", "server", ep.addr, "rules", n)
 	}
 	follow.UnbindEmpty(c.client, c.created, c.log)
 }

@@ -678,6 +678,19 @@ func TestControllerStartedAnew(t *testing.T) {
 	if got, kernel := r.dig(mail, "A"); got == "" || kernel {
 		t.Errorf("%s (offloaded by the killed controller only): %q, from the rule processor %v", mail, got, kernel)
 	}
+	// a clean stop deletes every rule with its tag, by tag, and no other
+	if err := second.Stop(10 * time.Second); err != nil {
+		t.Fatalf("stopping the second controller: %v\n%s", err, second.Output())
+	}
+	for _, s := range socks {
+		rules, err := c.ListRules(santa.Cookie(s.Cookie))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(rules) != 1 || rules[0].Tag != "other-program" {
+			t.Errorf("socket %v holds %d rules after the controller stopped (%v); want the other program's only", s.AddrPort(), len(rules), rules)
+		}
+	}
 }
 
 // TestAdaptive: the adaptive controller offloads the question that misses

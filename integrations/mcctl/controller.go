@@ -680,22 +680,17 @@ func (c *Controller) remove(es []*entry) error {
 // sockets its attach bound (on exit, before the tracker stops); rules it
 // cannot delete set rulesLeft.
 func (c *Controller) removeAll() {
-	all := make([]*entry, 0, len(c.entries))
-	for _, e := range c.entries {
-		all = append(all, e)
-	}
-	for i := 0; i < len(all); i += c.cfg.Batch {
-		if err := c.remove(all[i:min(i+c.cfg.Batch, len(all))]); err != nil {
-			if !errors.Is(err, santa.ErrNotFound) { // else gone with their socket (memcached stopped)
-				c.log.Warn("removing the rules on exit failed", "error", err)
-				c.rulesLeft = true // the next controller with this tag takes them over
-			}
-			break
+	// every rule with the tag on the sockets: this controller's, and those a
+	// predecessor left that it did not get to
+	n := len(c.entries)
+	if err := follow.DeleteTagged(c.client, c.cookies, c.cfg.Tag); err != nil {
+		c.log.Warn("removing the rules on exit failed", "error", err)
+		c.rulesLeft = true // the next controller with this tag takes them over
+	} else {
+		c.count(func(r *Report) { r.Removed += uint64(n) })
+		for _, e := range c.entries {
+			c.drop(e)
 		}
-	}
-	if err := c.inherited.DeleteRest(c.client); err != nil { // stopped before it got to them
-		c.log.Warn("removing the rules a predecessor left failed", "error", err)
-		c.rulesLeft = true
 	}
 	if !c.rulesLeft {
 		// an add santad took but did not answer (it went away) left rules
@@ -707,7 +702,7 @@ func (c *Controller) removeAll() {
 	}
 	follow.UnbindEmpty(c.client, c.created, c.log)
 	if !c.rulesLeft {
-		c.log.Info("removed the controller's rules", "rules", len(all))
+		c.log.Info("removed the controller's rules", "rules", n)
 	}
 }
 

@@ -2,6 +2,7 @@ package dataplane
 
 import (
 	"bytes"
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -71,13 +72,13 @@ func TestDisjointSetIncremental(t *testing.T) {
 						ds = nil
 					}
 				}
-			default: // delete one rule
+			default: // delete some rules, at times all
 				i := rng.IntN(len(rules))
+				j := i + 1 + rng.IntN(len(rules)-i)
 				if ds != nil {
-					ps, _ := ds.sortedPatterns(rules[i : i+1])
-					ds.remove(ps)
+					ds.removeRules(rules[i:j])
 				}
-				rules = slices.Delete(rules, i, i+1)
+				rules = slices.Delete(rules, i, j)
 			}
 			want := disjointFromScratch(rules)
 			// the kept set never claims disjointness wrongly; it may give it up
@@ -100,5 +101,37 @@ func TestDisjointSetIncremental(t *testing.T) {
 	}
 	if checks[true] < 100 {
 		t.Errorf("only %d steps kept a disjoint set: the test does not exercise it", checks[true])
+	}
+}
+
+// Removing few patterns (a search each) and many (one merge) from a large
+// set, and every one, leave what filtering the set leaves.
+func TestDisjointSetRemove(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	for _, k := range []int{1, 7, 120, 125, 1000, 1999, 2000} {
+		seen := map[string]bool{}
+		var rules []*compiledRule
+		for len(rules) < 2000 {
+			p := []byte(fmt.Sprintf("%08x", rng.Uint32()))
+			if seen[string(p)] {
+				continue
+			}
+			seen[string(p)] = true
+			c, err := compileRule(Rule{Conditions: []Condition{{Offset: 3, Pattern: p}}, Processors: []Processor{put(0, "x")}, ReplyLen: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			rules = append(rules, c)
+		}
+		ds := newDisjointSet(rules)
+		if ds == nil {
+			t.Fatal("distinct 8-byte patterns: not disjoint")
+		}
+		rng.Shuffle(len(rules), func(i, j int) { rules[i], rules[j] = rules[j], rules[i] })
+		ds.removeRules(rules[:k])
+		want, _ := ds.sortedPatterns(rules[k:])
+		if !slices.EqualFunc(ds.patterns, want, bytes.Equal) {
+			t.Errorf("2000 patterns, %d removed: %d left, want %d", k, len(ds.patterns), len(want))
+		}
 	}
 }

@@ -172,12 +172,35 @@ func (s *disjointSet) samePatterns(olds, news []*installed) bool {
 // remove takes sorted ps, each in the set, out of it.
 func (s *disjointSet) remove(ps [][]byte) {
 	at := make([]int, 0, len(ps))
-	for _, p := range ps {
-		if i, ok := slices.BinarySearchFunc(s.patterns, p, bytes.Compare); ok {
-			at = append(at, i)
+	if len(ps)*manyRules < len(s.patterns) {
+		for _, p := range ps {
+			if i, ok := slices.BinarySearchFunc(s.patterns, p, bytes.Compare); ok {
+				at = append(at, i)
+			}
+		}
+	} else { // many: one merge of the two sorted lists
+		j := 0
+		for i, p := range s.patterns {
+			for j < len(ps) && bytes.Compare(ps[j], p) < 0 {
+				j++
+			}
+			if j < len(ps) && bytes.Equal(ps[j], p) {
+				at = append(at, i)
+				j++
+			}
 		}
 	}
 	s.patterns = removeAt(s.patterns, at)
+}
+
+// removeRules takes the patterns of rules, each in the set, out of it.
+func (s *disjointSet) removeRules(rules []*compiledRule) {
+	if len(rules) == len(s.patterns) { // all of them: no sorting needed
+		s.patterns = nil
+		return
+	}
+	ps, _ := s.sortedPatterns(rules)
+	s.remove(ps)
 }
 
 // patternAt is the longest run of bytes at off that rule c compares in

@@ -269,19 +269,14 @@ func (d *Dataplane) DeleteRules(cookie uint64, del []RuleID) error {
 		return fmt.Errorf("%w: %#x", ErrNotBound, cookie)
 	}
 	gone := make(map[RuleID]bool, len(del))
-	at := make([]int, 0, len(del)) // where the rules are in rs.rules
 	for _, id := range del {
-		i, ok := rs.index(id)
-		if !ok {
-			return fmt.Errorf("rule %d is not a rule of socket %#x", id, cookie)
-		}
-		if !gone[id] {
-			gone[id] = true
-			at = append(at, i)
-		}
+		gone[id] = true
+	}
+	at, missing := rs.positions(del, gone)
+	if missing != 0 {
+		return fmt.Errorf("rule %d is not a rule of socket %#x", missing, cookie)
 	}
 	d.unlinkRetired(gone)
-	slices.Sort(at)
 	removed := make([]*compiledRule, len(at))
 	for k, i := range at {
 		d.uninstall(rs.rules[i])
@@ -289,11 +284,46 @@ func (d *Dataplane) DeleteRules(cookie uint64, del []RuleID) error {
 	}
 	rs.rules = removeAt(rs.rules, at)
 	if rs.disjoint != nil {
-		ps, _ := rs.disjoint.sortedPatterns(removed)
-		rs.disjoint.remove(ps)
+		rs.disjoint.removeRules(removed)
 	}
 	return nil
 }
+
+// positions is where the rules del (the set gone) are in rs.rules,
+// ascending, each once; or the first id of del that is not a rule of rs.
+// A delete of many rules (a controller's exit) takes one pass over the set
+// instead of a binary search per rule.
+func (rs *ruleset) positions(del []RuleID, gone map[RuleID]bool) ([]int, RuleID) {
+	at := make([]int, 0, len(gone))
+	if len(gone)*manyRules < len(rs.rules) {
+		for _, id := range del {
+			i, ok := rs.index(id)
+			if !ok {
+				return nil, id
+			}
+			at = append(at, i)
+		}
+		slices.Sort(at)
+		return slices.Compact(at), 0
+	}
+	for i, r := range rs.rules {
+		if gone[r.id] {
+			at = append(at, i)
+		}
+	}
+	if len(at) < len(gone) {
+		for _, id := range del {
+			if _, ok := rs.index(id); !ok {
+				return nil, id
+			}
+		}
+	}
+	return at, 0
+}
+
+// manyRules: a change of more than 1/manyRules of a set's rules is done in
+// passes over the whole set, which then cost less than a search per rule.
+const manyRules = 16
 
 // index is where the rule with this ID is in rs.rules, which ascend by ID.
 func (rs *ruleset) index(id RuleID) (int, bool) {

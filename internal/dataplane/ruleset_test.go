@@ -126,12 +126,24 @@ func TestDeleteOtherSocketsRule(t *testing.T) {
 	a := e.socket(s, false)
 	b := e.socket(netip.AddrPortFrom(s.Addr(), 7202), false)
 	ids := e.bindRules(a, reply("key", "A"))
-	e.bindRules(b)
+	bIDs := e.bindRules(b, reply("b1", "1"), reply("b2", "2"))
 	if err := e.d.DeleteRules(b, ids); err == nil {
 		t.Fatal("deleted socket A's rule through socket B")
 	}
+	// with B's own rules: the request is refused whole (a delete of many
+	// rules looks them up in one pass, of few one by one)
+	if err := e.d.DeleteRules(b, append(bIDs, ids...)); err == nil {
+		t.Fatal("deleted socket A's rule through socket B, listed with B's rules")
+	}
+	if err := e.d.DeleteRules(b, append(ids, bIDs[0])); err == nil {
+		t.Fatal("deleted socket A's rule through socket B, listed first")
+	}
 	p := request(c, s, "key")
 	e.expect("still there", p.build(t), xdpTx, p.answer([]byte("A")).build(t), "answered")
+	for i, key := range []string{"b1", "b2"} {
+		p := request(c, netip.AddrPortFrom(s.Addr(), 7202), key)
+		e.expect("B's rule still there", p.build(t), xdpTx, p.answer([]byte{'1' + byte(i)}).build(t), "answered")
+	}
 }
 
 func TestInvalidRulesInstallNothing(t *testing.T) {
