@@ -272,8 +272,8 @@ func (d *Dataplane) DeleteRules(cookie uint64, del []RuleID) error {
 	for _, id := range del {
 		gone[id] = true
 	}
-	at, missing := rs.positions(del, gone)
-	if missing != 0 {
+	at, missing, ok := rs.positions(del, gone)
+	if !ok {
 		return fmt.Errorf("rule %d is not a rule of socket %#x", missing, cookie)
 	}
 	d.unlinkRetired(gone)
@@ -290,21 +290,22 @@ func (d *Dataplane) DeleteRules(cookie uint64, del []RuleID) error {
 }
 
 // positions is where the rules del (the set gone) are in rs.rules,
-// ascending, each once; or the first id of del that is not a rule of rs.
+// ascending, each once; or, with false, the first id of del that is not a
+// rule of rs.
 // A delete of many rules (a controller's exit) takes one pass over the set
 // instead of a binary search per rule.
-func (rs *ruleset) positions(del []RuleID, gone map[RuleID]bool) ([]int, RuleID) {
+func (rs *ruleset) positions(del []RuleID, gone map[RuleID]bool) ([]int, RuleID, bool) {
 	at := make([]int, 0, len(gone))
 	if len(gone)*manyRules < len(rs.rules) {
 		for _, id := range del {
 			i, ok := rs.index(id)
 			if !ok {
-				return nil, id
+				return nil, id, false
 			}
 			at = append(at, i)
 		}
 		slices.Sort(at)
-		return slices.Compact(at), 0
+		return slices.Compact(at), 0, true
 	}
 	for i, r := range rs.rules {
 		if gone[r.id] {
@@ -314,11 +315,11 @@ func (rs *ruleset) positions(del []RuleID, gone map[RuleID]bool) ([]int, RuleID)
 	if len(at) < len(gone) {
 		for _, id := range del {
 			if _, ok := rs.index(id); !ok {
-				return nil, id
+				return nil, id, false
 			}
 		}
 	}
-	return at, 0
+	return at, 0, true
 }
 
 // manyRules: a change of more than 1/manyRules of a set's rules is done in

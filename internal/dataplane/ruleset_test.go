@@ -138,6 +138,9 @@ func TestDeleteOtherSocketsRule(t *testing.T) {
 	if err := e.d.DeleteRules(b, append(ids, bIDs[0])); err == nil {
 		t.Fatal("deleted socket A's rule through socket B, listed first")
 	}
+	if err := e.d.DeleteRules(a, []RuleID{0}); err == nil {
+		t.Fatal("deleted rule 0, which no rule has")
+	}
 	p := request(c, s, "key")
 	e.expect("still there", p.build(t), xdpTx, p.answer([]byte("A")).build(t), "answered")
 	for i, key := range []string{"b1", "b2"} {
