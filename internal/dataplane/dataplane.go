@@ -40,6 +40,7 @@ type Dataplane struct {
 	lastID     RuleID
 	order      uint32
 	stopUpkeep chan struct{} // ends the stamp key rotation and the flow sweep
+	upkeepDone chan struct{} // closed once they have ended
 }
 
 // RuleID names an installed rule for as long as it exists.

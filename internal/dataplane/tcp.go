@@ -43,13 +43,16 @@ func (d *Dataplane) startTCPUpkeep() error {
 	if err := d.fillStampKeys(); err != nil {
 		return err
 	}
-	d.stopUpkeep = make(chan struct{})
+	// the goroutine keeps its own copies: stopTCPUpkeep clears the fields
+	stop, done := make(chan struct{}), make(chan struct{})
+	d.stopUpkeep, d.upkeepDone = stop, done
 	go func() {
+		defer close(done)
 		t := time.NewTicker(time.Duration(1) << stampUnitShift)
 		defer t.Stop()
 		for {
 			select {
-			case <-d.stopUpkeep:
+			case <-stop:
 				return
 			case <-t.C:
 				if err := d.fillStampKeys(); err != nil {
@@ -187,10 +190,12 @@ func (p *Previous) StampKeys() ([]StampKey, error) {
 	return keys, nil
 }
 
-// stopTCPUpkeep ends the key rotation and the flow sweep.
+// stopTCPUpkeep ends the key rotation and the flow sweep, and waits until
+// they no longer use the maps.
 func (d *Dataplane) stopTCPUpkeep() {
 	if d.stopUpkeep != nil {
 		close(d.stopUpkeep)
-		d.stopUpkeep = nil
+		<-d.upkeepDone
+		d.stopUpkeep, d.upkeepDone = nil, nil
 	}
 }

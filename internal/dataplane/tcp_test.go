@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -149,7 +150,10 @@ func dialFromClient(t *testing.T, tb *testbed.Testbed, addr netip.AddrPort) net.
 	t.Helper()
 	var c net.Conn
 	err := tb.Client.Do(func() error {
-		d := net.Dialer{Timeout: 5 * time.Second}
+		// TestTCPSocketlessLoss loses 15 % each way: a handshake fails
+		// 28 % of the time and is retried every second (linear timeouts),
+		// so 5 s failed one run in about 15; 30 s is 0.28^30
+		d := net.Dialer{Timeout: 30 * time.Second}
 		d.SetMultipathTCP(false)
 		var err error
 		c, err = d.Dial("tcp", addr.String())
@@ -504,6 +508,27 @@ func TestStampKeysEveryEpoch(t *testing.T) {
 			if k.EpochPlus1 != want+1 || k.K0 == 0 && k.K1 == 0 {
 				t.Errorf("in epoch %d: the slot of epoch %d holds epoch %d's key (%x %x); want its own", epoch, want, k.EpochPlus1-1, k.K0, k.K1)
 			}
+		}
+	}
+}
+
+// TestCloseEndsTCPUpkeep checks that Close returns only once the stamp key
+// rotation and the flow sweep have ended. (The goroutine once read its stop
+// channel from the Dataplane, which Close sets to nil: one that was busy
+// when Close came never stopped, and logged "bad file descriptor" every
+// stamp unit for the rest of the process.)
+func TestCloseEndsTCPUpkeep(t *testing.T) {
+	for i := 0; i < 5; i++ {
+		d, err := Load(Config{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := d.Close(); err != nil {
+			t.Fatal(err)
+		}
+		buf := make([]byte, 1<<20)
+		if stacks := string(buf[:runtime.Stack(buf, true)]); strings.Contains(stacks, "startTCPUpkeep.func") {
+			t.Fatalf("after Close, an upkeep goroutine still runs:\n%s", stacks)
 		}
 	}
 }
