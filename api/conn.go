@@ -42,18 +42,41 @@ func (c *Conn) Unix() *net.UnixConn { return c.c }
 // Close closes the connection.
 func (c *Conn) Close() error { return c.c.Close() }
 
+// appendFrame appends m's frame to buf.
+func appendFrame(buf []byte, m *Message) ([]byte, error) {
+	body, err := Encode(m)
+	if err != nil {
+		return buf, err
+	}
+	if len(body) > MaxFrame {
+		return buf, fmt.Errorf("%w: message of %d bytes exceeds the %d-byte frame limit; split the request", ErrTooLarge, len(body), MaxFrame)
+	}
+	buf = binary.BigEndian.AppendUint32(buf, uint32(len(body)))
+	return append(buf, body...), nil
+}
+
+// SendAll writes messages with one write: a reader waiting for them wakes
+// once, not once per message. Nothing is written if one does not encode.
+func (c *Conn) SendAll(ms []*Message) error {
+	var frames []byte
+	for _, m := range ms {
+		var err error
+		if frames, err = appendFrame(frames, m); err != nil {
+			return err
+		}
+	}
+	c.send.Lock()
+	defer c.send.Unlock()
+	_, err := c.c.Write(frames)
+	return err
+}
+
 // Send writes one message, passing fd along with it if fd >= 0.
 func (c *Conn) Send(m *Message, fd int) error {
-	body, err := Encode(m)
+	frame, err := appendFrame(nil, m)
 	if err != nil {
 		return err
 	}
-	if len(body) > MaxFrame {
-		return fmt.Errorf("%w: message of %d bytes exceeds the %d-byte frame limit; split the request", ErrTooLarge, len(body), MaxFrame)
-	}
-	frame := make([]byte, 4+len(body))
-	binary.BigEndian.PutUint32(frame, uint32(len(body)))
-	copy(frame[4:], body)
 	var oob []byte
 	if fd >= 0 {
 		oob = unix.UnixRights(fd)

@@ -118,7 +118,12 @@ static __always_inline void sample_miss(__u64 cookie, __u32 rs_id, const struct 
 	/* a plain copy of this size is not inlined; the helper copies what was taken */
 	if (caplen > 0)
 		bpf_probe_read_kernel(m->data, caplen, s->req);
-	bpf_ringbuf_submit(m, 0);
+	/* Wake the reader only once the ring is a quarter full: it also looks
+	 * every 100 ms (MissSamples.Read), and a wakeup per sample cost santad
+	 * and its controllers more than the samples themselves. */
+	__u64 quarter = bpf_ringbuf_query(&santa_miss_samples, BPF_RB_RING_SIZE) / 4;
+	bpf_ringbuf_submit(m, bpf_ringbuf_query(&santa_miss_samples, BPF_RB_AVAIL_DATA) >= quarter ?
+				      BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP);
 	COUNT(miss_sampled);
 }
 

@@ -26,6 +26,12 @@ func (s *subscriber) close() {
 	}
 }
 
+// event is the message that carries sample m to the subscriber.
+func (s *subscriber) event(m dataplane.MissSample) *api.Message {
+	return &api.Message{V: api.Version, Op: api.OpSample, Seq: s.seq, Socket: m.Cookie,
+		Sample: m.Payload, RequestLen: uint32(m.Len)}
+}
+
 // subscribe sets the socket's sampling for as long as the connection stays.
 func (s *session) subscribe(req *api.Message, files []*os.File) (*subscriber, error) {
 	d := s.d
@@ -76,12 +82,17 @@ func (s *session) stream(sub *subscriber) {
 		close(hangup)
 	}()
 	defer d.unsubscribe(sub)
+	var batch []*api.Message
 	for {
 		select {
 		case m := <-sub.samples:
-			ev := &api.Message{V: api.Version, Op: api.OpSample, Seq: sub.seq, Socket: m.Cookie,
-				Sample: m.Payload, RequestLen: uint32(m.Len)}
-			if err := s.conn.Send(ev, -1); err != nil {
+			// samples come in bursts (MissSamples.Read): one write for
+			// those already queued wakes the client once
+			batch = append(batch[:0], sub.event(m))
+			for queued := len(sub.samples); queued > 0; queued-- {
+				batch = append(batch, sub.event(<-sub.samples))
+			}
+			if err := s.conn.SendAll(batch); err != nil {
 				return
 			}
 		case <-hangup:

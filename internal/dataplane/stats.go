@@ -4,9 +4,11 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"os"
 	"reflect"
 	"regexp"
 	"strings"
+	"time"
 	"unsafe"
 
 	"github.com/cilium/ebpf"
@@ -240,11 +242,24 @@ func (d *Dataplane) OpenMissSamples() (*MissSamples, error) {
 	return &MissSamples{r}, nil
 }
 
-// Read blocks until a sample arrives or the reader is closed.
+// sampleDrainInterval is how often MissSamples.Read looks at the ring: the
+// program wakes a waiting reader only once the ring is a quarter full.
+const sampleDrainInterval = 100 * time.Millisecond
+
+// Read blocks until a sample arrives or the reader is closed. A sample waits
+// in the ring for at most sampleDrainInterval, so samples come in bursts.
 func (m *MissSamples) Read() (MissSample, error) {
-	rec, err := m.r.Read()
-	if err != nil {
-		return MissSample{}, err
+	var rec ringbuf.Record
+	for {
+		m.r.SetDeadline(time.Now().Add(sampleDrainInterval))
+		err := m.r.ReadInto(&rec)
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			continue
+		}
+		if err != nil {
+			return MissSample{}, err
+		}
+		break
 	}
 	// The program writes the record in host order, laid out as the
 	// generated struct: read it in place (binary.Read reflects over every

@@ -1,0 +1,67 @@
+package api
+
+import (
+	"bytes"
+	"errors"
+	"net"
+	"os"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// connPair is two connected ends of a Unix stream socket.
+func connPair(t *testing.T) (*Conn, *Conn) {
+	t.Helper()
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var conns [2]*Conn
+	for i, fd := range fds {
+		f := os.NewFile(uintptr(fd), "end")
+		c, err := net.FileConn(f)
+		f.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns[i] = NewConn(c.(*net.UnixConn))
+		t.Cleanup(func() { conns[i].Close() })
+	}
+	return conns[0], conns[1]
+}
+
+// TestSendAll checks that messages sent with one write are received one by
+// one, in order, and that a batch with one message too large writes nothing.
+func TestSendAll(t *testing.T) {
+	a, b := connPair(t)
+	var batch []*Message
+	for i := range 3 {
+		batch = append(batch, &Message{V: Version, Op: OpSample, Seq: 7, Socket: uint64(i + 1),
+			Sample: bytes.Repeat([]byte{byte(i)}, 10*(i+1)), RequestLen: uint32(100 + i)})
+	}
+	if err := a.SendAll(batch); err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range batch {
+		got, files, err := b.Recv()
+		if err != nil || len(files) != 0 {
+			t.Fatalf("message %d: %v (%d files)", i, err, len(files))
+		}
+		if got.Op != OpSample || got.Socket != want.Socket || !bytes.Equal(got.Sample, want.Sample) || got.RequestLen != want.RequestLen {
+			t.Errorf("message %d: got %+v, want %+v", i, got, want)
+		}
+	}
+
+	huge := &Message{V: Version, Op: OpSample, Sample: make([]byte, MaxFrame)}
+	if err := a.SendAll([]*Message{batch[0], huge}); !errors.Is(err, ErrTooLarge) {
+		t.Fatalf("a batch with a message over the frame limit: %v, want ErrTooLarge", err)
+	}
+	// nothing of that batch was written: the next message is the next read
+	if err := a.Send(batch[2], -1); err != nil {
+		t.Fatal(err)
+	}
+	if got, _, err := b.Recv(); err != nil || got.Socket != batch[2].Socket {
+		t.Fatalf("after the refused batch: %+v, %v; want socket %d", got, err, batch[2].Socket)
+	}
+}
