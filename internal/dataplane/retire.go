@@ -21,15 +21,44 @@ type retiring struct {
 // the grace period. Callers hold d.mu.
 func (d *Dataplane) retire(olds []*installed, successors map[RuleID]*installed) {
 	now := time.Now()
+	start := len(d.retiring)
 	for _, o := range olds {
-		r := retiring{old: o, successor: successors[o.id], at: now}
-		if r.successor != nil {
-			r.handed = d.slotStats(o.slot)
+		d.retiring = append(d.retiring, retiring{old: o, successor: successors[o.id], at: now})
+	}
+	handing := d.retiring[start:]
+	counts := d.oldCounts(handing, func(r *retiring) bool { return r.successor != nil })
+	for i := range handing {
+		if r := &handing[i]; r.successor != nil {
+			r.handed = baseOf(d.bases, r.old.slot).add(counts[i])
 			d.setBase(r.successor.slot, r.handed)
 		}
-		d.retiring = append(d.retiring, r)
 	}
 	time.AfterFunc(retireGrace, d.reapRetired)
+}
+
+// oldCounts reads the per-CPU counters of the old rules of rs for which
+// wanted holds (zero for the others), batched when there are many: a
+// rebuild retires every rule of its set. Callers hold d.mu.
+func (d *Dataplane) oldCounts(rs []retiring, wanted func(*retiring) bool) []RuleStats {
+	var slots []uint32
+	var at []int
+	var highest uint32
+	for i := range rs {
+		if wanted(&rs[i]) {
+			slots = append(slots, rs[i].old.slot)
+			at = append(at, i)
+			highest = max(highest, rs[i].old.slot)
+		}
+	}
+	counts, err := d.countersOf(slots, highest)
+	if err != nil { // as slotCounters: unreadable counters count nothing
+		counts = make([]RuleStats, len(slots))
+	}
+	out := make([]RuleStats, len(rs))
+	for j, i := range at {
+		out[i] = counts[j]
+	}
+	return out
 }
 
 func (d *Dataplane) reapRetired() {
@@ -42,16 +71,22 @@ func (d *Dataplane) reapRetired() {
 
 // reapDue unlinks the retired rules whose grace period is over. Callers hold d.mu.
 func (d *Dataplane) reapDue() {
-	i := 0
-	for ; i < len(d.retiring) && time.Since(d.retiring[i].at) >= retireGrace; i++ {
-		r := d.retiring[i]
-		if s := r.successor; s != nil && d.byID[s.id] == s {
-			late := d.slotStats(r.old.slot)
+	due := 0
+	for due < len(d.retiring) && time.Since(d.retiring[due].at) >= retireGrace {
+		due++
+	}
+	live := func(r *retiring) bool { return r.successor != nil && d.byID[r.successor.id] == r.successor }
+	counts := d.oldCounts(d.retiring[:due], live)
+	for i := range d.retiring[:due] {
+		r := &d.retiring[i]
+		if live(r) {
+			late := baseOf(d.bases, r.old.slot).add(counts[i])
+			s := r.successor
 			d.setBase(s.slot, baseOf(d.bases, s.slot).add(RuleStats{late.Hits - r.handed.Hits, late.Bytes - r.handed.Bytes}))
 		}
 		d.uninstall(r.old)
 	}
-	d.retiring = d.retiring[i:]
+	d.retiring = d.retiring[due:]
 }
 
 // unlinkRetired unlinks at once the old versions of rules being deleted:

@@ -283,7 +283,7 @@ func TestLoadMillionRules(t *testing.T) {
 		t.Errorf("RuleStats: %d rules, %d hits; want %d rules, 1002 hits", len(stats), total, n)
 	}
 	for _, r := range e.d.bySocket[sock].rules {
-		if got, want := stats[r.id], e.d.slotStats(r.slot); got != want {
+		if got, want := stats[r.id], baseOf(e.d.bases, r.slot).add(e.d.slotCounters(r.slot)); got != want {
 			t.Fatalf("RuleStats of rule %d: %+v, a lookup of its slot %d: %+v", r.id, got, r.slot, want)
 		}
 	}
