@@ -142,11 +142,33 @@ static __always_inline int emit_reply(struct __sk_buff *skb, struct emit_state *
 	return TC_ACT_SHOT;
 }
 
+/* The packet is IPv4 or IPv6 right after an untagged Ethernet header, in the
+ * linear part, and carries UDP: most of what this hook sees on a UDP server,
+ * which it leaves without pulling and parsing the headers. */
+static __always_inline int plain_udp(const struct __sk_buff *skb)
+{
+	void *data = (void *)(long)skb->data, *end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	if ((void *)(eth + 1) > end)
+		return 0;
+	if (eth->h_proto == bpf_htons(ETH_P_IP)) {
+		struct iphdr *ip = (void *)(eth + 1);
+		return (void *)(ip + 1) <= end && ip->protocol == IPPROTO_UDP;
+	}
+	if (eth->h_proto == bpf_htons(ETH_P_IPV6)) {
+		struct ipv6hdr *ip6 = (void *)(eth + 1);
+		return (void *)(ip6 + 1) <= end && ip6->nexthdr == IPPROTO_UDP;
+	}
+	return 0;
+}
+
 SEC("tc")
 int santa_handover(struct __sk_buff *skb)
 {
 	if (skb->protocol != bpf_htons(ETH_P_IP) && skb->protocol != bpf_htons(ETH_P_IPV6) &&
 	    skb->protocol != bpf_htons(ETH_P_8021Q))
+		return TC_ACT_OK;
+	if (plain_udp(skb))
 		return TC_ACT_OK;
 	/* the headers in the linear part; the payload may stay in fragments */
 	bpf_skb_pull_data(skb, skb->len < HEADERS_MAX ? skb->len : HEADERS_MAX);

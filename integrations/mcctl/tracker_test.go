@@ -1,8 +1,10 @@
 package mcctl_test
 
 import (
+	"bufio"
 	"maps"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,10 +14,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// The tracker reports the slot of every bump to the controller: a write of
-// a key, over TCP and over UDP, as it goes in and as its reply leaves; a
-// flush_all as the epoch's; a write that gets no reply as such.
-func TestTrackerReportsBumps(t *testing.T) {
+// newTrackerRig is memcached with a write tracker of its own (no santad)
+// on the server veth; the test's cleanup closes the tracker.
+func newTrackerRig(t *testing.T) (*rig, *mcctl.Tracker) {
 	tb := testbed.New(t)
 	mc, err := tb.StartMemcached(testbed.MemcachedOptions{})
 	if err != nil {
@@ -26,16 +27,24 @@ func TestTrackerReportsBumps(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer guards.Close()
+	t.Cleanup(func() { guards.Close() })
 	tr, err := mcctl.LoadTracker(mcctl.TrackerConfig{TCPPort: mc.Addr4.Port(), UDPPort: mc.Addr4.Port(), Guards: guards})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer tr.Close()
+	t.Cleanup(func() { tr.Close() })
 	if err := tb.Server.Do(func() error { return tr.Attach(tb.Server.Dev) }); err != nil {
 		t.Fatal(err)
 	}
-	r := &rig{t: t, tb: tb, mc: mc}
+	return &rig{t: t, tb: tb, mc: mc}, tr
+}
+
+// The tracker reports the slot of every bump to the controller: a write of
+// a key, over TCP and over UDP, as it goes in and as its reply leaves; a
+// flush_all as the epoch's; a write that gets no reply as such.
+func TestTrackerReportsBumps(t *testing.T) {
+	r, tr := newTrackerRig(t)
+	tb, mc := r.tb, r.mc
 	_, conns := r.clients(false)
 	unacked := map[uint32]int{} // reports of writes no reply may follow, by slot
 	reported := func() map[uint32]int {
@@ -114,4 +123,81 @@ func TestTrackerReportsBumps(t *testing.T) {
 	raw.Close()
 	// both writes are still owed: the noreply one awaited the next reply
 	awaitReports("connection reset", map[uint32]int{}, map[uint32]int{noreply: 1, reset: 1})
+}
+
+// A get or gets is a read, found without splitting the line when its keys
+// fit memcached's limit; a get whose first key is over the limit is a
+// command the tracker cannot follow (a lost TCP connection, the epoch bumped
+// over UDP), as before that shortcut. Each request waits for its reply, so
+// the counters have seen it.
+func TestTrackerClassifiesGets(t *testing.T) {
+	r, tr := newTrackerRig(t)
+	longest, over := strings.Repeat("k", 250), strings.Repeat("k", 251)
+	var tcp net.Conn
+	var udp *net.UDPConn
+	if err := r.tb.Client.Do(func() (err error) {
+		if tcp, err = net.Dial("tcp", r.mc.Addr4.String()); err != nil {
+			return err
+		}
+		udp, err = net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(r.mc.Addr4))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer tcp.Close()
+	defer udp.Close()
+	reply := bufio.NewReader(tcp)
+	ask := func(request, want string) {
+		t.Helper()
+		tcp.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := tcp.Write([]byte(request)); err != nil {
+			t.Fatal(err)
+		}
+		line, err := reply.ReadString('\n')
+		if err != nil || !strings.HasPrefix(line, want) {
+			t.Fatalf("%.20q: reply %q, %v; want %q", request, line, err, want)
+		}
+	}
+	askUDP := func(id uint16, request, want string) {
+		t.Helper()
+		udp.SetDeadline(time.Now().Add(5 * time.Second))
+		frame := append([]byte{byte(id >> 8), byte(id), 0, 0, 0, 1, 0, 0}, request...)
+		if _, err := udp.Write(frame); err != nil {
+			t.Fatal(err)
+		}
+		buf := make([]byte, 2048)
+		n := 8
+		for n == 8 { // memcached answers a gets with an empty datagram first
+			var err error
+			if n, err = udp.Read(buf); err != nil || n < 8 {
+				t.Fatalf("udp %.20q: %d-byte reply, %v", request, n, err)
+			}
+		}
+		if !strings.HasPrefix(string(buf[8:n]), want) {
+			t.Fatalf("udp %.20q: reply %q, want %q", request, buf[8:n], want)
+		}
+	}
+	expect := func(step string, want map[string]uint64) {
+		t.Helper()
+		got, err := tr.Counters()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for name, n := range want {
+			if got[name] != n {
+				t.Fatalf("%s: %s = %d, want %d (all: %v)", step, name, got[name], n, got)
+			}
+		}
+	}
+	ask("get a\r\n", "END")
+	ask("gets a b\r\n", "END")
+	ask("get "+longest+"\r\n", "END")
+	ask("get\r\n", "ERROR")
+	askUDP(1, "get a\r\n", "END")
+	askUDP(2, "gets a b\r\n", "END")
+	expect("gets within the key limit", map[string]uint64{"reads": 6, "lost_flows": 0, "epoch_writes": 0})
+	askUDP(3, "get "+over+"\r\n", "CLIENT_ERROR")
+	expect("a UDP get of a key over the limit", map[string]uint64{"reads": 6, "lost_flows": 0, "epoch_writes": 1})
+	ask("get "+over+"\r\n", "CLIENT_ERROR")
+	expect("a TCP get of a key over the limit", map[string]uint64{"reads": 6, "lost_flows": 1, "epoch_writes": 1})
 }
