@@ -140,12 +140,15 @@ const statsBatchSlots = 4096
 // batched lookups and sums each slot's CPUs.
 func (d *Dataplane) countersUpTo(highest uint32) ([]RuleStats, error) {
 	cpus := ebpf.MustPossibleCPU()
-	keys := make([]uint32, statsBatchSlots)
-	values := make([]santaSantaRuleCounters, statsBatchSlots*cpus)
+	// a batch copies as many slots as it has room for: no more than asked
+	size := min(statsBatchSlots, int(highest)+1)
+	keys := make([]uint32, size)
+	values := make([]santaSantaRuleCounters, size*cpus)
 	out := make([]RuleStats, highest+1)
 	var cursor ebpf.MapBatchCursor
-	for {
-		n, err := d.objs.SantaRuleStats.BatchLookup(&cursor, keys, values, nil)
+	for next := uint32(0); next <= highest; {
+		batch := min(size, int(highest-next)+1)
+		n, err := d.objs.SantaRuleStats.BatchLookup(&cursor, keys[:batch], values[:batch*cpus], nil)
 		if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			return nil, fmt.Errorf("read rule counters: %w", err)
 		}
@@ -154,10 +157,12 @@ func (d *Dataplane) countersUpTo(highest uint32) ([]RuleStats, error) {
 				out[slot] = sumCPUs(values[i*cpus : (i+1)*cpus])
 			}
 		}
-		if err != nil || n == 0 || keys[n-1] >= highest {
-			return out, nil
+		if err != nil || n == 0 {
+			break
 		}
+		next = keys[n-1] + 1
 	}
+	return out, nil
 }
 
 // Counters are the rule processor's answer and pass reasons, summed over CPUs.
