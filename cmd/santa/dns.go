@@ -58,6 +58,8 @@ Modes:
 	pf.StringArrayVar(&f.shapes, "shape", []string{"plain", "edns"},
 		"query shape to install for every question (repeatable): plain, or a list of rd, ad, cd, edns[=SIZE], do, cookie, nsid")
 	pf.BoolVar(&f.cfg.LearnShapes, "learn-shapes", f.cfg.LearnShapes, "also install a question's rule for further shapes that clients send (seen in misses)")
+	pf.Uint32Var(&f.cfg.SampleRate, "sample-rate", f.cfg.SampleRate,
+		"miss samples per second and CPU: adaptive's input, and what --learn-shapes looks at")
 	pf.StringArrayVar(&f.zones, "zone", nil, "a zone the server serves, for SOA polling (repeatable; default: ask the server for each name's zone)")
 	pf.DurationVar(&f.cfg.Poll, "poll", f.cfg.Poll, "SOA serial poll interval (0: no polling; rules still follow their TTLs)")
 	pf.StringVar(&f.cfg.Notify, "notify", "", "accept DNS NOTIFY on this address, e.g. 127.0.0.1:5354 (point the server's notify at it)")
@@ -132,7 +134,6 @@ removes rules without hits for --idle.`,
 	adaptive.Flags().Uint64Var(&f.cfg.MinSamples, "min-samples", f.cfg.MinSamples, "sampled misses a question needs to be offloaded")
 	adaptive.Flags().DurationVar(&f.cfg.Interval, "interval", f.cfg.Interval, "how often to decide (and halve the counts)")
 	adaptive.Flags().DurationVar(&f.cfg.Idle, "idle", f.cfg.Idle, "remove a rule after this long without hits")
-	adaptive.Flags().Uint32Var(&f.cfg.SampleRate, "sample-rate", f.cfg.SampleRate, "miss samples per second and CPU")
 
 	cmd.AddCommand(static, top, adaptive)
 	return cmd

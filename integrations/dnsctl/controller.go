@@ -62,7 +62,7 @@ type Config struct {
 	MinSamples uint64        // Adaptive: sampled misses a question needs to be offloaded
 	Interval   time.Duration // Adaptive decisions, statistics
 	Idle       time.Duration // Adaptive: a rule without hits for this long is removed
-	SampleRate uint32        // miss samples per second and CPU
+	SampleRate uint32        // miss samples per second and CPU (Adaptive, LearnShapes)
 	Poll       time.Duration // SOA serial poll interval; 0: no polling
 	Notify     string        // address to accept NOTIFY on ("" = off)
 	Parallel   int           // questions in flight to the server
