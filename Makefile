@@ -56,7 +56,7 @@ DESTDIR ?=
 PYTHON ?= /usr/bin/python3
 PYVENV := out/pyvenv
 
-.PHONY: all deps generate build check-generated test test-c test-python fuzz fuzz-run demo bench bench-udp bench-dns bench-memcached bench-http install clean need-root
+.PHONY: all deps generate build check-generated test test-c test-python fuzz fuzz-run sweep-testbeds demo bench bench-udp bench-dns bench-memcached bench-http install clean need-root
 
 all: build
 
@@ -110,7 +110,17 @@ fuzz-run:
 		case $$t in *:Fuzz*) ;; *) echo "FUZZ_TARGETS: '$$t' is not ./pkg:FuzzName" >&2; exit 1;; esac; \
 		pkg=$${t%%:*}; fn=$${t#*:}; \
 		echo "$(GO) test -run='^$$' -fuzz='^$$fn\$$' -fuzztime=$(FUZZ_FOR) $$pkg"; \
-		$(GO) test -run='^$$' -fuzz="^$$fn\$$" -fuzztime=$(FUZZ_FOR) $$pkg; \
+		$(GO) test -run='^$$' -fuzz="^$$fn\$$" -fuzztime=$(FUZZ_FOR) $$pkg || exit 1; \
+		$(MAKE) --no-print-directory sweep-testbeds; \
+	done
+
+# The fuzz engine kills a worker that is slow to stop, before its testbed's
+# cleanup ran: remove the namespaces of testbeds whose process is gone
+# (internal/testbed names them santa-PID-N-srv and santa-PID-N-cli).
+sweep-testbeds:
+	@for ns in $$(ip netns list | grep -oE '^santa-[0-9]+-[0-9]+-(srv|cli)'); do \
+		pid=$${ns#santa-}; pid=$${pid%%-*}; \
+		if [ ! -d /proc/$$pid ]; then echo "removing $$ns (its process $$pid is gone)"; ip netns del $$ns; fi; \
 	done
 
 demo: need-root deps build
