@@ -193,12 +193,16 @@ func compileRule(r Rule) (*compiledRule, error) {
 		return nil, invalid("%d processors: a rule has at most %d (write adjacent bytes with one put)", len(r.Processors), MaxProcessors)
 	}
 
-	// Flatten: which source every reply byte ends up with.
-	const fromZero, fromTemplate, fromRequest, fromMasked = 0, 1, 2, 3
-	kind := make([]byte, r.ReplyLen)
-	src := make([]int, r.ReplyLen)
-	by := make([]int, r.ReplyLen)    // fromMasked: the processor
-	mask := make([]byte, r.ReplyLen) // fromMasked: the bits from the request
+	// Flatten: which source every reply byte ends up with. Most replies are
+	// short: their record stays on the stack (a million rules made a
+	// gigabyte of garbage here).
+	var short [512]replyByte
+	var flat []replyByte
+	if r.ReplyLen <= len(short) {
+		flat = short[:r.ReplyLen]
+	} else {
+		flat = make([]replyByte, r.ReplyLen)
+	}
 	c.template = make([]byte, r.ReplyLen)
 	for i, p := range r.Processors {
 		switch p.Kind {
@@ -214,7 +218,7 @@ func compileRule(r Rule) (*compiledRule, error) {
 					i, p.ReplyOffset, p.ReplyOffset+len(p.Template), r.ReplyLen)
 			}
 			for j, b := range p.Template {
-				kind[p.ReplyOffset+j], c.template[p.ReplyOffset+j] = fromTemplate, b
+				flat[p.ReplyOffset+j].from, c.template[p.ReplyOffset+j] = fromTemplate, b
 			}
 		case Copy:
 			if p.Length < 1 {
@@ -240,14 +244,14 @@ func compileRule(r Rule) (*compiledRule, error) {
 			for j := 0; j < p.Length; j++ {
 				d := p.ReplyOffset + j
 				if m == nil {
-					kind[d], src[d], c.template[d] = fromRequest, p.SrcOffset+j, 0
+					flat[d], c.template[d] = replyByte{from: fromRequest, src: uint16(p.SrcOffset + j)}, 0
 					continue
 				}
-				if (kind[d] == fromRequest || kind[d] == fromMasked) && m[j] != 0xff {
+				if (flat[d].from == fromRequest || flat[d].from == fromMasked) && m[j] != 0xff {
 					return nil, invalid("processor %d (copy): mask byte %d (%#02x) would mix request bits into reply byte %d, "+
 						"which an earlier copy wrote; a masked copy keeps only bits a put wrote (or zero)", i, j, m[j], d)
 				}
-				kind[d], src[d], by[d], mask[d] = fromMasked, p.SrcOffset+j, i, m[j]
+				flat[d] = replyByte{from: fromMasked, src: uint16(p.SrcOffset + j), by: uint8(i), mask: m[j]}
 				c.template[d] &^= m[j]
 			}
 			c.minLen = max(c.minLen, p.SrcOffset+p.Length)
@@ -258,18 +262,21 @@ func compileRule(r Rule) (*compiledRule, error) {
 	// Segments: runs of reply bytes from consecutive request bytes; a masked
 	// copy's run stays a segment of its own, its mask stored after the template.
 	for i := 0; i < r.ReplyLen; {
-		if kind[i] != fromRequest && kind[i] != fromMasked {
+		if f := flat[i].from; f != fromRequest && f != fromMasked {
 			i++
 			continue
 		}
 		j := i + 1
-		for j < r.ReplyLen && kind[j] == kind[i] && src[j] == src[j-1]+1 && (kind[i] == fromRequest || by[j] == by[i]) {
+		for j < r.ReplyLen && flat[j].from == flat[i].from && flat[j].src == flat[j-1].src+1 &&
+			(flat[i].from == fromRequest || flat[j].by == flat[i].by) {
 			j++
 		}
-		seg := santaSantaCopy{Src: uint16(src[i]), Dst: uint16(i), Len: uint16(j - i)}
-		if kind[i] == fromMasked {
+		seg := santaSantaCopy{Src: flat[i].src, Dst: uint16(i), Len: uint16(j - i)}
+		if flat[i].from == fromMasked {
 			var m [MaxCopyMask]byte
-			copy(m[:], mask[i:j])
+			for k := i; k < j; k++ {
+				m[k-i] = flat[k].mask
+			}
 			seg.Mask = uint16(align8(r.ReplyLen) + MaxCopyMask*len(c.copyMasks))
 			c.copyMasks = append(c.copyMasks, m)
 		}
@@ -293,6 +300,24 @@ func compileRule(r Rule) (*compiledRule, error) {
 	}
 	c.tplCsum = csumLE(c.template)
 	return c, nil
+}
+
+// Where a reply byte comes from (replyByte.from).
+const (
+	fromZero = iota
+	fromTemplate
+	fromRequest
+	fromMasked
+)
+
+// replyByte is where one reply byte comes from, as compileRule flattens the
+// processors: src is the request byte (fromRequest, fromMasked), by the
+// masked copy's processor and mask the bits it takes from the request.
+type replyByte struct {
+	src  uint16
+	from uint8
+	by   uint8
+	mask uint8
 }
 
 // lengthBounds checks the rule's request length bounds against what its

@@ -34,7 +34,7 @@ type installed struct {
 	id      RuleID
 	version uint32
 	owner   *ruleset
-	src     Rule
+	src     packedRule // what the caller gave, for listings
 	rule    *compiledRule
 	slot    uint32
 	bucket  uint32
@@ -222,7 +222,7 @@ func (d *Dataplane) ModifyRules(cookie uint64, updates []RuleUpdate) error {
 			return fmt.Errorf("rule %d is modified twice", u.ID)
 		}
 		o := rs.rules[at[i]]
-		n := &installed{id: o.id, version: o.version + 1, owner: rs, src: u.Rule, rule: compiled[i], order: o.order}
+		n := &installed{id: o.id, version: o.version + 1, owner: rs, src: packRule(u.Rule), rule: compiled[i], order: o.order}
 		news[u.ID], fresh[i], replaced[i] = n, n, o
 	}
 	if err := d.linkInPlace(rs, fresh, replaced); err != nil {
@@ -385,7 +385,11 @@ func (d *Dataplane) VisitRules(cookie uint64, after RuleID, visit func(RuleInfo)
 		start++
 	}
 	for _, r := range rs.rules[start:] {
-		if !visit(RuleInfo{ID: r.id, Version: r.version, Rule: r.src}) {
+		src, err := r.src.unpack()
+		if err != nil {
+			return fmt.Errorf("rule %d: %w", r.id, err)
+		}
+		if !visit(RuleInfo{ID: r.id, Version: r.version, Rule: src}) {
 			return nil
 		}
 	}
@@ -434,7 +438,7 @@ func (d *Dataplane) newInstalled(rs *ruleset, src []Rule, compiled []*compiledRu
 	for i, c := range compiled {
 		d.lastID++
 		d.order++
-		out[i] = &installed{id: d.lastID, version: 1, owner: rs, src: src[i], rule: c, order: d.order}
+		out[i] = &installed{id: d.lastID, version: 1, owner: rs, src: packRule(src[i]), rule: c, order: d.order}
 	}
 	return out
 }
