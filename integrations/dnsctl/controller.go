@@ -531,8 +531,8 @@ func (c *Controller) install(ep *endpoint, queries []*Query, questions []Questio
 		}
 		errs[i] = err
 	})
-	var fresh []*entry
-	var rules []api.Rule
+	fresh := make([]*entry, 0, len(queries))
+	rules := make([]api.Rule, 0, len(queries))
 	for i, q := range queries {
 		if errs[i] != nil {
 			c.skip(errs[i])

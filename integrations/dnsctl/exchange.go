@@ -23,12 +23,13 @@ type Asker struct {
 	pool chan *asker
 }
 
-// asker is one socket of the pool with its receive buffer, reused by every
-// question asked on it (a million fresh 64 KiB buffers cost the controller
-// more CPU than the questions).
+// asker is one socket of the pool with its receive buffer and the copy of
+// the query it sends, reused by every question asked on it (a million fresh
+// 64 KiB buffers cost the controller more CPU than the questions).
 type asker struct {
-	conn *net.UDPConn
-	buf  []byte
+	conn  *net.UDPConn
+	buf   []byte
+	query []byte
 }
 
 // NewAsker opens parallel sockets connected to server.
@@ -67,7 +68,8 @@ func (a *Asker) Ask(query []byte) ([]byte, error) {
 	s := <-a.pool
 	defer func() { a.pool <- s }()
 	c, buf := s.conn, s.buf
-	q := bytes.Clone(query)
+	s.query = append(s.query[:0], query...)
+	q := s.query
 	var err error
 	for try := 0; try < max(a.Tries, 1); try++ {
 		id := uint16(rand.Uint32())
