@@ -121,8 +121,7 @@ func (d *Dataplane) sweepFlows(now uint64) error {
 	return nil
 }
 
-// fillStampKeys writes a new key into each of the slots of epochs e-1 (if
-// any), e and e+1 that does not hold that epoch's key.
+// fillStampKeys fills the key slots around the current epoch (fillStampKeysAt).
 func (d *Dataplane) fillStampKeys() error {
 	e, err := stampEpoch()
 	if err != nil {
@@ -131,6 +130,8 @@ func (d *Dataplane) fillStampKeys() error {
 	return d.fillStampKeysAt(e)
 }
 
+// fillStampKeysAt writes a new key into each of the slots of epochs e-1 (if
+// any), e and e+1 that does not hold that epoch's key; tests give it any epoch.
 func (d *Dataplane) fillStampKeysAt(e uint64) error {
 	// from e-1, except in epoch 0 (the first 37 minutes after boot), where
 	// e-1 would wrap around and end the loop before it began
