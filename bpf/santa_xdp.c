@@ -254,9 +254,15 @@ static __always_inline __u32 build_udp_headers(struct xdp_md *ctx, struct pkt_in
 	return l23 + sizeof(*udp);
 }
 
+#define XDP_PACKET_HEADROOM 256 /* include/linux/bpf.h: the headroom drivers leave for XDP */
+
 /* Resize the frame to new_len bytes: grow into the headroom (always there
  * with XDP, and the headers are rewritten anyway), else at the tail where
- * the driver left room; shrink at the tail. */
+ * the driver left room, else at both: the usual headroom (XDP_PACKET_HEADROOM
+ * less the xdp_frame the kernel keeps there) and the rest at the tail. veth
+ * leaves a copied frame only its rounding to 64 bytes as tailroom, so a
+ * reply 217 to 279 bytes longer than its request fits only that way.
+ * Shrink at the tail. On failure the frame is unchanged. */
 static __always_inline int resize_frame(struct xdp_md *ctx, __u32 new_len)
 {
 	int delta = (int)new_len - (int)(ctx->data_end - ctx->data);
@@ -266,7 +272,15 @@ static __always_inline int resize_frame(struct xdp_md *ctx, __u32 new_len)
 		return bpf_xdp_adjust_tail(ctx, delta);
 	if (bpf_xdp_adjust_head(ctx, -delta) == 0)
 		return 0;
-	return bpf_xdp_adjust_tail(ctx, delta);
+	if (bpf_xdp_adjust_tail(ctx, delta) == 0)
+		return 0;
+	const int head = XDP_PACKET_HEADROOM - (int)bpf_core_type_size(struct xdp_frame);
+	if (delta <= head || bpf_xdp_adjust_tail(ctx, delta - head))
+		return -1;
+	if (bpf_xdp_adjust_head(ctx, -head) == 0)
+		return 0;
+	bpf_xdp_adjust_tail(ctx, head - delta);
+	return -1;
 }
 
 /* Apply copy cp of rule r to the reply at frame offset at, which already
