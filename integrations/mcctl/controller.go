@@ -19,6 +19,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -531,6 +532,15 @@ func (c *Controller) drop(e *entry) {
 	}
 }
 
+// dropAll empties c.entries and the indexes: drop for every entry at once
+// (a million of them one by one took a second).
+func (c *Controller) dropAll() {
+	clear(c.entries)
+	clear(c.bySlot)
+	clear(c.expiry)
+	c.missing = maps.Clone(c.wanted)
+}
+
 // retired lists the keys whose rules a write retired or whose values are
 // about to expire. It checks only the entries of the slots bumped since the
 // last call, unless the epoch was bumped or bumps went unreported: then it
@@ -687,10 +697,8 @@ func (c *Controller) removeAll() {
 		c.log.Warn("removing the rules on exit failed", "error", err)
 		c.rulesLeft = true // the next controller with this tag takes them over
 	} else {
+		c.dropAll()
 		c.count(func(r *Report) { r.Removed += uint64(n) })
-		for _, e := range c.entries {
-			c.drop(e)
-		}
 	}
 	if !c.rulesLeft {
 		// an add santad took but did not answer (it went away) left rules

@@ -260,7 +260,7 @@ func (d *Daemon) modify(caller uint32, rs *ruleSet, rules []api.Rule) ([]uint64,
 }
 
 func (d *Daemon) delete(rs *ruleSet, ids []uint64) error {
-	seen := map[uint64]bool{}
+	seen := make(map[uint64]bool, len(ids))
 	del := make([]dataplane.RuleID, len(ids))
 	for i, id := range ids {
 		if _, ok := rs.rules[id]; !ok {
@@ -272,6 +272,12 @@ func (d *Daemon) delete(rs *ruleSet, ids []uint64) error {
 		seen[id] = true
 		del[i] = dataplane.RuleID(id)
 	}
+	return d.deleteKnown(rs, ids, del)
+}
+
+// deleteKnown deletes rules ids (del, the same as data plane ids), which
+// are rules of rs, each once.
+func (d *Daemon) deleteKnown(rs *ruleSet, ids []uint64, del []dataplane.RuleID) error {
 	if err := d.dp.DeleteRules(rs.info.Cookie, del); err != nil {
 		return err
 	}
