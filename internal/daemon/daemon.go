@@ -39,6 +39,12 @@ type Daemon struct {
 	metrics  *metrics
 	wg       sync.WaitGroup
 
+	// A request is handled under requests' read lock. Close sets stopping
+	// under the write lock: no request is then running, and later ones are
+	// refused, so none touches the journal or the data plane it closes.
+	requests sync.RWMutex
+	stopping bool
+
 	mu         sync.Mutex // serializes rule-set changes and journal writes
 	j          *journal
 	sets       map[uint64]*ruleSet
@@ -374,6 +380,9 @@ func (d *Daemon) Wait(ctx context.Context) error {
 func (d *Daemon) Close() error {
 	close(d.stop)
 	d.listener.Close()
+	d.requests.Lock()
+	d.stopping = true
+	d.requests.Unlock()
 	d.released.Close()
 	d.samples.Close()
 	d.metrics.close()

@@ -77,8 +77,11 @@ func (s *session) serve() {
 			}
 			return
 		}
-		resp, stream := s.handle(req, files)
+		resp, stream, stopping := s.handle(req, files)
 		closeFiles(files) // santad never keeps an application's socket open
+		if stopping {
+			return // unanswered, as if santad had gone: it did not act on it
+		}
 		resp.V, resp.Op, resp.Seq = api.Version, req.Op, req.Seq
 		err = s.conn.Send(resp, -1)
 		if errors.Is(err, api.ErrTooLarge) { // nothing was sent: say why instead
@@ -106,7 +109,14 @@ func closeFiles(files []*os.File) {
 
 // handle answers one request. For subscribe it also returns the subscriber
 // whose samples the connection carries from then on.
-func (s *session) handle(req *api.Message, files []*os.File) (*api.Message, *subscriber) {
+// handle answers req, unless santad is stopping (then it does nothing and
+// returns true).
+func (s *session) handle(req *api.Message, files []*os.File) (*api.Message, *subscriber, bool) {
+	s.d.requests.RLock()
+	defer s.d.requests.RUnlock()
+	if s.d.stopping {
+		return nil, nil, true
+	}
 	resp, sub, err := s.dispatch(req, files)
 	status := api.StatusOK
 	if err != nil {
@@ -119,7 +129,7 @@ func (s *session) handle(req *api.Message, files []*os.File) (*api.Message, *sub
 		lvl("request refused", "op", req.Op.String(), "uid", s.uid, "pid", s.pid, "status", status.String(), "error", err)
 	}
 	s.d.metrics.request(req.Op, status)
-	return resp, sub
+	return resp, sub, false
 }
 
 func (s *session) dispatch(req *api.Message, files []*os.File) (*api.Message, *subscriber, error) {

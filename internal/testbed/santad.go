@@ -94,8 +94,10 @@ func (s *Santad) PID() int { return s.cmd.Process.Pid }
 func (s *Santad) Log() string { return s.log.String() }
 
 // Stop sends sig to santad and waits for it to exit (SIGKILL after 10 s).
-// A stopped santad leaves its program attached and its pins and journal in
-// place, for the next one to take over; Cleanup removes them.
+// Unless sig is SIGKILL, a santad that exits with a failure (a crash while
+// stopping) is an error. A stopped santad leaves its program attached and
+// its pins and journal in place, for the next one to take over; Cleanup
+// removes them.
 func (s *Santad) Stop(sig syscall.Signal) error {
 	if s.cmd == nil {
 		return nil
@@ -103,7 +105,10 @@ func (s *Santad) Stop(sig syscall.Signal) error {
 	defer func() { s.cmd = nil }()
 	_ = s.cmd.Process.Signal(sig)
 	select {
-	case <-s.exited:
+	case err := <-s.exited:
+		if err != nil && sig != syscall.SIGKILL {
+			return fmt.Errorf("santad exited with %v after %v:\n%s", err, sig, s.Log())
+		}
 		return nil
 	case <-time.After(10 * time.Second):
 		_ = s.cmd.Process.Kill()

@@ -1,0 +1,191 @@
+package daemon_test
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"net"
+	"net/netip"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/santa-offload/santa/api"
+	"github.com/santa-offload/santa/clients/go/santa"
+	"github.com/santa-offload/santa/internal/testbed"
+)
+
+// TestStopWhileBusy stops santad (SIGTERM) three times while clients add,
+// count, list and delete rules as fast as they can. santad must exit
+// cleanly, every request must be either answered or cut off unanswered
+// (never refused for santad's own failure), and the next santad must hold
+// exactly the rules the clients were told exist; of a request cut off, all
+// or none happened.
+func TestStopWhileBusy(t *testing.T) {
+	tb := testbed.New(t)
+	sd := newSantad(t, tb)
+	sd.start()
+	var conn *net.UDPConn
+	if err := tb.Server.Do(func() (err error) {
+		conn, err = net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.AddrPortFrom(tb.Server.IP4, 7300)))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	target, err := santa.Socket(conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sd.client().Add(target, nil); err != nil { // binds it, so that workers may name its cookie
+		t.Fatal(err)
+	}
+	cookie := santa.Cookie(mustCookie(t, sd.client()))
+
+	// What one worker knows at the end: the rules it was told exist, and
+	// the request santad did not answer, if any.
+	type known struct {
+		have      map[uint64]string // id -> pattern
+		cutRound  int               // an add of this round's rules was cut off (-1: none)
+		cutDelete map[uint64]bool   // a delete of these ids was cut off
+		requests  int
+	}
+	const workers, perAdd, stops = 4, 200, 3
+	// results of the previous stop: the rules each worker's successor inherits
+	have := make([]map[uint64]string, workers)
+	for w := range have {
+		have[w] = map[uint64]string{}
+	}
+	for stop := 0; stop < stops; stop++ {
+		results := make([]known, workers)
+		var wg sync.WaitGroup
+		for w := range workers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				k := known{have: maps.Clone(have[w]), cutRound: -1}
+				defer func() { results[w] = k }()
+				c, err := santa.Dial(sd.Socket)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				defer c.Close()
+				// cut reports whether err is a request santad left unanswered
+				// (it stopped); any other error fails the test
+				cut := func(op string, err error) bool {
+					var se *santa.Error
+					if errors.As(err, &se) {
+						t.Errorf("worker %d: %s refused: %v", w, op, err)
+					}
+					return true
+				}
+				tag := fmt.Sprintf("worker-%d", w)
+				for round := 0; round < 100000; round++ {
+					rules := make([]api.Rule, perAdd)
+					for i := range rules {
+						rules[i] = api.Rule{
+							Conditions: []api.Condition{santa.Match(0, []byte(fmt.Sprintf("w%d-s%d-r%06d-%03d", w, stop, round, i)))},
+							Processors: []api.Processor{santa.Put(0, []byte("reply"))},
+							ReplyLen:   5,
+							Tag:        tag,
+						}
+					}
+					k.requests++
+					ids, err := c.Add(cookie, rules)
+					if err != nil && cut("add", err) {
+						k.cutRound = round
+						return
+					}
+					for i, id := range ids {
+						k.have[id] = string(rules[i].Conditions[0].Pattern)
+					}
+					k.requests++
+					if _, err := c.Stats(cookie, ids[:10]...); err != nil && cut("stats", err) {
+						return
+					}
+					k.requests++
+					if _, err := c.ListTagged(cookie, tag); err != nil && cut("list", err) {
+						return
+					}
+					if round%2 == 1 { // delete half of what was added
+						del := ids[:perAdd/2]
+						k.requests++
+						if err := c.Delete(cookie, del); err != nil && cut("delete", err) {
+							k.cutDelete = map[uint64]bool{}
+							for _, id := range del {
+								k.cutDelete[id] = true
+							}
+							return
+						}
+						for _, id := range del {
+							delete(k.have, id)
+						}
+					}
+				}
+				t.Errorf("worker %d: santad still answered after 100000 rounds", w)
+			}()
+		}
+		time.Sleep(1500 * time.Millisecond)
+		sd.stop(syscall.SIGTERM)
+		wg.Wait()
+		if t.Failed() {
+			return
+		}
+		if log := sd.Log(); strings.Contains(log, "panic") || strings.Contains(log, "fatal error") {
+			t.Fatalf("santad crashed while stopping:\n%s", log)
+		}
+
+		sd.start()
+		c := sd.client()
+		for w, k := range results {
+			if k.requests < 8 {
+				t.Errorf("worker %d made only %d requests before the stop: the test did not load santad", w, k.requests)
+			}
+			listed, err := c.ListTagged(cookie, fmt.Sprintf("worker-%d", w))
+			if err != nil {
+				t.Fatal(err)
+			}
+			cutAdded, cutGone := 0, 0
+			for _, r := range listed {
+				pattern := string(r.Conditions[0].Pattern)
+				switch want, ok := k.have[r.ID]; {
+				case ok && want == pattern:
+				case ok:
+					t.Errorf("worker %d: rule %d has pattern %q, want %q", w, r.ID, pattern, want)
+				case k.cutRound >= 0 && strings.HasPrefix(pattern, fmt.Sprintf("w%d-s%d-r%06d-", w, stop, k.cutRound)):
+					cutAdded++
+				default:
+					t.Errorf("worker %d: rule %d (%q) was never reported added, or was reported deleted", w, r.ID, pattern)
+				}
+			}
+			listedIDs := map[uint64]bool{}
+			for _, r := range listed {
+				listedIDs[r.ID] = true
+			}
+			for id, pattern := range k.have {
+				if !listedIDs[id] {
+					if k.cutDelete[id] {
+						cutGone++
+					} else {
+						t.Errorf("worker %d: rule %d (%q) was reported added and is gone", w, id, pattern)
+					}
+				}
+			}
+			if cutAdded != 0 && cutAdded != perAdd {
+				t.Errorf("worker %d: %d of the %d rules of the add cut off by the stop exist", w, cutAdded, perAdd)
+			}
+			if cutGone != 0 && cutGone != len(k.cutDelete) {
+				t.Errorf("worker %d: %d of the %d rules of the delete cut off by the stop are gone", w, cutGone, len(k.cutDelete))
+			}
+			t.Logf("stop %d, worker %d: %d requests, %d rules kept; the request cut off: add happened %v, delete happened %v",
+				stop, w, k.requests, len(listed), cutAdded > 0, cutGone > 0)
+			have[w] = map[uint64]string{}
+			for _, r := range listed {
+				have[w][r.ID] = string(r.Conditions[0].Pattern)
+			}
+		}
+	}
+}
