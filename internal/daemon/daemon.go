@@ -39,9 +39,10 @@ type Daemon struct {
 	metrics  *metrics
 	wg       sync.WaitGroup
 
-	// A request is handled under requests' read lock. Close sets stopping
-	// under the write lock: no request is then running, and later ones are
-	// refused, so none touches the journal or the data plane it closes.
+	// A request (and a metrics scrape) is handled under requests' read
+	// lock. Close sets stopping under the write lock: no request is then
+	// running, and later ones are refused, so none touches the journal or
+	// the data plane it closes.
 	requests sync.RWMutex
 	stopping bool
 

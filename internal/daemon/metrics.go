@@ -73,6 +73,13 @@ func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 
 func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	d := m.d
+	// as a request: a scrape of many rules may outlast the server's
+	// shutdown, and must not read the data plane once Close has begun
+	d.requests.RLock()
+	defer d.requests.RUnlock()
+	if d.stopping {
+		return
+	}
 	if c, err := d.dp.Counters(); err == nil {
 		for name, v := range dataplane.CounterNames(c) {
 			ch <- prometheus.MustNewConstMetric(m.events, prometheus.CounterValue, float64(v), name)
