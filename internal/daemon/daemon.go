@@ -64,6 +64,7 @@ type Daemon struct {
 func (c Config) linkPin(ifname string) string { return filepath.Join(c.BPFFS, "links", "xdp-"+ifname) }
 func (c Config) genDir(n int) string          { return filepath.Join(c.BPFFS, "gen-"+strconv.Itoa(n)) }
 func (c Config) journalPath() string          { return filepath.Join(c.StateDir, "journal") }
+func (c Config) lockPath() string             { return filepath.Join(c.StateDir, "santad.lock") }
 
 // generations lists the generation numbers pinned under BPFFS, oldest first.
 func (c Config) generations() []int {
@@ -98,7 +99,7 @@ func Start(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 	if err := os.MkdirAll(cfg.StateDir, 0o755); err != nil {
 		return nil, err
 	}
-	if d.lock, err = lockFile(filepath.Join(cfg.StateDir, "santad.lock")); err != nil {
+	if d.lock, err = lockFile(cfg.lockPath()); err != nil {
 		return nil, err
 	}
 	if err := dataplane.EnsureBPFFS(cfg.BPFFS); err != nil {
@@ -438,6 +439,12 @@ func (d *Daemon) abort() {
 // Cleanup detaches the rule processor and removes every pin and the state
 // santad keeps: for uninstalling, and for tests.
 func Cleanup(cfg Config) error {
+	// never under a running santad, which would go on without its journal
+	if lock, err := lockFile(cfg.lockPath()); err == nil {
+		defer lock.Close()
+	} else if !errors.Is(err, os.ErrNotExist) { // no state directory: no santad
+		return err
+	}
 	var errs []error
 	ents, _ := os.ReadDir(filepath.Join(cfg.BPFFS, "links"))
 	for _, e := range ents {

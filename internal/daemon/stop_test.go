@@ -189,3 +189,49 @@ func TestStopWhileBusy(t *testing.T) {
 		}
 	}
 }
+
+// TestCleanupRefusesRunningSantad runs `santad cleanup` beside a running
+// santad: it must refuse, and leave the rules, the journal and the program
+// as they were; once santad is stopped it goes through.
+func TestCleanupRefusesRunningSantad(t *testing.T) {
+	tb := testbed.New(t)
+	sd := newSantad(t, tb)
+	sd.start()
+	server := netip.AddrPortFrom(tb.Server.IP4, 7301)
+	var conn *net.UDPConn
+	if err := tb.Server.Do(func() (err error) {
+		conn, err = net.ListenUDP("udp", net.UDPAddrFromAddrPort(server))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	target, err := santa.Socket(conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := sd.client()
+	if _, err := c.Add(target, []api.Rule{{
+		Conditions: []api.Condition{santa.Match(0, []byte("ping"))},
+		Processors: []api.Processor{santa.Put(0, []byte("pong"))},
+		ReplyLen:   4,
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	err = sd.Cleanup()
+	if err == nil || !strings.Contains(err.Error(), "stop it first") {
+		t.Fatalf("santad cleanup beside a running santad: %v, want a refusal that says to stop it first", err)
+	}
+	if got := exchange(t, tb, server, "ping"); got != "pong" {
+		t.Errorf("after the refused cleanup the rule answers %q, want pong", got)
+	}
+	sd.stop(syscall.SIGTERM)
+	sd.start() // from the journal the refused cleanup left
+	if rules, err := sd.client().ListRules(santa.Cookie(mustCookie(t, sd.client()))); err != nil || len(rules) != 1 {
+		t.Errorf("after a restart: %d rules (%v), want the one added", len(rules), err)
+	}
+	sd.stop(syscall.SIGTERM)
+	if err := sd.Cleanup(); err != nil {
+		t.Fatalf("santad cleanup after santad stopped: %v", err)
+	}
+}
