@@ -466,8 +466,17 @@ func (c *Controller) build(f fetched) (api.Rule, *entry, bool) {
 	}
 	r.Tag = c.cfg.Tag
 	e := &entry{key: f.key, slot: KeySlot(f.key), keyVersion: f.keyVersion, epochVersion: f.epochVersion}
-	if f.v.ttl >= 0 { // memcached's clock ticks in seconds: stop a second early
+	if f.v.ttl >= 0 {
+		// memcached's clock ticks in seconds: the controller refreshes the
+		// rule a second early; the rule itself stops answering at the last
+		// whole second before the value expires, also if this controller
+		// is gone or late (santad then removes it, and refresh adds it again)
 		e.expires = f.at.Add(time.Duration(f.v.ttl-1) * time.Second)
+		r.Expires = uint64(f.at.Add(time.Duration(f.v.ttl) * time.Second).Unix())
+		if int64(r.Expires) <= time.Now().Unix() { // fetched too long ago: santad would refuse it
+			c.count(func(r *Report) { r.Skipped++ })
+			return api.Rule{}, nil, false
+		}
 	}
 	return r, e, true
 }
@@ -637,7 +646,7 @@ func (c *Controller) expired(now time.Time, out map[string]bool) {
 func (c *Controller) refresh(keys []string) error {
 	return c.fetchAll(keys, func(batch []fetched) error {
 		mods := make([][]api.Rule, len(c.cookies))
-		var gone []*entry
+		var rebuilt, gone []*entry
 		for _, f := range batch {
 			old := c.entries[f.key]
 			r, e, ok := c.build(f)
@@ -647,6 +656,7 @@ func (c *Controller) refresh(keys []string) error {
 			}
 			e.ids, e.hits = old.ids, old.hits
 			c.put(e)
+			rebuilt = append(rebuilt, e)
 			for ci := range c.cookies {
 				r.ID = e.ids[ci]
 				mods[ci] = append(mods[ci], r)
@@ -656,7 +666,11 @@ func (c *Controller) refresh(keys []string) error {
 			if len(mods[ci]) == 0 {
 				continue
 			}
-			if err := c.client.Modify(santa.Cookie(cookie), mods[ci]); err != nil {
+			err := c.client.Modify(santa.Cookie(cookie), mods[ci])
+			if errors.Is(err, santa.ErrNotFound) {
+				err = c.rebuildGone(ci, mods[ci], rebuilt)
+			}
+			if err != nil {
 				return fmt.Errorf("rebuild %d rules: %w", len(mods[ci]), err)
 			}
 		}
@@ -665,7 +679,61 @@ func (c *Controller) refresh(keys []string) error {
 	})
 }
 
-// remove deletes the entries' rules from every socket.
+// rebuildGone modifies the rules mods of socket c.cookies[ci] (those of
+// entries es) after santad refused to because some are gone: rules whose
+// value's expiry santad reached first (the controller was late), or deleted
+// by someone else. Those it adds again, with new ids.
+func (c *Controller) rebuildGone(ci int, mods []api.Rule, es []*entry) error {
+	present, err := c.presentIDs(ci)
+	if err != nil {
+		return err
+	}
+	var kept, readd []api.Rule
+	var readded []*entry
+	for k, r := range mods {
+		if present[r.ID] {
+			kept = append(kept, r)
+		} else {
+			r.ID = 0
+			readd, readded = append(readd, r), append(readded, es[k])
+		}
+	}
+	cookie := santa.Cookie(c.cookies[ci])
+	if len(kept) > 0 {
+		if err := c.client.Modify(cookie, kept); err != nil {
+			return err
+		}
+	}
+	if len(readd) == 0 {
+		return nil
+	}
+	ids, err := c.client.Add(cookie, readd)
+	if err != nil {
+		return err
+	}
+	for k, e := range readded {
+		e.ids[ci] = ids[k]
+	}
+	c.log.Info("rules gone under the controller (expired first, or deleted) added again", "rules", len(readd))
+	return nil
+}
+
+// presentIDs are the ids of the rules with the controller's tag on socket
+// c.cookies[ci].
+func (c *Controller) presentIDs(ci int) (map[uint64]bool, error) {
+	rules, err := c.client.ListTagged(santa.Cookie(c.cookies[ci]), c.cfg.Tag)
+	if err != nil {
+		return nil, err
+	}
+	present := make(map[uint64]bool, len(rules))
+	for _, r := range rules {
+		present[r.ID] = true
+	}
+	return present, nil
+}
+
+// remove deletes the entries' rules from every socket; those already gone
+// (expired, or deleted by someone else) are not missed.
 func (c *Controller) remove(es []*entry) error {
 	if len(es) == 0 {
 		return nil
@@ -675,7 +743,17 @@ func (c *Controller) remove(es []*entry) error {
 		for k, e := range es {
 			ids[k] = e.ids[ci]
 		}
-		if err := c.client.Delete(santa.Cookie(cookie), ids); err != nil {
+		err := c.client.Delete(santa.Cookie(cookie), ids)
+		if errors.Is(err, santa.ErrNotFound) {
+			var present map[uint64]bool
+			if present, err = c.presentIDs(ci); err == nil {
+				ids = slices.DeleteFunc(ids, func(id uint64) bool { return !present[id] })
+				if len(ids) > 0 {
+					err = c.client.Delete(santa.Cookie(cookie), ids)
+				}
+			}
+		}
+		if err != nil {
 			return fmt.Errorf("delete %d rules: %w", len(ids), err)
 		}
 	}
