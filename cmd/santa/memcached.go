@@ -60,7 +60,7 @@ Modes:
 	pf.StringVar(&f.server, "server", "", "fetch values from this TCP address (default 127.0.0.1:TCP-PORT)")
 	pf.StringVar(&f.cfg.GuardsPin, "guards", f.cfg.GuardsPin, "santad's guard map (<santad --bpffs>/guards)")
 	pf.StringSliceVar(&f.cfg.Interfaces, "interface", nil, "put the write tracker on these interfaces (default: every interface of the namespace)")
-	pf.DurationVar(&f.cfg.Interval, "refresh", f.cfg.Interval, "how often to look for rules a write retired, and rebuild them")
+	pf.DurationVar(&f.cfg.Interval, "refresh", f.cfg.Interval, "how often to look for rules a write retired, and rebuild them, while writes come (after a quiet spell: within 200 ms)")
 	pf.DurationVar(&f.cfg.Settle, "settle", f.cfg.Settle, "retire a key's rules once more this long after a write of it that gets no reply (noreply, quiet, reset connection): memcached has applied it by then")
 	pf.IntVar(&f.cfg.Batch, "batch", f.cfg.Batch, "keys per fetch and per request to santad")
 	pf.DurationVar(&f.cfg.Timeout, "timeout", f.cfg.Timeout, "wait this long for memcached's replies")

@@ -41,3 +41,11 @@ func (s *settling) pop(now time.Time, bump func(slot uint32)) int {
 	s.queue = s.queue[i:]
 	return n
 }
+
+// next is the earliest time a slot may be due, if any is queued.
+func (s *settling) next() (time.Time, bool) {
+	if len(s.queue) == 0 {
+		return time.Time{}, false
+	}
+	return s.queue[0].due, true
+}
