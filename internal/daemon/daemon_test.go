@@ -112,9 +112,9 @@ func echoOnce(t *testing.T, tb *testbed.Testbed, server netip.AddrPort, payload 
 	return exchange(t, tb, server, payload)
 }
 
-// echoServer binds a UDP socket at server in the server namespace that
-// echoes every datagram until it is closed.
-func echoServer(t *testing.T, tb *testbed.Testbed, server netip.AddrPort) *net.UDPConn {
+// serverSocket binds a UDP socket at server in the server namespace (closed
+// when the test ends) and returns it with the target naming it to santad.
+func serverSocket(t *testing.T, tb *testbed.Testbed, server netip.AddrPort) (*net.UDPConn, santa.Target) {
 	t.Helper()
 	var conn *net.UDPConn
 	if err := tb.Server.Do(func() (err error) {
@@ -123,6 +123,19 @@ func echoServer(t *testing.T, tb *testbed.Testbed, server netip.AddrPort) *net.U
 	}); err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { conn.Close() })
+	target, err := santa.Socket(conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return conn, target
+}
+
+// echoServer binds a UDP socket at server in the server namespace that
+// echoes every datagram until it is closed.
+func echoServer(t *testing.T, tb *testbed.Testbed, server netip.AddrPort) *net.UDPConn {
+	t.Helper()
+	conn, _ := serverSocket(t, tb, server)
 	go func() {
 		buf := make([]byte, 2048)
 		for {
@@ -211,19 +224,8 @@ func TestRestartUnderLoad(t *testing.T) {
 	sd := newSantad(t, tb)
 	sd.start()
 	c := sd.client()
-	var conn *net.UDPConn
 	server := netip.AddrPortFrom(tb.Server.IP4, 7200)
-	if err := tb.Server.Do(func() (err error) {
-		conn, err = net.ListenUDP("udp", net.UDPAddrFromAddrPort(server))
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close() // never read: only the kernel answers
-	target, err := santa.Socket(conn)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, target := serverSocket(t, tb, server) // never read: only the kernel answers
 	// the answering rule echoes an 8-byte sequence number (whose top bits
 	// its masked condition checks, and whose length its bounds fix); 2000
 	// more rules, some with masks, some tagged, make the restore real work

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"net"
 	"net/netip"
 	"strings"
 	"sync"
@@ -27,18 +26,7 @@ func TestStopWhileBusy(t *testing.T) {
 	tb := testbed.New(t)
 	sd := newSantad(t, tb)
 	sd.start()
-	var conn *net.UDPConn
-	if err := tb.Server.Do(func() (err error) {
-		conn, err = net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.AddrPortFrom(tb.Server.IP4, 7300)))
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	target, err := santa.Socket(conn)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, target := serverSocket(t, tb, netip.AddrPortFrom(tb.Server.IP4, 7300))
 	if _, err := sd.client().Add(target, nil); err != nil { // binds it, so that workers may name its cookie
 		t.Fatal(err)
 	}
@@ -198,18 +186,7 @@ func TestCleanupRefusesRunningSantad(t *testing.T) {
 	sd := newSantad(t, tb)
 	sd.start()
 	server := netip.AddrPortFrom(tb.Server.IP4, 7301)
-	var conn *net.UDPConn
-	if err := tb.Server.Do(func() (err error) {
-		conn, err = net.ListenUDP("udp", net.UDPAddrFromAddrPort(server))
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	target, err := santa.Socket(conn)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, target := serverSocket(t, tb, server)
 	c := sd.client()
 	if _, err := c.Add(target, []api.Rule{{
 		Conditions: []api.Condition{santa.Match(0, []byte("ping"))},
@@ -218,7 +195,7 @@ func TestCleanupRefusesRunningSantad(t *testing.T) {
 	}}); err != nil {
 		t.Fatal(err)
 	}
-	err = sd.Cleanup()
+	err := sd.Cleanup()
 	if err == nil || !strings.Contains(err.Error(), "stop it first") {
 		t.Fatalf("santad cleanup beside a running santad: %v, want a refusal that says to stop it first", err)
 	}

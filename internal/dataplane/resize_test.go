@@ -27,22 +27,7 @@ func TestReplyGrowsAtBothEnds(t *testing.T) {
 	for _, ip := range []netip.Addr{tb.Server.IP4, tb.Server.IP6} {
 		t.Run(map[bool]string{true: "IPv4", false: "IPv6"}[ip.Is4()], func(t *testing.T) {
 			addr := netip.AddrPortFrom(ip, 5353)
-			var fd int
-			var cookie uint64
-			if err := tb.Server.Do(func() error {
-				var err error
-				fd, cookie, err = bindUDP(addr)
-				return err
-			}); err != nil {
-				t.Fatal(err)
-			}
-			f := os.NewFile(uintptr(fd), "server")
-			server, err := net.FilePacketConn(f)
-			f.Close()
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { server.Close() })
+			server, cookie := serverConn(t, tb, addr)
 
 			// Ethernet, IP and UDP headers: 42 bytes over IPv4, 62 over IPv6
 			headers := 42

@@ -13,6 +13,29 @@ import (
 	"github.com/santa-offload/santa/internal/testbed"
 )
 
+// serverConn binds a UDP socket at addr in tb's server namespace with the
+// SOL_SOCKET options given (bindUDP), for as long as the test runs, and
+// returns it with its cookie.
+func serverConn(t *testing.T, tb *testbed.Testbed, addr netip.AddrPort, sockopts ...int) (net.PacketConn, uint64) {
+	t.Helper()
+	var fd int
+	var cookie uint64
+	if err := tb.Server.Do(func() (err error) {
+		fd, cookie, err = bindUDP(addr, sockopts...)
+		return err
+	}); err != nil {
+		t.Fatalf("socket %v: %v", addr, err)
+	}
+	f := os.NewFile(uintptr(fd), addr.String())
+	conn, err := net.FilePacketConn(f) // a dup of the same socket
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn, cookie
+}
+
 // TestReuseportGroup documents the SO_REUSEPORT semantics (docs/matching.md):
 // a request matches the rules of the group member the kernel's reuseport
 // hash picks for it, the member the stack would deliver it to without Santa.
@@ -55,22 +78,7 @@ func TestReuseportGroup(t *testing.T) {
 	}
 	var members []*member
 	for _, name := range []string{"A", "B"} {
-		var fd int
-		var cookie uint64
-		if err := tb.Server.Do(func() error {
-			var err error
-			fd, cookie, err = bindUDP(addr, unix.SO_REUSEPORT)
-			return err
-		}); err != nil {
-			t.Fatalf("socket %s: %v", name, err)
-		}
-		f := os.NewFile(uintptr(fd), name)
-		conn, err := net.FilePacketConn(f) // a dup of the same socket
-		f.Close()
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { conn.Close() })
+		conn, cookie := serverConn(t, tb, addr, unix.SO_REUSEPORT)
 		members = append(members, &member{name, conn, cookie})
 	}
 	a := members[0]
