@@ -490,14 +490,22 @@ var errNoRegion = errors.New("no region for the rule")
 // part of the bucket table suit them, else by a rebuild.
 func (d *Dataplane) add(rs *ruleset, news []*installed) error {
 	fits := rs.buckets.holds(len(rs.rules)+len(news), d.mask)
-	if !fits && !d.roomForCopy(rs.rules, news) {
-		// no room for the rebuild's second copy of the set: its part of the
-		// table still serves, with longer chains
-		fits = true
-	}
-	if fits && d.linkInPlace(rs, news, nil) == nil {
-		rs.rules = append(rs.rules, news...)
-		return nil
+	// without room for the rebuild's second copy of the set, its part of
+	// the table still serves, with longer chains
+	stuck := !fits && !d.roomForCopy(rs.rules, news)
+	if fits || stuck {
+		err := d.linkInPlace(rs, news, nil)
+		switch {
+		case err == nil:
+			rs.rules = append(rs.rules, news...)
+			return nil
+		case errors.Is(err, ErrFull):
+			return err // a rebuild would need more room still
+		case stuck:
+			return fmt.Errorf("%w: %v; rebuilding the rule set (%d rules) to fit them needs room for a second copy "+
+				"of it, and %d of %d rule slots are free: raise MaxRules to twice the largest rule set",
+				ErrFull, err, len(rs.rules), d.slots.available(), d.cfg.MaxRules)
+		}
 	}
 	// new regions, or a larger part of the table: rebuild the rule set
 	return d.rebuild(rs, append(slices.Clone(rs.rules), news...))

@@ -364,3 +364,35 @@ func deref(s []*int) []int {
 	}
 	return out
 }
+
+// TestFullSaysWhatIsFull fills the rule data memory of a data plane whose
+// rule table has no room for a second copy of the rule set: the error must
+// name the data memory (an add that failed in place used to fall through
+// to a rebuild, whose error named the rule table), and nothing is added.
+func TestFullSaysWhatIsFull(t *testing.T) {
+	e := newEnv(t, Config{MaxRules: 800, DataMiB: 1})
+	_, s := fixtureAddrs(e, false, 7210)
+	sock := e.socket(s, false)
+	e.bindRules(sock)
+	template := strings.Repeat("r", 1400)
+	added := 0
+	for batch := 0; ; batch++ {
+		rules := make([]Rule, 32)
+		for i := range rules {
+			rules[i] = reply(fmt.Sprintf("key-%05d", added+i), template)
+		}
+		_, err := e.d.AddRules(sock, rules)
+		if err == nil {
+			added += len(rules)
+			continue
+		}
+		if !errors.Is(err, ErrFull) || !strings.Contains(err.Error(), "rule data memory") {
+			t.Fatalf("after %d rules: %v, want ErrFull for the rule data memory", added, err)
+		}
+		t.Logf("after %d rules: %v", added, err)
+		break
+	}
+	if n := e.d.Usage().Rules; n != added {
+		t.Errorf("%d rules installed, want the %d added before the failing add", n, added)
+	}
+}
