@@ -9,9 +9,10 @@
 // both versions: if a write raced with the fetch, the rule never answers.
 // Every Interval while writes come (up to quietInterval apart when none
 // do) it checks the versions of the rules of the slots the tracker reports
-// bumped, and fetches the keys whose rules a write retired again. A write no reply may follow (noreply, quiet, a reset connection)
-// has no second bump from the tracker: the controller bumps its slot itself
-// once the write has settled (Settle).
+// bumped, and fetches the keys whose rules a write retired again. A write
+// no reply may follow (noreply, quiet, a reset connection) has no second
+// bump from the tracker: the controller bumps its slot itself once the
+// write has settled (Settle).
 package mcctl
 
 import (

@@ -108,9 +108,8 @@ func closeFiles(files []*os.File) {
 }
 
 // handle answers one request. For subscribe it also returns the subscriber
-// whose samples the connection carries from then on.
-// handle answers req, unless santad is stopping (then it does nothing and
-// returns true).
+// whose samples the connection carries from then on. While santad stops it
+// does nothing and returns true.
 func (s *session) handle(req *api.Message, files []*os.File) (*api.Message, *subscriber, bool) {
 	s.d.requests.RLock()
 	defer s.d.requests.RUnlock()
