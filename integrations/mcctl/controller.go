@@ -673,7 +673,8 @@ func (c *Controller) refresh(keys []string) error {
 				continue
 			}
 			err := c.client.Modify(santa.Cookie(cookie), mods[ci])
-			if errors.Is(err, santa.ErrNotFound) {
+			// another rule may expire between rebuildGone's listing and its modify
+			for try := 0; try < 3 && errors.Is(err, santa.ErrNotFound); try++ {
 				err = c.rebuildGone(ci, mods[ci], rebuilt)
 			}
 			if err != nil {
