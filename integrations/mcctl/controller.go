@@ -458,8 +458,12 @@ func (c *Controller) install(keys []string) error {
 // build makes f's rule and entry; ok is false if the value is not offloadable.
 func (c *Controller) build(f fetched) (api.Rule, *entry, bool) {
 	r, err := getRule(f.key, f.v, f.keyVersion, f.epochVersion)
-	if err == nil && f.v.ttl >= 0 && f.v.ttl < 2 {
-		err = fmt.Errorf("%w: %s expires in %d s", errNotOffloadable, f.key, f.v.ttl)
+	// the rule stops answering at the last whole second before the value
+	// expires, also if this controller is gone or late (santad then removes
+	// it, and refresh adds it again); santad refuses one whose time has come
+	expires := f.at.Add(time.Duration(f.v.ttl) * time.Second)
+	if err == nil && f.v.ttl >= 0 && (f.v.ttl < 2 || expires.Unix() <= time.Now().Unix()) {
+		err = fmt.Errorf("%w: %s expires in %d s (as of its fetch)", errNotOffloadable, f.key, f.v.ttl)
 	}
 	if err != nil {
 		c.count(func(r *Report) { r.Skipped++ })
@@ -468,17 +472,9 @@ func (c *Controller) build(f fetched) (api.Rule, *entry, bool) {
 	}
 	r.Tag = c.cfg.Tag
 	e := &entry{key: f.key, slot: KeySlot(f.key), keyVersion: f.keyVersion, epochVersion: f.epochVersion}
-	if f.v.ttl >= 0 {
-		// memcached's clock ticks in seconds: the controller refreshes the
-		// rule a second early; the rule itself stops answering at the last
-		// whole second before the value expires, also if this controller
-		// is gone or late (santad then removes it, and refresh adds it again)
-		e.expires = f.at.Add(time.Duration(f.v.ttl-1) * time.Second)
-		r.Expires = uint64(f.at.Add(time.Duration(f.v.ttl) * time.Second).Unix())
-		if int64(r.Expires) <= time.Now().Unix() { // fetched too long ago: santad would refuse it
-			c.count(func(r *Report) { r.Skipped++ })
-			return api.Rule{}, nil, false
-		}
+	if f.v.ttl >= 0 { // memcached's clock ticks in seconds: refresh a second early
+		e.expires = expires.Add(-time.Second)
+		r.Expires = uint64(expires.Unix())
 	}
 	return r, e, true
 }

@@ -438,11 +438,7 @@ func (d *Daemon) deleteTagged(rs *ruleSet, ids []uint64, tag string) ([]uint64, 
 		return nil, nil
 	}
 	slices.Sort(ids)
-	del := make([]dataplane.RuleID, len(ids))
-	for i, id := range ids {
-		del[i] = dataplane.RuleID(id)
-	}
-	return ids, d.deleteKnown(rs, ids, del) // rules of rs, each once: nothing to check
+	return ids, d.deleteKnown(rs, ids) // rules of rs, each once: nothing to check
 }
 
 func (d *Daemon) stats(cookie uint64, ids []uint64) ([]api.RuleStats, error) {

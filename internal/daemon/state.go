@@ -261,8 +261,7 @@ func (d *Daemon) modify(caller uint32, rs *ruleSet, rules []api.Rule) ([]uint64,
 
 func (d *Daemon) delete(rs *ruleSet, ids []uint64) error {
 	seen := make(map[uint64]bool, len(ids))
-	del := make([]dataplane.RuleID, len(ids))
-	for i, id := range ids {
+	for _, id := range ids {
 		if _, ok := rs.rules[id]; !ok {
 			return fail(api.StatusNotFound, "socket %d has no rule with id %d", rs.info.Cookie, id)
 		}
@@ -270,14 +269,16 @@ func (d *Daemon) delete(rs *ruleSet, ids []uint64) error {
 			return fail(api.StatusInvalid, "id %d is listed twice", id)
 		}
 		seen[id] = true
-		del[i] = dataplane.RuleID(id)
 	}
-	return d.deleteKnown(rs, ids, del)
+	return d.deleteKnown(rs, ids)
 }
 
-// deleteKnown deletes rules ids (del, the same as data plane ids), which
-// are rules of rs, each once.
-func (d *Daemon) deleteKnown(rs *ruleSet, ids []uint64, del []dataplane.RuleID) error {
+// deleteKnown deletes rules ids, which are rules of rs, each once.
+func (d *Daemon) deleteKnown(rs *ruleSet, ids []uint64) error {
+	del := make([]dataplane.RuleID, len(ids))
+	for i, id := range ids {
+		del[i] = dataplane.RuleID(id)
+	}
 	if err := d.dp.DeleteRules(rs.info.Cookie, del); err != nil {
 		return err
 	}
