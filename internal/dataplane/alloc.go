@@ -2,6 +2,7 @@ package dataplane
 
 import (
 	"errors"
+	"slices"
 	"time"
 )
 
@@ -106,13 +107,26 @@ func (a *slotAllocator) available() int {
 // dataRef locates a rule's bytes: a page and an offset in it.
 type dataRef struct{ page, off uint32 }
 
-// dataAllocator places rule data in pages; a rule's bytes never cross a page.
-// Freed ranges are reused for requests of the same size.
+// dataAllocator places rule data in pages; a rule's bytes never cross a
+// page. A request takes the smallest free range that holds it, else fresh
+// space (page after page). A freed range merges with its free neighbours in
+// its page, so that values which change size (a memcached value, a DNS
+// answer) do not strand memory in ranges of their old sizes.
 type dataAllocator struct {
-	pages, page, fill uint32
-	free              map[int][]dataRef
+	pages, page, fill uint32                      // fresh space starts at fill in page
+	bySize            map[int]map[uint64]struct{} // free ranges by size: their addresses
+	sizes             []int                       // the sizes in bySize, ascending
+	byStart           map[uint64]int              // free range address -> size
+	byEnd             map[uint64]uint64           // free range end -> address
 	cooling           cooling[sizedRef]
 	used              int
+}
+
+// An address is a page's first byte's (page × pageData) plus an offset.
+func addrOf(r dataRef) uint64 { return uint64(r.page)*uint64(pageData) + uint64(r.off) }
+
+func refAt(addr uint64) dataRef {
+	return dataRef{uint32(addr / uint64(pageData)), uint32(addr % uint64(pageData))}
 }
 
 type sizedRef struct {
@@ -121,17 +135,41 @@ type sizedRef struct {
 }
 
 func newDataAllocator(pages uint32) *dataAllocator {
-	return &dataAllocator{pages: pages, free: map[int][]dataRef{}, cooling: cooling[sizedRef]{now: time.Now}}
+	return &dataAllocator{pages: pages, bySize: map[int]map[uint64]struct{}{}, byStart: map[uint64]int{},
+		byEnd: map[uint64]uint64{}, cooling: cooling[sizedRef]{now: time.Now}}
 }
 
+// get returns a range of size bytes. When it finds no room but freed
+// ranges are cooling, it waits for the oldest (at most the quarantine).
 func (a *dataAllocator) get(size int) (dataRef, error) {
-	a.thaw()
-	if l := a.free[size]; len(l) > 0 {
-		a.free[size] = l[:len(l)-1]
-		a.used += size
-		return l[len(l)-1], nil
+	ref, err := a.take(size)
+	if err != nil && a.cooling.n > 0 {
+		a.cooling.wait()
+		ref, err = a.take(size)
 	}
-	if int(a.fill)+size > pageData {
+	return ref, err
+}
+
+func (a *dataAllocator) take(size int) (dataRef, error) {
+	if size > pageData {
+		return dataRef{}, errFull
+	}
+	a.thaw()
+	if i, _ := slices.BinarySearch(a.sizes, size); i < len(a.sizes) {
+		have := a.sizes[i]
+		for addr := range a.bySize[have] {
+			a.unlink(addr, have)
+			if have > size {
+				a.link(addr+uint64(size), have-size)
+			}
+			a.used += size
+			return refAt(addr), nil
+		}
+	}
+	if int(a.fill)+size > pageData && a.page < a.pages {
+		if a.fill < uint32(pageData) { // the page's tail, for smaller requests
+			a.free(addrOf(dataRef{a.page, a.fill}), pageData-int(a.fill))
+		}
 		a.page++
 		a.fill = 0
 	}
@@ -150,5 +188,57 @@ func (a *dataAllocator) put(ref dataRef, size int) {
 }
 
 func (a *dataAllocator) thaw() {
-	a.cooling.thaw(func(c sizedRef) { a.free[c.size] = append(a.free[c.size], c.ref) })
+	a.cooling.thaw(func(c sizedRef) { a.free(addrOf(c.ref), c.size) })
+}
+
+// free makes a range free, merged with its free neighbours in its page;
+// one that ends where fresh space starts becomes fresh space again.
+func (a *dataAllocator) free(addr uint64, size int) {
+	page := uint64(pageData)
+	if addr%page != 0 {
+		if prev, ok := a.byEnd[addr]; ok {
+			n := a.byStart[prev]
+			a.unlink(prev, n)
+			addr, size = prev, size+n
+		}
+	}
+	end := addr + uint64(size)
+	if end == addrOf(dataRef{a.page, a.fill}) && a.fill > 0 {
+		a.fill -= uint32(size)
+		return
+	}
+	if end%page != 0 {
+		if n, ok := a.byStart[end]; ok {
+			a.unlink(end, n)
+			size += n
+		}
+	}
+	a.link(addr, size)
+}
+
+// link records a free range.
+func (a *dataAllocator) link(addr uint64, size int) {
+	set := a.bySize[size]
+	if set == nil {
+		set = map[uint64]struct{}{}
+		a.bySize[size] = set
+		i, _ := slices.BinarySearch(a.sizes, size)
+		a.sizes = slices.Insert(a.sizes, i, size)
+	}
+	set[addr] = struct{}{}
+	a.byStart[addr] = size
+	a.byEnd[addr+uint64(size)] = addr
+}
+
+// unlink forgets a free range (taken, or merged into a larger one).
+func (a *dataAllocator) unlink(addr uint64, size int) {
+	set := a.bySize[size]
+	delete(set, addr)
+	if len(set) == 0 {
+		delete(a.bySize, size)
+		i, _ := slices.BinarySearch(a.sizes, size)
+		a.sizes = slices.Delete(a.sizes, i, i+1)
+	}
+	delete(a.byStart, addr)
+	delete(a.byEnd, addr+uint64(size))
 }

@@ -1,6 +1,7 @@
 package dataplane
 
 import (
+	"math/rand/v2"
 	"slices"
 	"testing"
 	"time"
@@ -67,5 +68,80 @@ func TestCoolingQuarantine(t *testing.T) {
 	}
 	if len(freedAt) > 510 || len(freedAt) < 500 {
 		t.Errorf("%d values still cooling after the trickle, want the last second's 500 (and a cohort)", len(freedAt))
+	}
+}
+
+// TestDataAllocatorReusesFreedMemory drives the data allocator with random
+// requests and frees of many sizes: no two live ranges overlap or cross a
+// page, and once everything is freed and thawed every page can be handed
+// out whole again, although the sizes changed all along (the allocator
+// used to reuse a freed range only for a request of its exact size).
+func TestDataAllocatorReusesFreedMemory(t *testing.T) {
+	const pages = 4
+	now := time.Unix(1000, 0)
+	a := newDataAllocator(pages)
+	a.cooling.now = func() time.Time { return now }
+	used := make([]bool, pages*pageData) // byte by byte: what is handed out
+	type live struct {
+		ref  dataRef
+		size int
+	}
+	var lives []live
+	mark := func(l live, v bool) {
+		if int(l.ref.off)+l.size > pageData {
+			t.Fatalf("range %+v of %d bytes crosses its page", l.ref, l.size)
+		}
+		base := int(l.ref.page)*pageData + int(l.ref.off)
+		for i := base; i < base+l.size; i++ {
+			if used[i] == v {
+				t.Fatalf("range %+v of %d bytes: byte %d is already %v", l.ref, l.size, i-base, v)
+			}
+			used[i] = v
+		}
+	}
+	release := func(k int) {
+		l := lives[k]
+		mark(l, false)
+		a.put(l.ref, l.size)
+		lives[k] = lives[len(lives)-1]
+		lives = lives[:len(lives)-1]
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	full := 0
+	for step := range 60000 {
+		now = now.Add(time.Millisecond)
+		// the sizes drift: small ones first, large ones later
+		size := 8 * (1 + rng.IntN(16+step/100))
+		if len(lives) > 0 && rng.IntN(5) < 2 { // more requests than frees: it fills
+			release(rng.IntN(len(lives)))
+			continue
+		}
+		ref, err := a.get(size)
+		if err != nil {
+			if len(lives) == 0 {
+				t.Fatalf("step %d: a request of %d bytes finds no room with nothing handed out", step, size)
+			}
+			full++
+			release(rng.IntN(len(lives)))
+			continue
+		}
+		l := live{ref, size}
+		mark(l, true)
+		lives = append(lives, l)
+	}
+	if full == 0 {
+		t.Error("the allocator never filled: the test did not reach the case it is for")
+	}
+	for len(lives) > 0 {
+		release(len(lives) - 1)
+	}
+	now = now.Add(2 * quarantine)
+	if a.used != 0 {
+		t.Errorf("used = %d after every range was freed", a.used)
+	}
+	for p := range pages {
+		if _, err := a.get(pageData); err != nil {
+			t.Fatalf("page %d of %d: a whole page is not free again: %v", p+1, pages, err)
+		}
 	}
 }
