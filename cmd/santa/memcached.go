@@ -206,7 +206,11 @@ func (f *memcachedFlags) run(e env, g *globals, mode mcctl.Mode, keys []string) 
 	}
 	cfg.Log = controllerLog(e, f.verbose)
 	cfg.Ready = func(r mcctl.Report) {
-		fmt.Fprintf(e.stdout, "ready: %d rules on %d sockets (%d keys not offloaded)\n", r.Rules, r.Sockets, r.Skipped)
+		waiting := ""
+		if r.Waiting > 0 {
+			waiting = fmt.Sprintf("; %d keys wait for room in santad", r.Waiting)
+		}
+		fmt.Fprintf(e.stdout, "ready: %d rules on %d sockets (%d keys not offloaded%s)\n", r.Rules, r.Sockets, r.Skipped, waiting)
 	}
 	return runController(e, func() (*mcctl.Controller, error) { return mcctl.New(cfg) }, f.duration,
 		followpkg.Options{Follow: f.follow, Socket: cfg.Socket, Port: cfg.Port, Protocol: api.ProtocolUDP, Log: cfg.Log},

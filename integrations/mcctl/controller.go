@@ -102,6 +102,7 @@ type Report struct {
 	Removed   uint64 `json:"removed"`   // rules deleted (key gone, expired, too big, idle)
 	Settled   uint64 `json:"settled"`   // slots bumped again after a write without a reply settled
 	Skipped   uint64 `json:"skipped"`   // keys not offloadable (missing, too big, invalid)
+	Waiting   int    `json:"waiting"`   // keys the last install did not get to for want of room in santad
 	// Tracker holds the write tracker's counters (bpf/tracker.h).
 	Tracker map[string]uint64 `json:"tracker"`
 }
@@ -140,6 +141,7 @@ type Controller struct {
 	// rulesLeft: on exit santad did not confirm that every rule is gone
 	// (it went away): the write tracker stays attached to guard them.
 	rulesLeft bool
+	waiting   int               // keys the last install did not get to for want of room in santad
 	inherited *follow.Inherited // a predecessor's rules, until installed again or deleted
 
 	repMu sync.Mutex
@@ -248,7 +250,7 @@ func (c *Controller) Report() Report {
 func (c *Controller) count(f func(r *Report)) {
 	c.repMu.Lock()
 	f(&c.rep)
-	c.rep.Rules = len(c.entries)
+	c.rep.Rules, c.rep.Waiting = len(c.entries), c.waiting
 	c.repMu.Unlock()
 }
 
@@ -415,7 +417,10 @@ func (c *Controller) fetchAll(keys []string, each func(batch []fetched) error) e
 // progressEvery is how often a long install logs its progress.
 const progressEvery = 5 * time.Second
 
-// install fetches keys that have no rules yet and adds their rules.
+// install fetches keys that have no rules yet and adds their rules. When
+// santad has no room for more, it adds what fits and stops: the keys it did
+// not get to wait for the next pass (a second later), when rules may have
+// gone.
 func (c *Controller) install(keys []string) error {
 	start, done, logged := time.Now(), 0, time.Now()
 	defer func() {
@@ -423,7 +428,7 @@ func (c *Controller) install(keys []string) error {
 			c.log.Info("installed", "keys", done, "rules", len(c.entries), "elapsed", time.Since(start).Round(time.Millisecond))
 		}
 	}()
-	return c.fetchAll(keys, func(batch []fetched) error {
+	err := c.fetchAll(keys, func(batch []fetched) error {
 		done += len(batch)
 		if time.Since(logged) > progressEvery { // long work: a million keys take minutes
 			logged = time.Now()
@@ -443,6 +448,13 @@ func (c *Controller) install(keys []string) error {
 			return nil
 		}
 		ids, err := c.addEverywhere(rules)
+		if refused(err) {
+			added, err := c.addEach(rules, es)
+			if errors.Is(err, errNoRoom) {
+				c.waitForRoom(len(keys)-done+len(es)-added, err)
+			}
+			return err
+		}
 		if err != nil {
 			return err
 		}
@@ -453,6 +465,60 @@ func (c *Controller) install(keys []string) error {
 		c.count(func(r *Report) { r.Installed += uint64(len(es)) })
 		return nil
 	})
+	if errors.Is(err, errNoRoom) {
+		return nil
+	}
+	if err == nil && c.waiting > 0 {
+		c.log.Info("santad had room for the keys that waited", "rules", len(c.entries))
+		c.waiting = 0
+		c.count(func(*Report) {})
+	}
+	return err
+}
+
+// errNoRoom stops an install pass: santad has no room for more rules (its
+// data plane is full, or the quota of the controller's user is reached).
+var errNoRoom = errors.New("santad has no room for more rules")
+
+// refused reports whether santad refused rules for what they are or for
+// want of room (the rules are not offloaded), rather than failing.
+func refused(err error) bool {
+	return errors.Is(err, santa.ErrFull) || errors.Is(err, santa.ErrQuota) || errors.Is(err, santa.ErrInvalid)
+}
+
+// addEach adds rules (those of es) one at a time, after santad refused
+// them together. A rule santad refuses for what it is (e.g. a bucket chain
+// would grow too long) is skipped: its key is tried again with the missing
+// ones. It stops at the first refused for want of room, with errNoRoom.
+func (c *Controller) addEach(rules []api.Rule, es []*entry) (added int, err error) {
+	defer func() { c.count(func(r *Report) { r.Installed += uint64(added) }) }()
+	for k, e := range es {
+		ids, err := c.addEverywhere(rules[k : k+1])
+		switch {
+		case err == nil:
+			e.ids = ids[0]
+			c.put(e)
+			added++
+		case errors.Is(err, santa.ErrFull) || errors.Is(err, santa.ErrQuota):
+			return added, fmt.Errorf("%w: %w", errNoRoom, err)
+		case errors.Is(err, santa.ErrInvalid):
+			c.count(func(r *Report) { r.Skipped++ })
+			c.log.Debug("santad refused a rule", "key", e.key, "error", err)
+		default:
+			return added, err
+		}
+	}
+	return added, nil
+}
+
+// waitForRoom records that n keys wait for room in santad, and says so
+// when they start to.
+func (c *Controller) waitForRoom(n int, err error) {
+	if c.waiting == 0 {
+		c.log.Warn("keys wait for room in santad, tried again every second", "keys", n, "rules", len(c.entries), "error", err)
+	}
+	c.waiting = n
+	c.count(func(*Report) {})
 }
 
 // build makes f's rule and entry; ok is false if the value is not offloadable.
@@ -672,6 +738,13 @@ func (c *Controller) refresh(keys []string) error {
 			// another rule may expire between rebuildGone's listing and its modify
 			for try := 0; try < 3 && errors.Is(err, santa.ErrNotFound); try++ {
 				err = c.rebuildGone(ci, mods[ci], rebuilt)
+			}
+			if refused(err) {
+				// e.g. the new values need more room than santad has: the
+				// rules go (a write retired them already), and wanted keys
+				// wait with the missing ones
+				c.log.Warn("santad refused rebuilt rules: removing them", "rules", len(rebuilt), "error", err)
+				return c.remove(append(gone, rebuilt...))
 			}
 			if err != nil {
 				return fmt.Errorf("rebuild %d rules: %w", len(mods[ci]), err)

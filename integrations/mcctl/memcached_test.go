@@ -44,14 +44,15 @@ type rig struct {
 	bpffs  string
 }
 
-func newRig(t *testing.T) *rig {
+// newRig starts memcached, and santad with more flags (e.g. --config).
+func newRig(t *testing.T, santadFlags ...string) *rig {
 	tb := testbed.New(t)
 	mc, err := tb.StartMemcached(testbed.MemcachedOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	bpffs := "/sys/fs/bpf/santa-mcctl-" + tb.ID
-	sd := tb.StartSantad(t, bin, bpffs, map[string]func() string{"memcached output": mc.Log})
+	sd := tb.StartSantad(t, bin, bpffs, map[string]func() string{"memcached output": mc.Log}, santadFlags...)
 	return &rig{t: t, tb: tb, mc: mc, santad: sd, bpffs: bpffs}
 }
 

@@ -36,11 +36,12 @@ func MainWithSanta(m *testing.M, root, need string, bin *string) int {
 // StartSantad runs santad (from bin) in the server namespace of tb,
 // attached to the server veth, with its pins under bpffs; the test's
 // cleanup stops it and runs `santad cleanup`, and on failure logs santad's
-// log and those of logs (name: its text).
-func (tb *Testbed) StartSantad(t *testing.T, bin, bpffs string, logs map[string]func() string) *Santad {
+// log and those of logs (name: its text). flags go to santad last (e.g.
+// --config).
+func (tb *Testbed) StartSantad(t *testing.T, bin, bpffs string, logs map[string]func() string, flags ...string) *Santad {
 	t.Helper()
 	sd := NewSantad(filepath.Join(bin, "santad"), tb.Server.NS, t.TempDir(), bpffs,
-		"--interface", tb.Server.Dev, "--log-level", "debug")
+		append([]string{"--interface", tb.Server.Dev, "--log-level", "debug"}, flags...)...)
 	if err := sd.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
