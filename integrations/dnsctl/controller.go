@@ -121,6 +121,7 @@ type Controller struct {
 	// made: it removes them again on exit if no one else added rules.
 	created   []uint64
 	inherited *follow.Inherited // a predecessor's rules, until installed again or deleted
+	noRoom    error             // santad's refusal of the last rule it had no room for; nil once it takes one
 
 	// mu guards the endpoints' entries, the wheels, the zones and the santad
 	// connection. The main loop holds it except while it asks the server;
@@ -435,7 +436,13 @@ func (c *Controller) installMany(ctx context.Context, ep *endpoint, queries []*Q
 			return ctx.Err()
 		}
 		j := min(i+16*c.cfg.Batch, len(queries))
-		if err := c.install(ep, queries[i:j], questions[i:j]); err != nil {
+		err := c.install(ep, queries[i:j], questions[i:j])
+		if errors.Is(err, errNoRoom) {
+			// asking the server for answers santad has no room for is no use
+			c.count(func(r *Report) { r.Skipped[noRoomReason] += len(queries) - j })
+			return nil
+		}
+		if err != nil {
 			return err
 		}
 		if len(queries) > 16*c.cfg.Batch {
@@ -554,7 +561,18 @@ func (c *Controller) install(ep *endpoint, queries []*Query, questions []Questio
 	}
 	for i := 0; i < len(rules); i += c.cfg.Batch {
 		j := min(i+c.cfg.Batch, len(rules))
-		added := c.add(ep, fresh[i:j], rules[i:j])
+		added, full := c.add(ep, fresh[i:j], rules[i:j])
+		if full { // the rest of fresh stays with the server
+			left := 0
+			for _, e := range fresh[i:] {
+				if e.ids == nil && !e.dead {
+					e.dead = true
+					left++
+				}
+			}
+			c.count(func(r *Report) { r.Skipped[noRoomReason] += left })
+			j = len(rules)
+		}
 		for _, e := range fresh[i:j] {
 			if e.dead {
 				delete(ep.entries, e.key)
@@ -563,25 +581,37 @@ func (c *Controller) install(ep *endpoint, queries []*Query, questions []Questio
 			}
 		}
 		c.count(func(r *Report) { r.Installed += uint64(added) })
+		if full {
+			return errNoRoom
+		}
 	}
 	return nil
 }
 
-// add installs rules (one per entry) on every socket of ep. A batch santad
-// refuses is retried rule by rule: a rule santad refuses (e.g. more rules
-// share the bytes the matcher hashes than a bucket chain takes) or has no
-// room for is left to the server, counted and logged, and its entry marked
-// dead. It returns how many were added.
-func (c *Controller) add(ep *endpoint, es []*entry, rules []api.Rule) int {
+// errNoRoom says santad had no room for a rule install added: the rest of
+// its questions stay with the server.
+var errNoRoom = errors.New("santad has no room for more rules")
+
+// add installs rules (one per entry) on every socket of ep and returns how
+// many it added. A batch santad refuses is retried rule by rule: a rule
+// santad refuses (e.g. more rules share the bytes the matcher hashes than a
+// bucket chain takes) is left to
+// the server, counted and logged, and its entry marked dead. It stops at
+// the first santad has no room for, and says so (full).
+func (c *Controller) add(ep *endpoint, es []*entry, rules []api.Rule) (added int, full bool) {
 	if ids, err := c.addEverywhere(ep, rules); err == nil {
 		for k, e := range es {
 			e.ids = ids[k]
 		}
-		return len(es)
+		c.roomAgain()
+		return len(es), false
 	}
-	added := 0
 	for k, e := range es {
 		ids, err := c.addEverywhere(ep, rules[k:k+1])
+		if errors.Is(err, santa.ErrFull) || errors.Is(err, santa.ErrQuota) {
+			c.outOfRoom(ep, err)
+			return added, true
+		}
 		if err != nil {
 			e.dead = true
 			c.skip(fmt.Errorf("%w: santad refused the rule: %v", ErrNotOffloadable, err))
@@ -590,8 +620,30 @@ func (c *Controller) add(ep *endpoint, es []*entry, rules []api.Rule) int {
 		}
 		e.ids = ids[0]
 		added++
+		c.roomAgain()
 	}
-	return added
+	return added, false
+}
+
+// noRoomReason is the reason of the questions left to the server because
+// santad has no room for their rules.
+const noRoomReason = "santad has no room"
+
+// outOfRoom records that santad has no room for more rules, and says so
+// the first time (until it has room again).
+func (c *Controller) outOfRoom(ep *endpoint, err error) {
+	if c.noRoom == nil {
+		c.log.Warn("santad has no room for more rules: the questions left stay with the server", "server", ep.addr, "error", err)
+	}
+	c.noRoom = err
+}
+
+// roomAgain records that santad took a rule after it had no room.
+func (c *Controller) roomAgain() {
+	if c.noRoom != nil {
+		c.log.Info("santad has room for rules again")
+		c.noRoom = nil
+	}
 }
 
 // addEverywhere adds rules to every socket of ep, all or none; ids[k] are

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -95,7 +96,10 @@ func (c *Controller) learn(ev sampleEvent) error {
 	}
 	ep.learned++
 	c.log.Debug("new query shape", "question", q)
-	return c.install(ep, []*Query{q}, []Question{question})
+	if err := c.install(ep, []*Query{q}, []Question{question}); !errors.Is(err, errNoRoom) {
+		return err
+	}
+	return nil
 }
 
 // adapt installs the endpoint's hot questions (up to MaxRules rules) and
@@ -134,7 +138,7 @@ func (c *Controller) adapt() error {
 			continue
 		}
 		before := len(ep.entries)
-		if err := c.install(ep, queries, questions); err != nil {
+		if err := c.install(ep, queries, questions); err != nil && !errors.Is(err, errNoRoom) {
 			return err
 		}
 		c.log.Info("offloaded hot questions", "server", ep.addr, "new", len(ep.entries)-before, "rules", len(ep.entries))

@@ -49,6 +49,11 @@ type rig struct {
 
 // newRig serves tb.ExampleZone(generated) with the extra records.
 func newRig(t *testing.T, kind string, generated int, extra ...string) *rig {
+	return newRigWith(t, kind, generated, nil, extra...)
+}
+
+// newRigWith is newRig with more flags for santad (e.g. --config).
+func newRigWith(t *testing.T, kind string, generated int, santadFlags []string, extra ...string) *rig {
 	tb := testbed.New(t)
 	zone := tb.ExampleZone(generated)
 	zone.Records = append(zone.Records, extra...)
@@ -56,7 +61,7 @@ func newRig(t *testing.T, kind string, generated int, extra ...string) *rig {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sd := tb.StartSantad(t, bin, "/sys/fs/bpf/santa-dnsctl-"+tb.ID, map[string]func() string{kind + " log": srv.Log})
+	sd := tb.StartSantad(t, bin, "/sys/fs/bpf/santa-dnsctl-"+tb.ID, map[string]func() string{kind + " log": srv.Log}, santadFlags...)
 	dir := t.TempDir()
 	return &rig{t: t, tb: tb, srv: srv, santad: sd, zone: zone, dir: dir}
 }

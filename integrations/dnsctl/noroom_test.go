@@ -1,0 +1,51 @@
+package dnsctl_test
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/miekg/dns"
+
+	"github.com/santa-offload/santa/internal/testbed"
+)
+
+// TestNoRoomInSantad: with more questions than santad has room for, the
+// controller fills santad, leaves the rest to the server without trying
+// them one by one, says so once, and answers the ones that fit.
+func TestNoRoomInSantad(t *testing.T) {
+	const maxRules, generated = 100, 500
+	config := filepath.Join(t.TempDir(), "santad.yaml")
+	if err := os.WriteFile(config, fmt.Appendf(nil, "dataplane:\n  max_rules: %d\n", maxRules), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r := newRigWith(t, testbed.KindNSD, generated, []string{"--config", config})
+	var names []string
+	for i := range generated {
+		names = append(names, testbed.GenName(r.zone.Origin, i))
+	}
+	ctl := r.startController("static", "--port", "53/udp", "--names", r.namesFile(names, []uint16{dns.TypeA}),
+		"--shape", "rd,edns", "--learn-shapes=false")
+	// one shape, on the IPv4 and the IPv6 socket
+	if n := r.rules(); n != maxRules {
+		t.Errorf("santad holds %d rules, want %d (full)", n, maxRules)
+	}
+	if want := fmt.Sprintf("(%d questions not offloaded)", 2*generated-maxRules); !strings.Contains(ctl.Ready(), want) {
+		t.Errorf("ready line %q, want %q", ctl.Ready(), want)
+	}
+	// a batch and then a rule per socket, not every question that is left
+	if n := strings.Count(r.santad.Log(), `msg="request refused" op=add`); n > 4 {
+		t.Errorf("santad refused %d adds, want at most 4", n)
+	}
+	if n := strings.Count(ctl.Output(), "santad has no room for more rules"); n != 1 {
+		t.Errorf("the controller said %d times that santad has no room, want once:\n%s", n, ctl.Output())
+	}
+	if !strings.Contains(ctl.Output(), "raise MaxRules") {
+		t.Errorf("the log does not pass on santad's reason:\n%s", ctl.Output())
+	}
+	if _, kernel := r.dig(names[0], "A"); !kernel {
+		t.Errorf("%s A, offloaded first, was not answered by the rule processor", names[0])
+	}
+}
