@@ -210,7 +210,8 @@ func (f *memcachedFlags) run(e env, g *globals, mode mcctl.Mode, keys []string) 
 		if r.Waiting > 0 {
 			waiting = fmt.Sprintf("; %d keys wait for room in santad", r.Waiting)
 		}
-		fmt.Fprintf(e.stdout, "ready: %d rules on %d sockets (%d keys not offloaded%s)\n", r.Rules, r.Sockets, r.Skipped, waiting)
+		fmt.Fprintf(e.stdout, "ready: %d keys offloaded, %d rules on %d sockets (%d keys not offloaded%s)\n",
+			r.Keys, r.Rules, r.Sockets, r.Skipped, waiting)
 	}
 	return runController(e, func() (*mcctl.Controller, error) { return mcctl.New(cfg) }, f.duration,
 		followpkg.Options{Follow: f.follow, Socket: cfg.Socket, Port: cfg.Port, Protocol: api.ProtocolUDP, Log: cfg.Log},
@@ -221,7 +222,7 @@ func (f *memcachedFlags) run(e env, g *globals, mode mcctl.Mode, keys []string) 
 					seen = append(seen, fmt.Sprintf("%s=%d", k, r.Tracker[k]))
 				}
 			}
-			return fmt.Sprintf("done: installed %d, rebuilt %d, removed %d rules; %d slots bumped again after writes without a reply; tracker: %s",
+			return fmt.Sprintf("done: %d keys offloaded, %d rebuilt, %d removed; %d slots bumped again after writes without a reply; tracker: %s",
 				r.Installed, r.Refreshed, r.Removed, r.Settled, strings.Join(seen, " "))
 		})
 }

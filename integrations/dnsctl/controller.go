@@ -96,7 +96,7 @@ var DefaultConfig = Config{
 // Report counts what the controller has done.
 type Report struct {
 	Sockets   int
-	Rules     int            // installed now, over all sockets' endpoints
+	Rules     int            // installed now: an endpoint's questions, once per socket
 	Installed uint64         // rules added
 	Refreshed uint64         // answers asked again before their TTL ran out
 	Changed   uint64         // rules modified after their answer changed
@@ -246,7 +246,7 @@ func (c *Controller) Report() Report {
 	}
 	r.Rules = 0
 	for _, ep := range c.eps {
-		r.Rules += len(ep.entries)
+		r.Rules += len(ep.entries) * len(ep.cookies)
 	}
 	return r
 }
@@ -580,7 +580,7 @@ func (c *Controller) install(ep *endpoint, queries []*Query, questions []Questio
 				c.schedule(e)
 			}
 		}
-		c.count(func(r *Report) { r.Installed += uint64(added) })
+		c.count(func(r *Report) { r.Installed += uint64(added * len(ep.cookies)) })
 		if full {
 			return errNoRoom
 		}
@@ -943,7 +943,7 @@ func (c *Controller) refreshEndpoint(ep *endpoint, es []*entry) error {
 			continue
 		}
 		if string(answers[i].Reply[2:]) != string(e.answer.Reply[2:]) {
-			c.count(func(r *Report) { r.Changed++ })
+			c.count(func(r *Report) { r.Changed += uint64(len(ep.cookies)) })
 		}
 		// the same reply too: the rule's expiry moves with the new TTL
 		e.answer, e.fetched = answers[i], asked
@@ -993,7 +993,7 @@ func (c *Controller) remove(ep *endpoint, es []*entry) error {
 			// a later miss of this form may install it again
 			delete(ep.pending, formKey(e.query, ep.b))
 		}
-		c.count(func(r *Report) { r.Removed += uint64(len(batch)) })
+		c.count(func(r *Report) { r.Removed += uint64(len(batch) * len(ep.cookies)) })
 	}
 	return nil
 }
@@ -1007,7 +1007,7 @@ func (c *Controller) removeAll() {
 			c.log.Warn("removing the rules on exit failed", "server", ep.addr, "error", err)
 			continue
 		}
-		n := len(ep.entries)
+		n := len(ep.entries) * len(ep.cookies)
 		c.count(func(r *Report) { r.Removed += uint64(n) })
 		clear(ep.entries)
 		c.log.Info("removed the controller's rules", "server", ep.addr, "rules", n)

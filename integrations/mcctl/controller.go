@@ -96,10 +96,11 @@ var DefaultConfig = Config{
 // Report counts what the controller did.
 type Report struct {
 	Sockets   int    `json:"sockets"`
-	Rules     int    `json:"rules"`
-	Installed uint64 `json:"installed"` // rules added
-	Refreshed uint64 `json:"refreshed"` // rules rebuilt after a write retired them
-	Removed   uint64 `json:"removed"`   // rules deleted (key gone, expired, too big, idle)
+	Keys      int    `json:"keys"`      // keys offloaded now: each has a rule on every socket
+	Rules     int    `json:"rules"`     // rules now, on all sockets
+	Installed uint64 `json:"installed"` // keys offloaded
+	Refreshed uint64 `json:"refreshed"` // keys whose rules were rebuilt after a write retired them
+	Removed   uint64 `json:"removed"`   // keys whose rules were deleted (key gone, expired, too big, idle)
 	Settled   uint64 `json:"settled"`   // slots bumped again after a write without a reply settled
 	Skipped   uint64 `json:"skipped"`   // keys not offloadable (missing, too big, invalid)
 	Waiting   int    `json:"waiting"`   // keys the last install did not get to for want of room in santad
@@ -250,7 +251,7 @@ func (c *Controller) Report() Report {
 func (c *Controller) count(f func(r *Report)) {
 	c.repMu.Lock()
 	f(&c.rep)
-	c.rep.Rules, c.rep.Waiting = len(c.entries), c.waiting
+	c.rep.Keys, c.rep.Rules, c.rep.Waiting = len(c.entries), len(c.entries)*len(c.cookies), c.waiting
 	c.repMu.Unlock()
 }
 

@@ -29,13 +29,13 @@ func TestNoRoomInSantad(t *testing.T) {
 	writeKeys(t, file, keys)
 	ctl := r.startController("static", "--keys", file)
 
-	var offloaded, sockets int // "rules" counts keys: each has a rule on every socket
-	if _, err := fmt.Sscanf(ctl.Ready(), "ready: %d rules on %d sockets", &offloaded, &sockets); err != nil || sockets == 0 {
+	var offloaded, rules, sockets int
+	if _, err := fmt.Sscanf(ctl.Ready(), "ready: %d keys offloaded, %d rules on %d sockets", &offloaded, &rules, &sockets); err != nil || sockets == 0 {
 		t.Fatalf("ready line %q: %v", ctl.Ready(), err)
 	}
 	fit := maxRules / sockets
-	if offloaded != fit {
-		t.Errorf("%d keys offloaded on %d sockets, want the %d that fit in %d rules", offloaded, sockets, fit, maxRules)
+	if offloaded != fit || rules != fit*sockets {
+		t.Errorf("%d keys offloaded with %d rules on %d sockets, want the %d that fit in %d rules", offloaded, rules, sockets, fit, maxRules)
 	}
 	if want := fmt.Sprintf("%d keys wait for room in santad", len(keys)-fit); !strings.Contains(ctl.Ready(), want) {
 		t.Errorf("ready line %q does not say %q", ctl.Ready(), want)
@@ -102,7 +102,7 @@ func TestNoRoomForGrownValues(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "keys")
 	writeKeys(t, file, keys)
 	ctl := r.startController("static", "--keys", file)
-	if !strings.Contains(ctl.Ready(), fmt.Sprintf("ready: %d rules", len(keys))) {
+	if !strings.Contains(ctl.Ready(), fmt.Sprintf("ready: %d keys offloaded", len(keys))) {
 		t.Fatalf("ready line %q: want all %d keys offloaded", ctl.Ready(), len(keys))
 	}
 	// 2000 keys × 150 bytes × every socket: more than 1 MiB (a reply grows
