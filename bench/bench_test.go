@@ -269,8 +269,8 @@ func TestMCHarnessSmoke(t *testing.T) {
 			if meta.Offloaded < 0.5 || meta.Offloaded > 0.7 || m.XDPShare < meta.Offloaded-0.15 || m.XDPShare > meta.Offloaded+0.02 {
 				t.Errorf("santa-top-100: %.0f%% of the mix offloaded, %.0f%% answered in XDP", 100*meta.Offloaded, 100*m.XDPShare)
 			}
-			if !strings.HasPrefix(rep.Done[c.Name], "installed 100,") || strings.Contains(rep.Done[c.Name], "rebuilt 0 ") {
-				t.Errorf("santa-top-100: controller reported %q, want 100 rules installed and some rebuilt after SETs", rep.Done[c.Name])
+			if !strings.HasPrefix(rep.Done[c.Name], "100 keys offloaded,") || strings.Contains(rep.Done[c.Name], " 0 rebuilt,") {
+				t.Errorf("santa-top-100: controller reported %q, want 100 keys offloaded and some rebuilt after SETs", rep.Done[c.Name])
 			}
 		}
 		if c.Name != "reflector" && (m.ProbeSent == 0 || m.ProbeAnswered < m.ProbeSent*9/10 || m.LatP50Us <= 0) {
@@ -283,7 +283,7 @@ func TestMCHarnessSmoke(t *testing.T) {
 		t.Fatalf("write files %v %v", files, err)
 	}
 	md := rep.Markdown("memcached")
-	for _, s := range []string{"## memcached", "| santa-top-100 |", "× reflector", "`santa-top-100`: installed 100"} {
+	for _, s := range []string{"## memcached", "| santa-top-100 |", "× reflector", "`santa-top-100`: 100 keys offloaded"} {
 		if !strings.Contains(md, s) {
 			t.Errorf("markdown lacks %q", s)
 		}

@@ -126,7 +126,7 @@ type MCReport struct {
 	// Tracker is the write tracker's BPF cost over each Santa case (all
 	// its points): run time per run and runs per reply.
 	Tracker map[string]TrackerCost `json:"tracker,omitempty"`
-	// Done is each controller's done line (rules installed, rebuilt,
+	// Done is each controller's done line (keys offloaded, rebuilt,
 	// removed; the write tracker's counters), by the case that started it.
 	Done map[string]string `json:"controller_done,omitempty"`
 }
@@ -421,7 +421,7 @@ func (r *mcRun) stopController() {
 	r.ctl, r.ctlN = nil, 0
 }
 
-// doneLine is the controller's last report: rules installed, rebuilt and
+// doneLine is the controller's last report: keys offloaded, rebuilt and
 // removed, and the write tracker's counters.
 func doneLine(out string) string {
 	for _, l := range strings.Split(out, "\n") {
