@@ -599,7 +599,7 @@ var errNoRoom = errors.New("santad has no room for more rules")
 // the server, counted and logged, and its entry marked dead. It stops at
 // the first santad has no room for, and says so (full).
 func (c *Controller) add(ep *endpoint, es []*entry, rules []api.Rule) (added int, full bool) {
-	if ids, err := c.addEverywhere(ep, rules); err == nil {
+	if ids, err := follow.AddEverywhere(c.client, ep.cookies, rules, c.inherited); err == nil {
 		for k, e := range es {
 			e.ids = ids[k]
 		}
@@ -607,7 +607,7 @@ func (c *Controller) add(ep *endpoint, es []*entry, rules []api.Rule) (added int
 		return len(es), false
 	}
 	for k, e := range es {
-		ids, err := c.addEverywhere(ep, rules[k:k+1])
+		ids, err := follow.AddEverywhere(c.client, ep.cookies, rules[k:k+1], c.inherited)
 		if errors.Is(err, santa.ErrFull) || errors.Is(err, santa.ErrQuota) {
 			c.outOfRoom(ep, err)
 			return added, true
@@ -644,34 +644,6 @@ func (c *Controller) roomAgain() {
 		c.log.Info("santad has room for rules again")
 		c.noRoom = nil
 	}
-}
-
-// addEverywhere adds rules to every socket of ep, all or none; ids[k] are
-// rule k's ids in socket order.
-func (c *Controller) addEverywhere(ep *endpoint, rules []api.Rule) ([][]uint64, error) {
-	ids := make([][]uint64, len(rules))
-	for ci, cookie := range ep.cookies {
-		if err := c.inherited.Supersede(c.client, cookie, rules); err != nil {
-			return nil, err
-		}
-		got, err := c.client.Add(santa.Cookie(cookie), rules)
-		if err != nil {
-			for undo := 0; undo < ci; undo++ { // keep the sockets alike
-				del := make([]uint64, len(rules))
-				for k := range rules {
-					del[k] = ids[k][undo]
-				}
-				if derr := c.client.Delete(santa.Cookie(ep.cookies[undo]), del); derr != nil {
-					c.log.Error("undoing a partial add failed", "socket", ep.cookies[undo], "error", derr)
-				}
-			}
-			return nil, err
-		}
-		for k, id := range got {
-			ids[k] = append(ids[k], id)
-		}
-	}
-	return ids, nil
 }
 
 // expires is when e's rule must be gone: the whole second at or before the

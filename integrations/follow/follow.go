@@ -225,10 +225,52 @@ func DeleteTagged(c *santa.Client, cookies []uint64, tag string) error {
 	return nil
 }
 
+// RuleClient is what AddEverywhere and DeleteRules need of a santad client
+// (*santa.Client).
+type RuleClient interface {
+	Add(t santa.Target, rules []api.Rule) ([]uint64, error)
+	Delete(t santa.Target, ids []uint64) error
+}
+
+// AddEverywhere adds rules to every socket of cookies, all or none: ids[k]
+// are rule k's ids in cookie order. Before each socket's add, the rules of
+// a predecessor they supersede go (in; nil: none). When a socket refuses
+// them, they are deleted again from the sockets before it, so that the
+// sockets stay alike; the error is santad's refusal, with any failure of
+// that undo joined.
+func AddEverywhere(c RuleClient, cookies []uint64, rules []api.Rule, in *Inherited) ([][]uint64, error) {
+	ids := make([][]uint64, len(rules))
+	for ci, cookie := range cookies {
+		if in != nil {
+			if err := in.Supersede(c, cookie, rules); err != nil {
+				return nil, err
+			}
+		}
+		got, err := c.Add(santa.Cookie(cookie), rules)
+		if err != nil {
+			err = fmt.Errorf("add %d rules to socket %d: %w", len(rules), cookie, err)
+			for undo := range ci {
+				del := make([]uint64, len(rules))
+				for k := range rules {
+					del[k] = ids[k][undo]
+				}
+				if derr := c.Delete(santa.Cookie(cookies[undo]), del); derr != nil {
+					err = errors.Join(err, fmt.Errorf("undo the add on socket %d: %w", cookies[undo], derr))
+				}
+			}
+			return nil, err
+		}
+		for k, id := range got {
+			ids[k] = append(ids[k], id)
+		}
+	}
+	return ids, nil
+}
+
 // DeleteRules deletes rules ids of socket cookie. santad refuses the whole
 // request if one is gone; it removes a rule itself when it expires, so
 // rules already gone are left out and the rest deleted one by one.
-func DeleteRules(c *santa.Client, cookie uint64, ids []uint64) error {
+func DeleteRules(c RuleClient, cookie uint64, ids []uint64) error {
 	err := c.Delete(santa.Cookie(cookie), ids)
 	if !errors.Is(err, santa.ErrNotFound) {
 		return err

@@ -72,7 +72,7 @@ func (in *Inherited) Rules(cookie uint64) []api.Rule { return in.listed[cookie] 
 
 // Supersede deletes the inherited rules of socket cookie that match what
 // one of rules matches, which the caller is about to add there.
-func (in *Inherited) Supersede(c *santa.Client, cookie uint64, rules []api.Rule) error {
+func (in *Inherited) Supersede(c RuleClient, cookie uint64, rules []api.Rule) error {
 	byKey := in.rules[cookie]
 	if len(byKey) == 0 {
 		return nil

@@ -693,22 +693,9 @@ func (c *Controller) addRules(g *group, es []*entry) error {
 	for i, e := range es {
 		rules[i] = e.rule(lease, c.cfg.Tag)
 	}
-	ids := make([][]uint64, len(es))
-	for ci, cookie := range g.cookies {
-		got, err := c.rules.Add(santa.Cookie(cookie), rules)
-		if err != nil {
-			for undo := range ci {
-				del := make([]uint64, len(es))
-				for k := range es {
-					del[k] = ids[k][undo]
-				}
-				c.rules.Delete(santa.Cookie(g.cookies[undo]), del)
-			}
-			return fmt.Errorf("add %d rules: %w", len(rules), err)
-		}
-		for k, id := range got {
-			ids[k] = append(ids[k], id)
-		}
+	ids, err := follow.AddEverywhere(c.rules, g.cookies, rules, nil)
+	if err != nil {
+		return err
 	}
 	now := time.Now()
 	for k, e := range es {

@@ -448,7 +448,7 @@ func (c *Controller) install(keys []string) error {
 		if len(rules) == 0 {
 			return nil
 		}
-		ids, err := c.addEverywhere(rules)
+		ids, err := follow.AddEverywhere(c.client, c.cookies, rules, c.inherited)
 		if refused(err) {
 			added, err := c.addEach(rules, es)
 			if errors.Is(err, errNoRoom) {
@@ -494,7 +494,7 @@ func refused(err error) bool {
 func (c *Controller) addEach(rules []api.Rule, es []*entry) (added int, err error) {
 	defer func() { c.count(func(r *Report) { r.Installed += uint64(added) }) }()
 	for k, e := range es {
-		ids, err := c.addEverywhere(rules[k : k+1])
+		ids, err := follow.AddEverywhere(c.client, c.cookies, rules[k:k+1], c.inherited)
 		switch {
 		case err == nil:
 			e.ids = ids[0]
@@ -544,32 +544,6 @@ func (c *Controller) build(f fetched) (api.Rule, *entry, bool) {
 		r.Expires = uint64(expires.Unix())
 	}
 	return r, e, true
-}
-
-// addEverywhere adds rules to every socket, all or none; ids[k] are rule
-// k's ids in socket order.
-func (c *Controller) addEverywhere(rules []api.Rule) ([][]uint64, error) {
-	ids := make([][]uint64, len(rules))
-	for ci, cookie := range c.cookies {
-		if err := c.inherited.Supersede(c.client, cookie, rules); err != nil {
-			return nil, err
-		}
-		got, err := c.client.Add(santa.Cookie(cookie), rules)
-		if err != nil {
-			for undo := range ci {
-				del := make([]uint64, len(rules))
-				for k := range rules {
-					del[k] = ids[k][undo]
-				}
-				c.client.Delete(santa.Cookie(c.cookies[undo]), del)
-			}
-			return nil, fmt.Errorf("add %d rules: %w", len(rules), err)
-		}
-		for k, id := range got {
-			ids[k] = append(ids[k], id)
-		}
-	}
-	return ids, nil
 }
 
 // put adds e, or replaces its key's entry, in c.entries and the indexes.

@@ -22,6 +22,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
+	"github.com/santa-offload/santa/api"
 	"github.com/santa-offload/santa/clients/go/santa"
 	"github.com/santa-offload/santa/integrations/mcctl/stalecheck"
 	"github.com/santa-offload/santa/internal/mcproto"
@@ -78,18 +79,24 @@ func (r *rig) startController(args ...string) *testbed.Controller {
 }
 
 // counters are the rule processor's counters (answered, pass reasons).
-func (r *rig) counters() map[string]uint64 {
+func (r *rig) counters() map[string]uint64 { _, c := r.health(); return c }
+
+// rules is how many rules santad holds.
+func (r *rig) rules() uint64 { info, _ := r.health(); return info.Rules }
+
+// health is santad's answer to health.
+func (r *rig) health() (*api.DaemonInfo, map[string]uint64) {
 	r.t.Helper()
 	c, err := santa.Dial(r.santad.Socket)
 	if err != nil {
 		r.t.Fatal(err)
 	}
 	defer c.Close()
-	_, counters, err := c.Health()
+	info, counters, err := c.Health()
 	if err != nil {
 		r.t.Fatal(err)
 	}
-	return counters
+	return info, counters
 }
 
 // client makes a UDP client and a TCP connection of each protocol in the
@@ -474,18 +481,6 @@ func TestAdaptive(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	rules := func() uint64 {
-		c, err := santa.Dial(r.santad.Socket)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		info, _, err := c.Health()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return info.Rules
-	}
 	before := r.counters()["answered"]
 	deadline := time.Now().Add(10 * time.Second)
 	for i := 0; r.counters()["answered"] == before; i++ {
@@ -503,11 +498,11 @@ func TestAdaptive(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	// one rule per socket (IPv4, IPv6, loopback), for the hot key only
-	if n := rules(); n != 3 {
+	if n := r.rules(); n != 3 {
 		t.Fatalf("%d rules, want the hot key's 3 (one per socket)", n)
 	}
 	deadline = time.Now().Add(10 * time.Second)
-	for rules() != 0 {
+	for r.rules() != 0 {
 		if time.Now().After(deadline) {
 			t.Fatalf("the idle rule was not removed within 10 s")
 		}
