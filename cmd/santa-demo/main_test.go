@@ -149,7 +149,7 @@ func TestDemo(t *testing.T) {
 		`(?m)^  GET /style\.css  IPv4  200 OK  "body \{ font-family: sans-serif; color: #c00; \}\\n" = file +nginx\n`,
 		`(?m)^  GET /style\.css  IPv4  200 OK  "body \{ font-family: sans-serif; color: #c00; \}\\n" = file  = nginx's( but Date)? +Santa, rule \d+ hits 0 → 1\n.*\n  rule \d+ is back with the new content \d+ ms after the rename$`,
 		// the controller stopped: its rules are gone, nginx answers
-		`(?m)^  done: installed 5, invalidated 1, changed 0, removed 4 rules; `,
+		`(?m)^  done: installed 5, invalidated 1, changed 0, removed 4 requests; `,
 		`(?m)^  GET /index\.html IPv4  200 OK +205-byte body = file +nginx\n      pass_no_ruleset \+1; access log \+1: "GET /index\.html HTTP/1\.1" 200$`,
 		`(?m)^  GET /big\.html   IPv6  200 OK +\d+-byte body = file +nginx\n      pass_no_ruleset \+1; access log \+1: "GET /big\.html HTTP/1\.1" 200$`,
 	} {

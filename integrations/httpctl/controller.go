@@ -114,7 +114,7 @@ type Report struct {
 	Rules       int    `json:"rules"`        // requests offloaded now
 	Installed   uint64 `json:"installed"`    // requests offloaded (learned, or back after a change)
 	Invalidated uint64 `json:"invalidated"`  // requests whose rules a change on disk deleted
-	Changed     uint64 `json:"changed"`      // rules rebuilt because re-validation found a new response
+	Changed     uint64 `json:"changed"`      // requests whose rules were rebuilt because re-validation found a new response
 	Removed     uint64 `json:"removed"`      // requests no longer offloaded (idle, or no longer offloadable)
 	Dated       uint64 `json:"dated"`        // rules whose Date was rewritten
 	Renewed     uint64 `json:"renewed"`      // rules whose lease was renewed
