@@ -177,7 +177,7 @@ reply over the reflector's. † marks a point where others' work on the server C
 	sweepTable(&b, r.Cases)
 	b.WriteString("\nCells: replies/s of requests sent/s (server CPU µs per reply).\n")
 	if len(r.Done) > 0 {
-		b.WriteString("\n### The controllers' reports\n\nThe done line of each `santa memcached` run (rules installed, rebuilt after writes, removed; the write tracker's counters), by the case that started it:\n\n")
+		b.WriteString("\n### The controllers' reports\n\nThe done line of each `santa memcached` run (keys offloaded, rebuilt after writes, removed; the write tracker's counters), by the case that started it:\n\n")
 		for _, c := range r.Cases {
 			if d, ok := r.Done[c.Name]; ok {
 				fmt.Fprintf(&b, "* `%s`: %s\n", c.Name, d)
