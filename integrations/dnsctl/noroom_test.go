@@ -42,7 +42,7 @@ func TestNoRoomInSantad(t *testing.T) {
 	if n := strings.Count(ctl.Output(), "santad has no room for more rules"); n != 1 {
 		t.Errorf("the controller said %d times that santad has no room, want once:\n%s", n, ctl.Output())
 	}
-	if !strings.Contains(ctl.Output(), "raise MaxRules") {
+	if !strings.Contains(ctl.Output(), "raise santad's dataplane.max_rules") {
 		t.Errorf("the log does not pass on santad's reason:\n%s", ctl.Output())
 	}
 	if _, kernel := r.dig(names[0], "A"); !kernel {

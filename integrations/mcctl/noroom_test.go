@@ -43,7 +43,7 @@ func TestNoRoomInSantad(t *testing.T) {
 	if want := fmt.Sprintf("%d keys wait for room in santad", len(keys)-fit); !strings.Contains(ctl.Ready(), want) {
 		t.Errorf("ready line %q does not say %q", ctl.Ready(), want)
 	}
-	if !strings.Contains(ctl.Output(), "raise MaxRules") {
+	if !strings.Contains(ctl.Output(), "raise santad's dataplane.max_rules") {
 		t.Errorf("the log does not pass on santad's reason:\n%s", ctl.Output())
 	}
 	// fromKernel lists the keys the rule processor answers, each GET

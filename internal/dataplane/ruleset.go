@@ -476,10 +476,10 @@ func (d *Dataplane) tryPlace(id uint32, regions []region, buckets bucketRange, r
 		need += r.rule.dataLen()
 	}
 	if d.slots.available() < len(rules) {
-		return fmt.Errorf("%w: rule table: %d free of %d rules; raise MaxRules", ErrFull, d.slots.available(), d.cfg.MaxRules)
+		return fmt.Errorf("%w: rule table: %d free of %d rules; raise santad's dataplane.max_rules", ErrFull, d.slots.available(), d.cfg.MaxRules)
 	}
 	if free := d.cfg.DataMiB*pageData - d.data.used; free < need {
-		return fmt.Errorf("%w: rule data memory: need %d bytes, %d free; raise DataMiB", ErrFull, need, free)
+		return fmt.Errorf("%w: rule data memory: need %d bytes, %d free; raise santad's dataplane.data_mib", ErrFull, need, free)
 	}
 	return nil
 }
@@ -503,7 +503,7 @@ func (d *Dataplane) add(rs *ruleset, news []*installed) error {
 			return err // a rebuild would need more room still
 		case stuck:
 			return fmt.Errorf("%w: %v; rebuilding the rule set (%d rules) to fit them needs room for a second copy "+
-				"of it, and %d of %d rule slots are free: raise MaxRules to twice the largest rule set",
+				"of it, and %d of %d rule slots are free: raise santad's dataplane.max_rules to twice the largest rule set",
 				ErrFull, err, len(rs.rules), d.slots.available(), d.cfg.MaxRules)
 		}
 	}
@@ -652,7 +652,7 @@ func compiledOf(rules []*installed) []*compiledRule {
 func (d *Dataplane) writeRuleset(rs *ruleset, regions []region, flags uint32, n int) (uint32, bucketRange, error) {
 	id, _, err := d.rsIDs.get()
 	if err != nil {
-		return 0, bucketRange{}, fmt.Errorf("%w: rule sets (%d); raise MaxRulesets", ErrFull, d.cfg.MaxRulesets)
+		return 0, bucketRange{}, fmt.Errorf("%w: rule sets (%d); raise santad's dataplane.max_rulesets", ErrFull, d.cfg.MaxRulesets)
 	}
 	buckets := bucketRangeFor(d.seed, d.mask, id, n)
 	v := santaSantaRuleset{
@@ -676,12 +676,12 @@ func (d *Dataplane) writeRuleset(rs *ruleset, regions []region, flags uint32, n 
 func (d *Dataplane) install(id, gen uint32, r *installed) error {
 	slot, reused, err := d.slots.get()
 	if err != nil {
-		return fmt.Errorf("%w: rule table; raise MaxRules", ErrFull)
+		return fmt.Errorf("%w: rule table; raise santad's dataplane.max_rules", ErrFull)
 	}
 	ref, err := d.data.get(r.rule.dataLen())
 	if err != nil {
 		d.slots.put(slot)
-		return fmt.Errorf("%w: rule data memory; raise DataMiB", ErrFull)
+		return fmt.Errorf("%w: rule data memory; raise santad's dataplane.data_mib", ErrFull)
 	}
 	r.slot, r.data = slot, ref
 	page := d.pages.value(ref.page)
