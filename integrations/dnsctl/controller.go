@@ -414,10 +414,12 @@ func (c *Controller) installInitial(ctx context.Context) error {
 	}
 	for _, ep := range c.eps {
 		c.probe(ep, c.cfg.Questions)
-		start := time.Now()
-		if err := c.installMany(ctx, ep, queries, questions); err != nil {
-			return err
-		}
+	}
+	start := time.Now()
+	if err := c.installMany(ctx, c.eps, queries, questions); err != nil {
+		return err
+	}
+	for _, ep := range c.eps {
 		c.log.Info("installed", "server", ep.addr, "rules", len(ep.entries), "queries", len(queries),
 			"elapsed", time.Since(start).Round(time.Millisecond))
 	}
@@ -427,31 +429,41 @@ func (c *Controller) installInitial(ctx context.Context) error {
 	return nil
 }
 
-// installMany installs queries in rounds of 16 batches, with feedback on
-// long work, until done or ctx ends.
-func (c *Controller) installMany(ctx context.Context, ep *endpoint, queries []*Query, questions []Question) error {
-	start := time.Now()
-	for i := 0; i < len(queries); i += 16 * c.cfg.Batch {
+// installMany installs queries on every endpoint of eps, a batch at a time
+// and taking turns: when santad has no room for all of them, each endpoint
+// has the first ones (in top mode the most popular), not one endpoint all.
+// It logs its progress on long work, and stops when ctx ends.
+func (c *Controller) installMany(ctx context.Context, eps []*endpoint, queries []*Query, questions []Question) error {
+	start, logged := time.Now(), time.Now()
+	for i := 0; i < len(queries); i += c.cfg.Batch {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		j := min(i+16*c.cfg.Batch, len(queries))
-		err := c.install(ep, queries[i:j], questions[i:j])
-		if errors.Is(err, errNoRoom) {
-			// asking the server for answers santad has no room for is no use
-			c.count(func(r *Report) { r.Skipped[noRoomReason] += len(queries) - j })
-			return nil
+		j := min(i+c.cfg.Batch, len(queries))
+		for k, ep := range eps {
+			err := c.install(ep, queries[i:j], questions[i:j])
+			if errors.Is(err, errNoRoom) {
+				// asking the server for answers santad has no room for is
+				// no use: the rest stays with the server, on every endpoint
+				left := len(eps)*(len(queries)-j) + (len(eps)-k-1)*(j-i)
+				c.count(func(r *Report) { r.Skipped[noRoomReason] += left })
+				return nil
+			}
+			if err != nil {
+				return err
+			}
 		}
-		if err != nil {
-			return err
-		}
-		if len(queries) > 16*c.cfg.Batch {
-			c.log.Info("installing", "server", ep.addr, "done", j, "of", len(queries),
-				"rules", len(ep.entries), "elapsed", time.Since(start).Round(time.Millisecond))
+		if time.Since(logged) >= progressEvery {
+			logged = time.Now()
+			c.log.Info("installing", "done", j, "of", len(queries), "rules", c.Report().Rules,
+				"elapsed", time.Since(start).Round(time.Millisecond))
 		}
 	}
 	return nil
 }
+
+// progressEvery is how often a long install logs its progress.
+const progressEvery = 5 * time.Second
 
 // installInherited installs again, in the shape it had, the question of
 // every rule a predecessor left (follow.Inherited) that this run may
@@ -490,7 +502,7 @@ func (c *Controller) installInherited(ctx context.Context) error {
 			ep.learned += len(queries)
 		}
 		before := len(ep.entries)
-		if err := c.installMany(ctx, ep, queries, questions); err != nil {
+		if err := c.installMany(ctx, []*endpoint{ep}, queries, questions); err != nil {
 			return err
 		}
 		c.log.Info("installed again the questions of the rules a predecessor left", "server", ep.addr,

@@ -2,6 +2,7 @@ package dnsctl_test
 
 import (
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -13,10 +14,11 @@ import (
 )
 
 // TestNoRoomInSantad: with more questions than santad has room for, the
-// controller fills santad, leaves the rest to the server without trying
-// them one by one, says so once, and answers the ones that fit.
+// controller fills santad, the IPv4 and the IPv6 socket each with the first
+// questions, leaves the rest to the server without trying them one by one,
+// says so once, and the kernel answers the ones that fit.
 func TestNoRoomInSantad(t *testing.T) {
-	const maxRules, generated = 100, 500
+	const maxRules, generated = 1500, 1500 // one batch (1024) on each socket does not fit
 	config := filepath.Join(t.TempDir(), "santad.yaml")
 	if err := os.WriteFile(config, fmt.Appendf(nil, "dataplane:\n  max_rules: %d\n", maxRules), 0o644); err != nil {
 		t.Fatal(err)
@@ -35,7 +37,7 @@ func TestNoRoomInSantad(t *testing.T) {
 	if want := fmt.Sprintf("(%d questions not offloaded)", 2*generated-maxRules); !strings.Contains(ctl.Ready(), want) {
 		t.Errorf("ready line %q, want %q", ctl.Ready(), want)
 	}
-	// a batch and then a rule per socket, not every question that is left
+	// a batch and then a rule, not every question that is left
 	if n := strings.Count(r.santad.Log(), `msg="request refused" op=add`); n > 4 {
 		t.Errorf("santad refused %d adds, want at most 4", n)
 	}
@@ -45,7 +47,10 @@ func TestNoRoomInSantad(t *testing.T) {
 	if !strings.Contains(ctl.Output(), "raise santad's dataplane.max_rules") {
 		t.Errorf("the log does not pass on santad's reason:\n%s", ctl.Output())
 	}
-	if _, kernel := r.dig(names[0], "A"); !kernel {
-		t.Errorf("%s A, offloaded first, was not answered by the rule processor", names[0])
+	v4, v6 := r.srv.Addrs()
+	for _, server := range []netip.AddrPort{v4, v6} {
+		if _, kernel := r.digAt(server, names[0], "A"); !kernel {
+			t.Errorf("%s A, offloaded first, was not answered by the rule processor at %v", names[0], server)
+		}
 	}
 }

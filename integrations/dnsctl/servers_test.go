@@ -504,10 +504,15 @@ print(r.answer[0][0].address)`
 // dig asks the rig's server (IPv4) for name/type from the client namespace
 // and returns the short answer and whether the rule processor answered it.
 func (r *rig) dig(name, qtype string) (string, bool) {
-	r.t.Helper()
 	v4, _ := r.srv.Addrs()
+	return r.digAt(v4, name, qtype)
+}
+
+// digAt is dig asking the server at one of its addresses.
+func (r *rig) digAt(server netip.AddrPort, name, qtype string) (string, bool) {
+	r.t.Helper()
 	before := r.answered()
-	out, err := r.tb.Client.Run("dig", "+nocookie", "+tries=1", "+time=1", "@"+v4.Addr().String(), name, qtype, "+short")
+	out, err := r.tb.Client.Run("dig", "+nocookie", "+tries=1", "+time=1", "@"+server.Addr().String(), name, qtype, "+short")
 	if err != nil {
 		return "", false
 	}
