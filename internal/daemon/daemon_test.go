@@ -149,6 +149,22 @@ func echoServer(t *testing.T, tb *testbed.Testbed, server netip.AddrPort) *net.U
 	return conn
 }
 
+// boundEchoServer is echoServer with its socket bound through c: its rule
+// set's cookie.
+func boundEchoServer(t *testing.T, tb *testbed.Testbed, c *santa.Client, server netip.AddrPort) (*net.UDPConn, uint64) {
+	t.Helper()
+	conn := echoServer(t, tb, server)
+	target, err := santa.Socket(conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := c.Bind(target, santa.SampleOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return conn, info.Cookie
+}
+
 // TestOwnership checks what a non-root client may not do.
 func TestOwnership(t *testing.T) {
 	tb := testbed.New(t)
@@ -523,17 +539,9 @@ func TestRulesExpire(t *testing.T) {
 	sd := newSantad(t, tb)
 	sd.start()
 	server := netip.AddrPortFrom(tb.Server.IP4, 7900)
-	conn := echoServer(t, tb, server) // what the client gets once no rule answers
-	defer conn.Close()
-	raw, err := conn.SyscallConn()
-	if err != nil {
-		t.Fatal(err)
-	}
 	c := sd.client()
-	var info api.SocketInfo
-	if cerr := raw.Control(func(fd uintptr) { info, err = c.Bind(santa.FD(int(fd)), santa.SampleOptions{}) }); cerr != nil || err != nil {
-		t.Fatal(cerr, err)
-	}
+	conn, cookie := boundEchoServer(t, tb, c, server) // what the client gets once no rule answers
+	defer conn.Close()
 	rule := func(ask, answer string, expires time.Time) api.Rule {
 		r := api.Rule{Conditions: []api.Condition{{Pattern: api.Bytes(ask)}},
 			Processors: []api.Processor{{Kind: api.KindPut, Template: api.Bytes(answer)}}, ReplyLen: uint32(len(answer))}
@@ -542,7 +550,7 @@ func TestRulesExpire(t *testing.T) {
 		}
 		return r
 	}
-	target := santa.Cookie(info.Cookie)
+	target := santa.Cookie(cookie)
 	if _, err := c.Add(target, []api.Rule{rule("Past", "x", time.Now().Add(-time.Second))}); !errors.Is(err, santa.ErrInvalid) ||
 		!strings.Contains(err.Error(), "which has passed") {
 		t.Fatalf("a rule that expired a second ago: %v, want invalid (has passed)", err)
@@ -633,13 +641,13 @@ func TestRulesExpire(t *testing.T) {
 `, fixed)), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	cookie := fmt.Sprint(info.Cookie)
-	if out, err := sd.cli(0, "rules", "add", "--socket", cookie, "--lifetime", "-5s", file); err == nil ||
+	socket := fmt.Sprint(cookie)
+	if out, err := sd.cli(0, "rules", "add", "--socket", socket, "--lifetime", "-5s", file); err == nil ||
 		!strings.Contains(out, "must not be negative") {
 		t.Fatalf("--lifetime -5s: %v %s; want refused", err, out)
 	}
 	start := time.Now()
-	if out, err := sd.cli(0, "rules", "add", "--socket", cookie, "--lifetime", "1m", file); err != nil {
+	if out, err := sd.cli(0, "rules", "add", "--socket", socket, "--lifetime", "1m", file); err != nil {
 		t.Fatalf("rules add --lifetime 1m: %v %s", err, out)
 	}
 	rules, err = c.ListRules(target)

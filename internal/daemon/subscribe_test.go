@@ -24,20 +24,9 @@ func TestSubscribersWidestSampling(t *testing.T) {
 	sd := newSantad(t, tb)
 	sd.start()
 	server := netip.AddrPortFrom(tb.Server.IP4, 7910)
-	conn := echoServer(t, tb, server)
-	defer conn.Close()
-	raw, err := conn.SyscallConn()
-	if err != nil {
-		t.Fatal(err)
-	}
 	c := sd.client()
-	var cookie uint64
-	if cerr := raw.Control(func(fd uintptr) {
-		info, berr := c.Bind(santa.FD(int(fd)), santa.SampleOptions{})
-		cookie, err = info.Cookie, berr
-	}); cerr != nil || err != nil {
-		t.Fatal(cerr, err)
-	}
+	conn, cookie := boundEchoServer(t, tb, c, server)
+	defer conn.Close()
 
 	type stream struct {
 		mu      sync.Mutex

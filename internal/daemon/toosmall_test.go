@@ -29,31 +29,23 @@ func TestRestartTooSmall(t *testing.T) {
 	sd := newSantad(t, tb)
 	sd.start()
 	server := netip.AddrPortFrom(tb.Server.IP4, 7901)
-	conn := echoServer(t, tb, server)
-	defer conn.Close()
-	raw, err := conn.SyscallConn()
-	if err != nil {
-		t.Fatal(err)
-	}
 	c := sd.client()
-	var info api.SocketInfo
-	if cerr := raw.Control(func(fd uintptr) { info, err = c.Bind(santa.FD(int(fd)), santa.SampleOptions{}) }); cerr != nil || err != nil {
-		t.Fatal(cerr, err)
-	}
+	conn, cookie := boundEchoServer(t, tb, c, server)
+	defer conn.Close()
 	var rules []api.Rule
 	for i := range 10 {
 		ask, answer := fmt.Sprintf("ask %d", i), fmt.Sprintf("answer %d", i)
 		rules = append(rules, api.Rule{Conditions: []api.Condition{{Pattern: api.Bytes(ask)}},
 			Processors: []api.Processor{{Kind: api.KindPut, Template: api.Bytes(answer)}}, ReplyLen: uint32(len(answer))})
 	}
-	if _, err := c.Add(santa.Cookie(info.Cookie), rules); err != nil {
+	if _, err := c.Add(santa.Cookie(cookie), rules); err != nil {
 		t.Fatal(err)
 	}
 	sd.stop(syscall.SIGTERM)
 
 	args := slices.Clone(sd.Args)
 	sd.Args = append(sd.Args, "--config", small)
-	err = sd.Start(context.Background())
+	err := sd.Start(context.Background())
 	if err == nil || !strings.Contains(err.Error(), "raise santad's dataplane.max_rules") {
 		t.Fatalf("santad with max_rules 5 and 10 rules in its journal: %v, want a refusal to start that names max_rules", err)
 	}
@@ -66,7 +58,7 @@ func TestRestartTooSmall(t *testing.T) {
 
 	sd.Args = args
 	sd.start()
-	got, err := sd.client().ListRules(santa.Cookie(info.Cookie))
+	got, err := sd.client().ListRules(santa.Cookie(cookie))
 	if err != nil || len(got) != 10 {
 		t.Fatalf("santad with room again holds %d rules (%v), want all 10", len(got), err)
 	}
