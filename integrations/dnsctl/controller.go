@@ -620,7 +620,7 @@ func (c *Controller) add(ep *endpoint, es []*entry, rules []api.Rule) (added int
 	}
 	for k, e := range es {
 		ids, err := follow.AddEverywhere(c.client, ep.cookies, rules[k:k+1], c.inherited)
-		if errors.Is(err, santa.ErrFull) || errors.Is(err, santa.ErrQuota) {
+		if follow.NoRoom(err) {
 			c.outOfRoom(ep, err)
 			return added, true
 		}

@@ -267,6 +267,12 @@ func AddEverywhere(c RuleClient, cookies []uint64, rules []api.Rule, in *Inherit
 	return ids, nil
 }
 
+// NoRoom reports whether santad refused rules for want of room: its data
+// plane is full, or the caller's quota is reached.
+func NoRoom(err error) bool {
+	return errors.Is(err, santa.ErrFull) || errors.Is(err, santa.ErrQuota)
+}
+
 // DeleteRules deletes rules ids of socket cookie. santad refuses the whole
 // request if one is gone; it removes a rule itself when it expires, so
 // rules already gone are left out and the rest deleted one by one.

@@ -484,7 +484,7 @@ var errNoRoom = errors.New("santad has no room for more rules")
 // refused reports whether santad refused rules for what they are or for
 // want of room (the rules are not offloaded), rather than failing.
 func refused(err error) bool {
-	return errors.Is(err, santa.ErrFull) || errors.Is(err, santa.ErrQuota) || errors.Is(err, santa.ErrInvalid)
+	return follow.NoRoom(err) || errors.Is(err, santa.ErrInvalid)
 }
 
 // addEach adds rules (those of es) one at a time, after santad refused
@@ -500,7 +500,7 @@ func (c *Controller) addEach(rules []api.Rule, es []*entry) (added int, err erro
 			e.ids = ids[0]
 			c.put(e)
 			added++
-		case errors.Is(err, santa.ErrFull) || errors.Is(err, santa.ErrQuota):
+		case follow.NoRoom(err):
 			return added, fmt.Errorf("%w: %w", errNoRoom, err)
 		case errors.Is(err, santa.ErrInvalid):
 			c.count(func(r *Report) { r.Skipped++ })
@@ -794,18 +794,8 @@ func (c *Controller) remove(es []*entry) error {
 		for k, e := range es {
 			ids[k] = e.ids[ci]
 		}
-		err := c.client.Delete(santa.Cookie(cookie), ids)
-		if errors.Is(err, santa.ErrNotFound) {
-			var present map[uint64]bool
-			if present, err = c.presentIDs(ci); err == nil {
-				ids = slices.DeleteFunc(ids, func(id uint64) bool { return !present[id] })
-				if len(ids) > 0 {
-					err = c.client.Delete(santa.Cookie(cookie), ids)
-				}
-			}
-		}
-		if err != nil {
-			return fmt.Errorf("delete %d rules: %w", len(ids), err)
+		if err := follow.DeleteRules(c.client, cookie, ids); err != nil {
+			return fmt.Errorf("delete %d rules of socket %d: %w", len(ids), cookie, err)
 		}
 	}
 	for _, e := range es {

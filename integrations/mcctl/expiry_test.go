@@ -91,4 +91,21 @@ func TestRuleGoneUnderController(t *testing.T) {
 	if !strings.Contains(ctl.Output(), "added again") {
 		t.Errorf("the controller did not log the rule it added again:\n%s", ctl.Output())
 	}
+
+	// gone again, and then the value too: the removal of the rule finds it
+	// gone, and the controller goes on
+	for _, s := range socks {
+		if _, err := c.DeleteTagged(santa.Cookie(s.Cookie), "santa-memcached"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := conns["text"].Delete(key); err != nil {
+		t.Fatal(err)
+	}
+	if exited, err := ctl.Wait(1500 * time.Millisecond); exited {
+		t.Fatalf("the controller exited removing a rule already gone (%v)", err)
+	}
+	if v := get(); !strings.HasPrefix(v, "(found false") {
+		t.Errorf("after the delete: GET gave %q, want no value", v)
+	}
 }
