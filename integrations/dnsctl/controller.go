@@ -573,7 +573,10 @@ func (c *Controller) install(ep *endpoint, queries []*Query, questions []Questio
 	}
 	for i := 0; i < len(rules); i += c.cfg.Batch {
 		j := min(i+c.cfg.Batch, len(rules))
-		added, full := c.add(ep, fresh[i:j], rules[i:j])
+		added, full, err := c.add(ep, fresh[i:j], rules[i:j])
+		if err != nil {
+			return err
+		}
 		if full { // the rest of fresh stays with the server
 			left := 0
 			for _, e := range fresh[i:] {
@@ -604,37 +607,32 @@ func (c *Controller) install(ep *endpoint, queries []*Query, questions []Questio
 // its questions stay with the server.
 var errNoRoom = errors.New("santad has no room for more rules")
 
-// add installs rules (one per entry) on every socket of ep and returns how
-// many it added. A batch santad refuses is retried rule by rule: a rule
-// santad refuses (e.g. more rules share the bytes the matcher hashes than a
-// bucket chain takes) is left to
-// the server, counted and logged, and its entry marked dead. It stops at
-// the first santad has no room for, and says so (full).
-func (c *Controller) add(ep *endpoint, es []*entry, rules []api.Rule) (added int, full bool) {
-	if ids, err := follow.AddEverywhere(c.client, ep.cookies, rules, c.inherited); err == nil {
-		for k, e := range es {
-			e.ids = ids[k]
-		}
-		c.roomAgain()
-		return len(es), false
-	}
+// add installs rules (one per entry) on every socket of ep, as far as
+// santad takes them (follow.AddFitting), and returns how many it added. A
+// rule santad refuses (e.g. more rules share the bytes the matcher hashes
+// than a bucket chain takes) is left to the server, counted and logged, and
+// its entry marked dead. It stops at the first santad has no room for, and
+// says so (full).
+func (c *Controller) add(ep *endpoint, es []*entry, rules []api.Rule) (added int, full bool, err error) {
+	ids, err := follow.AddFitting(c.client, ep.cookies, rules, c.inherited, func(k int, err error) {
+		es[k].dead = true
+		c.skip(fmt.Errorf("%w: santad refused the rule: %v", ErrNotOffloadable, err))
+		c.log.Debug("santad refused a rule", "question", es[k].query, "error", err)
+	})
 	for k, e := range es {
-		ids, err := follow.AddEverywhere(c.client, ep.cookies, rules[k:k+1], c.inherited)
-		if follow.NoRoom(err) {
-			c.outOfRoom(ep, err)
-			return added, true
+		if ids[k] != nil {
+			e.ids = ids[k]
+			added++
 		}
-		if err != nil {
-			e.dead = true
-			c.skip(fmt.Errorf("%w: santad refused the rule: %v", ErrNotOffloadable, err))
-			c.log.Debug("santad refused a rule", "question", e.query, "error", err)
-			continue
-		}
-		e.ids = ids[0]
-		added++
+	}
+	if follow.NoRoom(err) {
+		c.outOfRoom(ep, err)
+		return added, true, nil
+	}
+	if added > 0 {
 		c.roomAgain()
 	}
-	return added, false
+	return added, false, err
 }
 
 // noRoomReason is the reason of the questions left to the server because

@@ -267,6 +267,45 @@ func AddEverywhere(c RuleClient, cookies []uint64, rules []api.Rule, in *Inherit
 	return ids, nil
 }
 
+// AddFitting adds rules to every socket of cookies (AddEverywhere), in
+// order, as far as santad takes them. A part santad refuses is halved and
+// each half tried again, so that a batch holding one rule santad refuses,
+// or finding room for only some, costs a few requests instead of one per
+// rule. A rule santad refuses for what it is (santa.ErrInvalid) is left out
+// and handed to refused. At the first rule santad has no room for (NoRoom)
+// it stops and returns that refusal; any other failure it returns at once.
+// ids[k] are rule k's ids in cookie order, nil for a rule not added.
+func AddFitting(c RuleClient, cookies []uint64, rules []api.Rule, in *Inherited,
+	refused func(k int, err error)) (ids [][]uint64, err error) {
+	ids = make([][]uint64, len(rules))
+	var add func(lo, hi int) error
+	add = func(lo, hi int) error {
+		got, err := AddEverywhere(c, cookies, rules[lo:hi], in)
+		switch {
+		case err == nil:
+			copy(ids[lo:hi], got)
+			return nil
+		case !NoRoom(err) && !errors.Is(err, santa.ErrInvalid):
+			return err
+		case hi-lo > 1:
+			mid := lo + (hi-lo)/2
+			if err := add(lo, mid); err != nil {
+				return err
+			}
+			return add(mid, hi)
+		case NoRoom(err):
+			return err
+		default:
+			refused(lo, err)
+			return nil
+		}
+	}
+	if len(rules) == 0 {
+		return ids, nil
+	}
+	return ids, add(0, len(rules))
+}
+
 // NoRoom reports whether santad refused rules for want of room: its data
 // plane is full, or the caller's quota is reached.
 func NoRoom(err error) bool {
@@ -274,19 +313,26 @@ func NoRoom(err error) bool {
 }
 
 // DeleteRules deletes rules ids of socket cookie. santad refuses the whole
-// request if one is gone; it removes a rule itself when it expires, so
-// rules already gone are left out and the rest deleted one by one.
+// request if one is gone (it removes a rule itself when it expires, and
+// all of them with the socket): then each half is tried again, so that the
+// rules already gone are left out in a few requests rather than one per
+// rule.
 func DeleteRules(c RuleClient, cookie uint64, ids []uint64) error {
+	if len(ids) == 0 {
+		return nil
+	}
 	err := c.Delete(santa.Cookie(cookie), ids)
-	if !errors.Is(err, santa.ErrNotFound) {
+	switch {
+	case !errors.Is(err, santa.ErrNotFound):
+		return err
+	case len(ids) == 1:
+		return nil
+	}
+	mid := len(ids) / 2
+	if err := DeleteRules(c, cookie, ids[:mid]); err != nil {
 		return err
 	}
-	for _, id := range ids {
-		if err := c.Delete(santa.Cookie(cookie), []uint64{id}); err != nil && !errors.Is(err, santa.ErrNotFound) {
-			return err
-		}
-	}
-	return nil
+	return DeleteRules(c, cookie, ids[mid:])
 }
 
 // UnbindEmpty removes the rule sets of cookies that hold no rules: those a

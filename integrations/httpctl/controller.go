@@ -650,9 +650,10 @@ func isRefusal(err error) bool {
 	return errors.As(err, &se) && !errors.Is(err, santa.ErrNotFound) && !errors.Is(err, santa.ErrInternal)
 }
 
-// install adds the rules of new entries. santad may refuse one (e.g. a
-// bucket chain would grow too long): then the entries are added one by
-// one and the refused ones are not offloaded.
+// install adds the rules of new entries, as far as santad takes them
+// (follow.AddFitting). An entry whose rule santad refuses (e.g. a bucket
+// chain would grow too long), or has no room for, is not offloaded and is
+// tried again later (refuse).
 func (c *Controller) install(es []*entry, now time.Time) error {
 	byGroup := map[*group][]*entry{}
 	for _, e := range es {
@@ -663,50 +664,52 @@ func (c *Controller) install(es []*entry, now time.Time) error {
 		if len(batch) == 0 {
 			continue
 		}
-		err := c.addRules(g, batch)
-		if err != nil && isRefusal(err) && len(batch) > 1 {
-			for _, e := range batch {
-				if err := c.addRules(g, []*entry{e}); err != nil {
-					if !isRefusal(err) {
-						return err
-					}
-					c.refuse(e, err, now)
-				}
-			}
+		refused := map[*entry]bool{}
+		err := c.addRules(g, batch, func(e *entry, err error) {
+			refused[e] = true
+			c.refuse(e, err, now)
+		})
+		if err == nil {
 			continue
 		}
-		if err != nil {
-			if !isRefusal(err) {
-				return err
+		if !isRefusal(err) {
+			return err
+		}
+		// santad has no room, or refused the rest for a reason of its own
+		for _, e := range batch {
+			if e.ids == nil && !refused[e] {
+				c.refuse(e, err, now)
 			}
-			c.refuse(batch[0], err, now)
 		}
 	}
 	return nil
 }
 
-// addRules adds the entries' rules on every socket of g, all or none, and
-// records them.
-func (c *Controller) addRules(g *group, es []*entry) error {
+// addRules adds the entries' rules on every socket of g (each rule all or
+// none), as far as santad takes them (follow.AddFitting), and records
+// those added. refused gets each entry whose rule santad refused for what
+// it is; the error is why santad took no more.
+func (c *Controller) addRules(g *group, es []*entry, refused func(*entry, error)) error {
 	lease := c.leaseEnd(time.Now())
 	rules := make([]api.Rule, len(es))
 	for i, e := range es {
 		rules[i] = e.rule(lease, c.cfg.Tag)
 	}
-	ids, err := follow.AddEverywhere(c.rules, g.cookies, rules, nil)
-	if err != nil {
-		return err
-	}
-	now := time.Now()
+	ids, err := follow.AddFitting(c.rules, g.cookies, rules, nil, func(k int, err error) { refused(es[k], err) })
+	now, added := time.Now(), 0
 	for k, e := range es {
+		if ids[k] == nil {
+			continue
+		}
 		e.ids, e.since, e.leased, e.hits, e.idle = ids[k], now, lease, 0, 0
 		c.entries[e.key] = e
 		delete(c.pending, e.key)
 		c.hot.Forget(e.key)
 		c.log.Debug("offloaded", "request", e.req.line(), "reply_bytes", len(e.reply), "status", e.resp.status, "close", rules[k].Close)
+		added++
 	}
-	c.count(func(r *Report) { r.Installed += uint64(len(es)) })
-	return nil
+	c.count(func(r *Report) { r.Installed += uint64(added) })
+	return err
 }
 
 // modifyRules replaces the rules of the entries by their current rule
@@ -737,7 +740,8 @@ func (c *Controller) modifyRules(es []*entry) error {
 	return nil
 }
 
-// deleteRules deletes the entries' rules from every socket and forgets
+// deleteRules deletes the entries' rules from every socket (those santad
+// removed already are left out: follow.DeleteRules) and forgets
 // the entries.
 func (c *Controller) deleteRules(es []*entry) error {
 	byCookie := map[uint64][]uint64{}
@@ -752,7 +756,7 @@ func (c *Controller) deleteRules(es []*entry) error {
 	for _, g := range c.groups {
 		for _, cookie := range g.cookies {
 			if ids := byCookie[cookie]; len(ids) > 0 {
-				if err := c.rules.Delete(santa.Cookie(cookie), ids); err != nil {
+				if err := follow.DeleteRules(c.rules, cookie, ids); err != nil {
 					errs = append(errs, fmt.Errorf("delete %d rules: %w", len(ids), err))
 				}
 			}
@@ -900,14 +904,7 @@ func (c *Controller) forgetLapsed(now time.Time) error {
 		return nil
 	}
 	c.log.Warn("rules lapsed: the controller did not renew them in time", "rules", len(lapsed))
-	var errs []error
-	for _, e := range lapsed {
-		// one by one: a rule santad removed already fails its delete alone
-		if err := c.remove([]*entry{e}); err != nil && !errors.Is(err, santa.ErrNotFound) {
-			errs = append(errs, err)
-		}
-	}
-	return errors.Join(errs...)
+	return c.remove(lapsed)
 }
 
 // revalidate fetches the responses of the rules not checked for Interval
@@ -1035,7 +1032,7 @@ func (c *Controller) removeAll() {
 	}
 	clear(c.pending)
 	c.count(func(r *Report) { r.Removed += uint64(len(all)) })
-	if err := c.deleteRules(all); err != nil && !errors.Is(err, santa.ErrNotFound) {
+	if err := c.deleteRules(all); err != nil {
 		// santad went away: the next controller with this tag deletes them
 		c.log.Warn("removing the rules on exit failed", "error", err)
 		return

@@ -448,23 +448,24 @@ func (c *Controller) install(keys []string) error {
 		if len(rules) == 0 {
 			return nil
 		}
-		ids, err := follow.AddEverywhere(c.client, c.cookies, rules, c.inherited)
-		if refused(err) {
-			added, err := c.addEach(rules, es)
-			if errors.Is(err, errNoRoom) {
-				c.waitForRoom(len(keys)-done+len(es)-added, err)
-			}
-			return err
-		}
-		if err != nil {
-			return err
-		}
+		ids, err := follow.AddFitting(c.client, c.cookies, rules, c.inherited, func(k int, err error) {
+			c.count(func(r *Report) { r.Skipped++ })
+			c.log.Debug("santad refused a rule", "key", es[k].key, "error", err)
+		})
+		added := 0
 		for k, e := range es {
-			e.ids = ids[k]
-			c.put(e)
+			if ids[k] != nil {
+				e.ids = ids[k]
+				c.put(e)
+				added++
+			}
 		}
-		c.count(func(r *Report) { r.Installed += uint64(len(es)) })
-		return nil
+		c.count(func(r *Report) { r.Installed += uint64(added) })
+		if follow.NoRoom(err) {
+			c.waitForRoom(len(keys)-done+len(es)-added, err)
+			return fmt.Errorf("%w: %w", errNoRoom, err)
+		}
+		return err
 	})
 	if errors.Is(err, errNoRoom) {
 		return nil
@@ -485,31 +486,6 @@ var errNoRoom = errors.New("santad has no room for more rules")
 // want of room (the rules are not offloaded), rather than failing.
 func refused(err error) bool {
 	return follow.NoRoom(err) || errors.Is(err, santa.ErrInvalid)
-}
-
-// addEach adds rules (those of es) one at a time, after santad refused
-// them together. A rule santad refuses for what it is (e.g. a bucket chain
-// would grow too long) is skipped: its key is tried again with the missing
-// ones. It stops at the first refused for want of room, with errNoRoom.
-func (c *Controller) addEach(rules []api.Rule, es []*entry) (added int, err error) {
-	defer func() { c.count(func(r *Report) { r.Installed += uint64(added) }) }()
-	for k, e := range es {
-		ids, err := follow.AddEverywhere(c.client, c.cookies, rules[k:k+1], c.inherited)
-		switch {
-		case err == nil:
-			e.ids = ids[0]
-			c.put(e)
-			added++
-		case follow.NoRoom(err):
-			return added, fmt.Errorf("%w: %w", errNoRoom, err)
-		case errors.Is(err, santa.ErrInvalid):
-			c.count(func(r *Report) { r.Skipped++ })
-			c.log.Debug("santad refused a rule", "key", e.key, "error", err)
-		default:
-			return added, err
-		}
-	}
-	return added, nil
 }
 
 // waitForRoom records that n keys wait for room in santad, and says so

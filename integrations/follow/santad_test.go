@@ -1,0 +1,151 @@
+package follow
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"github.com/santa-offload/santa/api"
+	"github.com/santa-offload/santa/clients/go/santa"
+	"github.com/santa-offload/santa/internal/testbed"
+)
+
+var bin string // santad and santa, built by TestMain
+
+func TestMain(m *testing.M) {
+	os.Exit(testbed.MainWithSanta(m, "../..", "XDP, namespaces", &bin))
+}
+
+// countingClient is a santad client that counts its add and delete
+// requests.
+type countingClient struct {
+	c             *santa.Client
+	adds, deletes int
+}
+
+func (cc *countingClient) Add(t santa.Target, rules []api.Rule) ([]uint64, error) {
+	cc.adds++
+	return cc.c.Add(t, rules)
+}
+
+func (cc *countingClient) Delete(t santa.Target, ids []uint64) error {
+	cc.deletes++
+	return cc.c.Delete(t, ids)
+}
+
+// boundSocket starts santad with room for maxRules rules and binds a UDP
+// socket of the server namespace through it.
+func boundSocket(t *testing.T, maxRules int) (*countingClient, uint64) {
+	tb := testbed.New(t)
+	config := filepath.Join(t.TempDir(), "santad.yaml")
+	if err := os.WriteFile(config, fmt.Appendf(nil, "dataplane:\n  max_rules: %d\n", maxRules), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	sd := tb.StartSantad(t, bin, "/sys/fs/bpf/santa-follow-"+tb.ID, nil, "--config", config)
+	var conn *net.UDPConn
+	if err := tb.Server.Do(func() (err error) {
+		conn, err = net.ListenUDP("udp", &net.UDPAddr{IP: tb.Server.IP4.AsSlice(), Port: 7200})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	c, err := santa.Dial(sd.Socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	target, err := santa.Socket(conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := c.Bind(target, santa.SampleOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &countingClient{c: c}, info.Cookie
+}
+
+// held lists the ids of the rules santad holds for socket cookie.
+func held(t *testing.T, cc *countingClient, cookie uint64) []uint64 {
+	t.Helper()
+	rules, err := cc.c.ListTagged(santa.Cookie(cookie), "fitting")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []uint64
+	for _, r := range rules {
+		ids = append(ids, r.ID)
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+// AddFitting adds the rules that fit, in order, leaves out those santad
+// refuses for what they are, and stops at the first it has no room for;
+// DeleteRules deletes rules of which some are gone. Both in a few
+// requests, not one per rule.
+func TestFittingOnSantad(t *testing.T) {
+	const maxRules, offered = 100, 300
+	cc, cookie := boundSocket(t, maxRules)
+	expired := map[int]bool{17: true, 64: true, 250: true} // santad refuses them: invalid
+	rules := make([]api.Rule, offered)
+	for k := range rules {
+		rules[k] = api.Rule{Conditions: []api.Condition{santa.Match(0, fmt.Appendf(nil, "request %03d", k))},
+			Processors: []api.Processor{santa.Put(0, []byte("reply"))}, ReplyLen: 5, Tag: "fitting"}
+		if expired[k] {
+			rules[k].Expires = 1
+		}
+	}
+	var refused []int
+	ids, err := AddFitting(cc, []uint64{cookie}, rules, nil, func(k int, err error) {
+		if !errors.Is(err, santa.ErrInvalid) {
+			t.Errorf("rule %d refused with %v, want invalid", k, err)
+		}
+		refused = append(refused, k)
+	})
+	if !NoRoom(err) {
+		t.Fatalf("AddFitting: %v, want santad's no room", err)
+	}
+	// rules 0..101 but 17 and 64 fill the 100 slots; 102 finds no room
+	if !slices.Equal(refused, []int{17, 64}) {
+		t.Errorf("refused %v, want [17 64]", refused)
+	}
+	var added []uint64
+	for k, got := range ids {
+		fits := k < maxRules+2 && !expired[k]
+		if (got != nil) != fits {
+			t.Errorf("rule %d: ids %v, added %v; want added %v", k, got, got != nil, fits)
+		}
+		added = append(added, got...)
+	}
+	slices.Sort(added)
+	if got := held(t, cc, cookie); !slices.Equal(got, added) {
+		t.Errorf("santad holds rules %v, want %v", got, added)
+	}
+	// one rule at a time would take a request per rule: 103
+	if cc.adds > 50 {
+		t.Errorf("%d add requests for %d rules", cc.adds, offered)
+	}
+	t.Logf("AddFitting: %d add requests for %d rules", cc.adds, offered)
+
+	// some rules are gone already (santad expires rules itself)
+	gone := []uint64{added[3], added[50], added[51], added[99]}
+	if err := cc.c.Delete(santa.Cookie(cookie), gone); err != nil {
+		t.Fatal(err)
+	}
+	if err := DeleteRules(cc, cookie, added); err != nil {
+		t.Fatalf("DeleteRules: %v", err)
+	}
+	if got := held(t, cc, cookie); len(got) != 0 {
+		t.Errorf("santad still holds rules %v", got)
+	}
+	if cc.deletes > 50 {
+		t.Errorf("%d delete requests for %d rules, %d of them gone", cc.deletes, len(added), len(gone))
+	}
+	t.Logf("DeleteRules: %d delete requests for %d rules, %d of them gone", cc.deletes, len(added), len(gone))
+}
