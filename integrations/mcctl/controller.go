@@ -281,6 +281,9 @@ func (c *Controller) Run(ctx context.Context) (err error) {
 	if err := c.install(sortedKeys(c.wanted)); err != nil {
 		return err
 	}
+	if err := c.installInherited(); err != nil {
+		return err
+	}
 	if err := c.inherited.DeleteRest(c.client); err != nil {
 		return err
 	}
@@ -381,6 +384,35 @@ func (c *Controller) attach() error {
 	c.log.Info("attached", "port", c.cfg.Port, "sockets", len(c.cookies))
 	c.inherited, err = follow.Inherit(c.cfg.Socket, c.cfg.Tag, c.cookies, c.log)
 	return err
+}
+
+// installInherited offloads again, in adaptive mode, the keys of the rules
+// a predecessor left (follow.Inherited), up to MaxRules. Their new rules
+// supersede the old ones, so that a restart does not send their GETs to
+// memcached until they are learned again; a key without hits for Idle goes
+// like any other. (Static and top modes install their keys anyway.)
+func (c *Controller) installInherited() error {
+	if c.cfg.Mode != Adaptive {
+		return nil
+	}
+	seen := map[string]bool{}
+	var keys []string
+	for _, cookie := range c.cookies {
+		for _, r := range c.inherited.Rules(cookie) {
+			if key, ok := keyOf(r); ok && !seen[key] && len(keys) < c.cfg.MaxRules {
+				seen[key] = true
+				keys = append(keys, key)
+			}
+		}
+	}
+	if len(keys) == 0 {
+		return nil
+	}
+	if err := c.install(keys); err != nil {
+		return err
+	}
+	c.log.Info("offloaded again the keys of the rules a predecessor left", "keys", len(keys), "offloaded", len(c.entries))
+	return nil
 }
 
 // fetched is a key's value with the versions read before it was fetched.

@@ -510,6 +510,49 @@ func TestAdaptive(t *testing.T) {
 	}
 }
 
+// An adaptive controller that restarts offloads again the keys its
+// predecessor had learned: the kernel goes on answering them at once,
+// with rules built from what memcached holds now.
+func TestAdaptiveRestartKeepsKeys(t *testing.T) {
+	r := newRig(t)
+	args := []string{"adaptive", "--min-samples", "4", "--idle", "30s", "--max-rules", "10"}
+	first := r.startController(args...)
+	udp, conns := r.clients(false)
+	const key = "restart:hot"
+	if err := conns["text"].Set(key, []byte("learned"), 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	get := func() string {
+		it, ok, err := udp.Get(key, time.Second)
+		if err != nil || !ok {
+			t.Fatalf("GET %s: found %v, %v", key, ok, err)
+		}
+		return string(it.Value)
+	}
+	r.waitAnswered(func() { get() }, r.counters()["answered"])
+	if err := syscall.Kill(first.PID(), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if exited, _ := first.Wait(10 * time.Second); !exited {
+		t.Fatal("the controller outlived SIGKILL")
+	}
+	// a write while no controller runs: the left rule must not answer it
+	if err := conns["text"].Set(key, []byte("written meanwhile"), 0, 0); err != nil {
+		t.Fatal(err)
+	}
+
+	second := r.startController(args...)
+	if want := `"offloaded again the keys of the rules a predecessor left" keys=1`; !strings.Contains(second.Output(), want) {
+		t.Errorf("the second controller did not log %s:\n%s", want, second.Output())
+	}
+	answered := r.counters()["answered"]
+	if v := get(); v != "written meanwhile" || r.counters()["answered"] != answered+1 {
+		t.Errorf("the first GET after the restart gave %q, from the kernel: %v; want the value written meanwhile, from the kernel",
+			v, r.counters()["answered"] > answered)
+	}
+	r.santad.ExpectPredecessorTakenOver(t, second)
+}
+
 // With a tenth of the packets into the server lost (so TCP segments arrive
 // past gaps and are sent again), the tracker keeps the request streams in
 // order and the checker still finds no stale read.

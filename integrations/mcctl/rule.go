@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 
 	"github.com/santa-offload/santa/api"
 	"github.com/santa-offload/santa/internal/mcproto"
@@ -68,4 +69,19 @@ func getRule(key string, v value, keyVersion, epochVersion uint64) (api.Rule, er
 		MaxLen:   uint32(len(req)),
 		Guards:   []api.Guard{{Slot: KeySlot(key), Version: keyVersion}, {Slot: epochSlot, Version: epochVersion}},
 	}, nil
+}
+
+// keyOf is the key whose GET rule r is (getRule's anchor condition), and
+// false for any other rule.
+func keyOf(r api.Rule) (string, bool) {
+	for _, c := range r.Conditions {
+		if c.Offset != 8 || len(c.Mask) > 0 {
+			continue
+		}
+		key, ok := strings.CutPrefix(string(c.Pattern), "get ")
+		if key, found := strings.CutSuffix(key, "\r\n"); ok && found && validKey(key) {
+			return key, true
+		}
+	}
+	return "", false
 }
