@@ -80,10 +80,11 @@ type Config struct {
 	Settle  time.Duration // after a change on disk, fetch again once the file was quiet this long
 	Timeout time.Duration // for nginx's responses
 	Report  time.Duration // log a status line this often; 0: never
-	// Tag tags every rule the controller installs. It deletes the rules
-	// with its tag that its sockets hold when it starts, which a
-	// predecessor left (follow.Inherited): their requests miss and are
-	// learned again. Two controllers on one socket need different tags.
+	// Tag tags every rule the controller installs. It takes over the
+	// rules with its tag that its sockets hold when it starts, which a
+	// predecessor left (follow.Inherited): their requests are fetched
+	// again and offloaded with new rules in their place (relearn). Two
+	// controllers on one socket need different tags.
 	Tag string
 	Log *slog.Logger
 	// Ready, if set, is called once the controller is attached, watching
@@ -353,10 +354,13 @@ func (c *Controller) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	defer c.removeAll()
+	if err := c.relearn(inherited, time.Now()); err != nil {
+		return err
+	}
 	if err := inherited.DeleteRest(client); err != nil {
 		return err
 	}
-	defer c.removeAll()
 	w, err := watch(c.cfg.Root, c.log)
 	if err != nil {
 		return fmt.Errorf("watch %s: %w", c.cfg.Root, err)
@@ -568,7 +572,42 @@ func (c *Controller) learn(now time.Time) error {
 			news = append(news, e)
 		}
 	}
-	return c.install(news, now)
+	return c.install(news, nil, now)
+}
+
+// relearn offloads again the requests of the rules a predecessor left
+// (in), up to MaxRules, each fetched anew and probed like a learned one.
+// Their new rules supersede the old ones, so that a restart does not send
+// those requests to nginx until they are learned again; one without hits
+// goes after Idle like any other.
+func (c *Controller) relearn(in *follow.Inherited, now time.Time) error {
+	var news []*entry
+	seen := map[string]bool{}
+	for _, g := range c.groups {
+		for _, r := range in.Rules(g.cookies[0]) { // a group's sockets hold the same rules
+			raw, ok := requestOf(r)
+			if !ok || len(c.entries)+len(news) >= c.cfg.MaxRules {
+				continue
+			}
+			req, err := parseRequest(raw)
+			if err != nil || (c.paths != nil && !c.paths[req.path]) {
+				continue
+			}
+			e := c.newEntry(g, req)
+			if !seen[e.key] && c.probe(e, now) {
+				news = append(news, e)
+			}
+			seen[e.key] = true
+		}
+	}
+	if len(news) == 0 {
+		return nil
+	}
+	if err := c.install(news, in, now); err != nil {
+		return err
+	}
+	c.log.Info("offloaded again the requests of the rules a predecessor left", "requests", len(news), "offloaded", len(c.entries))
+	return nil
 }
 
 func (c *Controller) newEntry(g *group, req request) *entry {
@@ -651,10 +690,10 @@ func isRefusal(err error) bool {
 }
 
 // install adds the rules of new entries, as far as santad takes them
-// (follow.AddFitting). An entry whose rule santad refuses (e.g. a bucket
-// chain would grow too long), or has no room for, is not offloaded and is
-// tried again later (refuse).
-func (c *Controller) install(es []*entry, now time.Time) error {
+// (follow.AddFitting), superseding those of in (nil: none). An entry whose
+// rule santad refuses (e.g. a bucket chain would grow too long), or has no
+// room for, is not offloaded and is tried again later (refuse).
+func (c *Controller) install(es []*entry, in *follow.Inherited, now time.Time) error {
 	byGroup := map[*group][]*entry{}
 	for _, e := range es {
 		byGroup[e.g] = append(byGroup[e.g], e)
@@ -665,7 +704,7 @@ func (c *Controller) install(es []*entry, now time.Time) error {
 			continue
 		}
 		refused := map[*entry]bool{}
-		err := c.addRules(g, batch, func(e *entry, err error) {
+		err := c.addRules(g, batch, in, func(e *entry, err error) {
 			refused[e] = true
 			c.refuse(e, err, now)
 		})
@@ -686,16 +725,16 @@ func (c *Controller) install(es []*entry, now time.Time) error {
 }
 
 // addRules adds the entries' rules on every socket of g (each rule all or
-// none), as far as santad takes them (follow.AddFitting), and records
-// those added. refused gets each entry whose rule santad refused for what
-// it is; the error is why santad took no more.
-func (c *Controller) addRules(g *group, es []*entry, refused func(*entry, error)) error {
+// none), as far as santad takes them (follow.AddFitting), superseding
+// those of in, and records those added. refused gets each entry whose rule
+// santad refused for what it is; the error is why santad took no more.
+func (c *Controller) addRules(g *group, es []*entry, in *follow.Inherited, refused func(*entry, error)) error {
 	lease := c.leaseEnd(time.Now())
 	rules := make([]api.Rule, len(es))
 	for i, e := range es {
 		rules[i] = e.rule(lease, c.cfg.Tag)
 	}
-	ids, err := follow.AddFitting(c.rules, g.cookies, rules, nil, func(k int, err error) { refused(es[k], err) })
+	ids, err := follow.AddFitting(c.rules, g.cookies, rules, in, func(k int, err error) { refused(es[k], err) })
 	now, added := time.Now(), 0
 	for k, e := range es {
 		if ids[k] == nil {
@@ -825,7 +864,7 @@ func (c *Controller) refetchPending(now time.Time) error {
 			again = append(again, e)
 		}
 	}
-	return c.install(again, now)
+	return c.install(again, nil, now)
 }
 
 // refresh rewrites the rules whose lease has half or less left (all of

@@ -1,6 +1,9 @@
 package httpctl
 
 import (
+	"cmp"
+	"slices"
+
 	"github.com/santa-offload/santa/api"
 )
 
@@ -25,4 +28,18 @@ func exactRule(req, reply []byte, close bool) api.Rule {
 		MaxLen:     uint32(len(req)),
 		Close:      close,
 	}
+}
+
+// requestOf is the request exactRule answers with rule r, and false for a
+// rule exactRule does not make.
+func requestOf(r api.Rule) ([]byte, bool) {
+	conds := slices.SortedFunc(slices.Values(r.Conditions), func(a, b api.Condition) int { return cmp.Compare(a.Offset, b.Offset) })
+	var req []byte
+	for _, c := range conds {
+		if int(c.Offset) != len(req) || len(c.Mask) > 0 {
+			return nil, false
+		}
+		req = append(req, c.Pattern...)
+	}
+	return req, len(req) > 0 && r.MinLen == uint32(len(req)) && r.MaxLen == r.MinLen
 }
