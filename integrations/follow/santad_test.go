@@ -59,15 +59,7 @@ func boundSocket(t *testing.T, maxRules int) (*countingClient, uint64) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	target, err := santa.Socket(conn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	info, err := c.Bind(target, santa.SampleOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &countingClient{c: c}, info.Cookie
+	return &countingClient{c: c}, testbed.Bind(t, c, conn).Cookie
 }
 
 // held lists the ids of the rules santad holds for socket cookie.

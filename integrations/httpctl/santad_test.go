@@ -208,15 +208,7 @@ func BenchmarkDateRefresh(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer client.Close()
-	target, err := santa.Socket(ln.(*net.TCPListener))
-	if err != nil {
-		b.Fatal(err)
-	}
-	info, err := client.Bind(target, santa.SampleOptions{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	sock := santa.Cookie(info.Cookie)
+	sock := santa.Cookie(testbed.Bind(b, client, ln.(*net.TCPListener)).Cookie)
 	date := time.Now().Truncate(time.Second)
 	resps := make([]*response, n)
 	rules := make([]api.Rule, n)

@@ -154,15 +154,7 @@ func echoServer(t *testing.T, tb *testbed.Testbed, server netip.AddrPort) *net.U
 func boundEchoServer(t *testing.T, tb *testbed.Testbed, c *santa.Client, server netip.AddrPort) (*net.UDPConn, uint64) {
 	t.Helper()
 	conn := echoServer(t, tb, server)
-	target, err := santa.Socket(conn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	info, err := c.Bind(target, santa.SampleOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return conn, info.Cookie
+	return conn, testbed.Bind(t, c, conn).Cookie
 }
 
 // TestOwnership checks what a non-root client may not do.
@@ -181,14 +173,7 @@ func TestOwnership(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer rootConn.Close()
-	target, err := santa.Socket(rootConn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rootSet, err := root.Bind(target, santa.SampleOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	rootSet := testbed.Bind(t, root, rootConn)
 	rulePath := filepath.Join(sd.dir, "rules.yaml")
 	writeFile(t, rulePath, "rules:\n- conditions: [{offset: 0, text: Hi}]\n  processors: [{put: {at: 0, text: Yo}}]\n  reply_len: 2\n")
 	a := startApp(t, tb, nobody, env, filepath.Join(work, "listing1-go"), tb.Server.IP4.String(), "7101")

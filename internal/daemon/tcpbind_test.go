@@ -328,14 +328,8 @@ func TestJournalCompactsWhileRunning(t *testing.T) {
 	sd.start()
 	c := sd.client()
 	l := listenTCP(t, tb, netip.AddrPortFrom(tb.Server.IP4, 7901))
-	target, err := santa.Socket(l)
-	if err != nil {
-		t.Fatal(err)
-	}
-	info, err := c.Bind(target, santa.SampleOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	info := testbed.Bind(t, c, l)
+	target := santa.Cookie(info.Cookie)
 	body := strings.Repeat("x", 10000)
 	ids, err := c.Add(target, []api.Rule{httpRule("/page", body, false)})
 	if err != nil {

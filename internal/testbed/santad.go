@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/santa-offload/santa/api"
 	santa "github.com/santa-offload/santa/clients/go/santa"
 )
 
@@ -163,4 +164,20 @@ func (s *Santad) ExpectPredecessorTakenOver(t testing.TB, ctl *Controller) {
 			t.Errorf("socket %s has %d rules, want the one of the running controller", sock, n)
 		}
 	}
+}
+
+// Bind binds the socket of sc (a server's UDP socket or TCP listener)
+// through santad with c, without miss samples, and returns santad's answer;
+// a failure fails the test.
+func Bind(t testing.TB, c *santa.Client, sc syscall.Conn) api.SocketInfo {
+	t.Helper()
+	target, err := santa.Socket(sc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := c.Bind(target, santa.SampleOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info
 }
