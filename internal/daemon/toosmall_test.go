@@ -34,9 +34,7 @@ func TestRestartTooSmall(t *testing.T) {
 	defer conn.Close()
 	var rules []api.Rule
 	for i := range 10 {
-		ask, answer := fmt.Sprintf("ask %d", i), fmt.Sprintf("answer %d", i)
-		rules = append(rules, api.Rule{Conditions: []api.Condition{{Pattern: api.Bytes(ask)}},
-			Processors: []api.Processor{{Kind: api.KindPut, Template: api.Bytes(answer)}}, ReplyLen: uint32(len(answer))})
+		rules = append(rules, rule(fmt.Sprintf("ask %d", i), 0, fmt.Sprintf("answer %d", i)))
 	}
 	if _, err := c.Add(santa.Cookie(cookie), rules); err != nil {
 		t.Fatal(err)
