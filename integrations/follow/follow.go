@@ -230,6 +230,7 @@ func DeleteTagged(c *santa.Client, cookies []uint64, tag string) error {
 type RuleClient interface {
 	Add(t santa.Target, rules []api.Rule) ([]uint64, error)
 	Delete(t santa.Target, ids []uint64) error
+	ListPage(t santa.Target, tag string, after uint64, limit uint32) ([]api.Rule, bool, error)
 }
 
 // AddEverywhere adds rules to every socket of cookies, all or none: ids[k]
@@ -314,25 +315,41 @@ func NoRoom(err error) bool {
 
 // DeleteRules deletes rules ids of socket cookie. santad refuses the whole
 // request if one is gone (it removes a rule itself when it expires, and
-// all of them with the socket): then each half is tried again, so that the
-// rules already gone are left out in a few requests rather than one per
-// rule.
+// all of them with the socket). Then, unless the socket's rule set is gone
+// with all its rules (one request tells), each half is tried again, so
+// that the rules already gone are left out in a few requests rather than
+// one per rule.
 func DeleteRules(c RuleClient, cookie uint64, ids []uint64) error {
-	if len(ids) == 0 {
-		return nil
-	}
 	err := c.Delete(santa.Cookie(cookie), ids)
-	switch {
-	case !errors.Is(err, santa.ErrNotFound):
+	if !errors.Is(err, santa.ErrNotFound) || len(ids) == 1 {
 		return err
-	case len(ids) == 1:
-		return nil
 	}
+	if _, _, err := c.ListPage(santa.Cookie(cookie), "", 0, 1); err != nil {
+		if errors.Is(err, santa.ErrNotFound) {
+			return nil
+		}
+		return err
+	}
+	return deleteHalves(c, cookie, ids)
+}
+
+// deleteHalves deletes ids in two halves, each halved again while santad
+// refuses it because one of its rules is gone.
+func deleteHalves(c RuleClient, cookie uint64, ids []uint64) error {
 	mid := len(ids) / 2
-	if err := DeleteRules(c, cookie, ids[:mid]); err != nil {
-		return err
+	for _, part := range [][]uint64{ids[:mid], ids[mid:]} {
+		err := c.Delete(santa.Cookie(cookie), part)
+		switch {
+		case errors.Is(err, santa.ErrNotFound) && len(part) > 1:
+			err = deleteHalves(c, cookie, part)
+		case errors.Is(err, santa.ErrNotFound):
+			err = nil
+		}
+		if err != nil {
+			return err
+		}
 	}
-	return DeleteRules(c, cookie, ids[mid:])
+	return nil
 }
 
 // UnbindEmpty removes the rule sets of cookies that hold no rules: those a

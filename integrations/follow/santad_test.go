@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/santa-offload/santa/api"
 	"github.com/santa-offload/santa/clients/go/santa"
@@ -20,11 +21,10 @@ func TestMain(m *testing.M) {
 	os.Exit(testbed.MainWithSanta(m, "../..", "XDP, namespaces", &bin))
 }
 
-// countingClient is a santad client that counts its add and delete
-// requests.
+// countingClient is a santad client that counts its requests.
 type countingClient struct {
-	c             *santa.Client
-	adds, deletes int
+	c                    *santa.Client
+	adds, deletes, lists int
 }
 
 func (cc *countingClient) Add(t santa.Target, rules []api.Rule) ([]uint64, error) {
@@ -37,9 +37,14 @@ func (cc *countingClient) Delete(t santa.Target, ids []uint64) error {
 	return cc.c.Delete(t, ids)
 }
 
+func (cc *countingClient) ListPage(t santa.Target, tag string, after uint64, limit uint32) ([]api.Rule, bool, error) {
+	cc.lists++
+	return cc.c.ListPage(t, tag, after, limit)
+}
+
 // boundSocket starts santad with room for maxRules rules and binds a UDP
 // socket of the server namespace through it.
-func boundSocket(t *testing.T, maxRules int) (*countingClient, uint64) {
+func boundSocket(t *testing.T, maxRules int) (*countingClient, *net.UDPConn, uint64) {
 	tb := testbed.New(t)
 	config := filepath.Join(t.TempDir(), "santad.yaml")
 	if err := os.WriteFile(config, fmt.Appendf(nil, "dataplane:\n  max_rules: %d\n", maxRules), 0o644); err != nil {
@@ -59,7 +64,7 @@ func boundSocket(t *testing.T, maxRules int) (*countingClient, uint64) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	return &countingClient{c: c}, testbed.Bind(t, c, conn).Cookie
+	return &countingClient{c: c}, conn, testbed.Bind(t, c, conn).Cookie
 }
 
 // held lists the ids of the rules santad holds for socket cookie.
@@ -83,7 +88,7 @@ func held(t *testing.T, cc *countingClient, cookie uint64) []uint64 {
 // requests, not one per rule.
 func TestFittingOnSantad(t *testing.T) {
 	const maxRules, offered = 100, 300
-	cc, cookie := boundSocket(t, maxRules)
+	cc, conn, cookie := boundSocket(t, maxRules)
 	expired := map[int]bool{17: true, 64: true, 250: true} // santad refuses them: invalid
 	rules := make([]api.Rule, offered)
 	for k := range rules {
@@ -140,4 +145,30 @@ func TestFittingOnSantad(t *testing.T) {
 		t.Errorf("%d delete requests for %d rules, %d of them gone", cc.deletes, len(added), len(gone))
 	}
 	t.Logf("DeleteRules: %d delete requests for %d rules, %d of them gone", cc.deletes, len(added), len(gone))
+
+	// every rule is gone with its socket: one delete tells, one list says
+	// why, and nothing more is asked
+	ten, err := AddEverywhere(cc, []uint64{cookie}, rules[100:110], nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	added = slices.Concat(ten...)
+	conn.Close()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		_, _, err := cc.c.ListPage(santa.Cookie(cookie), "", 0, 1)
+		if errors.Is(err, santa.ErrNotFound) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("santad kept the rule set of the closed socket: %v", err)
+		}
+	}
+	cc.deletes, cc.lists = 0, 0
+	if err := DeleteRules(cc, cookie, added); err != nil {
+		t.Fatalf("DeleteRules of a closed socket's rules: %v", err)
+	}
+	if cc.deletes != 1 || cc.lists != 1 {
+		t.Errorf("DeleteRules of %d rules of a closed socket: %d delete and %d list requests, want 1 and 1",
+			len(added), cc.deletes, cc.lists)
+	}
 }

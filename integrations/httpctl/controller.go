@@ -133,6 +133,7 @@ type ruleClient interface {
 	Add(t santa.Target, rules []api.Rule) ([]uint64, error)
 	Modify(t santa.Target, rules []api.Rule) error
 	Delete(t santa.Target, ids []uint64) error
+	ListPage(t santa.Target, tag string, after uint64, limit uint32) ([]api.Rule, bool, error)
 	Stats(t santa.Target, ids ...uint64) ([]api.RuleStats, error)
 }
 

@@ -638,6 +638,15 @@ func (f *fakeSanta) Modify(t santa.Target, rules []api.Rule) error {
 	return nil
 }
 
+// ListPage lists no rules: the controller only asks whether the socket
+// has a rule set.
+func (f *fakeSanta) ListPage(t santa.Target, tag string, after uint64, limit uint32) ([]api.Rule, bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	_, err := f.set(t)
+	return nil, false, err
+}
+
 func (f *fakeSanta) Delete(t santa.Target, ids []uint64) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
