@@ -321,8 +321,11 @@ func NoRoom(err error) bool {
 // one per rule.
 func DeleteRules(c RuleClient, cookie uint64, ids []uint64) error {
 	err := c.Delete(santa.Cookie(cookie), ids)
-	if !errors.Is(err, santa.ErrNotFound) || len(ids) == 1 {
+	switch {
+	case !errors.Is(err, santa.ErrNotFound):
 		return err
+	case len(ids) == 1:
+		return nil
 	}
 	if _, _, err := c.ListPage(santa.Cookie(cookie), "", 0, 1); err != nil {
 		if errors.Is(err, santa.ErrNotFound) {

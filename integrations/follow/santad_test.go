@@ -145,6 +145,9 @@ func TestFittingOnSantad(t *testing.T) {
 		t.Errorf("%d delete requests for %d rules, %d of them gone", cc.deletes, len(added), len(gone))
 	}
 	t.Logf("DeleteRules: %d delete requests for %d rules, %d of them gone", cc.deletes, len(added), len(gone))
+	if err := DeleteRules(cc, cookie, gone[:1]); err != nil {
+		t.Errorf("DeleteRules of one rule already gone: %v", err)
+	}
 
 	// every rule is gone with its socket: one delete tells, one list says
 	// why, and nothing more is asked
