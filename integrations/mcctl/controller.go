@@ -128,9 +128,13 @@ type Controller struct {
 	start    time.Time
 
 	wanted  map[string]bool // Static and Top: keys to offload once they exist
-	missing map[string]bool // the wanted keys without a rule, tried again every second
+	missing map[string]bool // the wanted keys without a rule, looked at every second
 	hot     *sketch.Sketch  // Adaptive
 	samples chan string
+	// Keys whose last fetch gave nothing to offload (no value, too big, too
+	// short-lived, refused by santad), with the guard versions read before
+	// it: fetched again only once a write has bumped either.
+	unoffloadable map[string]versions
 	// Adaptive: when idle rules were last looked for
 	idleChecked time.Time
 	settling    settling
@@ -160,6 +164,9 @@ type entry struct {
 	bucket       int64     // its expiry bucket
 	hits         uint64    // Adaptive: the rules' hits at the last idle check
 }
+
+// versions are a key's guard slot's and the epoch's versions.
+type versions struct{ key, epoch uint64 }
 
 // New checks cfg and makes a controller.
 func New(cfg Config) (*Controller, error) {
@@ -220,7 +227,7 @@ func New(cfg Config) (*Controller, error) {
 	}
 	c := &Controller{cfg: cfg, log: cfg.Log, entries: map[string]*entry{}, bySlot: map[uint32][]*entry{},
 		expiry: map[int64]map[string]*entry{}, start: time.Now(), wanted: map[string]bool{}, missing: map[string]bool{},
-		samples: make(chan string, 4096), settling: settling{due: map[uint32]time.Time{}}}
+		unoffloadable: map[string]versions{}, samples: make(chan string, 4096), settling: settling{due: map[uint32]time.Time{}}}
 	keys := cfg.Keys
 	if cfg.Mode == Top && len(keys) > cfg.MaxRules {
 		keys = keys[:cfg.MaxRules]
@@ -482,6 +489,7 @@ func (c *Controller) install(keys []string) error {
 		}
 		ids, err := follow.AddFitting(c.client, c.cookies, rules, c.inherited, func(k int, err error) {
 			c.count(func(r *Report) { r.Skipped++ })
+			c.unoffloadable[es[k].key] = versions{es[k].keyVersion, es[k].epochVersion}
 			c.log.Debug("santad refused a rule", "key", es[k].key, "error", err)
 		})
 		added := 0
@@ -542,6 +550,7 @@ func (c *Controller) build(f fetched) (api.Rule, *entry, bool) {
 	}
 	if err != nil {
 		c.count(func(r *Report) { r.Skipped++ })
+		c.unoffloadable[f.key] = versions{f.keyVersion, f.epochVersion}
 		c.log.Debug("not offloaded", "reason", err)
 		return api.Rule{}, nil, false
 	}
@@ -561,6 +570,7 @@ func (c *Controller) put(e *entry) {
 	}
 	c.entries[e.key] = e
 	delete(c.missing, e.key)
+	delete(c.unoffloadable, e.key)
 	c.bySlot[e.slot] = append(c.bySlot[e.slot], e)
 	if !e.expires.IsZero() {
 		// never behind the walk of expired, so that it is found
@@ -594,6 +604,7 @@ func (c *Controller) dropAll() {
 	clear(c.entries)
 	clear(c.bySlot)
 	clear(c.expiry)
+	clear(c.unoffloadable)
 	c.missing = maps.Clone(c.wanted)
 }
 
@@ -925,16 +936,41 @@ func (c *Controller) everySecond(now time.Time) error {
 				return err
 			}
 		}
-		for _, k := range c.hot.Hot(c.cfg.MinSamples) {
-			if c.entries[k] == nil && len(c.entries)+len(missing) < c.cfg.MaxRules {
+		hot := c.hot.Hot(c.cfg.MinSamples)
+		for _, k := range hot {
+			if c.entries[k] == nil && len(c.entries)+len(missing) < c.cfg.MaxRules && c.written(k) {
 				missing = append(missing, k)
 			}
 		}
+		// forget the keys no longer hot: the map stays as small as the sketch
+		if len(c.unoffloadable) > len(hot) {
+			keep := make(map[string]versions, len(hot))
+			for _, k := range hot {
+				if v, ok := c.unoffloadable[k]; ok {
+					keep[k] = v
+				}
+			}
+			c.unoffloadable = keep
+		}
 		c.hot.Decay()
 	} else {
-		missing = sortedKeys(c.missing) // not every wanted key: at a million keys that took 19 % of a CPU
+		// not every wanted key: at a million keys that took 19 % of a CPU
+		for _, k := range sortedKeys(c.missing) {
+			if c.written(k) {
+				missing = append(missing, k)
+			}
+		}
 	}
 	return c.install(missing)
+}
+
+// written reports whether key is worth fetching: no fetch of it came back
+// with nothing to offload, or a write has bumped its guard slot or the
+// epoch since the last did (a value changes only by a write, and the
+// tracker bumps for each).
+func (c *Controller) written(key string) bool {
+	v, ok := c.unoffloadable[key]
+	return !ok || v != versions{c.guards.version(KeySlot(key)), c.guards.version(epochSlot)}
 }
 
 // dropIdle deletes the rules that answered nothing since the last check.

@@ -301,6 +301,36 @@ func TestOffloadAndWrites(t *testing.T) {
 	t.Log(ctl.Output())
 }
 
+// A wanted key memcached does not hold is fetched once, not every second,
+// and again as soon as a write stores it; likewise a value too big for a
+// datagram until a write makes it small.
+func TestUnoffloadableFetchedAfterWrites(t *testing.T) {
+	r := newRig(t)
+	udp, conns := r.clients(false)
+	absent, big := "later:absent", "later:big"
+	if err := conns["text"].Set(big, bytes.Repeat([]byte("b"), 2000), 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(t.TempDir(), "keys")
+	writeKeys(t, file, []string{absent, big})
+	ctl := r.startController("static", "--keys", file, "--verbose")
+	time.Sleep(3500 * time.Millisecond) // three passes over the keys without rules
+	for _, key := range []string{absent, big} {
+		if n := strings.Count(ctl.Output(), key+": "); n != 1 {
+			t.Errorf("%s: %d fetches found nothing to offload in 3.5 s without a write, want 1:\n%s", key, n, ctl.Output())
+		}
+	}
+	for key, value := range map[string]string{absent: "now here", big: "small now"} {
+		if err := conns["meta"].Set(key, []byte(value), 0, 0); err != nil {
+			t.Fatal(err)
+		}
+		r.waitAnswered(func() { udp.Get(key, time.Second) }, r.counters()["answered"])
+		if it, ok, err := udp.Get(key, time.Second); err != nil || !ok || string(it.Value) != value {
+			t.Errorf("%s after its write: %q (found %v, %v), want %q", key, it.Value, ok, err, value)
+		}
+	}
+}
+
 // A write that gets no reply leaves the tracker nothing to bump when
 // memcached has applied it. Here the rule is rebuilt between the write's
 // head (bumped at ingress) and its value (applied by memcached), so it
