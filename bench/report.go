@@ -35,30 +35,9 @@ const bpfStatsNote = "BPF run-time accounting (BPF_ENABLE_STATS, two clock reads
 
 // WriteFiles writes <dir>/<stem>.json, <stem>.csv and, if gnuplot is
 // installed, <stem>.gp and <stem>.png (replies/s against offered rate). It
-// returns the paths written and a warning if the plot was skipped.
-func (r *Report) WriteFiles(dir, stem string) ([]string, string, error) {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, "", err
-	}
-	var written []string
-	j, err := json.MarshalIndent(r, "", "  ")
-	if err != nil {
-		return nil, "", err
-	}
-	p := filepath.Join(dir, stem+".json")
-	if err := os.WriteFile(p, append(j, '\n'), 0o644); err != nil {
-		return nil, "", err
-	}
-	written = append(written, p)
-
-	p = filepath.Join(dir, stem+".csv")
-	if err := r.writeCSV(p); err != nil {
-		return written, "", err
-	}
-	written = append(written, p)
-
-	w, warn, err := plot(dir, stem, r.gnuplotScript(stem+".png"))
-	return append(written, w...), warn, err
+// returns the paths written and warnings (e.g. no gnuplot).
+func (r *Report) WriteFiles(dir, stem string) ([]string, []string, error) {
+	return writeFiles(dir, stem, r, r.writeCSV, []plotSpec{{stem, "replies/s", r.gnuplotScript(stem + ".png")}})
 }
 
 // plot writes <dir>/<stem>.gp and runs gnuplot on it in dir; the script
@@ -505,13 +484,16 @@ func writeRepeats(b *strings.Builder, c CaseResult) {
 	}
 }
 
+// IsQuick reports whether the run was a quick one (-quick).
+func (r *Report) IsQuick() bool { return r.Quick }
+
 // Failed reports whether a case of the run failed.
 func (r *Report) Failed() bool {
 	return slices.ContainsFunc(r.Cases, func(c CaseResult) bool { return c.Error != "" })
 }
 
 // Publishable is a report with its files, markdown section and outcome
-// (DNSReport, MCReport).
+// (Report, DNSReport, MCReport, HTTPReport).
 type Publishable interface {
 	WriteFiles(dir, stem string) ([]string, []string, error)
 	Markdown(stem string) string

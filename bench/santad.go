@@ -273,9 +273,15 @@ func WithSanta[R any](logf func(string, ...any), run func(ctx context.Context, b
 		return none, err
 	}
 	defer os.RemoveAll(bin)
+	return UntilSignal(logf, func(ctx context.Context) (R, error) { return run(ctx, bin) })
+}
+
+// UntilSignal calls run with a context that ends on SIGINT or SIGTERM and
+// logs why a run stopped early.
+func UntilSignal[R any](logf func(string, ...any), run func(ctx context.Context) (R, error)) (R, error) {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	rep, err := run(ctx, bin)
+	rep, err := run(ctx)
 	if err != nil {
 		logf("interrupted: %v (writing what was measured)", err)
 	}

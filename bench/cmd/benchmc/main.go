@@ -18,19 +18,21 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"os"
-	"strings"
 	"time"
 
 	"github.com/santa-offload/santa/bench"
 	"github.com/santa-offload/santa/bench/mcgen"
-	"github.com/santa-offload/santa/internal/testbed"
 )
 
 func main() {
+	cmd := bench.NewCommand(bench.CommandSpec{
+		Name: "benchmc", Stem: "memcached", Section: "memcached",
+		Quick:    "short run: 100k keys, top 1k and 100k, 1 repetition, 2 s points, few rates",
+		Duration: "traffic per point, whole seconds (default 3s; quick 2s)",
+		Verbose:  "the sampler's ticks and the generator's report", Client: "the load generator",
+		QuietWait: 30 * time.Second, QuietBudget: 5 * time.Minute, Retries: 2,
+	})
 	var (
-		quick    = flag.Bool("quick", false, "short run: 100k keys, top 1k and 100k, 1 repetition, 2 s points, few rates; writes docs/bench/memcached-quick.* and leaves docs/benchmarks.md alone unless -md is given")
-		casesF   = flag.String("cases", "", "comma-separated case names to run (default: all; see -list)")
 		topsF    = flag.String("tops", "100,1k,10k,100k,1M", "top n offloaded under the mixed workload (n = 0 is always measured; n above -keys means every key)")
 		keysF    = flag.String("keys", "1M", "distinct keys, all stored in memcached")
 		mixF     = flag.String("mix", "128k", "distinct requests the generator cycles through (at most 128k = 131072)")
@@ -41,49 +43,18 @@ func main() {
 		refresh  = flag.Duration("refresh", 5*time.Millisecond, "santa memcached --refresh: how soon a rule retired by a write is rebuilt")
 		ratesF   = flag.String("rates", "", "offered rates for cases answered mostly in XDP (default 100k,200k,300k,400k,600k,800k,1M,1.2M,1.5M,1.8M)")
 		srvRates = flag.String("server-rates", "", "offered rates for cases memcached answers mostly (default 50k,100k,150k,200k,250k,300k)")
-		dur      = flag.Duration("duration", 0, "traffic per point, whole seconds (default 3s; quick 2s)")
-		reps     = flag.Int("reps", 0, "repetitions per point (default 3; quick 1)")
 		stop     = flag.Int("stop-after", 2, "end a case's sweep after this many rates below its best (0: all rates)")
 		probe    = flag.Int("probe-rate", 1000, "latency prober requests/s during each point (0: off)")
-		serverC  = flag.Int("server-cpu", testbed.DefaultPlacement.ServerCPU, "CPU for all server work")
-		clientC  = flag.Int("client-cpu", testbed.DefaultPlacement.ClientCPU, "CPU for the load generator")
-		outDir   = flag.String("out", "docs/bench", "directory for raw results and plots")
-		mdPath   = flag.String("md", "", "markdown file whose \"## memcached\" section is replaced (default docs/benchmarks.md; quick: none)")
-		noMD     = flag.Bool("no-md", false, "do not touch the markdown file")
-		listOnly = flag.Bool("list", false, "list the cases and exit")
-		render   = flag.String("render", "", "do not measure: re-render the markdown, CSV and plots from this JSON report (e.g. docs/bench/memcached.json)")
-		verbose  = flag.Bool("v", false, "log the sampler's ticks and the generator's report per point")
-		quietW   = flag.Duration("quiet-wait", 30*time.Second, "before each point, wait up to this long for the CPUs to be idle (others' work)")
-		retries  = flag.Int("retries", 2, "repeat a point up to this many times when others' work disturbed it")
-		budget   = flag.Duration("quiet-budget", 5*time.Minute, "total time the run may spend waiting for quiet CPUs and repeating disturbed points")
 	)
 	flag.Parse()
-	logf := func(format string, args ...any) {
-		fmt.Fprintf(os.Stderr, "%s "+format+"\n", append([]any{time.Now().Format("15:04:05")}, args...)...)
-	}
-	counts := func(name, s string) []int {
-		v, err := bench.ParseRates(s)
-		if err != nil {
-			fatal(fmt.Errorf("-%s: %w", name, err))
-		}
-		return v
-	}
-	stem, md := "memcached", "docs/benchmarks.md"
+
 	cfg := bench.MCConfig{
 		Config: bench.Config{
-			Rates:       []int{100_000, 200_000, 300_000, 400_000, 600_000, 800_000, 1_000_000, 1_200_000, 1_500_000, 1_800_000},
-			Duration:    3 * time.Second,
-			Reps:        3,
-			Placement:   testbed.Placement{ServerCPU: *serverC, ClientCPU: *clientC},
-			Quick:       *quick,
-			Verbose:     *verbose,
-			QuietWait:   *quietW,
-			Retries:     *retries,
-			QuietBudget: *budget,
-			ProbeRate:   *probe,
-			StopAfter:   *stop,
-			Command:     strings.TrimSpace("go run ./bench/cmd/benchmc " + strings.Join(os.Args[1:], " ")),
-			Logf:        logf,
+			Rates:     []int{100_000, 200_000, 300_000, 400_000, 600_000, 800_000, 1_000_000, 1_200_000, 1_500_000, 1_800_000},
+			Duration:  3 * time.Second,
+			Reps:      3,
+			ProbeRate: *probe,
+			StopAfter: *stop,
 		},
 		ServerRates: []int{50_000, 100_000, 150_000, 200_000, 250_000, 300_000},
 		ZipfS:       *zipfS,
@@ -97,92 +68,45 @@ func main() {
 	case "calls":
 		cfg.Pacing = mcgen.PaceCalls
 	default:
-		fatal(fmt.Errorf("-pacing: want spin or calls, not %q", *pacing))
+		cmd.Fatal(fmt.Errorf("-pacing: want spin or calls, not %q", *pacing))
 	}
-	keys, mix := counts("keys", *keysF), counts("mix", *mixF)
+	keys, mix := cmd.Counts("keys", *keysF), cmd.Counts("mix", *mixF)
 	if len(keys) != 1 || len(mix) != 1 {
-		fatal(fmt.Errorf("-keys and -mix take one count"))
+		cmd.Fatal(fmt.Errorf("-keys and -mix take one count"))
 	}
 	cfg.Keys, cfg.MixRequests = keys[0], mix[0]
 	if cfg.MixRequests == 128_000 { // "128k" means the generator's limit
 		cfg.MixRequests = 1 << 17
 	}
-	tops := counts("tops", *topsF)
-	if *quick {
+	tops := cmd.Counts("tops", *topsF)
+	if cmd.Quick() {
 		cfg.Keys = 100_000
 		tops = []int{1_000, 100_000}
 		cfg.Rates = []int{300_000, 600_000, 1_000_000, 1_500_000}
 		cfg.ServerRates = []int{100_000, 200_000}
 		cfg.Duration, cfg.Reps = 2*time.Second, 1
-		stem, md = "memcached-quick", ""
 	}
-	if *mdPath != "" {
-		md = *mdPath
-	}
-	if *noMD {
-		md = ""
-	}
+	cmd.Configure(&cfg.Config)
 	if *ratesF != "" {
-		cfg.Rates = counts("rates", *ratesF)
+		cfg.Rates = cmd.Counts("rates", *ratesF)
 	}
 	if *srvRates != "" {
-		cfg.ServerRates = counts("server-rates", *srvRates)
+		cfg.ServerRates = cmd.Counts("server-rates", *srvRates)
 	}
-	if *dur > 0 {
-		cfg.Duration = *dur
-	}
-	if *reps > 0 {
-		cfg.Reps = *reps
-	}
-	plan := bench.PlanMC(tops, cfg.Keys)
-	if *listOnly {
-		for _, c := range plan {
-			fmt.Printf("%-16s %s\n", c.Name, c.Description())
-		}
-		return
-	}
-	if *casesF != "" {
-		var err error
-		if plan, err = bench.SelectCases(plan, *casesF, func(c bench.MCCase) string { return c.Name }); err != nil {
-			fatal(err)
-		}
-	}
-	cfg.Cases = plan
-
-	var rep *bench.MCReport
-	var err error
-	if *render != "" {
-		if rep, err = bench.LoadMCReport(*render); err != nil {
-			fatal(err)
-		}
-		if rep.Quick {
-			stem = "memcached-quick"
-		}
-	} else {
+	cfg.Cases = bench.Plan(cmd, bench.PlanMC(tops, cfg.Keys),
+		func(c bench.MCCase) string { return c.Name },
+		func(c bench.MCCase) string { return fmt.Sprintf("%-16s %s", c.Name, c.Description()) })
+	bench.Finish(cmd, bench.LoadMCReport, func() (*bench.MCReport, error) {
 		points := 0
-		for range plan {
+		for range cfg.Cases {
 			points += min(len(cfg.Rates), 5)*cfg.Reps + 1 // past saturation the sweep stops
 		}
 		est := time.Duration(points) * (cfg.Duration + 2*time.Second)
-		logf("benchmc: %d cases, about %d points of %v: about %v of traffic and overhead, plus storing the keys and installing rules (minutes for 1 M keys), plus waits for quiet CPUs (at most %v)",
-			len(plan), points, cfg.Duration, est.Round(10*time.Second), cfg.QuietBudget)
-		rep, err = bench.WithSanta(logf, func(ctx context.Context, bin string) (*bench.MCReport, error) {
+		cmd.Logf("benchmc: %d cases, about %d points of %v: about %v of traffic and overhead, plus storing the keys and installing rules (minutes for 1 M keys), plus waits for quiet CPUs (at most %v)",
+			len(cfg.Cases), points, cfg.Duration, est.Round(10*time.Second), cfg.QuietBudget)
+		return bench.WithSanta(cmd.Logf, func(ctx context.Context, bin string) (*bench.MCReport, error) {
 			cfg.Bin = bin
 			return bench.RunMemcached(ctx, cfg)
 		})
-		if rep == nil {
-			fatal(err)
-		}
-	}
-	if perr := bench.Publish(rep, *outDir, stem, md, logf); perr != nil {
-		fatal(perr)
-	}
-	if err != nil {
-		os.Exit(1) // interrupted
-	}
-}
-
-func fatal(err error) {
-	fmt.Fprintln(os.Stderr, "benchmc:", err)
-	os.Exit(1)
+	})
 }
