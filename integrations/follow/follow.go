@@ -320,6 +320,9 @@ func NoRoom(err error) bool {
 // that the rules already gone are left out in a few requests rather than
 // one per rule.
 func DeleteRules(c RuleClient, cookie uint64, ids []uint64) error {
+	if len(ids) == 0 {
+		return nil
+	}
 	err := c.Delete(santa.Cookie(cookie), ids)
 	switch {
 	case !errors.Is(err, santa.ErrNotFound):

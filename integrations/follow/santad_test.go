@@ -148,6 +148,9 @@ func TestFittingOnSantad(t *testing.T) {
 	if err := DeleteRules(cc, cookie, gone[:1]); err != nil {
 		t.Errorf("DeleteRules of one rule already gone: %v", err)
 	}
+	if deletes := cc.deletes; DeleteRules(cc, cookie, nil) != nil || cc.deletes != deletes {
+		t.Errorf("DeleteRules of no rules asked santad %d times", cc.deletes-deletes)
+	}
 
 	// every rule is gone with its socket: one delete tells, one list says
 	// why, and nothing more is asked
