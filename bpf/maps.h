@@ -33,11 +33,11 @@ struct {
 	__uint(map_flags, BPF_F_MMAPABLE); /* user space writes in place, publishes atomically */
 } santa_rulesets SEC(".maps");
 
-/* Bucket index (rule set, region, hash) -> first rule slot of its chain, 0 = empty. */
+/* Bucket index (rule set, region, hash) -> first rule slot of its chain (0 = empty) and where its data lies. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__type(key, __u32);
-	__type(value, __u32);
+	__type(value, struct santa_bucket);
 	__uint(max_entries, 1 << 20); /* set by user space: 2^hash_bits */
 	__uint(map_flags, BPF_F_MMAPABLE); /* user space writes in place, publishes atomically */
 } santa_buckets SEC(".maps");

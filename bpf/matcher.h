@@ -168,6 +168,35 @@ static __always_inline int guards_hold(const struct santa_rule *r)
 	return 1;
 }
 
+/* Start loading what answering with the rule in slot reads besides its
+ * first line: its data lines (where hint says), its last line (expiry) and
+ * its counters. With many rules each is a cache miss; asked for while the
+ * rule's first line loads, they overlap it rather than follow it. Global,
+ * so the verifier checks it once. */
+__noinline int santa_warm_rule(__u32 slot, __u32 hint)
+{
+	__u32 page_id = hint >> 16;
+	const struct santa_page *page = bpf_map_lookup_elem(&santa_pages, &page_id);
+	if (page) {
+		const __u8 *first = page->b + ((hint >> 2) * 64 & (SANTA_PAGE_DATA - 1));
+		__u32 more = hint & 3; /* lines after the first; the page has slack past its data */
+		(void)*(volatile const __u8 *)first;
+		if (more > 0)
+			(void)*(volatile const __u8 *)(first + 64);
+		if (more > 1)
+			(void)*(volatile const __u8 *)(first + 128);
+		if (more > 2)
+			(void)*(volatile const __u8 *)(first + 192);
+	}
+	const struct santa_rule *r = bpf_map_lookup_elem(&santa_rules, &slot);
+	if (r)
+		(void)*(volatile const __u64 *)&r->expires;
+	struct santa_rule_counters *c = bpf_map_lookup_elem(&santa_rule_stats, &slot);
+	if (c)
+		(void)*(volatile const __u64 *)&c->hits;
+	return 0;
+}
+
 static long chain_step(__u32 i, struct chain_walk *w)
 {
 	__u32 slot = w->slot;
@@ -223,11 +252,12 @@ static __always_inline __u32 match_rules(__u32 rs_id, const struct santa_ruleset
 		.disjoint = rs->flags & SANTA_RULESET_DISJOINT,
 		.generation = rs->generation,
 	};
-	__u32 *hashes = s->probe.hash, *heads = s->probe.head;
+	__u32 *hashes = s->probe.hash;
+	struct santa_bucket *heads = s->probe.bucket;
 	__u32 h = FNV32_BASIS, pos = 0, hashed_off = 0xffffffff;
 
 	for (__u32 ri = 0; ri < SANTA_MAX_REGIONS; ri++) {
-		heads[ri] = 0;
+		heads[ri].head = 0;
 		if (ri >= rs->nregions)
 			continue;
 		struct santa_region reg = rs->regions[ri];
@@ -248,14 +278,17 @@ static __always_inline __u32 match_rules(__u32 rs_id, const struct santa_ruleset
 		if (payload_len < lens.min || payload_len > lens.max)
 			continue; /* no rule on this region answers requests this long */
 		__u32 bucket = bucket_of(rs_id, rs, reg, h);
-		__u32 *head = bpf_map_lookup_elem(&santa_buckets, &bucket);
-		if (head)
-			heads[ri] = *head;
+		struct santa_bucket *b = bpf_map_lookup_elem(&santa_buckets, &bucket);
+		if (b)
+			heads[ri] = *b;
 	}
 	for (int ri = SANTA_MAX_REGIONS - 1; ri >= 0; ri--) {
-		if (!heads[ri])
+		if (!heads[ri].head)
 			continue;
-		w.slot = heads[ri];
+		w.slot = heads[ri].head;
+		/* smaller rule sets stay in the cache: warming would only cost its call */
+		if (rs->buckets_mask >= SANTA_WARM_MIN_BUCKETS - 1)
+			santa_warm_rule(w.slot, heads[ri].hint);
 		w.hash = hashes[ri];
 		w.region = rs->regions[ri];
 		/* most chains hold one rule: look at it before paying for bpf_loop */

@@ -11,6 +11,7 @@ enum santa_limit {
 	SANTA_MAX_GUARDS = 2,        /* guards per rule */
 	SANTA_GUARD_SLOTS = 1 << 20, /* slots in santa_guards */
 	SANTA_MAX_CHAIN = 16,        /* rules walked per bucket */
+	SANTA_WARM_MIN_BUCKETS = 4096, /* rule sets with this many buckets (about 1000 rules) warm their rules (matcher.h) */
 	SANTA_REQ_WINDOW = 1472,     /* request bytes the matcher sees: a full 1500-byte MTU */
 	SANTA_MAX_PATTERN = 1024,    /* bytes in one condition pattern */
 	SANTA_MAX_REGION_LEN = 64,   /* bytes hashed for one region */
@@ -240,11 +241,20 @@ struct santa_miss_sample {
 	__u8 data[SANTA_SAMPLE_MAX];
 };
 
+/* A bucket of the matcher's hash table: the first rule of its chain, and
+ * where that rule's data lies, so that loading it need not wait for the
+ * rule. The hint is only ever a hint: user space writes it beside head
+ * without ordering, and the program only touches the lines it names. */
+struct santa_bucket {
+	__u32 head; /* first rule slot of the chain, 0 = empty */
+	__u32 hint; /* page << 16 | first 64-byte line << 2 | lines - 1 (up to 4) */
+};
+
 /* The matcher's per-region results for one request: each region's hash
- * and its bucket's first rule slot (0: no rule, or the region does not fit). */
+ * and its bucket (head 0: no rule, or the region does not fit). */
 struct santa_region_probe {
 	__u32 hash[SANTA_MAX_REGIONS];
-	__u32 head[SANTA_MAX_REGIONS];
+	struct santa_bucket bucket[SANTA_MAX_REGIONS];
 };
 
 /* Per-CPU work area: the request window (with slack for word-wise compares

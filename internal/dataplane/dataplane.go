@@ -66,6 +66,8 @@ var (
 	offRuleRuleset      = int(unsafe.Offsetof(santaSantaRule{}.Ruleset))
 	offRuleID           = int(unsafe.Offsetof(santaSantaRule{}.Id))
 	offRuleGeneration   = int(unsafe.Offsetof(santaSantaRule{}.Generation))
+	offBucketHead       = int(unsafe.Offsetof(santaSantaBucket{}.Head))
+	offBucketHint       = int(unsafe.Offsetof(santaSantaBucket{}.Hint))
 	offRulesetFlags     = int(unsafe.Offsetof(santaSantaRuleset{}.Flags))
 	offRulesetGen       = int(unsafe.Offsetof(santaSantaRuleset{}.Generation))
 	offRulesetSampleLen = int(unsafe.Offsetof(santaSantaRuleset{}.SampleLen))

@@ -261,7 +261,7 @@ func (p *Previous) RuleStats() (map[RuleID]RuleStats, error) {
 	var end uint32 // one past the highest slot
 	limit := min(rules.entries, bases.entries)
 	for b := range buckets.entries {
-		for s, n := buckets.load32(b, 0), 0; s != 0 && s < limit && n < MaxChain; s, n = rules.load32(s, offRuleNext), n+1 {
+		for s, n := buckets.load32(b, offBucketHead), 0; s != 0 && s < limit && n < MaxChain; s, n = rules.load32(s, offRuleNext), n+1 {
 			if !live[rules.load32(s, offRuleRuleset)] {
 				continue
 			}

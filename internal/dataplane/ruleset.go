@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"unsafe"
 
 	"github.com/cilium/ebpf"
 )
@@ -689,7 +690,7 @@ func (d *Dataplane) install(id, gen uint32, r *installed) error {
 	v := santaSantaRule{
 		Id:         uint64(r.id),
 		Ruleset:    id,
-		Next:       d.buckets.load32(r.bucket, 0),
+		Next:       d.buckets.load32(r.bucket, offBucketHead),
 		Hash:       r.hash,
 		Region:     santaSantaRegion{Off: uint16(r.region.off), Len: uint16(r.region.len)},
 		Priority:   c.priority,
@@ -739,7 +740,7 @@ func (d *Dataplane) install(id, gen uint32, r *installed) error {
 	}
 	encodeInto(d.rules.value(slot), &v)
 	d.widenRegionLens(id, r.regionN, c.minLen, c.maxLen)
-	d.buckets.store32(r.bucket, 0, slot)
+	d.setHead(r.bucket, slot)
 	d.chainLen[r.bucket]++
 	d.byID[r.id] = r
 	return nil
@@ -759,13 +760,36 @@ func (d *Dataplane) widenRegionLens(id uint32, n, minLen, maxLen int) {
 	d.rulesets.store32(id, off, uint32(minLen)|uint32(maxLen)<<16)
 }
 
+// setHead makes the rule in slot (0: none) the first of bucket's chain,
+// with the hint of where its data lies (struct santa_bucket).
+func (d *Dataplane) setHead(bucket, slot uint32) {
+	var hint uint32
+	if slot != 0 {
+		hint = dataHint((*santaSantaRule)(unsafe.Pointer(&d.rules.value(slot)[0])))
+	}
+	d.buckets.store32(bucket, offBucketHint, hint)
+	d.buckets.store32(bucket, offBucketHead, slot)
+}
+
+// dataHint says where rule r's patterns and template lie: page << 16 |
+// first 64-byte line << 2 | lines - 1, up to 4 lines (the copy masks after
+// the template are left out: few rules have them).
+func dataHint(r *santaSantaRule) uint32 {
+	start, end := r.Tpl, r.Tpl+uint32(r.ReplyLen)
+	if r.Nconds > 0 {
+		start = r.Cond0.Data &^ condMasked
+	}
+	first, last := start/64, (max(end, start+1)-1)/64
+	return r.Page<<16 | first<<2 | min(last-first, 3)
+}
+
 // uninstall unlinks rule r from its chain and frees its slot and data.
 func (d *Dataplane) uninstall(r *installed) {
 	next := d.rules.load32(r.slot, offRuleNext)
-	if d.buckets.load32(r.bucket, 0) == r.slot {
-		d.buckets.store32(r.bucket, 0, next)
+	if d.buckets.load32(r.bucket, offBucketHead) == r.slot {
+		d.setHead(r.bucket, next)
 	} else {
-		for s := d.buckets.load32(r.bucket, 0); s != 0; s = d.rules.load32(s, offRuleNext) {
+		for s := d.buckets.load32(r.bucket, offBucketHead); s != 0; s = d.rules.load32(s, offRuleNext) {
 			if d.rules.load32(s, offRuleNext) == r.slot {
 				d.rules.store32(s, offRuleNext, next)
 				break

@@ -396,3 +396,98 @@ func TestFullSaysWhatIsFull(t *testing.T) {
 		t.Errorf("%d rules installed, want the %d added before the failing add", n, added)
 	}
 }
+
+// Each bucket tells the program where its first rule's data lies (struct
+// santa_bucket), so that a large rule set's data loads need not wait for the
+// rule: after adds and deletes (chain heads among them, whose successors
+// become heads) every hint names its head rule's page and first line and
+// covers its template. A hint is only a hint: with every hint wrong, every
+// rule still answers byte for byte.
+func TestBucketHints(t *testing.T) {
+	e := newEnv(t, Config{HashBits: 16, MaxRules: 4096})
+	c, s := fixtureAddrs(e, false, 7220)
+	sock := e.socket(s, false)
+	if err := e.d.Bind(sock, SampleOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	key := func(i int) string { return fmt.Sprintf("hinted-%05d", i) }
+	var batch []Rule
+	for i := range 1500 {
+		// templates of 1 to 300 bytes: hints of one to four lines
+		batch = append(batch, reply(key(i), strings.Repeat(key(i), 30)[:1+i%300]))
+	}
+	ids, err := e.d.AddRules(sock, batch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs := e.d.bySocket[sock]
+	if n := rs.buckets.mask + 1; n < uint32(santaSantaLimitSANTA_WARM_MIN_BUCKETS) {
+		t.Fatalf("%d buckets: too few for the program to use the hints", n)
+	}
+	rng := rand.New(rand.NewPCG(5, 6))
+	// the buckets whose head has a successor, by head slot
+	withSuccessor := map[uint32]uint32{}
+	for b := rs.buckets.base; b <= rs.buckets.base|rs.buckets.mask; b++ {
+		if head := e.d.buckets.load32(b, offBucketHead); head != 0 && e.d.rules.load32(head, offRuleNext) != 0 {
+			withSuccessor[head] = b
+		}
+	}
+	var del []RuleID
+	promoted := 0
+	for _, i := range rng.Perm(len(ids))[:700] {
+		del = append(del, ids[i])
+		if _, ok := withSuccessor[e.d.byID[ids[i]].slot]; ok {
+			promoted++
+		}
+	}
+	if err := e.d.DeleteRules(sock, del); err != nil {
+		t.Fatal(err)
+	}
+	if promoted == 0 {
+		t.Fatal("no deleted rule was a chain head with a successor")
+	}
+
+	bySlot := map[uint32]*installed{}
+	for _, r := range rs.rules {
+		bySlot[r.slot] = r
+	}
+	heads := 0
+	for b := rs.buckets.base; b <= rs.buckets.base|rs.buckets.mask; b++ {
+		head, hint := e.d.buckets.load32(b, offBucketHead), e.d.buckets.load32(b, offBucketHint)
+		if head == 0 {
+			if hint != 0 {
+				t.Errorf("empty bucket %d: hint %#x", b, hint)
+			}
+			continue
+		}
+		r := bySlot[head]
+		if r == nil {
+			t.Fatalf("bucket %d: head slot %d holds no rule of the set", b, head)
+		}
+		heads++
+		tpl := e.d.rules.load32(head, int(unsafe.Offsetof(santaSantaRule{}.Tpl)))
+		first, last := r.data.off/64, (tpl+uint32(len(r.rule.template))-1)/64
+		want := r.data.page<<16 | first<<2 | min(last-first, 3)
+		if hint != want {
+			t.Errorf("bucket %d, rule %d (data at page %d offset %d, template %d bytes at %d): hint %#x, want %#x",
+				b, r.id, r.data.page, r.data.off, len(r.rule.template), tpl, hint, want)
+		}
+	}
+	t.Logf("%d rules left, %d chain heads; %d deleted heads had successors", len(rs.rules), heads, promoted)
+
+	answersAll := func(what string) {
+		t.Helper()
+		for _, r := range rs.rules {
+			i := slices.Index(ids, r.id)
+			req := request(c, s, key(i))
+			if v, out := e.run(req.build(t)); v != xdpTx || !bytes.Equal(out, req.answer(batch[i].Processors[0].Template).build(t)) {
+				t.Fatalf("%s: %s: verdict %d, reply %x", what, key(i), v, out)
+			}
+		}
+	}
+	answersAll("true hints")
+	for b := rs.buckets.base; b <= rs.buckets.base|rs.buckets.mask; b++ {
+		e.d.buckets.store32(b, offBucketHint, rng.Uint32())
+	}
+	answersAll("random hints")
+}

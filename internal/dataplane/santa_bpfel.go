@@ -25,6 +25,12 @@ type santaBpfSockTuple struct {
 	_ [24]byte
 }
 
+type santaSantaBucket struct {
+	_    structs.HostLayout
+	Head uint32
+	Hint uint32
+}
+
 type santaSantaCond struct {
 	_    structs.HostLayout
 	Off  uint16
@@ -57,6 +63,7 @@ const (
 	santaSantaLimitSANTA_MAX_GUARDS       santaSantaLimit = 2
 	santaSantaLimitSANTA_GUARD_SLOTS      santaSantaLimit = 1048576
 	santaSantaLimitSANTA_MAX_CHAIN        santaSantaLimit = 16
+	santaSantaLimitSANTA_WARM_MIN_BUCKETS santaSantaLimit = 4096
 	santaSantaLimitSANTA_REQ_WINDOW       santaSantaLimit = 1472
 	santaSantaLimitSANTA_MAX_PATTERN      santaSantaLimit = 1024
 	santaSantaLimitSANTA_MAX_REGION_LEN   santaSantaLimit = 64
@@ -237,9 +244,9 @@ type santaSantaScratch struct {
 	L4    [128]uint8
 	Tcp   [64]uint8
 	Probe struct {
-		_    structs.HostLayout
-		Hash [8]uint32
-		Head [8]uint32
+		_      structs.HostLayout
+		Hash   [8]uint32
+		Bucket [8]santaSantaBucket
 	}
 }
 

@@ -130,20 +130,6 @@ func heapInUse() uint64 {
 	return ms.HeapInuse
 }
 
-// "Loading 1 M rules should take seconds" (issue 2): one socket, 1,000,000
-// DNS-like rules, installed with Bind + AddRules in batches of 1024 as `santa
-// dns top` sends them (each batch is checked against the rules installed
-// before it: the set stays disjoint, and its part of the bucket table
-// grows with it), then spot-checked through
-// BPF_PROG_RUN; then the incremental path: delete 1000, add 1000; then the
-// statistics read back from the pinned maps, as a restarted santad does.
-//
-// `go test -short` skips it (and only it). `make test` runs it: on the 2-core
-// test machine the whole test takes about 15 s (about 12 s of it the 1 M
-// rule load) and about 2 GB of memory (Go heap for the test's own rules and the
-// data plane's bookkeeping, plus ~470 MiB of BPF maps). Should it ever take
-// over 60 s, make test should pass -short and run it from `make bench`; the
-// test itself fails when the load alone exceeds 60 s.
 // logAnswerTimes logs the program's run time per answer (BPF_PROG_RUN,
 // median and 90th percentile) over 20000 queries of random names among the
 // first n: with many rules it is their cache misses, for comparing builds
@@ -176,6 +162,20 @@ func logAnswerTimes(t *testing.T, e *env, c, s netip.AddrPort, n int, rng *rand.
 		len(times), n, times[len(times)/2], times[len(times)*9/10])
 }
 
+// "Loading 1 M rules should take seconds" (issue 2): one socket, 1,000,000
+// DNS-like rules, installed with Bind + AddRules in batches of 1024 as `santa
+// dns top` sends them (each batch is checked against the rules installed
+// before it: the set stays disjoint, and its part of the bucket table
+// grows with it), then spot-checked through
+// BPF_PROG_RUN; then the incremental path: delete 1000, add 1000; then the
+// statistics read back from the pinned maps, as a restarted santad does.
+//
+// `go test -short` skips it (and only it). `make test` runs it: on the 2-core
+// test machine the whole test takes about 15 s (about 12 s of it the 1 M
+// rule load) and about 2 GB of memory (Go heap for the test's own rules and the
+// data plane's bookkeeping, plus ~470 MiB of BPF maps). Should it ever take
+// over 60 s, make test should pass -short and run it from `make bench`; the
+// test itself fails when the load alone exceeds 60 s.
 func TestLoadMillionRules(t *testing.T) {
 	if testing.Short() {
 		t.Skip("scale test (1 M rules) skipped in -short mode")
