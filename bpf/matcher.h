@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
-/* The region-hash matcher (paper §2.2): FNV-1a 32 over each region of the
- * request, a bucket per (rule set, region, truncated hash), candidates checked
+/* The region-hash matcher (paper §2.2): a 32-bit hash of each region of the
+ * request, eight bytes per step, a bucket per (rule set, region, truncated hash), candidates checked
  * by stored hash, then region identity, then every condition byte by byte. */
 #pragma once
 
@@ -9,8 +9,8 @@
 #include "santa.h"
 #include "maps.h"
 
-#define FNV32_BASIS 2166136261u
-#define FNV32_PRIME 16777619u
+#define REGION_HASH_BASIS 0xcbf29ce484222325ull
+#define REGION_HASH_PRIME 0x9e3779b97f4a7c15ull
 
 /* Set by user space before loading. */
 volatile const __u32 bucket_mask = (1 << 20) - 1; /* 2^hash_bits - 1 */
@@ -80,30 +80,48 @@ __noinline int santa_pattern_equal_masked(const struct santa_scratch *s, __u32 o
 	return pattern_equal(s, off, page, data, len, 1);
 }
 
-/* FNV-1a 32 of request bytes [pos, end), continuing from h. A global
- * function: the verifier checks its loop once. */
-__noinline __u32 santa_fnv1a(const struct santa_scratch *s, __u32 pos, __u32 end, __u32 h)
+/* One step of the region hash: eight request bytes, little-endian, into h.
+ * Both halves of a step are invertible, so regions that differ in one word
+ * never collide; the shift brings the high bits, which the multiplication
+ * mixes best, down to where the next one spreads them.
+ * internal/dataplane/bucket.go has the twin. */
+static __always_inline __u64 region_hash_step(__u64 h, __u64 word)
+{
+	h = (h ^ word) * REGION_HASH_PRIME;
+	return h ^ (h >> 32);
+}
+
+/* The 32-bit hash of request bytes [off, end): a step per whole 8-byte word,
+ * one more for the 0-7 bytes left, and the high half of that last product,
+ * whose every bit depends on all the bits below it. One multiplication per
+ * eight bytes where FNV-1a, which this replaced, chained eight. Regions at one
+ * offset are nested and come sorted by length, so the pass in s->probe
+ * carries on from the last one's whole words. The scratch has slack to read
+ * 8 bytes past any region. A global function: the verifier checks its loop
+ * once, and the caller keeps its registers (and its short stack). */
+__noinline __u32 santa_region_hash(struct santa_scratch *s, __u32 off, __u32 end)
 {
 	if (!s)
-		return h;
-	/* four bytes per iteration: a quarter of the loop overhead */
-	for (__u32 j = 0; j < SANTA_MAX_REGION_LEN / 4; j++) {
-		if (pos + 4 > end)
-			break;
-		const __u8 *p = s->req + (pos & SANTA_OFF_MASK);
-		h = (h ^ p[0]) * FNV32_PRIME;
-		h = (h ^ p[1]) * FNV32_PRIME;
-		h = (h ^ p[2]) * FNV32_PRIME;
-		h = (h ^ p[3]) * FNV32_PRIME;
-		pos += 4;
+		return 0;
+	struct santa_region_probe *p = &s->probe;
+	__u64 h = p->state;
+	__u32 pos = p->pos;
+	if (off != p->off || pos > end) {
+		h = REGION_HASH_BASIS;
+		pos = off;
 	}
-	for (__u32 j = 0; j < 3; j++) {
-		if (pos >= end)
+	for (__u32 j = 0; j < SANTA_MAX_REGION_LEN / 8; j++) {
+		if (pos + 8 > end)
 			break;
-		h = (h ^ s->req[pos & SANTA_OFF_MASK]) * FNV32_PRIME;
-		pos++;
+		h = region_hash_step(h, *(const __u64 *)(s->req + (pos & SANTA_OFF_MASK)));
+		pos += 8;
 	}
-	return h;
+	p->state = h;
+	p->off = off;
+	p->pos = pos;
+	__u64 tail = *(const __u64 *)(s->req + (pos & SANTA_OFF_MASK)) &
+		     ((1ull << ((end - pos) & 7) * 8) - 1);
+	return region_hash_step(h, tail) >> 32;
 }
 
 /* What a rule walk noticed besides its result. */
@@ -236,7 +254,7 @@ static long chain_step(__u32 i, struct chain_walk *w)
 
 /* The best rule of rule set rs_id for the request in s, 0 if none, with
  * what the walk noticed on the way in *notes.
- * Regions are hashed in ascending order (one FNV pass per offset), and
+ * Regions are hashed in ascending order (one pass per offset), and
  * their bucket heads loaded in the same pass: the loads do not depend on each
  * other, so their cache misses overlap. Chains are then walked longest
  * region first: a rule hangs on the longest region its anchor covers, so a
@@ -254,7 +272,7 @@ static __always_inline __u32 match_rules(__u32 rs_id, const struct santa_ruleset
 	};
 	__u32 *hashes = s->probe.hash;
 	struct santa_bucket *heads = s->probe.bucket;
-	__u32 h = FNV32_BASIS, pos = 0, hashed_off = 0xffffffff;
+	s->probe.off = SANTA_NO_PASS;
 
 	for (__u32 ri = 0; ri < SANTA_MAX_REGIONS; ri++) {
 		heads[ri].head = 0;
@@ -264,20 +282,12 @@ static __always_inline __u32 match_rules(__u32 rs_id, const struct santa_ruleset
 		__u32 end = (__u32)reg.off + reg.len;
 		if (end > payload_len || reg.len > SANTA_MAX_REGION_LEN)
 			continue;
-		/* regions are sorted by (off, len): one FNV pass serves every
-		 * region starting at the same offset */
-		if (reg.off != hashed_off || pos > end) {
-			h = FNV32_BASIS;
-			pos = reg.off;
-			hashed_off = reg.off;
-		}
-		h = santa_fnv1a(s, pos, end, h);
-		pos = end;
-		hashes[ri] = h;
+		__u32 hash = santa_region_hash(s, reg.off, end);
+		hashes[ri] = hash;
 		struct santa_len_range lens = rs->lens[ri];
 		if (payload_len < lens.min || payload_len > lens.max)
 			continue; /* no rule on this region answers requests this long */
-		__u32 bucket = bucket_of(rs_id, rs, reg, h);
+		__u32 bucket = bucket_of(rs_id, rs, reg, hash);
 		struct santa_bucket *b = bpf_map_lookup_elem(&santa_buckets, &bucket);
 		if (b)
 			heads[ri] = *b;

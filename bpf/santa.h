@@ -110,7 +110,7 @@ struct santa_guard {
 struct santa_rule {
 	__u32 ruleset;          /* owner; 0 marks a free slot */
 	__u32 next;             /* next rule slot in the bucket chain, 0 = end */
-	__u32 hash;             /* FNV-1a 32 of the anchor region of the anchor condition */
+	__u32 hash;             /* region hash (matcher.h) of the anchor region of the anchor condition */
 	struct santa_region region; /* the anchor region's identity */
 	__u32 priority;         /* of several matching rules the lowest priority wins, */
 	__u32 order;            /* then the lowest order (insertion order): docs/matching.md */
@@ -250,11 +250,17 @@ struct santa_bucket {
 	__u32 hint; /* page << 16 | first 64-byte line << 2 | lines - 1 (up to 4) */
 };
 
+#define SANTA_NO_PASS 0xffffffffu
+
 /* The matcher's per-region results for one request: each region's hash
- * and its bucket (head 0: no rule, or the region does not fit). */
+ * and its bucket (head 0: no rule, or the region does not fit), and the
+ * hash pass it is in (santa_region_hash). */
 struct santa_region_probe {
 	__u32 hash[SANTA_MAX_REGIONS];
 	struct santa_bucket bucket[SANTA_MAX_REGIONS];
+	__u64 state;   /* the pass's hash state after its whole words */
+	__u32 off;     /* where the pass started; SANTA_NO_PASS: none yet (no offset is) */
+	__u32 pos;     /* where its whole words end */
 };
 
 /* Per-CPU work area: the request window (with slack for word-wise compares

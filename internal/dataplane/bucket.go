@@ -1,19 +1,32 @@
 package dataplane
 
-// Twins of bpf/matcher.h: FNV-1a 32 and the bucket of (rule set, region, hash).
+import "encoding/binary"
+
+// Twins of bpf/matcher.h: the region hash and the bucket of (rule set,
+// region, hash).
 
 const (
-	fnv32Basis = 2166136261
-	fnv32Prime = 16777619
+	regionHashBasis = 0xcbf29ce484222325
+	regionHashPrime = 0x9e3779b97f4a7c15
 )
 
-func fnv1a32(b []byte) uint32 {
-	h := uint32(fnv32Basis)
-	for _, c := range b {
-		h ^= uint32(c)
-		h *= fnv32Prime
+// regionHashStep is region_hash_step: eight bytes, little-endian, into h.
+func regionHashStep(h, word uint64) uint64 {
+	h = (h ^ word) * regionHashPrime
+	return h ^ h>>32
+}
+
+// regionHash is the matcher's 32-bit hash of a region's bytes: a step per
+// whole 8-byte word, one more for the 0-7 bytes left, and the high half of
+// that last product.
+func regionHash(b []byte) uint32 {
+	h := uint64(regionHashBasis)
+	for ; len(b) >= 8; b = b[8:] {
+		h = regionHashStep(h, binary.LittleEndian.Uint64(b))
 	}
-	return h
+	var tail [8]byte
+	copy(tail[:], b)
+	return uint32(regionHashStep(h, binary.LittleEndian.Uint64(tail[:])) >> 32)
 }
 
 // region is a window of the payload the matcher hashes once per packet.

@@ -328,13 +328,20 @@ func (r *fzReader) chance(pct int) bool {
 // fzAlphabet makes random patterns and payloads collide often.
 const fzAlphabet = "abcd"
 
-// fzCollisions are pairs of equal-length strings with equal FNV-1a 32 hashes
-// (so any common suffix keeps them colliding).
-var fzCollisions = [][2]string{
-	{"bddcababbdbc", "accbcdaddadb"},
-	{"abcacbbcabdb", "adbaaaddbdbb"},
-	{"accacdcacaca", "cadcbaddaadc"},
-}
+// fzCollisions are pairs of 16-byte strings that leave the region hash in
+// the same 64-bit state (so any common suffix keeps them colliding): their
+// first words differ, and the second word of the second string cancels the
+// difference the first words made.
+var fzCollisions = func() [][2]string {
+	var out [][2]string
+	word := func(s string) uint64 { return binary.LittleEndian.Uint64([]byte(s)) }
+	for _, w := range [][3]string{{"abcdabcd", "dcbadcba", "aabbccdd"}, {"bbbbbbbb", "bbbbbbbc", "cadbcadb"}, {"ddddabcd", "ccccaaaa", "abababab"}} {
+		ha, hb := regionHashStep(regionHashBasis, word(w[0])), regionHashStep(regionHashBasis, word(w[1]))
+		second := binary.LittleEndian.AppendUint64(nil, ha^hb^word(w[2]))
+		out = append(out, [2]string{w[0] + w[2], w[1] + string(second)})
+	}
+	return out
+}()
 
 func (r *fzReader) alpha(n int) []byte {
 	b := make([]byte, n)

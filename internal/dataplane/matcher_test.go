@@ -3,6 +3,7 @@ package dataplane
 import (
 	"bytes"
 	"fmt"
+	"math/rand/v2"
 	"net/netip"
 	"testing"
 
@@ -142,25 +143,77 @@ func TestSharedRegionsCOMSYS(t *testing.T) {
 	}
 }
 
-// fnvCollision finds two different 6-byte strings with equal FNV-1a 32 hashes.
-func fnvCollision(t *testing.T) (string, string) {
-	seen := map[uint32]string{}
-	for i := 0; i < 1<<22; i++ {
-		k := fmt.Sprintf("k%05x", i)
-		h := fnv1a32([]byte(k))
-		if o, ok := seen[h]; ok {
-			return o, k
-		}
-		seen[h] = k
+// TestRegionHashSpreads hashes families of near-identical keys, as rule sets
+// have them, and wants about as few equal hashes and as short bucket chains
+// as random 32-bit values would give: counters, padded counters, and DNS
+// questions cut at region lengths on both sides of word boundaries.
+func TestRegionHashSpreads(t *testing.T) {
+	const n = 100_000
+	families := map[string]func(i int) string{
+		"r%05d":  func(i int) string { return fmt.Sprintf("r%05d", i) },
+		"%016d":  func(i int) string { return fmt.Sprintf("%016d", i) },
+		"%-24d.": func(i int) string { return fmt.Sprintf("%-24d.", i) },
 	}
-	t.Fatal("no FNV-1a collision found")
+	for _, cut := range []int{7, 8, 9, 16, 31, 64} {
+		families[fmt.Sprintf("DNS query, first %d bytes", cut)] = func(i int) string {
+			q := scaleQuery(scaleName(i), 1)
+			return string(q[:min(cut, len(q))])
+		}
+	}
+	const bits = 18 // n rules in a part of 2^18 buckets, as bucketRangeFor gives them
+	for name, key := range families {
+		hashes := map[uint32]bool{}
+		chains := make([]int, 1<<bits)
+		distinct := map[string]bool{}
+		longest := 0
+		for i := range n {
+			k := key(i)
+			if distinct[k] {
+				continue
+			}
+			distinct[k] = true
+			h := regionHash([]byte(k))
+			hashes[h] = true
+			b := bucketOf(0x5eed, bucketRange{0, 1<<bits - 1}, 1, region{0, len(k)}, h)
+			chains[b]++
+			longest = max(longest, chains[b])
+		}
+		// random values: about n²/2³³ ≈ 1.2 equal pairs, longest chain about 7
+		if equal := len(distinct) - len(hashes); equal > 8 || longest > 12 {
+			t.Errorf("%s: %d keys, %d equal hashes, longest chain %d", name, len(distinct), equal, longest)
+		}
+	}
+}
+
+// hashCollision finds two different 7-letter strings with equal region
+// hashes among random ones (counters collide less than random strings do).
+func hashCollision(t *testing.T) (string, string) {
+	rng := rand.New(rand.NewPCG(7, 7))
+	seen := map[uint32]string{}
+	for range 1 << 21 {
+		b := make([]byte, 7)
+		for j := range b {
+			b[j] = byte('a' + rng.IntN(26))
+		}
+		h := regionHash(b)
+		if o, ok := seen[h]; ok && o != string(b) {
+			return o, string(b)
+		}
+		seen[h] = string(b)
+	}
+	t.Fatal("no region hash collision found")
 	return "", ""
 }
 
 func TestRealHashCollisions(t *testing.T) {
-	a, b := fnvCollision(t)
-	if fnv1a32([]byte(a)) != fnv1a32([]byte(b)) || a == b {
+	a, b := hashCollision(t)
+	if regionHash([]byte(a)) != regionHash([]byte(b)) || a == b {
 		t.Fatalf("%q and %q do not collide", a, b)
+	}
+	for _, pair := range fzCollisions { // the fuzz test's, which must collide with any suffix
+		if a, b := pair[0]+"suffix", pair[1]+"suffix"; regionHash([]byte(a)) != regionHash([]byte(b)) {
+			t.Fatalf("%q and %q do not collide", a, b)
+		}
 	}
 	// 8 hash bits: the truncated hash collides all the time too
 	e := newEnv(t, Config{HashBits: 8})

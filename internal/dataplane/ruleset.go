@@ -467,7 +467,7 @@ func (d *Dataplane) tryPlace(id uint32, regions []region, buckets bucketRange, r
 		}
 		r.region, r.regionN = reg, slices.Index(regions, reg)
 		a := r.rule.conds[r.rule.anchor]
-		r.hash = fnv1a32(a.Pattern[:reg.len])
+		r.hash = regionHash(a.Pattern[:reg.len])
 		r.bucket = bucketOf(d.seed, buckets, id, reg, r.hash)
 		extra[r.bucket]++
 		if int(d.chainLen[r.bucket])+extra[r.bucket] > MaxChain {

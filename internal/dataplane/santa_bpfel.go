@@ -247,6 +247,9 @@ type santaSantaScratch struct {
 		_      structs.HostLayout
 		Hash   [8]uint32
 		Bucket [8]santaSantaBucket
+		State  uint64
+		Off    uint32
+		Pos    uint32
 	}
 }
 
