@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /* The region-hash matcher (paper §2.2): a 32-bit hash of each region of the
- * request, eight bytes per step, a bucket per (rule set, region, truncated hash), candidates checked
- * by stored hash, then region identity, then every condition byte by byte. */
+ * request (eight bytes per step), a bucket per (rule set, region, truncated
+ * hash), candidates checked by stored hash, then region identity, then every
+ * condition byte by byte. */
 #pragma once
 
 #include "include/vmlinux.h"
@@ -82,7 +83,7 @@ __noinline int santa_pattern_equal_masked(const struct santa_scratch *s, __u32 o
 
 /* One step of the region hash: eight request bytes, little-endian, into h.
  * Both halves of a step are invertible, so regions that differ in one word
- * never collide; the shift brings the high bits, which the multiplication
+ * never reach the same 64-bit state; the shift brings the high bits, which the multiplication
  * mixes best, down to where the next one spreads them.
  * internal/dataplane/bucket.go has the twin. */
 static __always_inline __u64 region_hash_step(__u64 h, __u64 word)
