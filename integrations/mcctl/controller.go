@@ -938,7 +938,7 @@ func (c *Controller) everySecond(now time.Time) error {
 		}
 		hot := c.hot.Hot(c.cfg.MinSamples)
 		for _, k := range hot {
-			if c.entries[k] == nil && len(c.entries)+len(missing) < c.cfg.MaxRules && c.written(k) {
+			if c.entries[k] == nil && len(c.entries)+len(missing) < c.cfg.MaxRules && c.worthFetching(k) {
 				missing = append(missing, k)
 			}
 		}
@@ -956,7 +956,7 @@ func (c *Controller) everySecond(now time.Time) error {
 	} else {
 		// not every wanted key: at a million keys that took 19 % of a CPU
 		for _, k := range sortedKeys(c.missing) {
-			if c.written(k) {
+			if c.worthFetching(k) {
 				missing = append(missing, k)
 			}
 		}
@@ -964,11 +964,11 @@ func (c *Controller) everySecond(now time.Time) error {
 	return c.install(missing)
 }
 
-// written reports whether key is worth fetching: no fetch of it came back
+// worthFetching reports whether key is worth fetching: no fetch of it came back
 // with nothing to offload, or a write has bumped its guard slot or the
 // epoch since the last did (a value changes only by a write, and the
 // tracker bumps for each).
-func (c *Controller) written(key string) bool {
+func (c *Controller) worthFetching(key string) bool {
 	v, ok := c.unoffloadable[key]
 	return !ok || v != versions{c.guards.version(KeySlot(key)), c.guards.version(epochSlot)}
 }

@@ -173,7 +173,7 @@ func logAnswerTimes(t *testing.T, e *env, c, s netip.AddrPort, n int, rng *rand.
 // `go test -short` skips it (and only it). `make test` runs it: on the 2-core
 // test machine the whole test takes about 15 s (about 12 s of it the 1 M
 // rule load) and about 2 GB of memory (Go heap for the test's own rules and the
-// data plane's bookkeeping, plus ~470 MiB of BPF maps). Should it ever take
+// data plane's bookkeeping, plus ~520 MiB of BPF maps). Should it ever take
 // over 60 s, make test should pass -short and run it from `make bench`; the
 // test itself fails when the load alone exceeds 60 s.
 func TestLoadMillionRules(t *testing.T) {
