@@ -449,6 +449,7 @@ func Cleanup(cfg Config) error {
 	ents, _ := os.ReadDir(filepath.Join(cfg.BPFFS, "links"))
 	for _, e := range ents {
 		if l, err := link.LoadPinnedLink(filepath.Join(cfg.BPFFS, "links", e.Name()), nil); err == nil {
+			errs = append(errs, removePeerPass(l, strings.TrimPrefix(e.Name(), "xdp-")))
 			errs = append(errs, l.Unpin(), l.Close())
 		}
 	}
@@ -457,6 +458,24 @@ func Cleanup(cfg Config) error {
 	}
 	errs = append(errs, os.RemoveAll(cfg.BPFFS), os.RemoveAll(cfg.journalPath()), os.RemoveAll(cfg.Socket))
 	return errors.Join(errs...)
+}
+
+// removePeerPass removes the program santad gave the veth peer of the
+// interface XDP link l is attached to (dataplane.PeerPassName), if l is
+// attached to ifname: an ifindex only names ifname in santad's network
+// namespace, where cleanup is to run.
+func removePeerPass(l link.Link, ifname string) error {
+	info, err := l.Info()
+	if err != nil || info.XDP() == nil || info.XDP().Ifindex == 0 {
+		return nil // no XDP link, or attached nowhere
+	}
+	ifindex := int(info.XDP().Ifindex)
+	if iface, err := net.InterfaceByIndex(ifindex); err != nil || iface.Name != ifname {
+		slog.Warn("interface of a pinned XDP link not found in this network namespace: run cleanup in santad's to remove the program santad gave its veth peer",
+			"interface", ifname, "ifindex", ifindex)
+		return nil
+	}
+	return dataplane.RemovePeerPass(ifindex)
 }
 
 // lockFile takes an exclusive lock so that only one santad runs per state directory.

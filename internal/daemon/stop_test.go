@@ -212,3 +212,38 @@ func TestCleanupRefusesRunningSantad(t *testing.T) {
 		t.Fatalf("santad cleanup after santad stopped: %v", err)
 	}
 }
+
+// TestVethPeerPassOutlivesSantad: on a testbed whose client end has no XDP
+// program, santad gives it dataplane.PeerPassName (else the replies its rules
+// send with XDP_TX are dropped), the replies arrive while santad runs and
+// after it stops, and `santad cleanup` removes the program again.
+func TestVethPeerPassOutlivesSantad(t *testing.T) {
+	tb := testbed.NewWith(t, testbed.Options{NoClientPass: true})
+	sd := newSantad(t, tb)
+	sd.start()
+	server := netip.AddrPortFrom(tb.Server.IP4, 7302)
+	_, target := serverSocket(t, tb, server)
+	if _, err := sd.client().Add(target, []api.Rule{{
+		Conditions: []api.Condition{santa.Match(0, []byte("ping"))},
+		Processors: []api.Processor{santa.Put(0, []byte("pong"))},
+		ReplyLen:   4,
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := exchange(t, tb, server, "ping"); got != "pong" {
+		t.Errorf("with santad running the client got %q, want the rule's pong", got)
+	}
+	sd.stop(syscall.SIGTERM)
+	if got := exchange(t, tb, server, "ping"); got != "pong" {
+		t.Errorf("after santad stopped the client got %q, want the rule's pong", got)
+	}
+	if x, err := tb.ClientXDP(); err != nil || x.DrvID == 0 {
+		t.Fatalf("client end's XDP: %+v, %v; want the peer program", x, err)
+	}
+	if err := sd.Cleanup(); err != nil {
+		t.Fatalf("santad cleanup: %v", err)
+	}
+	if x, err := tb.ClientXDP(); err != nil || x.Attached != 0 {
+		t.Errorf("after santad cleanup the client end has XDP %+v (%v), want none", x, err)
+	}
+}

@@ -30,6 +30,7 @@ const (
 type Attachment struct {
 	Interface string
 	Native    bool
+	ifindex   int
 	link      link.Link
 	handover  link.Link
 	local     *localAddrs
@@ -64,10 +65,18 @@ func (d *Dataplane) attach(ifname string, mode AttachMode, pinPath string) (*Att
 	if err != nil {
 		return nil, fmt.Errorf("attach to %s: %w", ifname, err)
 	}
-	att := &Attachment{Interface: ifname, local: local, pin: pinPath}
+	att := &Attachment{Interface: ifname, ifindex: iface.Index, local: local, pin: pinPath}
 	if err := d.linkXDP(att, iface.Index, mode); err != nil {
 		local.stop()
 		return nil, err
+	}
+	if att.Native {
+		if did, err := ensurePeerPass(local.ns, iface.Index); err != nil {
+			slog.Warn("replies sent from XDP may never arrive: give the other end of this veth a native-mode XDP program (any, e.g. one that returns XDP_PASS)",
+				"interface", ifname, "error", err)
+		} else if did != "" {
+			slog.Info(did, "interface", ifname)
+		}
 	}
 	if err := d.linkHandover(att, iface.Index); err != nil {
 		att.Close()
@@ -229,6 +238,9 @@ func (a *Attachment) Close() error {
 			err = errors.Join(err, l.Detach())
 		}
 		err = errors.Join(err, l.Close())
+	}
+	if a.Native {
+		err = errors.Join(err, removePeerPass(a.local.ns, a.ifindex))
 	}
 	a.local.stop()
 	return err

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -118,10 +119,15 @@ func (s *Santad) Stop(sig syscall.Signal) error {
 	}
 }
 
-// Cleanup runs `santad cleanup` with santad's flags: it detaches XDP and
-// removes the pins and the journal.
+// Cleanup runs `santad cleanup` with santad's flags in santad's network
+// namespace (the caller's if it has none or it is gone), as an
+// operator would: it detaches XDP and removes the pins and the journal.
 func (s *Santad) Cleanup() error {
-	if out, err := exec.Command(s.Bin, append([]string{"cleanup"}, s.Args...)...).CombinedOutput(); err != nil {
+	cmd := exec.Command(s.Bin, append([]string{"cleanup"}, s.Args...)...)
+	if _, err := os.Stat("/run/netns/" + s.NS); s.NS != "" && err == nil {
+		cmd = exec.Command("nsenter", append([]string{"--net=/run/netns/" + s.NS}, cmd.Args...)...)
+	}
+	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("santad cleanup: %w: %s", err, bytes.TrimSpace(out))
 	}
 	return nil

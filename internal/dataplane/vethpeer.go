@@ -1,0 +1,190 @@
+package dataplane
+
+import (
+	"errors"
+	"fmt"
+	"path/filepath"
+	"runtime"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// PeerPassName is the name of the XDP program that Santa puts on the other
+// end of a veth it attaches to in native mode: a frame sent there with
+// XDP_TX only arrives if that end has an XDP program (native mode) of its
+// own; without one the kernel counts it as sent and drops it
+// (shared/notes/kernel-findings.md). The program passes every frame.
+const PeerPassName = "santa_peer_pass"
+
+// vethPeer is the other end of a veth: its link as seen in its own network
+// namespace, and that namespace.
+type vethPeer struct {
+	link  netlink.Link
+	ns    netns.NsHandle
+	where string // where ns was found, "" if it is the veth's own
+}
+
+func (p *vethPeer) close() { p.ns.Close() }
+
+func (p *vethPeer) String() string {
+	if p.where == "" {
+		return p.link.Attrs().Name
+	}
+	return fmt.Sprintf("%s (network namespace %s)", p.link.Attrs().Name, p.where)
+}
+
+// setXDP attaches the XDP program fd to the peer in native mode (-1:
+// detaches it) with the netlink flags given: netlink, not a bpf_link, so that
+// it stays while the rule processor does, santad running or not.
+func (p *vethPeer) setXDP(fd, flags int) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread, moved to p.ns, ends with this goroutine
+		if err := netns.Set(p.ns); err != nil {
+			errc <- err
+			return
+		}
+		errc <- netlink.LinkSetXdpFdWithFlags(p.link, fd, flags|nl.XDP_FLAGS_DRV_MODE)
+	}()
+	return <-errc
+}
+
+// peerOf returns the other end of ifindex, an interface of network namespace
+// ns, if that is a veth; nil if it is not.
+func peerOf(ns netns.NsHandle, ifindex int) (*vethPeer, error) {
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		return nil, err
+	}
+	defer h.Close()
+	l, err := h.LinkByIndex(ifindex)
+	if err != nil {
+		return nil, err
+	}
+	if l.Type() != "veth" {
+		return nil, nil
+	}
+	p := &vethPeer{}
+	if nsid := l.Attrs().NetNsID; nsid >= 0 {
+		p.ns, p.where, err = namespaceWithID(h, nsid)
+	} else { // both ends in ns
+		var fd int
+		fd, err = unix.Dup(int(ns))
+		p.ns = netns.NsHandle(fd)
+	}
+	if err != nil {
+		return nil, err
+	}
+	ph, err := netlink.NewHandleAt(p.ns)
+	if err != nil {
+		p.close()
+		return nil, err
+	}
+	defer ph.Close()
+	if p.link, err = ph.LinkByIndex(l.Attrs().ParentIndex); err != nil {
+		p.close()
+		return nil, fmt.Errorf("veth peer (ifindex %d): %w", l.Attrs().ParentIndex, err)
+	}
+	return p, nil
+}
+
+// namespaceWithID finds the network namespace that h's knows by nsid among
+// those santad can open: ip-netns's, then every process's (the veth of a
+// container usually has its other end in the host's, where some process
+// runs), each namespace asked about once.
+func namespaceWithID(h *netlink.Handle, nsid int) (netns.NsHandle, string, error) {
+	named, _ := filepath.Glob("/run/netns/*")
+	procs, _ := filepath.Glob("/proc/[0-9]*/ns/net")
+	seen := map[[2]uint64]bool{}
+	for _, path := range append(named, procs...) {
+		var st unix.Stat_t
+		if unix.Stat(path, &st) != nil || seen[[2]uint64{st.Dev, st.Ino}] {
+			continue
+		}
+		seen[[2]uint64{st.Dev, st.Ino}] = true
+		ns, err := netns.GetFromPath(path)
+		if err != nil {
+			continue
+		}
+		if id, err := h.GetNetNsIdByFd(int(ns)); err == nil && id == nsid {
+			return ns, path, nil
+		}
+		ns.Close()
+	}
+	return netns.None(), "", fmt.Errorf("its network namespace (id %d) is neither one in /run/netns nor any process's", nsid)
+}
+
+// ensurePeerPass gives the other end of veth ifindex (in namespace ns) an
+// XDP program in native mode, PeerPassName, unless it has one, and says what
+// it found or did; "" if ifindex is no veth. A peer whose program is in
+// generic mode is an error: native and generic programs cannot share an
+// interface.
+func ensurePeerPass(ns netns.NsHandle, ifindex int) (string, error) {
+	peer, err := peerOf(ns, ifindex)
+	if peer == nil || err != nil {
+		return "", err
+	}
+	defer peer.close()
+	if x := peer.link.Attrs().Xdp; x != nil && x.Attached {
+		if x.AttachMode != nl.XDP_ATTACHED_DRV {
+			return "", fmt.Errorf("veth peer %v has a generic-mode XDP program (id %d): replies sent with XDP_TX need a native-mode one there", peer, x.ProgId)
+		}
+		return fmt.Sprintf("veth peer %v has XDP program %d", peer, x.ProgId), nil
+	}
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
+		Name:         PeerPassName,
+		Type:         ebpf.XDP,
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 2 /* XDP_PASS */), asm.Return()},
+		License:      "GPL",
+	})
+	if err != nil {
+		return "", fmt.Errorf("load %s: %w", PeerPassName, err)
+	}
+	defer prog.Close() // the attachment holds its own reference
+	if err := peer.setXDP(prog.FD(), nl.XDP_FLAGS_UPDATE_IF_NOEXIST); err != nil {
+		return "", fmt.Errorf("attach %s to veth peer %v: %w", PeerPassName, peer, err)
+	}
+	return fmt.Sprintf("attached %s to veth peer %v", PeerPassName, peer), nil
+}
+
+// RemovePeerPass removes PeerPassName from the other end of veth ifindex, an
+// interface of the caller's network namespace, if it is there; any other
+// program stays. Not a veth, or no peer: nothing to do.
+func RemovePeerPass(ifindex int) error {
+	ns, err := netns.Get()
+	if err != nil {
+		return err
+	}
+	defer ns.Close()
+	return removePeerPass(ns, ifindex)
+}
+
+func removePeerPass(ns netns.NsHandle, ifindex int) error {
+	peer, err := peerOf(ns, ifindex)
+	if peer == nil || err != nil {
+		if errors.As(err, new(netlink.LinkNotFoundError)) {
+			return nil // the interface or its peer is gone, and the program with it
+		}
+		return err
+	}
+	defer peer.close()
+	x := peer.link.Attrs().Xdp
+	if x == nil || !x.Attached || x.AttachMode != nl.XDP_ATTACHED_DRV {
+		return nil
+	}
+	prog, err := ebpf.NewProgramFromID(ebpf.ProgramID(x.ProgId))
+	if err != nil {
+		return fmt.Errorf("veth peer %v: XDP program %d: %w", peer, x.ProgId, err)
+	}
+	defer prog.Close()
+	info, err := prog.Info()
+	if err != nil || info.Name != PeerPassName {
+		return err
+	}
+	return peer.setXDP(-1, 0)
+}
