@@ -131,11 +131,11 @@ back.`,
 	socketFlag(ls, &cookie, false)
 	ls.Flags().StringVar(&lsTag, "tag", "", "with --socket: list only the rules with this tag")
 
-	add := ruleFileCmd(e, g, "add FILE", "Add the rules of a rule file (JSON or YAML; - for stdin), all or none",
+	add := ruleFileCmd(e, g, false, "add FILE", "Add the rules of a rule file (JSON or YAML; - for stdin), all or none",
 		func(c *santa.Client, t santa.Target, r []api.Rule) ([]uint64, error) { return c.Add(t, r) })
-	replace := ruleFileCmd(e, g, "replace FILE", "Replace all rules of the socket by those of a rule file, atomically",
+	replace := ruleFileCmd(e, g, true, "replace FILE", "Replace all rules of the socket by those of a rule file, atomically",
 		func(c *santa.Client, t santa.Target, r []api.Rule) ([]uint64, error) { return c.Replace(t, r) })
-	modify := ruleFileCmd(e, g, "modify FILE", "Change rules in place: each rule in the file names its id",
+	modify := ruleFileCmd(e, g, false, "modify FILE", "Change rules in place: each rule in the file names its id",
 		func(c *santa.Client, t santa.Target, r []api.Rule) ([]uint64, error) {
 			for i, rule := range r {
 				if rule.ID == 0 {
@@ -227,8 +227,9 @@ func parseIDs(args []string) ([]uint64, error) {
 	return ids, nil
 }
 
-// ruleFileCmd builds a command that sends a rule file's rules to a socket.
-func ruleFileCmd(e env, g *globals, use, short string, do func(*santa.Client, santa.Target, []api.Rule) ([]uint64, error)) *cobra.Command {
+// ruleFileCmd builds a command that sends a rule file's rules to a socket;
+// a file without rules is an error unless emptyOK (replace: remove them all).
+func ruleFileCmd(e env, g *globals, emptyOK bool, use, short string, do func(*santa.Client, santa.Target, []api.Rule) ([]uint64, error)) *cobra.Command {
 	var cookie uint64
 	var lifetime time.Duration
 	var tag string
@@ -261,6 +262,9 @@ that long after now; --tag tags each rule that has no tag of its own.`,
 			rules, err := rulefile.Parse(data)
 			if err != nil {
 				return err
+			}
+			if len(rules) == 0 && !emptyOK {
+				return fmt.Errorf("%s holds no rules (the file format is in docs/cli.md)", args[0])
 			}
 			for i := range rules {
 				if rules[i].Tag == "" {
@@ -482,7 +486,7 @@ socket listening on it. Needs root: santad takes the sockets with pidfd_getfd.`,
 	cmd.Flags().IntVar(&pid, "pid", 0, "process holding the socket")
 	cmd.Flags().IntVar(&fd, "fd", 0, "the socket's fd number in that process (see ls -l /proc/PID/fd)")
 	cmd.Flags().StringVar(&port, "port", "", "take every UDP socket bound to this port (e.g. 53/udp), or every TCP socket listening on it (e.g. 80/tcp)")
-	cmd.Flags().Uint32Var(&sample.Bytes, "sample-bytes", 0, "copy this many bytes of each missed request to subscribers (max 256)")
+	cmd.Flags().Uint32Var(&sample.Bytes, "sample-bytes", 0, "copy this many bytes of each missed request to subscribers (at most 1472: a whole request)")
 	cmd.Flags().Uint32Var(&sample.Rate, "sample-rate", 1000, "miss samples per second and CPU, with --sample-bytes")
 	return cmd
 }

@@ -2,6 +2,8 @@ package main
 
 import (
 	"bytes"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -40,6 +42,10 @@ func TestHelp(t *testing.T) {
 
 // TestErrorsSayWhatToDo checks messages of refusals that need no santad.
 func TestErrorsSayWhatToDo(t *testing.T) {
+	noRules := filepath.Join(t.TempDir(), "NORULES")
+	if err := os.WriteFile(noRules, []byte("rules: []\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	for args, want := range map[string]string{
 		"rules rm --socket 1 abc":                   "not a rule id",
 		"rules rm --socket 1":                       "give rule ids or --tag",
@@ -49,11 +55,14 @@ func TestErrorsSayWhatToDo(t *testing.T) {
 		"attach --port 53/sctp":                     "only udp and tcp",
 		"attach --port 0":                           "from 1 to 65535",
 		"rules add FILE":                            `required flag(s) "socket"`,
+		"rules add --socket 1 -":                    "the rule file is empty",
+		"rules add --socket 1 NORULES":              "NORULES holds no rules",
+		"rules modify --socket 1 NORULES":           "NORULES holds no rules",
 		"status --socket-path /nonexistent/santa.s": "is santad running?",
 	} {
 		var out bytes.Buffer
 		root := newRoot(env{stdout: &out, stderr: &out, stdin: strings.NewReader("")})
-		root.SetArgs(strings.Fields(args))
+		root.SetArgs(strings.Fields(strings.ReplaceAll(args, "NORULES", noRules)))
 		err := root.Execute()
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("santa %s: %v, want an error saying %q", args, err, want)

@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"unicode/utf8"
 
 	"github.com/santa-offload/santa/api"
@@ -144,11 +145,28 @@ func dataOf(b []byte) Data {
 	return Data{Hex: &h}
 }
 
+// yamlPlaces names the places of a rule file where the YAML decoder names
+// this package's Go types ("field offset not found in type rulefile.Put").
+var yamlPlaces = strings.NewReplacer(
+	"type rulefile.File", "the file (key: rules)",
+	"type rulefile.Rule", "a rule (keys: id, priority, conditions, processors, reply_len, min_len, max_len, guards, close, expires, tag)",
+	"type rulefile.Condition", "a condition (keys: offset, text, hex, base64, mask)",
+	"type rulefile.Processor", "a processor (keys: put, copy)",
+	"type rulefile.Put", "a put (keys: at, text, hex, base64)",
+	"type rulefile.Copy", "a copy (keys: at, from, length, mask)",
+	"type rulefile.Guard", "a guard (keys: slot, version)",
+	"type rulefile.Data", "a mask (keys: text, hex, base64)",
+)
+
 // Parse reads a rule file in JSON or YAML (JSON is YAML too, but JSON is
 // parsed strictly as JSON when it starts with '{'). Unknown keys are errors.
 func Parse(data []byte) ([]api.Rule, error) {
 	var f File
-	if t := bytes.TrimSpace(data); len(t) > 0 && t[0] == '{' {
+	t := bytes.TrimSpace(data)
+	if len(t) == 0 {
+		return nil, errors.New("the rule file is empty (one without rules is `rules: []`)")
+	}
+	if t[0] == '{' {
 		dec := json.NewDecoder(bytes.NewReader(data))
 		dec.DisallowUnknownFields()
 		if err := dec.Decode(&f); err != nil {
@@ -158,7 +176,7 @@ func Parse(data []byte) ([]api.Rule, error) {
 		dec := yaml.NewDecoder(bytes.NewReader(data))
 		dec.KnownFields(true)
 		if err := dec.Decode(&f); err != nil {
-			return nil, fmt.Errorf("rule file (YAML): %w", err)
+			return nil, fmt.Errorf("rule file (YAML): %s", yamlPlaces.Replace(err.Error()))
 		}
 	}
 	out := make([]api.Rule, len(f.Rules))
