@@ -44,6 +44,14 @@ hits per second. It runs until interrupted, or --count refreshes. With
 --json it prints one JSON object per refresh.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			switch {
+			case interval <= 0:
+				return fmt.Errorf("--interval %v: must be positive (e.g. 1s, 500ms)", interval)
+			case count < 0:
+				return fmt.Errorf("--count %d: must not be negative (0: until interrupted)", count)
+			case n < 0:
+				return fmt.Errorf("--rules %d: must not be negative", n)
+			}
 			c, err := g.dial()
 			if err != nil {
 				return err

@@ -205,6 +205,11 @@ func New(cfg Config) (*Controller, error) {
 		return nil, fmt.Errorf("%s mode needs questions to offload (none were given)", cfg.Mode)
 	case cfg.Mode != Adaptive && len(cfg.Shapes) == 0:
 		return nil, fmt.Errorf("%s mode needs at least one query shape", cfg.Mode)
+	case cfg.Interval < 0 || cfg.Idle < 0 || cfg.Poll < 0 || cfg.Timeout < 0:
+		return nil, fmt.Errorf("interval %v, idle %v, poll %v, timeout %v: none may be negative",
+			cfg.Interval, cfg.Idle, cfg.Poll, cfg.Timeout)
+	case cfg.MaxRules < 0 || cfg.Parallel < 0 || cfg.Batch < 0:
+		return nil, fmt.Errorf("max rules %d, parallel %d, batch %d: none may be negative", cfg.MaxRules, cfg.Parallel, cfg.Batch)
 	}
 	if err := api.CheckTag(cfg.Tag); err != nil {
 		return nil, err

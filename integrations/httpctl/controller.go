@@ -300,8 +300,8 @@ func New(cfg Config) (*Controller, error) {
 		return nil, fmt.Errorf("interval %v: at least a second", cfg.Interval)
 	case cfg.Lease < minLease:
 		return nil, fmt.Errorf("lease %v: at least %v (it is renewed when half is left, to the second)", cfg.Lease, minLease)
-	case cfg.Idle < 0 || cfg.Report < 0:
-		return nil, errors.New("idle and report intervals cannot be negative")
+	case cfg.Idle < 0 || cfg.Report < 0 || cfg.Settle < 0 || cfg.Timeout < 0:
+		return nil, errors.New("idle, report, settle and timeout cannot be negative")
 	}
 	if err := api.CheckTag(cfg.Tag); err != nil {
 		return nil, err

@@ -221,6 +221,8 @@ func New(cfg Config) (*Controller, error) {
 		return nil, fmt.Errorf("%s mode needs keys to offload (none were given)", cfg.Mode)
 	case cfg.MaxRules < 1:
 		return nil, fmt.Errorf("max rules %d: must be at least 1", cfg.MaxRules)
+	case cfg.Batch < 1:
+		return nil, fmt.Errorf("batch %d: must be at least 1", cfg.Batch)
 	}
 	if err := api.CheckTag(cfg.Tag); err != nil {
 		return nil, err
