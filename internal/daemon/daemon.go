@@ -102,6 +102,24 @@ func Start(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 	if d.lock, err = lockFile(cfg.lockPath()); err != nil {
 		return nil, err
 	}
+	// what the configuration names must exist before anything is loaded,
+	// pinned or attached: a failed start leaves the rule processor in place
+	for _, name := range cfg.Interfaces {
+		if _, err := net.InterfaceByName(name); err != nil {
+			return nil, fmt.Errorf("interface %s: %w", name, err)
+		}
+	}
+	var metricsListener net.Listener
+	if cfg.Metrics != "" {
+		if metricsListener, err = net.Listen("tcp", cfg.Metrics); err != nil {
+			return nil, fmt.Errorf("metrics address: %w", err)
+		}
+		defer func() {
+			if err != nil {
+				metricsListener.Close()
+			}
+		}()
+	}
 	if err := dataplane.EnsureBPFFS(cfg.BPFFS); err != nil {
 		return nil, err
 	}
@@ -175,10 +193,8 @@ func Start(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 	go d.watchReleased()
 	go d.dispatchSamples()
 	go d.expireLoop()
-	if cfg.Metrics != "" {
-		if err := d.metrics.serve(cfg.Metrics); err != nil {
-			return nil, err
-		}
+	if metricsListener != nil {
+		d.metrics.serve(metricsListener)
 	}
 	u := d.dp.Usage()
 	log.Info("santad started", "version", Version, "generation", next, "interfaces", cfg.Interfaces,

@@ -128,12 +128,8 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// serve exposes /metrics on addr.
-func (m *metrics) serve(addr string) error {
-	l, err := net.Listen("tcp", addr)
-	if err != nil {
-		return err
-	}
+// serve exposes /metrics on l.
+func (m *metrics) serve(l net.Listener) {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
 	m.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
@@ -142,7 +138,6 @@ func (m *metrics) serve(addr string) error {
 			m.d.log.Error("metrics server failed", "error", err)
 		}
 	}()
-	return nil
 }
 
 func (m *metrics) close() {

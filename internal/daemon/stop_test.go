@@ -1,10 +1,12 @@
 package daemon_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"maps"
 	"net/netip"
+	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -245,5 +247,29 @@ func TestVethPeerPassOutlivesSantad(t *testing.T) {
 	}
 	if x, err := tb.ClientXDP(); err != nil || x.Attached != 0 {
 		t.Errorf("after santad cleanup the client end has XDP %+v (%v), want none", x, err)
+	}
+}
+
+// TestBadConfigTouchesNothing: a santad whose interface does not exist, or
+// whose metrics address cannot be listened on, exits with an error that
+// names it before it loads, pins or attaches anything.
+func TestBadConfigTouchesNothing(t *testing.T) {
+	tb := testbed.New(t)
+	for _, c := range []struct{ flags, want string }{
+		{"--interface santa-nope0", "interface santa-nope0"},
+		{"--metrics notanaddr", "metrics address"},
+	} {
+		sd := newSantad(t, tb, strings.Fields(c.flags)...)
+		err := sd.Start(context.Background())
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("santad %s: %v, want an error naming %q", c.flags, err, c.want)
+		}
+		pins, _ := filepath.Glob(filepath.Join("/sys/fs/bpf", filepath.Base(sd.dir), "*"))
+		if len(pins) > 0 {
+			t.Errorf("santad %s left pins: %v", c.flags, pins)
+		}
+		if x, err := tb.ServerXDP(); err != nil || x.Attached != 0 {
+			t.Errorf("santad %s left XDP on the server veth: %+v (%v)", c.flags, x, err)
+		}
 	}
 }
