@@ -2,7 +2,6 @@ package dataplane
 
 import (
 	"net/netip"
-	"os"
 	"testing"
 	"time"
 
@@ -20,9 +19,7 @@ import (
 // the rule's reply; detaching removes it again. A program already there is
 // left alone.
 func TestVethPeerGetsPass(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Fatal("needs root: network namespaces, XDP")
-	}
+	requireRoot(t)
 	tb := testbed.NewWith(t, testbed.Options{NoClientPass: true})
 	d, err := Load(Config{})
 	if err != nil {
@@ -126,9 +123,7 @@ func TestVethPeerGetsPass(t *testing.T) {
 // Both ends of a veth in one namespace: the other end gets PeerPassName
 // there, and loses it on detach.
 func TestVethPeerInSameNamespace(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Fatal("needs root: network namespaces, XDP")
-	}
+	requireRoot(t)
 	tb := testbed.New(t)
 	d, err := Load(Config{})
 	if err != nil {
