@@ -23,6 +23,9 @@ type Config struct {
 	Interfaces []string `yaml:"interfaces"`
 	// XDPMode is auto (native, else generic with a warning), native or generic.
 	XDPMode string `yaml:"xdp_mode"`
+	// VethPeerPass gives the other end of an attached veth an XDP program
+	// when it has none (docs/operations.md): without one, replies are lost.
+	VethPeerPass bool `yaml:"veth_peer_pass"`
 	// Socket is the control socket's path.
 	Socket string `yaml:"socket"`
 	// SocketMode is its permission bits, as an octal string ("0666").
@@ -70,6 +73,7 @@ func DefaultConfig() Config {
 	d := dataplane.DefaultConfig
 	return Config{
 		XDPMode:          "auto",
+		VethPeerPass:     true,
 		Socket:           api.DefaultSocket,
 		SocketMode:       "0666",
 		BPFFS:            "/sys/fs/bpf/santa",
@@ -144,7 +148,7 @@ func (c Config) dataplaneConfig() dataplane.Config {
 	d := c.Dataplane
 	return dataplane.Config{HashBits: d.HashBits, MaxRules: d.MaxRules, MaxRulesets: d.MaxRulesets,
 		DataMiB: d.DataMiB, SampleRingKiB: d.SampleRingKiB, TCPFlows: d.TCPFlows,
-		GuardsPin: c.GuardsPin(), FlowsPin: filepath.Join(c.BPFFS, "tcp_flows")}
+		GuardsPin: c.GuardsPin(), FlowsPin: filepath.Join(c.BPFFS, "tcp_flows"), LeaveVethPeer: !c.VethPeerPass}
 }
 
 // GuardsPin is where the guard map is pinned: apart from the generations,

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -247,6 +248,21 @@ func TestVethPeerPassOutlivesSantad(t *testing.T) {
 	}
 	if x, err := tb.ClientXDP(); err != nil || x.Attached != 0 {
 		t.Errorf("after santad cleanup the client end has XDP %+v (%v), want none", x, err)
+	}
+}
+
+// TestVethPeerLeftAlone: with veth_peer_pass: false santad leaves the
+// other end of its veth without an XDP program.
+func TestVethPeerLeftAlone(t *testing.T) {
+	tb := testbed.NewWith(t, testbed.Options{NoClientPass: true})
+	config := filepath.Join(t.TempDir(), "santad.yaml")
+	if err := os.WriteFile(config, []byte("veth_peer_pass: false\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	sd := newSantad(t, tb, "--config", config)
+	sd.start()
+	if x, err := tb.ClientXDP(); err != nil || x.Attached != 0 {
+		t.Errorf("with veth_peer_pass: false the client end has XDP %+v (%v), want none", x, err)
 	}
 }
 

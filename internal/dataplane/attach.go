@@ -70,7 +70,7 @@ func (d *Dataplane) attach(ifname string, mode AttachMode, pinPath string) (*Att
 		local.stop()
 		return nil, err
 	}
-	if att.Native {
+	if att.Native && !d.cfg.LeaveVethPeer {
 		if did, err := ensurePeerPass(local.ns, iface.Index); err != nil {
 			slog.Warn("replies sent from XDP may never arrive: give the other end of this veth a native-mode XDP program (any, e.g. one that returns XDP_PASS)",
 				"interface", ifname, "error", err)

@@ -30,6 +30,10 @@ type Config struct {
 	// replies are in flight. One pinned there of this version's layout and
 	// size is reused; another is replaced. Empty: not pinned.
 	FlowsPin string
+	// LeaveVethPeer keeps Attach from giving the other end of a veth an XDP
+	// program (PeerPassName) when it has none: replies sent with XDP_TX are
+	// then dropped there unless someone else attaches one.
+	LeaveVethPeer bool
 }
 
 // DefaultConfig suits a server with up to 64 k rules.
@@ -42,29 +46,17 @@ var DefaultConfig = Config{
 	TCPFlows:      int(santaSantaLimitSANTA_TCP_FLOWS),
 }
 
+// withDefaults is c with DefaultConfig's size wherever c gives none.
 func (c Config) withDefaults() Config {
 	d := DefaultConfig
-	if c.HashBits != 0 {
-		d.HashBits = c.HashBits
+	for _, f := range []struct{ v, d *int }{{&c.HashBits, &d.HashBits}, {&c.MaxRules, &d.MaxRules},
+		{&c.MaxRulesets, &d.MaxRulesets}, {&c.DataMiB, &d.DataMiB}, {&c.SampleRingKiB, &d.SampleRingKiB},
+		{&c.TCPFlows, &d.TCPFlows}} {
+		if *f.v == 0 {
+			*f.v = *f.d
+		}
 	}
-	if c.MaxRules != 0 {
-		d.MaxRules = c.MaxRules
-	}
-	if c.MaxRulesets != 0 {
-		d.MaxRulesets = c.MaxRulesets
-	}
-	if c.DataMiB != 0 {
-		d.DataMiB = c.DataMiB
-	}
-	if c.SampleRingKiB != 0 {
-		d.SampleRingKiB = c.SampleRingKiB
-	}
-	if c.TCPFlows != 0 {
-		d.TCPFlows = c.TCPFlows
-	}
-	d.GuardsPin = c.GuardsPin
-	d.FlowsPin = c.FlowsPin
-	return d
+	return c
 }
 
 func (c Config) validate() error {
