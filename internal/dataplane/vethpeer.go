@@ -93,7 +93,7 @@ func peerOf(ns netns.NsHandle, ifindex int) (*vethPeer, error) {
 	return p, nil
 }
 
-// namespaceWithID finds the network namespace that h's knows by nsid among
+// namespaceWithID finds the network namespace that h's calls nsid among
 // those santad can open: ip-netns's, then every process's (the veth of a
 // container usually has its other end in the host's, where some process
 // runs), each namespace asked about once.
