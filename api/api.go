@@ -252,7 +252,7 @@ type DaemonInfo struct {
 // Interface is an interface the rule processor is attached to.
 type Interface struct {
 	Name string `cbor:"0,keyasint,omitempty" json:"name,omitempty"`
-	Mode string `cbor:"1,keyasint,omitempty" json:"mode,omitempty"` // "native" or "generic"
+	Mode string `cbor:"1,keyasint,omitempty" json:"mode,omitempty"` // "native", "generic" or "removed" (until an interface of that name is back)
 }
 
 // AddrPort is the socket's bound address and port (the zero AddrPort if the

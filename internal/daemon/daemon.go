@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -17,6 +18,7 @@ import (
 	"github.com/cilium/ebpf/link"
 	"github.com/santa-offload/santa/api"
 	"github.com/santa-offload/santa/internal/dataplane"
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
 
@@ -30,6 +32,7 @@ type Daemon struct {
 	started time.Time
 
 	dp       *dataplane.Dataplane
+	attsMu   sync.Mutex // guards atts once santad runs (watchInterfaces replaces entries)
 	atts     []*dataplane.Attachment
 	release  link.Link
 	released *dataplane.Released
@@ -189,10 +192,15 @@ func Start(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 	if err := d.listen(); err != nil {
 		return nil, err
 	}
-	d.wg.Add(3)
+	interfaces, err := d.subscribeInterfaces()
+	if err != nil {
+		return nil, err
+	}
+	d.wg.Add(4)
 	go d.watchReleased()
 	go d.dispatchSamples()
 	go d.expireLoop()
+	go d.watchInterfaces(interfaces)
 	if metricsListener != nil {
 		d.metrics.serve(metricsListener)
 	}
@@ -347,6 +355,61 @@ func (d *Daemon) attach() error {
 		}
 	}
 	return nil
+}
+
+// subscribeInterfaces subscribes to the changes of santad's network
+// namespace's interfaces, until santad stops.
+func (d *Daemon) subscribeInterfaces() (<-chan netlink.LinkUpdate, error) {
+	updates := make(chan netlink.LinkUpdate, 64)
+	err := netlink.LinkSubscribeWithOptions(updates, d.stop, netlink.LinkSubscribeOptions{
+		ErrorCallback: func(err error) {
+			select {
+			case <-d.stop: // the subscription's socket closes on stop
+			default:
+				d.log.Warn("interface updates", "error", err)
+			}
+		},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("subscribe to interface changes: %w", err)
+	}
+	return updates, nil
+}
+
+// watchInterfaces follows the configured interfaces: the kernel detaches
+// XDP from one that is removed (a container's veth, a NIC unplugged), and
+// one created again under its name (another ifindex) gets the rule processor
+// back. Meanwhile their requests reach the applications, as without Santa.
+func (d *Daemon) watchInterfaces(updates <-chan netlink.LinkUpdate) {
+	defer d.wg.Done()
+	for u := range updates { // closed when d.stop is
+		name, index := u.Link.Attrs().Name, u.Link.Attrs().Index
+		d.attsMu.Lock()
+		i := slices.IndexFunc(d.atts, func(a *dataplane.Attachment) bool { return a.Interface == name })
+		var old *dataplane.Attachment
+		if i >= 0 {
+			old = d.atts[i]
+		}
+		d.attsMu.Unlock()
+		switch {
+		case old == nil:
+		case u.Header.Type == unix.RTM_DELLINK && index == old.Ifindex():
+			d.log.Warn("interface removed: its requests go to the applications until it is back", "interface", name)
+		case u.Header.Type == unix.RTM_NEWLINK && index != old.Ifindex():
+			att, err := d.dp.AttachPinned(name, d.cfg.xdpMode(), d.cfg.linkPin(name))
+			if err != nil {
+				d.log.Error("interface is back, but the rule processor could not be attached to it", "interface", name, "error", err)
+				continue
+			}
+			d.attsMu.Lock()
+			d.atts[i] = att
+			d.attsMu.Unlock()
+			if err := old.Close(); err != nil { // its links died with the old interface
+				d.log.Debug("closing the old interface's attachment", "interface", name, "error", err)
+			}
+			d.log.Info("interface is back: rule processor attached again", "interface", name, "native", att.Native)
+		}
+	}
 }
 
 func (d *Daemon) pin(dir string) error {

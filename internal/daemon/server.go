@@ -259,13 +259,18 @@ func (s *session) health() (*api.Message, *subscriber, error) {
 		Sockets:       uint64(u.Rulesets), Rules: uint64(u.Rules), MaxRules: uint64(d.dp.Config().MaxRules),
 		DataBytes: uint64(u.DataBytes), MaxDataBytes: uint64(u.MaxDataBytes), UID: s.uid,
 	}
+	d.attsMu.Lock()
 	for _, a := range d.atts {
 		mode := "generic"
 		if a.Native {
 			mode = "native"
 		}
+		if iface, err := net.InterfaceByIndex(a.Ifindex()); err != nil || iface.Name != a.Interface {
+			mode = "removed" // until it is back (watchInterfaces)
+		}
 		info.Interfaces = append(info.Interfaces, api.Interface{Name: a.Interface, Mode: mode})
 	}
+	d.attsMu.Unlock()
 	if s.uid != 0 {
 		info.QuotaRules, info.QuotaBytes = d.cfg.Quota.Rules, d.cfg.Quota.TemplateBytes
 	}

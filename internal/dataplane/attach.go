@@ -124,6 +124,10 @@ func (d *Dataplane) linkHandover(att *Attachment, ifindex int) error {
 	return nil
 }
 
+// Ifindex is the index the interface had when the rule processor was
+// attached to it; one removed and created again has another.
+func (a *Attachment) Ifindex() int { return a.ifindex }
+
 // Pins are the paths of att's pinned links (none if it is not pinned).
 func (a *Attachment) Pins() []string {
 	if a.pin == "" {

@@ -404,7 +404,7 @@ class Interface:
     """An interface the rule processor is attached to."""
 
     name: str = _key(0, _TEXT, "")
-    mode: str = _key(1, _TEXT, "")  #: "native" or "generic"
+    mode: str = _key(1, _TEXT, "")  #: "native", "generic" or "removed"
 
 
 @dataclass
