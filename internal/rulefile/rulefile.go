@@ -170,7 +170,17 @@ func Parse(data []byte) ([]api.Rule, error) {
 		dec := json.NewDecoder(bytes.NewReader(data))
 		dec.DisallowUnknownFields()
 		if err := dec.Decode(&f); err != nil {
-			return nil, fmt.Errorf("rule file (JSON): %w", err)
+			// where: the error's own offset, else where the decoder stopped
+			off := dec.InputOffset()
+			var syntax *json.SyntaxError
+			var typ *json.UnmarshalTypeError
+			if errors.As(err, &syntax) {
+				off = syntax.Offset
+			} else if errors.As(err, &typ) {
+				off = typ.Offset
+			}
+			line := 1 + bytes.Count(data[:min(max(off, 0), int64(len(data)))], []byte("\n"))
+			return nil, fmt.Errorf("rule file (JSON), line %d: %w", line, err)
 		}
 	} else {
 		dec := yaml.NewDecoder(bytes.NewReader(data))

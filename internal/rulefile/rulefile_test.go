@@ -109,6 +109,9 @@ func TestParseErrors(t *testing.T) {
 		"rules:\n- guards: [{slot: -1, version: 2}]\n":                                 "cannot unmarshal !!int `-1`",
 		`{"rules": [{"guards": [{"slot": 1, "version": 18446744073709551616}]}]}`:      "cannot unmarshal number",
 		`{"rules": [{"conditions": [{"offset": 0, "text": "a"}], "bogus": 1}]}`:        "unknown field",
+		"{\"rules\": [\n {\"reply_len\": 1,\n  \"bogus\": 1}]}":                        `line 3: json: unknown field "bogus"`,
+		"{\"rules\": [\n {\"reply_len\": \"one\"}]}":                                   "line 2: json: cannot unmarshal string",
+		"{\"rules\": [\n\n {\"reply_len\" 1}]}":                                        "line 3: invalid character",
 		`{"rules": [{"conditions": [{"offset": 0, "base64": "!!"}], "reply_len": 1}]}`: "base64",
 	} {
 		if _, err := Parse([]byte(file)); err == nil || !strings.Contains(err.Error(), wantErr) {
