@@ -83,8 +83,8 @@ __noinline int santa_pattern_equal_masked(const struct santa_scratch *s, __u32 o
 
 /* One step of the region hash: eight request bytes, little-endian, into h.
  * Both halves of a step are invertible, so regions that differ in one word
- * never reach the same 64-bit state; the shift brings the high bits, which the multiplication
- * mixes best, down to where the next one spreads them.
+ * never reach the same 64-bit state; the shift brings the high bits, which
+ * the multiplication mixes best, down to where the next one spreads them.
  * internal/dataplane/bucket.go has the twin. */
 static __always_inline __u64 region_hash_step(__u64 h, __u64 word)
 {

@@ -549,12 +549,19 @@ func removePeerPass(l link.Link, ifname string) error {
 		return nil // no XDP link, or attached nowhere
 	}
 	ifindex := int(info.XDP().Ifindex)
-	if iface, err := net.InterfaceByIndex(ifindex); err != nil || iface.Name != ifname {
+	if !interfaceNamed(ifindex, ifname) {
 		slog.Warn("interface of a pinned XDP link not found in this network namespace: run cleanup in santad's to remove the program santad gave its veth peer",
 			"interface", ifname, "ifindex", ifindex)
 		return nil
 	}
 	return dataplane.RemovePeerPass(ifindex)
+}
+
+// interfaceNamed says whether ifindex is the interface ifname in santad's
+// network namespace (not one removed, renamed or of another namespace).
+func interfaceNamed(ifindex int, ifname string) bool {
+	iface, err := net.InterfaceByIndex(ifindex)
+	return err == nil && iface.Name == ifname
 }
 
 // lockFile takes an exclusive lock so that only one santad runs per state directory.

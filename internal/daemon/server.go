@@ -265,7 +265,7 @@ func (s *session) health() (*api.Message, *subscriber, error) {
 		if a.Native {
 			mode = "native"
 		}
-		if iface, err := net.InterfaceByIndex(a.Ifindex()); err != nil || iface.Name != a.Interface {
+		if !interfaceNamed(a.Ifindex(), a.Interface) {
 			mode = "removed" // until it is back (watchInterfaces)
 		}
 		info.Interfaces = append(info.Interfaces, api.Interface{Name: a.Interface, Mode: mode})

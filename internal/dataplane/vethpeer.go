@@ -177,14 +177,22 @@ func removePeerPass(ns netns.NsHandle, ifindex int) error {
 	if x == nil || !x.Attached || x.AttachMode != nl.XDP_ATTACHED_DRV {
 		return nil
 	}
-	prog, err := ebpf.NewProgramFromID(ebpf.ProgramID(x.ProgId))
-	if err != nil {
-		return fmt.Errorf("veth peer %v: XDP program %d: %w", peer, x.ProgId, err)
-	}
-	defer prog.Close()
-	info, err := prog.Info()
-	if err != nil || info.Name != PeerPassName {
+	if name, err := programName(x.ProgId); err != nil || name != PeerPassName {
 		return err
 	}
 	return peer.setXDP(-1, 0)
+}
+
+// programName is the name of the loaded BPF program with id.
+func programName(id uint32) (string, error) {
+	prog, err := ebpf.NewProgramFromID(ebpf.ProgramID(id))
+	if err != nil {
+		return "", fmt.Errorf("BPF program %d: %w", id, err)
+	}
+	defer prog.Close()
+	info, err := prog.Info()
+	if err != nil {
+		return "", fmt.Errorf("BPF program %d: %w", id, err)
+	}
+	return info.Name, nil
 }

@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
 
 	"github.com/santa-offload/santa/internal/testbed"
@@ -35,16 +34,11 @@ func TestVethPeerGetsPass(t *testing.T) {
 		if x.DrvID == 0 {
 			return "", 0
 		}
-		p, err := ebpf.NewProgramFromID(ebpf.ProgramID(x.DrvID))
+		name, err := programName(x.DrvID)
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer p.Close()
-		info, err := p.Info()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return info.Name, x.DrvID
+		return name, x.DrvID
 	}
 	if name, _ := clientProg(); name != "" {
 		t.Fatalf("the client end has XDP program %q before the test", name)
@@ -137,15 +131,7 @@ func TestVethPeerInSameNamespace(t *testing.T) {
 			if err != nil || l.Attrs().Xdp == nil || !l.Attrs().Xdp.Attached {
 				return err
 			}
-			p, err := ebpf.NewProgramFromID(ebpf.ProgramID(l.Attrs().Xdp.ProgId))
-			if err != nil {
-				return err
-			}
-			defer p.Close()
-			info, err := p.Info()
-			if err == nil {
-				name = info.Name
-			}
+			name, err = programName(l.Attrs().Xdp.ProgId)
 			return err
 		}); err != nil {
 			t.Fatal(err)
