@@ -75,17 +75,21 @@ func deriveRegions(rules []*compiledRule) ([]region, error) {
 	return regions, nil
 }
 
-// regionFor is the longest region at the rule's anchor offset that the anchor
-// covers, false if the regions have none.
-func regionFor(regions []region, c *compiledRule) (region, bool) {
+// regionsFor lists the regions rule c may hang on, longest first: those at
+// its anchor's offset that the anchor covers. The longest spreads rules
+// best; a shorter one takes the rule when its bucket there is full (many
+// rules that share the longest region's bytes, e.g. one DNS name asked for
+// in many types and shapes, when the region ends before the type).
+func regionsFor(regions []region, c *compiledRule) []region {
 	a := anchorOf(c)
-	best, ok := region{}, false
+	var out []region
 	for _, r := range regions {
-		if r.off == a.off && r.len <= a.len && (!ok || r.len > best.len) {
-			best, ok = r, true
+		if r.off == a.off && r.len <= a.len {
+			out = append(out, r)
 		}
 	}
-	return best, ok
+	slices.SortFunc(out, func(x, y region) int { return y.len - x.len })
+	return out
 }
 
 // disjointSet holds, for a disjoint rule set, the bytes every rule compares

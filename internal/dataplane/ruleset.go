@@ -461,18 +461,29 @@ func (d *Dataplane) tryPlace(id uint32, regions []region, buckets bucketRange, r
 	extra := map[uint32]int{}
 	need := 0
 	for _, r := range rules {
-		reg, ok := regionFor(regions, r.rule)
-		if !ok {
+		candidates := regionsFor(regions, r.rule)
+		if len(candidates) == 0 {
 			return errNoRegion
 		}
-		r.region, r.regionN = reg, slices.Index(regions, reg)
 		a := r.rule.conds[r.rule.anchor]
-		r.hash = regionHash(a.Pattern[:reg.len])
-		r.bucket = bucketOf(d.seed, buckets, id, reg, r.hash)
-		extra[r.bucket]++
-		if int(d.chainLen[r.bucket])+extra[r.bucket] > MaxChain {
-			return invalid("more than %d rules share the bytes %v of %q (the region the matcher hashes); "+
-				"add a condition that tells them apart earlier in the request", MaxChain, reg, a.Pattern[:reg.len])
+		placed := false
+		for _, reg := range candidates {
+			hash := regionHash(a.Pattern[:reg.len])
+			bucket := bucketOf(d.seed, buckets, id, reg, hash)
+			if int(d.chainLen[bucket])+extra[bucket] < MaxChain {
+				r.region, r.regionN, r.hash, r.bucket = reg, slices.Index(regions, reg), hash, bucket
+				extra[bucket]++
+				placed = true
+				break
+			}
+		}
+		if !placed {
+			reg, also := candidates[0], ""
+			if n := len(candidates) - 1; n > 0 {
+				also = fmt.Sprintf("; the buckets of the %d shorter regions it could hang on are full too", n)
+			}
+			return invalid("more than %d rules share the bytes %v of %q (the region the matcher hashes%s); "+
+				"add a condition that tells them apart earlier in the request", MaxChain, reg, a.Pattern[:reg.len], also)
 		}
 		need += r.rule.dataLen()
 	}

@@ -491,3 +491,49 @@ func TestBucketHints(t *testing.T) {
 	}
 	answersAll("random hints")
 }
+
+// Rules that share the bytes of the longest region they cover (here the 12
+// bytes of their anchor; they differ only in a second condition) fill its
+// bucket's chain, then spill to the buckets of the shorter regions at the
+// same offset: each of them answers. When every such bucket is full, the
+// next is refused with a message that says so, and nothing else changes.
+func TestFullChainSpillsToShorterRegions(t *testing.T) {
+	e := newEnv(t, Config{})
+	c, s := fixtureAddrs(e, false, 7204)
+	sock := e.socket(s, false)
+	const shared = "cccccccccccc"
+	sibling := func(i int) Rule {
+		tag := fmt.Sprintf("%02d", i)
+		return Rule{Conditions: []Condition{cond(0, shared), cond(len(shared), tag)},
+			Processors: []Processor{put(0, "reply "+tag)}, ReplyLen: len("reply " + tag)}
+	}
+	// regions at offset 0 of 4, 8 and 12 bytes: room for 3 × MaxChain
+	// siblings, less what the two others may share with them by chance
+	rules := []Rule{reply("aaaa", "A"), reply("bbbbbbbb", "B")}
+	fits := 3*MaxChain - 2
+	for i := range fits {
+		rules = append(rules, sibling(i))
+	}
+	e.bindRules(sock, rules...)
+	for i := range fits {
+		p := request(c, s, shared+fmt.Sprintf("%02d", i))
+		e.expect(fmt.Sprintf("sibling %d", i), p.build(t), xdpTx, p.answer([]byte(fmt.Sprintf("reply %02d", i))).build(t), "answered")
+	}
+	e.expect("no sibling", request(c, s, shared+"xx").build(t), xdpPass, nil, "pass_no_match")
+	for i := fits; ; i++ {
+		_, err := e.d.AddRules(sock, []Rule{sibling(i)})
+		if err == nil {
+			if i >= 3*MaxChain {
+				t.Fatalf("sibling %d added: more than the 3 chains of %d hold", i, MaxChain)
+			}
+			continue
+		}
+		if !errors.Is(err, ErrInvalidRule) || !strings.Contains(err.Error(), "the buckets of the 2 shorter regions it could hang on are full too") {
+			t.Fatalf("sibling %d: error %v, want ErrInvalidRule naming the full shorter regions", i, err)
+		}
+		t.Logf("sibling %d refused: %v", i, err)
+		break
+	}
+	p := request(c, s, "aaaa")
+	e.expect("other rule", p.build(t), xdpTx, p.answer([]byte("A")).build(t), "answered")
+}
