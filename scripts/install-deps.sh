@@ -20,8 +20,9 @@ PACKAGES=(
 	iproute2 ethtool tcpdump xdp-tools
 	dnsutils knot-dnsutils nsd
 	# the other authoritative servers the DNS controller must work with, and
-	# a query generator: knotd (knot), named (bind9), dnsperf
-	knot bind9 dnsperf
+	# a query generator: knotd (knot), named (bind9), dnsperf; bind9-utils
+	# signs the DNSSEC test zone (dnssec-keygen, dnssec-signzone)
+	knot bind9 bind9-utils dnsperf
 	# the memcached integration: the server (its -U UDP port is what gets
 	# offloaded), memcslap/memcstat and the Python client for the tests
 	memcached libmemcached-tools python3-pymemcache

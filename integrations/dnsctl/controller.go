@@ -146,6 +146,7 @@ type endpoint struct {
 	asker   *Asker
 	b       Behaviour
 	probed  bool
+	order   orderCheck
 	entries map[string]*entry // match key -> entry
 	pending map[string]bool   // form keys (see formKey) installed or tried
 	learned int               // rules installed for shapes learned from misses
@@ -539,6 +540,21 @@ func (c *Controller) askAll(ep *endpoint, wires [][]byte, done func(i int, reply
 	ep.asker.AskAll(wires, done)
 }
 
+// checkReply is CheckReply of ep's reply to q, then ep's order check of an
+// answer with a set of several records. It runs without c.mu.
+func (c *Controller) checkReply(ep *endpoint, q *Query, reply []byte) (Answer, error) {
+	a, err := CheckReply(q, reply, ep.family)
+	if err != nil {
+		return a, err
+	}
+	first, err := ep.order.check(ep.asker, q, a)
+	if first {
+		c.log.Info("the server varies the order of records in a set: answers with sets of several records stay with it",
+			"server", ep.addr, "question", q)
+	}
+	return a, err
+}
+
 // install asks the server for every query, makes rules of the answers and
 // adds those not installed yet.
 func (c *Controller) install(ep *endpoint, queries []*Query, questions []Question) error {
@@ -551,7 +567,7 @@ func (c *Controller) install(ep *endpoint, queries []*Query, questions []Questio
 	asked := time.Now()
 	c.askAll(ep, wires, func(i int, reply []byte, err error) {
 		if err == nil {
-			answers[i], err = CheckReply(queries[i], reply, ep.family)
+			answers[i], err = c.checkReply(ep, queries[i], reply)
 		}
 		errs[i] = err
 	})
@@ -902,7 +918,7 @@ func (c *Controller) refreshEndpoint(ep *endpoint, es []*entry) error {
 	asked := time.Now()
 	c.askAll(ep, wires, func(i int, reply []byte, err error) {
 		if err == nil {
-			answers[i], err = CheckReply(es[i].query, reply, ep.family)
+			answers[i], err = c.checkReply(ep, es[i].query, reply)
 		}
 		errs[i] = err
 	})

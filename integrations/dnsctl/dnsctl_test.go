@@ -240,3 +240,33 @@ b.test. A 1
 		t.Errorf("unknown type accepted")
 	}
 }
+
+func TestHasSetOfSeveral(t *testing.T) {
+	for _, c := range []struct {
+		records []string // of the answer section
+		want    bool
+	}{
+		{[]string{"www.example.test. 300 IN A 198.18.255.10"}, false},
+		{[]string{"www.example.test. 300 IN A 198.18.255.10", "mail.example.test. 300 IN A 198.18.255.25"}, false},
+		{[]string{"www.example.test. 300 IN A 198.18.255.10", "www.example.test. 300 IN AAAA 2001:2::10"}, false},
+		{[]string{"www.example.test. 300 IN A 198.18.255.10", "WWW.example.test. 300 IN A 198.18.255.11"}, true},
+		{[]string{ // signatures of two types: two sets of one
+			"www.example.test. 300 IN RRSIG A 13 3 300 20270101000000 20260101000000 1 example.test. AAAA",
+			"www.example.test. 300 IN RRSIG AAAA 13 3 300 20270101000000 20260101000000 1 example.test. AAAA"}, false},
+		{[]string{ // one type signed by two keys
+			"example.test. 300 IN RRSIG DNSKEY 13 2 300 20270101000000 20260101000000 1 example.test. AAAA",
+			"example.test. 300 IN RRSIG DNSKEY 13 2 300 20270101000000 20260101000000 2 example.test. AAAA"}, true},
+	} {
+		m := new(dns.Msg)
+		for _, s := range c.records {
+			rr, err := dns.NewRR(s)
+			if err != nil {
+				t.Fatal(err)
+			}
+			m.Answer = append(m.Answer, rr)
+		}
+		if got := HasSetOfSeveral(m); got != c.want {
+			t.Errorf("%q: %v, want %v", c.records, got, c.want)
+		}
+	}
+}

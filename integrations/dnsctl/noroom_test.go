@@ -23,7 +23,7 @@ func TestNoRoomInSantad(t *testing.T) {
 	if err := os.WriteFile(config, fmt.Appendf(nil, "dataplane:\n  max_rules: %d\n", maxRules), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	r := newRigWith(t, testbed.KindNSD, generated, []string{"--config", config})
+	r := newRigWith(t, testbed.KindNSD, rigOptions{generated: generated, santadFlags: []string{"--config", config}})
 	var names []string
 	for i := range generated {
 		names = append(names, testbed.GenName(r.zone.Origin, i))

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/miekg/dns"
@@ -63,6 +64,9 @@ type Answer struct {
 	Reply []byte
 	TTL   time.Duration // the smallest TTL of its records: the rule's lifetime
 	Rcode int
+	// SetOfSeveral: a record set of the reply has two or more records,
+	// whose order a server may vary from one reply to the next.
+	SetOfSeveral bool
 }
 
 // CheckReply checks that reply is the server's answer to q that a rule may
@@ -123,7 +127,31 @@ func CheckReply(q *Query, reply []byte, family int) (Answer, error) {
 	if ttl == 0 {
 		return Answer{}, notOffloadable("TTL 0: the answer may not be reused")
 	}
-	return Answer{Reply: reply, TTL: time.Duration(ttl) * time.Second, Rcode: m.Rcode}, nil
+	return Answer{Reply: reply, TTL: time.Duration(ttl) * time.Second, Rcode: m.Rcode, SetOfSeveral: HasSetOfSeveral(&m)}, nil
+}
+
+// HasSetOfSeveral reports whether a section of m holds two records of one
+// set: the same owner, class and type (for RRSIGs, the same type covered).
+func HasSetOfSeveral(m *dns.Msg) bool {
+	type set struct {
+		name                  string
+		class, rtype, covered uint16
+	}
+	for _, section := range [][]dns.RR{m.Answer, m.Ns, m.Extra} {
+		seen := map[set]bool{}
+		for _, rr := range section {
+			h := rr.Header()
+			s := set{name: strings.ToLower(h.Name), class: h.Class, rtype: h.Rrtype}
+			if sig, ok := rr.(*dns.RRSIG); ok {
+				s.covered = sig.TypeCovered
+			}
+			if seen[s] {
+				return true
+			}
+			seen[s] = true
+		}
+	}
+	return false
 }
 
 // Rule is the rule that answers q with a.Reply for every query that the

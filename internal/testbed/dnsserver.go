@@ -322,8 +322,14 @@ func zoneFileName(origin string) string {
 	return n + ".zone"
 }
 
+// writeZoneFile writes z to path; a Signed zone is written beside it
+// unsigned, then signed into path with keys made in path's directory.
 func writeZoneFile(path string, z Zone) error {
-	f, err := os.Create(path)
+	unsigned := path
+	if z.Signed {
+		unsigned = path + ".unsigned"
+	}
+	f, err := os.Create(unsigned)
 	if err != nil {
 		return err
 	}
@@ -331,7 +337,22 @@ func writeZoneFile(path string, z Zone) error {
 		f.Close()
 		return fmt.Errorf("write zone: %w", err)
 	}
-	return f.Close()
+	if err := f.Close(); err != nil || !z.Signed {
+		return err
+	}
+	dir := filepath.Dir(path)
+	for _, role := range [][]string{{"-f", "KSK"}, nil} {
+		args := append([]string{"-q", "-K", dir, "-a", "ECDSAP256SHA256"}, role...)
+		if err := runCheck("dnssec-keygen", append(args, z.Origin)...); err != nil {
+			return fmt.Errorf("sign zone: %w", err)
+		}
+	}
+	// -S adds the DNSKEYs and picks the keys' roles; -N keep: the SOA
+	// serial stays the unsigned zone's
+	if err := runCheck("dnssec-signzone", "-q", "-S", "-K", dir, "-N", "keep", "-o", z.Origin, "-f", path, unsigned); err != nil {
+		return fmt.Errorf("sign zone: %w", err)
+	}
+	return nil
 }
 
 // runCheck runs a config or zone checker and returns its output as the

@@ -27,11 +27,15 @@ type Zone struct {
 	NamesAAAA bool
 	// TTL is the zone's default TTL ($TTL) in seconds; 0: 300.
 	TTL int
+	// Signed serves the zone signed with DNSSEC (NSEC, one ECDSA P-256
+	// key-signing and one zone-signing key, made by BIND's dnssec-keygen
+	// and dnssec-signzone), as a pre-signed zone file.
+	Signed bool
 }
 
 // ExampleZone is example.test. with SOA, NS, glue, a few A/AAAA/TXT/MX/CNAME
-// records and generated extra names. The server's addresses are those of
-// tb's server side.
+// records, a name with three A records and generated extra names. The
+// server's addresses are those of tb's server side.
 func (tb *Testbed) ExampleZone(generated int) Zone {
 	return ExampleZone(tb.Server.IP4, tb.Server.IP6, generated)
 }
@@ -54,6 +58,10 @@ func ExampleZone(ip4, ip6 netip.Addr, generated int) Zone {
 			`txt   IN TXT  "hello from the testbed"`,
 			`www   IN TXT  "v=spf1 -all"`,
 			"alias IN CNAME www",
+			// a round-robin name: servers may rotate its three records
+			"rr    IN A    198.18.255.31",
+			"rr    IN A    198.18.255.32",
+			"rr    IN A    198.18.255.33",
 		},
 		Generated: generated,
 	}

@@ -1,0 +1,65 @@
+package dnsctl
+
+import (
+	"bytes"
+	"fmt"
+	"sync"
+)
+
+// How a server's treatment of record sets of several records is decided:
+// the first orderAnswers answers that hold one are each asked for
+// orderAsks more times; one that comes back different marks the server as
+// varying them.
+const (
+	orderAnswers = 16
+	orderAsks    = 4
+)
+
+// orderCheck finds out, once per server, whether it varies answers that
+// hold a record set of several records from one reply to the next (rotates
+// or shuffles the records: BIND's default rrset-order). A rule would freeze
+// one order and end the rotation the server's operator relies on, so such
+// answers then stay with the server.
+type orderCheck struct {
+	mu      sync.Mutex
+	checked int  // answers found stable so far
+	varies  bool // an answer came back different
+}
+
+// errVaries is why an answer with a set of several records is not
+// offloaded from a server that varies them.
+var errVaries = fmt.Errorf("%w: the server varies the order of records in a set (e.g. BIND's rrset-order); such answers stay with it", ErrNotOffloadable)
+
+// check returns errVaries if a (the server's reply to q) holds a set of
+// several records and the server varies such answers, asking again through
+// asker until that is decided. first is true for the call that found out.
+func (o *orderCheck) check(asker *Asker, q *Query, a Answer) (first bool, err error) {
+	if !a.SetOfSeveral {
+		return false, nil
+	}
+	o.mu.Lock()
+	varies, decided := o.varies, o.checked >= orderAnswers
+	o.mu.Unlock()
+	if varies {
+		return false, errVaries
+	}
+	if decided {
+		return false, nil
+	}
+	for range orderAsks {
+		again, err := asker.Ask(q.Wire)
+		if err != nil {
+			return false, err
+		}
+		if !bytes.Equal(again, a.Reply) {
+			o.mu.Lock()
+			first, o.varies = !o.varies, true
+			o.mu.Unlock()
+			return first, errVaries
+		}
+	}
+	o.mu.Lock()
+	o.checked++
+	o.mu.Unlock()
+	return false, nil
+}
