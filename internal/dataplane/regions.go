@@ -75,13 +75,12 @@ func deriveRegions(rules []*compiledRule) ([]region, error) {
 	return regions, nil
 }
 
-// regionsFor lists the regions rule c may hang on, longest first: those at
-// its anchor's offset that the anchor covers. The longest spreads rules
-// best; a shorter one takes the rule when its bucket there is full (many
-// rules that share the longest region's bytes, e.g. one DNS name asked for
-// in many types and shapes, when the region ends before the type).
-func regionsFor(regions []region, c *compiledRule) []region {
-	a := anchorOf(c)
+// regionsFor lists the regions a rule with anchor a may hang on, longest
+// first: those at the anchor's offset that it covers. The longest spreads
+// rules best; a shorter one takes the rule when its bucket there is full
+// (many rules that share the longest region's bytes, e.g. one DNS name
+// asked for in many types and shapes, when the region ends before the type).
+func regionsFor(regions []region, a region) []region {
 	var out []region
 	for _, r := range regions {
 		if r.off == a.off && r.len <= a.len {

@@ -460,8 +460,14 @@ func (d *Dataplane) place(id uint32, regions []region, buckets bucketRange, rule
 func (d *Dataplane) tryPlace(id uint32, regions []region, buckets bucketRange, rules []*installed) error {
 	extra := map[uint32]int{}
 	need := 0
+	regionsOf := map[region][]region{} // anchor -> regionsFor
 	for _, r := range rules {
-		candidates := regionsFor(regions, r.rule)
+		anchor := anchorOf(r.rule)
+		candidates, ok := regionsOf[anchor]
+		if !ok {
+			candidates = regionsFor(regions, anchor)
+			regionsOf[anchor] = candidates
+		}
 		if len(candidates) == 0 {
 			return errNoRegion
 		}
