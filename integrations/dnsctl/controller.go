@@ -555,6 +555,36 @@ func (c *Controller) checkReply(ep *endpoint, q *Query, reply []byte) (Answer, e
 	return a, err
 }
 
+// dropShuffled, once ep's server is known to vary answers with sets of
+// several records, turns such answers among answers into errVaries, and
+// the first time removes the rules made of such answers before it was
+// known (checked in parallel, a shuffled set can come back the same a few
+// times).
+func (c *Controller) dropShuffled(ep *endpoint, answers []Answer, errs []error) error {
+	varies, first := ep.order.found()
+	if !varies {
+		return nil
+	}
+	for i := range answers {
+		if errs[i] == nil && answers[i].SetOfSeveral {
+			errs[i] = errVaries
+		}
+	}
+	if !first {
+		return nil
+	}
+	var gone []*entry
+	for _, e := range ep.entries {
+		if e.answer.SetOfSeveral && e.ids != nil {
+			gone = append(gone, e)
+		}
+	}
+	if len(gone) > 0 {
+		c.log.Info("removing rules of answers with sets of several records made before", "server", ep.addr, "rules", len(gone))
+	}
+	return c.remove(ep, gone)
+}
+
 // install asks the server for every query, makes rules of the answers and
 // adds those not installed yet.
 func (c *Controller) install(ep *endpoint, queries []*Query, questions []Question) error {
@@ -571,6 +601,9 @@ func (c *Controller) install(ep *endpoint, queries []*Query, questions []Questio
 		}
 		errs[i] = err
 	})
+	if err := c.dropShuffled(ep, answers, errs); err != nil {
+		return err
+	}
 	fresh := make([]*entry, 0, len(queries))
 	rules := make([]api.Rule, 0, len(queries))
 	for i, q := range queries {
@@ -922,6 +955,9 @@ func (c *Controller) refreshEndpoint(ep *endpoint, es []*entry) error {
 		}
 		errs[i] = err
 	})
+	if err := c.dropShuffled(ep, answers, errs); err != nil {
+		return err
+	}
 	var changed, gone []*entry
 	var rules []api.Rule
 	for i, e := range es {

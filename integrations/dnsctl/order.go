@@ -24,6 +24,7 @@ type orderCheck struct {
 	mu      sync.Mutex
 	checked int  // answers found stable so far
 	varies  bool // an answer came back different
+	swept   bool // the rules made before varies was found are gone
 }
 
 // errVaries is why an answer with a set of several records is not
@@ -62,4 +63,15 @@ func (o *orderCheck) check(asker *Asker, q *Query, a Answer) (first bool, err er
 	o.checked++
 	o.mu.Unlock()
 	return false, nil
+}
+
+// found reports whether the server was found to vary such answers, and
+// whether this is the first call to learn it (the caller then removes the
+// rules made before).
+func (o *orderCheck) found() (varies, first bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	first = o.varies && !o.swept
+	o.swept = o.varies
+	return o.varies, first
 }

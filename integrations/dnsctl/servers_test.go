@@ -336,7 +336,8 @@ func querySet(t *testing.T, origin string, names []string, types []uint16, perQu
 func zoneNames(z testbed.Zone, generated int) []string {
 	o := z.Origin
 	names := []string{o, "www." + o, "mail." + o, "txt." + o, "alias." + o, "ns1." + o,
-		"nonexistent." + o, "deep.nonexistent." + o, "www.mail." + o, "rr." + o}
+		"nonexistent." + o, "deep.nonexistent." + o, "www.mail." + o, "rr." + o,
+		"sub." + o, "www.sub." + o, "x.wild." + o, "y.z.wild." + o, "big." + o}
 	for i := 0; i < generated; i++ {
 		names = append(names, testbed.GenName(o, i))
 	}

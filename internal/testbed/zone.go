@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/netip"
 	"strconv"
+	"strings"
 )
 
 // ZoneOrigin is the zone the testbed's servers serve by default.
@@ -34,8 +35,9 @@ type Zone struct {
 }
 
 // ExampleZone is example.test. with SOA, NS, glue, a few A/AAAA/TXT/MX/CNAME
-// records, a name with three A records and generated extra names. The
-// server's addresses are those of tb's server side.
+// records, a name with three A records, a delegation, a wildcard, a TXT
+// record of over 500 bytes and generated extra names. The server's
+// addresses are those of tb's server side.
 func (tb *Testbed) ExampleZone(generated int) Zone {
 	return ExampleZone(tb.Server.IP4, tb.Server.IP6, generated)
 }
@@ -62,6 +64,14 @@ func ExampleZone(ip4, ip6 netip.Addr, generated int) Zone {
 			"rr    IN A    198.18.255.31",
 			"rr    IN A    198.18.255.32",
 			"rr    IN A    198.18.255.33",
+			// a delegation (referrals, with glue), a wildcard, and an
+			// answer too long for 512 bytes (truncated without EDNS)
+			"sub   IN NS   ns1.sub",
+			"sub   IN NS   ns2.sub",
+			"ns1.sub IN A  198.18.255.53",
+			"ns2.sub IN A  198.18.255.54",
+			"*.wild IN A   198.18.255.44",
+			`big   IN TXT  "` + strings.Repeat("0123456789", 25) + `" "` + strings.Repeat("abcdefghij", 25) + `"`,
 		},
 		Generated: generated,
 	}
