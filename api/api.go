@@ -253,6 +253,11 @@ type DaemonInfo struct {
 type Interface struct {
 	Name string `cbor:"0,keyasint,omitempty" json:"name,omitempty"`
 	Mode string `cbor:"1,keyasint,omitempty" json:"mode,omitempty"` // "native", "generic" or "removed" (until an interface of that name is back)
+	// Peer, for a veth in native mode, is the XDP program its other end has
+	// (replies sent from XDP arrive only if it has one in native mode), e.g.
+	// "cv0: XDP program 12 (santa_peer_pass)" or "cv0: no XDP program:
+	// replies sent from XDP are dropped"; empty for other interfaces.
+	Peer string `cbor:"2,keyasint,omitempty" json:"peer,omitempty"`
 }
 
 // AddrPort is the socket's bound address and port (the zero AddrPort if the

@@ -30,7 +30,7 @@ var vectorMessages = []Vector{
 	{Name: "health request", Message: Message{V: 1, Op: OpHealth, Seq: 1}},
 	{Name: "health response", Message: Message{V: 1, Op: OpHealth, Seq: 1,
 		Daemon: &DaemonInfo{Version: "0.3.0", Protocol: 1, PID: 4242, UptimeSeconds: 3600,
-			Interfaces: []Interface{{Name: "veth0", Mode: "native"}}, Sockets: 2, Rules: 1000,
+			Interfaces: []Interface{{Name: "veth0", Mode: "native", Peer: "veth1: XDP program 12 (santa_peer_pass)"}}, Sockets: 2, Rules: 1000,
 			MaxRules: 65536, DataBytes: 24576, MaxDataBytes: 16 << 20, UID: 65534,
 			QuotaRules: 100000, QuotaBytes: 64 << 20, UsedRules: 1000, UsedBytes: 24576},
 		Counters: map[string]uint64{"answered": 123456789, "pass_no_match": 42, "pass_not_udp": 0}}},

@@ -66,6 +66,11 @@ func statusCmd(e env, g *globals) *cobra.Command {
 				ifs = append(ifs, i.Name+" ("+i.Mode+")")
 			}
 			fmt.Fprintf(w, "interfaces\t%s\n", strings.Join(ifs, ", "))
+			for _, i := range info.Interfaces {
+				if i.Peer != "" {
+					fmt.Fprintf(w, "veth peer of %s\t%s\n", i.Name, i.Peer)
+				}
+			}
 			fmt.Fprintf(w, "rules\t%d of %d, on %d sockets\n", info.Rules, info.MaxRules, info.Sockets)
 			fmt.Fprintf(w, "rule data\t%d of %d bytes\n", info.DataBytes, info.MaxDataBytes)
 			quota := func(used, limit uint64) string {

@@ -265,10 +265,15 @@ func (s *session) health() (*api.Message, *subscriber, error) {
 		if a.Native {
 			mode = "native"
 		}
+		iface := api.Interface{Name: a.Interface, Mode: mode}
 		if !interfaceNamed(a.Ifindex(), a.Interface) {
-			mode = "removed" // until it is back (watchInterfaces)
+			iface.Mode = "removed" // until it is back (watchInterfaces)
+		} else if peer, err := a.PeerXDP(); err != nil {
+			iface.Peer = "unknown: " + err.Error()
+		} else {
+			iface.Peer = peer
 		}
-		info.Interfaces = append(info.Interfaces, api.Interface{Name: a.Interface, Mode: mode})
+		info.Interfaces = append(info.Interfaces, iface)
 	}
 	d.attsMu.Unlock()
 	if s.uid != 0 {

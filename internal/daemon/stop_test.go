@@ -236,6 +236,14 @@ func TestVethPeerPassOutlivesSantad(t *testing.T) {
 	if got := exchange(t, tb, server, "ping"); got != "pong" {
 		t.Errorf("with santad running the client got %q, want the rule's pong", got)
 	}
+	info, _, err := sd.client().Health()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(info.Interfaces) != 1 || !strings.HasPrefix(info.Interfaces[0].Peer, tb.Client.Dev+": XDP program ") ||
+		!strings.HasSuffix(info.Interfaces[0].Peer, "(santa_peer_pass)") {
+		t.Errorf("health's interfaces %+v, want %s with santa_peer_pass", info.Interfaces, tb.Client.Dev)
+	}
 	sd.stop(syscall.SIGTERM)
 	if got := exchange(t, tb, server, "ping"); got != "pong" {
 		t.Errorf("after santad stopped the client got %q, want the rule's pong", got)
@@ -263,6 +271,11 @@ func TestVethPeerLeftAlone(t *testing.T) {
 	sd.start()
 	if x, err := tb.ClientXDP(); err != nil || x.Attached != 0 {
 		t.Errorf("with veth_peer_pass: false the client end has XDP %+v (%v), want none", x, err)
+	}
+	out, err := sd.cli(0, "status")
+	if want := "veth peer of " + tb.Server.Dev; err != nil || !strings.Contains(out, want) ||
+		!strings.Contains(out, tb.Client.Dev+": no XDP program: replies sent from XDP are dropped") {
+		t.Errorf("santa status: %v\n%s\nwant a line %q saying the replies are dropped", err, out, want)
 	}
 }
 

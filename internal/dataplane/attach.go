@@ -34,7 +34,9 @@ type Attachment struct {
 	link      link.Link
 	handover  link.Link
 	local     *localAddrs
-	pin       string // where the XDP link is pinned, "" if it is not; the handover's is pin + "-handover"
+	pin       string     // where the XDP link is pinned, "" if it is not; the handover's is pin + "-handover"
+	peer      *peerPlace // the other end of a veth attached in native mode, nil if none or not found
+	peerErr   error      // why a veth's other end was not found
 }
 
 // Attach attaches the rule processor to the interface ifname in the calling
@@ -70,13 +72,8 @@ func (d *Dataplane) attach(ifname string, mode AttachMode, pinPath string) (*Att
 		local.stop()
 		return nil, err
 	}
-	if att.Native && !d.cfg.LeaveVethPeer {
-		if did, err := ensurePeerPass(local.ns, iface.Index); err != nil {
-			slog.Warn("replies sent from XDP may never arrive: give the other end of this veth a native-mode XDP program (any, e.g. one that returns XDP_PASS)",
-				"interface", ifname, "error", err)
-		} else if did != "" {
-			slog.Info(did, "interface", ifname)
-		}
+	if att.Native {
+		d.watchPeer(att, local.ns, iface.Index)
 	}
 	if err := d.linkHandover(att, iface.Index); err != nil {
 		att.Close()

@@ -3,8 +3,10 @@ package dataplane
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"path/filepath"
 	"runtime"
+	"sync"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
@@ -26,6 +28,7 @@ const PeerPassName = "santa_peer_pass"
 type vethPeer struct {
 	link  netlink.Link
 	ns    netns.NsHandle
+	nsid  int    // ns's id in the veth's namespace, -1 if it is the veth's own
 	where string // where ns was found, "" if it is the veth's own
 }
 
@@ -69,8 +72,9 @@ func peerOf(ns netns.NsHandle, ifindex int) (*vethPeer, error) {
 	if l.Type() != "veth" {
 		return nil, nil
 	}
-	p := &vethPeer{}
+	p := &vethPeer{nsid: -1}
 	if nsid := l.Attrs().NetNsID; nsid >= 0 {
+		p.nsid = nsid
 		p.ns, p.where, err = namespaceWithID(h, nsid)
 	} else { // both ends in ns
 		var fd int
@@ -119,17 +123,72 @@ func namespaceWithID(h *netlink.Handle, nsid int) (netns.NsHandle, string, error
 	return netns.None(), "", fmt.Errorf("its network namespace (id %d) is neither one in /run/netns nor any process's", nsid)
 }
 
-// ensurePeerPass gives the other end of veth ifindex (in namespace ns) an
-// XDP program in native mode, PeerPassName, unless it has one, and says what
-// it found or did; "" if ifindex is no veth. A peer whose program is in
-// generic mode is an error: native and generic programs cannot share an
-// interface.
-func ensurePeerPass(ns netns.NsHandle, ifindex int) (string, error) {
-	peer, err := peerOf(ns, ifindex)
-	if peer == nil || err != nil {
-		return "", err
+// peerPlace is where the other end of an attached veth is, to look at its
+// XDP program later: its namespace (nsid as the veth's namespace calls it,
+// -1 for the veth's own; where it was last found) and its ifindex there. No
+// handle on the namespace is kept: that would keep a container's namespace
+// alive after the container is gone.
+type peerPlace struct {
+	mu    sync.Mutex
+	nsid  int
+	where string
+	index int
+}
+
+// open opens the peer's namespace: where it was last found if that path
+// still names it, else wherever it is now.
+func (p *peerPlace) open(local netns.NsHandle) (netns.NsHandle, error) {
+	if p.nsid < 0 {
+		fd, err := unix.Dup(int(local))
+		return netns.NsHandle(fd), err
 	}
-	defer peer.close()
+	h, err := netlink.NewHandleAt(local)
+	if err != nil {
+		return netns.None(), err
+	}
+	defer h.Close()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if ns, err := netns.GetFromPath(p.where); err == nil {
+		if id, err := h.GetNetNsIdByFd(int(ns)); err == nil && id == p.nsid {
+			return ns, nil
+		}
+		ns.Close()
+	}
+	ns, where, err := namespaceWithID(h, p.nsid)
+	if err == nil {
+		p.where = where
+	}
+	return ns, err
+}
+
+// watchPeer finds the other end of att's interface (ifindex in ns) if it is
+// a veth, remembers where it is for PeerXDP, and gives it PeerPassName
+// unless the config says to leave it alone.
+func (d *Dataplane) watchPeer(att *Attachment, ns netns.NsHandle, ifindex int) {
+	peer, err := peerOf(ns, ifindex)
+	if peer != nil {
+		defer peer.close()
+		att.peer = &peerPlace{nsid: peer.nsid, where: peer.where, index: peer.link.Attrs().Index}
+		if !d.cfg.LeaveVethPeer {
+			var did string
+			if did, err = ensurePeerPass(peer); did != "" {
+				slog.Info(did, "interface", att.Interface)
+			}
+		}
+	}
+	att.peerErr = err
+	if err != nil && !d.cfg.LeaveVethPeer {
+		slog.Warn("replies sent from XDP may never arrive: give the other end of this veth a native-mode XDP program (any, e.g. one that returns XDP_PASS)",
+			"interface", att.Interface, "error", err)
+	}
+}
+
+// ensurePeerPass gives peer an XDP program in native mode, PeerPassName,
+// unless it has one, and says what it found or did. A peer whose program is
+// in generic mode is an error: native and generic programs cannot share an
+// interface.
+func ensurePeerPass(peer *vethPeer) (string, error) {
 	if x := peer.link.Attrs().Xdp; x != nil && x.Attached {
 		if x.AttachMode != nl.XDP_ATTACHED_DRV {
 			return "", fmt.Errorf("veth peer %v has a generic-mode XDP program (id %d): replies sent with XDP_TX need a native-mode one there", peer, x.ProgId)
@@ -150,6 +209,42 @@ func ensurePeerPass(ns netns.NsHandle, ifindex int) (string, error) {
 		return "", fmt.Errorf("attach %s to veth peer %v: %w", PeerPassName, peer, err)
 	}
 	return fmt.Sprintf("attached %s to veth peer %v", PeerPassName, peer), nil
+}
+
+// PeerXDP says, for an interface attached in native mode that is a veth,
+// which XDP program its other end has now, and if none (or one in generic
+// mode) that replies sent from XDP are dropped; "" for any other
+// interface. An error says why it cannot tell.
+func (a *Attachment) PeerXDP() (string, error) {
+	if a.peer == nil {
+		return "", a.peerErr
+	}
+	ns, err := a.peer.open(a.local.ns)
+	if err != nil {
+		return "", fmt.Errorf("veth peer: %w", err)
+	}
+	defer ns.Close()
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		return "", err
+	}
+	defer h.Close()
+	l, err := h.LinkByIndex(a.peer.index)
+	if err != nil {
+		return "", fmt.Errorf("veth peer (ifindex %d): %w", a.peer.index, err)
+	}
+	name, x := l.Attrs().Name, l.Attrs().Xdp
+	switch {
+	case x == nil || !x.Attached:
+		return name + ": no XDP program: replies sent from XDP are dropped", nil
+	case x.AttachMode != nl.XDP_ATTACHED_DRV:
+		return fmt.Sprintf("%s: generic-mode XDP program %d: replies sent from XDP are dropped", name, x.ProgId), nil
+	}
+	prog, err := programName(x.ProgId)
+	if err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("%s: XDP program %d (%s)", name, x.ProgId, prog), nil
 }
 
 // RemovePeerPass removes PeerPassName from the other end of veth ifindex, an

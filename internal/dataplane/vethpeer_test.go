@@ -1,7 +1,9 @@
 package dataplane
 
 import (
+	"fmt"
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
@@ -61,9 +63,11 @@ func TestVethPeerGetsPass(t *testing.T) {
 			att.Close()
 		}
 	})
-	if name, _ := clientProg(); name != PeerPassName {
+	name, id := clientProg()
+	if name != PeerPassName {
 		t.Fatalf("after Attach the client end has XDP program %q, want %q", name, PeerPassName)
 	}
+	checkPeerXDP(t, att, fmt.Sprintf("%s: XDP program %d (%s)", tb.Client.Dev, id, PeerPassName))
 
 	addr := netip.AddrPortFrom(tb.Server.IP4, 7301)
 	_, cookie := serverConn(t, tb, addr)
@@ -88,6 +92,11 @@ func TestVethPeerGetsPass(t *testing.T) {
 		t.Fatalf("client got %q, %v; want the rule's reply", buf[:n], err)
 	}
 
+	// someone removes it: PeerXDP says the replies are lost
+	if err := tb.Server.Do(func() error { return RemovePeerPass(att.Ifindex()) }); err != nil {
+		t.Fatal(err)
+	}
+	checkPeerXDP(t, att, tb.Client.Dev+": no XDP program: replies sent from XDP are dropped")
 	if err := att.Close(); err != nil {
 		t.Fatalf("Close: %v", err)
 	}
@@ -105,6 +114,8 @@ func TestVethPeerGetsPass(t *testing.T) {
 	if _, now := clientProg(); now != own {
 		t.Fatalf("Attach replaced the client end's own XDP program %d by %d", own, now)
 	}
+	ownName, _ := clientProg()
+	checkPeerXDP(t, att, fmt.Sprintf("%s: XDP program %d (%s)", tb.Client.Dev, own, ownName))
 	if err := att.Close(); err != nil {
 		t.Fatalf("Close: %v", err)
 	}
@@ -152,10 +163,21 @@ func TestVethPeerInSameNamespace(t *testing.T) {
 	if name := peerProg(); name != PeerPassName {
 		t.Errorf("after Attach the other end has XDP program %q, want %q", name, PeerPassName)
 	}
+	if peer, err := att.PeerXDP(); err != nil || !strings.HasPrefix(peer, "santa-vb: XDP program ") || !strings.HasSuffix(peer, "("+PeerPassName+")") {
+		t.Errorf("PeerXDP: %q, %v; want santa-vb's %s", peer, err, PeerPassName)
+	}
 	if err := att.Close(); err != nil {
 		t.Fatalf("Close: %v", err)
 	}
 	if name := peerProg(); name != "" {
 		t.Errorf("after Close the other end has XDP program %q, want none", name)
+	}
+}
+
+// checkPeerXDP checks what att says of its veth's other end.
+func checkPeerXDP(t *testing.T, att *Attachment, want string) {
+	t.Helper()
+	if got, err := att.PeerXDP(); err != nil || got != want {
+		t.Errorf("PeerXDP: %q, %v; want %q", got, err, want)
 	}
 }

@@ -95,6 +95,7 @@ static const struct sp_schema rule_stats_schema = SCHEMA(struct sp_rule_stats, "
 static const struct sp_field interface_fields[] = {
 	F_TEXT(0, struct sp_interface, name),
 	F_TEXT(1, struct sp_interface, mode),
+	F_TEXT(2, struct sp_interface, peer),
 };
 static const struct sp_schema interface_schema = SCHEMA(struct sp_interface, "interface", interface_fields);
 

@@ -104,6 +104,7 @@ struct sp_rule_stats {
 struct sp_interface {
 	char *name;
 	char *mode;
+	char *peer; /* a veth's other end's XDP program (native mode only) */
 };
 
 struct sp_daemon_info {

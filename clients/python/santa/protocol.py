@@ -405,6 +405,8 @@ class Interface:
 
     name: str = _key(0, _TEXT, "")
     mode: str = _key(1, _TEXT, "")  #: "native", "generic" or "removed"
+    #: a veth's (native mode) other end's XDP program, e.g. "veth1: XDP program 12 (santa_peer_pass)"
+    peer: str = _key(2, _TEXT, "")
 
 
 @dataclass
