@@ -59,6 +59,7 @@ type rigOptions struct {
 	generated   int      // generated names, as for tb.ExampleZone
 	extra       []string // more zone records
 	signed      bool     // serve the zone signed with DNSSEC
+	nsec3       bool     // signed with NSEC3
 	santadFlags []string // more flags for santad (e.g. --config)
 }
 
@@ -66,7 +67,7 @@ func newRigWith(t *testing.T, kind string, o rigOptions) *rig {
 	tb := testbed.New(t)
 	zone := tb.ExampleZone(o.generated)
 	zone.Records = append(zone.Records, o.extra...)
-	zone.Signed = o.signed
+	zone.Signed, zone.NSEC3 = o.signed, o.nsec3
 	srv, err := tb.StartDNSServer(kind, testbed.DNSServerOptions{Zone: &zone})
 	if err != nil {
 		t.Fatal(err)
@@ -351,7 +352,7 @@ func zoneNames(z testbed.Zone, generated int) []string {
 func TestDifferential(t *testing.T) {
 	for _, kind := range testbed.DNSServerKinds {
 		t.Run(kind, func(t *testing.T) {
-			differential(t, kind, false, queryTypes)
+			differential(t, kind, rigOptions{}, queryTypes)
 		})
 	}
 }
@@ -359,22 +360,27 @@ func TestDifferential(t *testing.T) {
 // TestDifferentialSigned is TestDifferential on the zone signed with
 // DNSSEC: queries with the DO bit get the signatures (and NSEC proofs for
 // names and types the zone lacks), queries without it the plain answers,
-// and answers the server truncates for a small EDNS size stay with it.
+// and answers the server truncates for a small EDNS size stay with it. NSD
+// also serves it signed with NSEC3.
 func TestDifferentialSigned(t *testing.T) {
-	types := append([]uint16{dns.TypeDNSKEY, dns.TypeNSEC}, queryTypes...)
+	types := append([]uint16{dns.TypeDNSKEY, dns.TypeNSEC, dns.TypeNSEC3PARAM}, queryTypes...)
 	for _, kind := range testbed.DNSServerKinds {
 		t.Run(kind, func(t *testing.T) {
-			differential(t, kind, true, types)
+			differential(t, kind, rigOptions{signed: true}, types)
 		})
 	}
+	t.Run("nsd-nsec3", func(t *testing.T) {
+		differential(t, testbed.KindNSD, rigOptions{signed: true, nsec3: true}, types)
+	})
 }
 
 // differential offloads every name and type of the example zone (20
-// generated names) from a server of kind, and compares the replies of
-// querySet with offload on and off over IPv4 and IPv6.
-func differential(t *testing.T, kind string, signed bool, types []uint16) {
+// generated names, signed as o says) from a server of kind, and compares
+// the replies of querySet with offload on and off over IPv4 and IPv6.
+func differential(t *testing.T, kind string, o rigOptions, types []uint16) {
 	const generated = 20
-	r := newRigWith(t, kind, rigOptions{generated: generated, signed: signed})
+	o.generated = generated
+	r := newRigWith(t, kind, o)
 	names := zoneNames(r.zone, generated)
 	queries := querySet(t, r.zone.Origin, names, types, 12)
 	v4, v6 := r.srv.Addrs()

@@ -349,7 +349,11 @@ func writeZoneFile(path string, z Zone) error {
 	}
 	// -S adds the DNSKEYs and picks the keys' roles; -N keep: the SOA
 	// serial stays the unsigned zone's
-	if err := runCheck("dnssec-signzone", "-q", "-S", "-K", dir, "-N", "keep", "-o", z.Origin, "-f", path, unsigned); err != nil {
+	args := []string{"-q", "-S", "-K", dir, "-N", "keep", "-o", z.Origin, "-f", path}
+	if z.NSEC3 {
+		args = append(args, "-3", "-", "-H", "0")
+	}
+	if err := runCheck("dnssec-signzone", append(args, unsigned)...); err != nil {
 		return fmt.Errorf("sign zone: %w", err)
 	}
 	return nil

@@ -32,6 +32,8 @@ type Zone struct {
 	// key-signing and one zone-signing key, made by BIND's dnssec-keygen
 	// and dnssec-signzone), as a pre-signed zone file.
 	Signed bool
+	// NSEC3 signs it with NSEC3 (no salt, no extra iterations) instead.
+	NSEC3 bool
 }
 
 // ExampleZone is example.test. with SOA, NS, glue, a few A/AAAA/TXT/MX/CNAME
