@@ -376,10 +376,12 @@ func (d *Daemon) subscribeInterfaces() (<-chan netlink.LinkUpdate, error) {
 	return updates, nil
 }
 
-// watchInterfaces follows the configured interfaces: the kernel detaches
-// XDP from one that is removed (a container's veth, a NIC unplugged), and
-// one created again under its name (another ifindex) gets the rule processor
-// back. Meanwhile their requests reach the applications, as without Santa.
+// watchInterfaces follows the configured interfaces by name: the kernel
+// detaches XDP from one that is removed (a container's veth, a NIC
+// unplugged), santad detaches it from one renamed, and an interface that
+// takes the name again (created anew, or renamed back) gets the rule
+// processor back. Meanwhile their requests reach the applications, as
+// without Santa.
 func (d *Daemon) watchInterfaces(updates <-chan netlink.LinkUpdate) {
 	defer d.wg.Done()
 	for u := range updates { // closed when d.stop is
@@ -390,12 +392,23 @@ func (d *Daemon) watchInterfaces(updates <-chan netlink.LinkUpdate) {
 		if i >= 0 {
 			old = d.atts[i]
 		}
+		if u.Header.Type == unix.RTM_NEWLINK {
+			// an attached interface renamed: santad attaches by name, so
+			// it lets go of it (under attsMu: health asks Closed)
+			if j := slices.IndexFunc(d.atts, func(a *dataplane.Attachment) bool {
+				return a.Ifindex() == index && a.Interface != name && !a.Closed()
+			}); j >= 0 {
+				err := d.atts[j].Detach()
+				d.log.Warn("interface renamed: rule processor detached from it; its requests go to the applications until an interface of its old name appears",
+					"interface", d.atts[j].Interface, "new_name", name, "error", err)
+			}
+		}
 		d.attsMu.Unlock()
 		switch {
 		case old == nil:
 		case u.Header.Type == unix.RTM_DELLINK && index == old.Ifindex():
 			d.log.Warn("interface removed: its requests go to the applications until it is back", "interface", name)
-		case u.Header.Type == unix.RTM_NEWLINK && index != old.Ifindex():
+		case u.Header.Type == unix.RTM_NEWLINK && (index != old.Ifindex() || old.Closed()):
 			att, err := d.dp.AttachPinned(name, d.cfg.xdpMode(), d.cfg.linkPin(name))
 			if err != nil {
 				d.log.Error("interface is back, but the rule processor could not be attached to it", "interface", name, "error", err)

@@ -1,12 +1,16 @@
 package daemon_test
 
 import (
+	"errors"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/vishvananda/netlink"
 
+	"github.com/santa-offload/santa/api"
+	"github.com/santa-offload/santa/clients/go/santa"
 	"github.com/santa-offload/santa/internal/testbed"
 )
 
@@ -86,6 +90,94 @@ func TestInterfaceRemovedAndBack(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	for _, want := range []string{"interface removed", "interface is back"} {
+		if !strings.Contains(sd.Log(), want) {
+			t.Errorf("santad's log does not say %q", want)
+		}
+	}
+}
+
+// TestInterfaceRenamed: santad attaches by name, so an interface renamed
+// loses the rule processor (status mode "removed", a warning) and its
+// requests reach the application; renamed back, it gets it again.
+func TestInterfaceRenamed(t *testing.T) {
+	tb := testbed.New(t)
+	renamed := "santa-vx"
+	rename := func(from, to string) {
+		t.Helper()
+		if err := tb.Server.Do(func() error {
+			l, err := netlink.LinkByName(from)
+			if err != nil {
+				return err
+			}
+			// only a down interface can be renamed
+			return errors.Join(netlink.LinkSetDown(l), netlink.LinkSetName(l, to), netlink.LinkSetUp(l))
+		}); err != nil {
+			t.Fatalf("rename %s to %s: %v", from, to, err)
+		}
+	}
+	sd := newSantad(t, tb)
+	sd.start()
+	server := netip.AddrPortFrom(tb.Server.IP4, 7303)
+	target, err := santa.Socket(echoServer(t, tb, server))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sd.client().Add(target, []api.Rule{{
+		Conditions: []api.Condition{santa.Match(0, []byte("ping"))},
+		Processors: []api.Processor{santa.Put(0, []byte("pong"))},
+		ReplyLen:   4,
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	c := sd.client()
+	mode := func() string {
+		t.Helper()
+		info, _, err := c.Health()
+		if err != nil || len(info.Interfaces) != 1 || info.Interfaces[0].Name != tb.Server.Dev {
+			t.Fatalf("health: %+v, %v; want the one interface %s", info, err, tb.Server.Dev)
+		}
+		return info.Interfaces[0].Mode
+	}
+	answered := func() uint64 {
+		t.Helper()
+		_, counters, err := c.Health()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return counters["answered"]
+	}
+	// within a few seconds of a change, santad has followed it
+	eventually := func(what string, ok func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(5 * time.Second); !ok(); time.Sleep(50 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("5 s after %s: mode %q", what, mode())
+			}
+		}
+	}
+	if m := mode(); m != "native" {
+		t.Fatalf("at start: mode %q, want native", m)
+	}
+
+	rename(tb.Server.Dev, renamed)
+	eventually("the rename", func() bool { return mode() == "removed" })
+	if x, err := tb.ServerXDP(); err != nil || x.Attached != 0 {
+		t.Errorf("renamed interface has XDP %+v (%v), want none", x, err)
+	}
+	before := answered()
+	if got := exchange(t, tb, server, "ping"); got != "ping" {
+		t.Errorf("while renamed the client got %q, want the application's echo", got)
+	}
+	if n := answered() - before; n != 0 {
+		t.Errorf("while renamed the rule processor answered %d requests", n)
+	}
+
+	rename(renamed, tb.Server.Dev)
+	eventually("the rename back", func() bool { return mode() == "native" })
+	if got := exchange(t, tb, server, "ping"); got != "pong" {
+		t.Errorf("renamed back, the client got %q, want the rule's pong", got)
+	}
+	for _, want := range []string{"interface renamed", "interface is back"} {
 		if !strings.Contains(sd.Log(), want) {
 			t.Errorf("santad's log does not say %q", want)
 		}

@@ -266,7 +266,7 @@ func (s *session) health() (*api.Message, *subscriber, error) {
 			mode = "native"
 		}
 		iface := api.Interface{Name: a.Interface, Mode: mode}
-		if !interfaceNamed(a.Ifindex(), a.Interface) {
+		if a.Closed() || !interfaceNamed(a.Ifindex(), a.Interface) {
 			iface.Mode = "removed" // until it is back (watchInterfaces)
 		} else if peer, err := a.PeerXDP(); err != nil {
 			iface.Peer = "unknown: " + err.Error()

@@ -37,7 +37,11 @@ type Attachment struct {
 	pin       string     // where the XDP link is pinned, "" if it is not; the handover's is pin + "-handover"
 	peer      *peerPlace // the other end of a veth attached in native mode, nil if none or not found
 	peerErr   error      // why a veth's other end was not found
+	closed    bool       // Close, Detach or Release ran: it holds nothing any more
 }
+
+// Closed reports whether the attachment was closed, detached or released.
+func (a *Attachment) Closed() bool { return a.closed }
 
 // Attach attaches the rule processor to the interface ifname in the calling
 // thread's network namespace.
@@ -230,6 +234,10 @@ func (d *Dataplane) swapPinned(att *Attachment, ifindex int, mode AttachMode) (b
 // Close detaches the rule processor from the interface. A pinned link stays
 // pinned, detached, for AttachPinned to replace; Detach removes it.
 func (a *Attachment) Close() error {
+	if a.closed {
+		return nil
+	}
+	a.closed = true
 	var err error
 	for _, l := range []link.Link{a.link, a.handover} {
 		if l == nil {
@@ -249,6 +257,9 @@ func (a *Attachment) Close() error {
 
 // Detach detaches the rule processor and removes the link's pin.
 func (a *Attachment) Detach() error {
+	if a.closed {
+		return nil
+	}
 	var err error
 	if a.pin != "" {
 		err = errors.Join(os.Remove(a.pin), os.Remove(a.handoverPin()))
@@ -261,6 +272,10 @@ func (a *Attachment) Detach() error {
 // until a successor's AttachPinned swaps itself in. (An attachment that is
 // not pinned is detached.)
 func (a *Attachment) Release() error {
+	if a.closed {
+		return nil
+	}
+	a.closed = true
 	a.local.halt()
 	err := a.link.Close()
 	if a.handover != nil {
