@@ -40,6 +40,10 @@ var DNSServerKinds = []string{KindNSD, KindKnot, KindBIND}
 type DNSServerOptions struct {
 	Zone *Zone // nil: tb.ExampleZone(0)
 	Port int   // 0: 53
+	// Wildcard binds NSD to the wildcard addresses (0.0.0.0 and ::, its
+	// default when no ip-address is configured) instead of the server's
+	// two; NSD only (StartDNSServer refuses it for the others).
+	Wildcard bool
 	// Workers is the number of UDP workers (0: 1): NSD's server-count
 	// (processes), Knot's udp-workers (threads), named's -n and -U.
 	Workers int
@@ -130,13 +134,16 @@ func (tb *Testbed) StartDNSServer(kind string, o DNSServerOptions) (DNSServer, e
 		s   DNSServer
 		err error
 	)
+	if o.Wildcard && kind != KindNSD {
+		return nil, fmt.Errorf("%s: only NSD is started on the wildcard addresses", kind)
+	}
 	// Assign only on success: a nil *NSD in a DNSServer is not a nil
 	// DNSServer.
 	switch kind {
 	case KindNSD:
 		var n *NSD
 		if n, err = tb.StartNSD(NSDOptions{Zone: o.Zone, Port: o.Port, ServerCount: o.Workers,
-			Pin: o.Pin, CPU: o.CPU, Extra: o.Extra, Timeout: o.Timeout}); err == nil {
+			Pin: o.Pin, CPU: o.CPU, Extra: o.Extra, Timeout: o.Timeout, Wildcard: o.Wildcard}); err == nil {
 			s = n
 		}
 	case KindKnot:

@@ -24,6 +24,7 @@ type NSDOptions struct {
 	Pin         bool          // pin every NSD process to CPU
 	CPU         int           // the CPU for Pin
 	Extra       []string      // extra lines for the "server:" clause
+	Wildcard    bool          // listen on the wildcard addresses, not the server's two
 	Timeout     time.Duration // to wait for the first answer; 0: 10 s + 1 s per 20 k records
 }
 
@@ -44,7 +45,7 @@ type NSD struct{ *DNSProcess }
 func (tb *Testbed) StartNSD(o NSDOptions) (*NSD, error) {
 	p, err := tb.startDNS(nsdLaunch, DNSServerOptions{
 		Zone: o.Zone, Port: o.Port, Workers: o.ServerCount,
-		Pin: o.Pin, CPU: o.CPU, Extra: o.Extra, Timeout: o.Timeout,
+		Pin: o.Pin, CPU: o.CPU, Extra: o.Extra, Timeout: o.Timeout, Wildcard: o.Wildcard,
 	})
 	if err != nil {
 		return nil, err
@@ -58,12 +59,14 @@ var nsdLaunch = dnsLaunch{
 	logFile: "nsd.log",
 	config: func(p *DNSProcess, o DNSServerOptions) string {
 		dir := p.Dir
+		addrs := fmt.Sprintf("\tip-address: %s\n\tip-address: %s\n", p.Addr4.Addr(), p.Addr6.Addr())
+		if o.Wildcard {
+			addrs = "" // NSD's default: every address
+		}
 		var conf strings.Builder
 		fmt.Fprintf(&conf, `# Written by internal/testbed for testbed %s.
 server:
-	ip-address: %s
-	ip-address: %s
-	port: %d
+%s	port: %d
 	server-count: %d
 	username: ""
 	chroot: ""
@@ -80,7 +83,7 @@ server:
 	rrl-ratelimit: 0
 	rrl-whitelist-ratelimit: 0
 	round-robin: no
-`, p.tb.ID, p.Addr4.Addr(), p.Addr6.Addr(), o.Port, o.Workers, dir, dir, dir, dir, dir, p.LogFile)
+`, p.tb.ID, addrs, o.Port, o.Workers, dir, dir, dir, dir, dir, p.LogFile)
 		if o.Pin {
 			fmt.Fprintf(&conf, "\tcpu-affinity: %d\n", o.CPU)
 		}
