@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/santa-offload/santa/api"
 	santa "github.com/santa-offload/santa/clients/go/santa"
 	"github.com/santa-offload/santa/internal/testbed"
 )
@@ -237,4 +238,16 @@ func exchangeOnce(tb *testbed.Testbed, server netip.AddrPort, payload string) st
 		}
 	}
 	return ""
+}
+
+// addPingPong gives target the rule that answers "ping" with "pong".
+func addPingPong(t *testing.T, c *santa.Client, target santa.Target) {
+	t.Helper()
+	if _, err := c.Add(target, []api.Rule{{
+		Conditions: []api.Condition{santa.Match(0, []byte("ping"))},
+		Processors: []api.Processor{santa.Put(0, []byte("pong"))},
+		ReplyLen:   4,
+	}}); err != nil {
+		t.Fatal(err)
+	}
 }

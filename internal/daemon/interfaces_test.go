@@ -9,7 +9,6 @@ import (
 
 	"github.com/vishvananda/netlink"
 
-	"github.com/santa-offload/santa/api"
 	"github.com/santa-offload/santa/clients/go/santa"
 	"github.com/santa-offload/santa/internal/testbed"
 )
@@ -122,13 +121,7 @@ func TestInterfaceRenamed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := sd.client().Add(target, []api.Rule{{
-		Conditions: []api.Condition{santa.Match(0, []byte("ping"))},
-		Processors: []api.Processor{santa.Put(0, []byte("pong"))},
-		ReplyLen:   4,
-	}}); err != nil {
-		t.Fatal(err)
-	}
+	addPingPong(t, sd.client(), target)
 	c := sd.client()
 	mode := func() string {
 		t.Helper()

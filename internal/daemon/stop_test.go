@@ -191,13 +191,7 @@ func TestCleanupRefusesRunningSantad(t *testing.T) {
 	server := netip.AddrPortFrom(tb.Server.IP4, 7301)
 	_, target := serverSocket(t, tb, server)
 	c := sd.client()
-	if _, err := c.Add(target, []api.Rule{{
-		Conditions: []api.Condition{santa.Match(0, []byte("ping"))},
-		Processors: []api.Processor{santa.Put(0, []byte("pong"))},
-		ReplyLen:   4,
-	}}); err != nil {
-		t.Fatal(err)
-	}
+	addPingPong(t, c, target)
 	err := sd.Cleanup()
 	if err == nil || !strings.Contains(err.Error(), "stop it first") {
 		t.Fatalf("santad cleanup beside a running santad: %v, want a refusal that says to stop it first", err)
@@ -226,13 +220,7 @@ func TestVethPeerPassOutlivesSantad(t *testing.T) {
 	sd.start()
 	server := netip.AddrPortFrom(tb.Server.IP4, 7302)
 	_, target := serverSocket(t, tb, server)
-	if _, err := sd.client().Add(target, []api.Rule{{
-		Conditions: []api.Condition{santa.Match(0, []byte("ping"))},
-		Processors: []api.Processor{santa.Put(0, []byte("pong"))},
-		ReplyLen:   4,
-	}}); err != nil {
-		t.Fatal(err)
-	}
+	addPingPong(t, sd.client(), target)
 	if got := exchange(t, tb, server, "ping"); got != "pong" {
 		t.Errorf("with santad running the client got %q, want the rule's pong", got)
 	}
