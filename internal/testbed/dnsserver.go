@@ -355,8 +355,9 @@ func writeZoneFile(path string, z Zone) error {
 		}
 	}
 	// -S adds the DNSKEYs and picks the keys' roles; -N keep: the SOA
-	// serial stays the unsigned zone's
-	args := []string{"-q", "-S", "-K", dir, "-N", "keep", "-o", z.Origin, "-f", path}
+	// serial stays the unsigned zone's; -d: its dsset file goes beside the
+	// keys, not into the caller's working directory
+	args := []string{"-q", "-S", "-K", dir, "-d", dir, "-N", "keep", "-o", z.Origin, "-f", path}
 	if z.NSEC3 {
 		args = append(args, "-3", "-", "-H", "0")
 	}
