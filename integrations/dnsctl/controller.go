@@ -547,12 +547,7 @@ func (c *Controller) checkReply(ep *endpoint, q *Query, reply []byte) (Answer, e
 	if err != nil {
 		return a, err
 	}
-	first, err := ep.order.check(ep.asker, q, a)
-	if first {
-		c.log.Info("the server varies the order of records in a set: answers with sets of several records stay with it",
-			"server", ep.addr, "question", q)
-	}
-	return a, err
+	return a, ep.order.check(ep.asker, q, a)
 }
 
 // dropShuffled, once ep's server is known to vary answers with sets of
@@ -579,9 +574,8 @@ func (c *Controller) dropShuffled(ep *endpoint, answers []Answer, errs []error) 
 			gone = append(gone, e)
 		}
 	}
-	if len(gone) > 0 {
-		c.log.Info("removing rules of answers with sets of several records made before", "server", ep.addr, "rules", len(gone))
-	}
+	c.log.Info("the server varies the order of records in a set: answers with sets of several records stay with it",
+		"server", ep.addr, "rules_removed", len(gone))
 	return c.remove(ep, gone)
 }
 

@@ -33,36 +33,36 @@ var errVaries = fmt.Errorf("%w: the server varies the order of records in a set 
 
 // check returns errVaries if a (the server's reply to q) holds a set of
 // several records and the server varies such answers, asking again through
-// asker until that is decided. first is true for the call that found out.
-func (o *orderCheck) check(asker *Asker, q *Query, a Answer) (first bool, err error) {
+// asker until that is decided.
+func (o *orderCheck) check(asker *Asker, q *Query, a Answer) error {
 	if !a.SetOfSeveral {
-		return false, nil
+		return nil
 	}
 	o.mu.Lock()
 	varies, decided := o.varies, o.checked >= orderAnswers
 	o.mu.Unlock()
 	if varies {
-		return false, errVaries
+		return errVaries
 	}
 	if decided {
-		return false, nil
+		return nil
 	}
 	for range orderAsks {
 		again, err := asker.Ask(q.Wire)
 		if err != nil {
-			return false, err
+			return err
 		}
 		if !bytes.Equal(again, a.Reply) {
 			o.mu.Lock()
-			first, o.varies = !o.varies, true
+			o.varies = true
 			o.mu.Unlock()
-			return first, errVaries
+			return errVaries
 		}
 	}
 	o.mu.Lock()
 	o.checked++
 	o.mu.Unlock()
-	return false, nil
+	return nil
 }
 
 // found reports whether the server was found to vary such answers, and
