@@ -105,12 +105,24 @@ fuzz: need-root deps build
 	@$(MAKE) --no-print-directory fuzz-run FUZZ_FOR=$(FUZZTIME_LONG)
 
 # Runs every FUZZ_TARGETS entry for FUZZ_FOR; does nothing when the list is empty.
+# Go before 1.27 can end a clean run with a bare "context deadline exceeded"
+# when -fuzztime runs out while a worker is mid-input (go.dev/issue/75804):
+# such a failure that wrote no failing input is reported and not counted;
+# any other failure, or a new input under testdata/fuzz, fails the run.
 fuzz-run:
 	@for t in $(FUZZ_TARGETS); do \
 		case $$t in *:Fuzz*) ;; *) echo "FUZZ_TARGETS: '$$t' is not ./pkg:FuzzName" >&2; exit 1;; esac; \
-		pkg=$${t%%:*}; fn=$${t#*:}; \
+		pkg=$${t%%:*}; fn=$${t#*:}; corpus=$$pkg/testdata/fuzz/$$fn; \
+		before=$$(ls $$corpus 2>/dev/null | wc -l); log=$$(mktemp); \
 		echo "$(GO) test -run='^$$' -fuzz='^$$fn\$$' -fuzztime=$(FUZZ_FOR) $$pkg"; \
-		$(GO) test -run='^$$' -fuzz="^$$fn\$$" -fuzztime=$(FUZZ_FOR) $$pkg || exit 1; \
+		if ! $(GO) test -run='^$$' -fuzz="^$$fn\$$" -fuzztime=$(FUZZ_FOR) $$pkg 2>&1 | tee $$log; then \
+			after=$$(ls $$corpus 2>/dev/null | wc -l); \
+			if [ "$$after" = "$$before" ] && grep -q '^    context deadline exceeded$$' $$log && \
+				[ "$$(grep -c '^--- FAIL' $$log)" = 1 ]; then \
+				echo "fuzz-run: $$fn stopped with the Go fuzzing deadline race (go.dev/issue/75804), no failing input: not a finding"; \
+			else rm -f $$log; exit 1; fi; \
+		fi; \
+		rm -f $$log; \
 		$(MAKE) --no-print-directory sweep-testbeds; \
 	done
 
