@@ -290,3 +290,49 @@ func TestBadConfigTouchesNothing(t *testing.T) {
 		}
 	}
 }
+
+// TestVethPeerPassLeavesSantadInItsNamespace: giving the other end of the
+// veth its program must leave every santad thread in santad's network
+// namespace. The thread that attached it used to move to the other end's
+// namespace and end with its goroutine, but Go wedges the main thread
+// instead of ending it: in about one start of four /proc/PID/ns/net then
+// named the client's namespace, and `santa attach --port` found no socket
+// ("no process in santad's network namespace has a UDP socket bound to
+// port ..."). So santad is started ten times, each time putting the
+// program there anew.
+func TestVethPeerPassLeavesSantadInItsNamespace(t *testing.T) {
+	tb := testbed.NewWith(t, testbed.Options{NoClientPass: true})
+	serverNS, err := os.Stat("/run/netns/" + tb.Server.NS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	server := netip.AddrPortFrom(tb.Server.IP4, 7810)
+	prog := fmt.Sprintf("import socket,time\ns=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\ns.bind(('%s',%d))\n"+
+		"print('ready cookie=0 rule=0',flush=True)\ntime.sleep(300)\n", server.Addr(), server.Port())
+	startApp(t, tb, nobody, nil, "/usr/bin/python3", "-c", prog)
+	sd := newSantad(t, tb)
+	for start := 1; start <= 10; start++ {
+		sd.start()
+		if x, err := tb.ClientXDP(); err != nil || x.DrvID == 0 {
+			t.Fatalf("start %d: the client end has XDP %+v (%v), want santa_peer_pass", start, x, err)
+		}
+		tasks, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/ns/net", sd.PID()))
+		if err != nil || len(tasks) == 0 {
+			t.Fatalf("start %d: santad's threads: %v %v", start, tasks, err)
+		}
+		for _, task := range tasks {
+			if ns, err := os.Stat(task); err == nil && !os.SameFile(ns, serverNS) {
+				link, _ := os.Readlink(task)
+				t.Fatalf("start %d: santad thread %s is in network namespace %s, not santad's (%s)",
+					start, filepath.Base(filepath.Dir(filepath.Dir(task))), link, tb.Server.NS)
+			}
+		}
+		if socks, err := sd.client().BindPort(server.Port()); err != nil || len(socks) != 1 {
+			t.Fatalf("start %d: attach --port %d: %v %+v", start, server.Port(), err, socks)
+		}
+		sd.stop(syscall.SIGTERM)
+		if err := sd.Cleanup(); err != nil { // also removes the client end's program
+			t.Fatal(err)
+		}
+	}
+}

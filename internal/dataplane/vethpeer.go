@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
-	"runtime"
 	"sync"
 
 	"github.com/cilium/ebpf"
@@ -43,18 +42,28 @@ func (p *vethPeer) String() string {
 
 // setXDP attaches the XDP program fd to the peer in native mode (-1:
 // detaches it) with the netlink flags given: netlink, not a bpf_link, so that
-// it stays while the rule processor does, santad running or not.
+// it stays while the rule processor does, santad running or not. The request
+// goes over a netlink socket opened in the peer's namespace: moving a thread
+// there and letting it end with its goroutine would, on the main thread
+// (which Go wedges instead of ending), leave /proc/self/ns/net naming the
+// peer's namespace, and santad finds servers' sockets by it.
 func (p *vethPeer) setXDP(fd, flags int) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread, moved to p.ns, ends with this goroutine
-		if err := netns.Set(p.ns); err != nil {
-			errc <- err
-			return
-		}
-		errc <- netlink.LinkSetXdpFdWithFlags(p.link, fd, flags|nl.XDP_FLAGS_DRV_MODE)
-	}()
-	return <-errc
+	s, err := nl.GetNetlinkSocketAt(p.ns, netns.None(), unix.NETLINK_ROUTE)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	req := nl.NewNetlinkRequest(unix.RTM_SETLINK, unix.NLM_F_ACK)
+	req.Sockets = map[int]*nl.SocketHandle{unix.NETLINK_ROUTE: {Socket: s}}
+	msg := nl.NewIfInfomsg(unix.AF_UNSPEC)
+	msg.Index = int32(p.link.Attrs().Index)
+	req.AddData(msg)
+	xdp := nl.NewRtAttr(unix.IFLA_XDP|unix.NLA_F_NESTED, nil)
+	xdp.AddRtAttr(nl.IFLA_XDP_FD, nl.Uint32Attr(uint32(int32(fd))))
+	xdp.AddRtAttr(nl.IFLA_XDP_FLAGS, nl.Uint32Attr(uint32(flags|nl.XDP_FLAGS_DRV_MODE)))
+	req.AddData(xdp)
+	_, err = req.Execute(unix.NETLINK_ROUTE, 0)
+	return err
 }
 
 // peerOf returns the other end of ifindex, an interface of network namespace
