@@ -108,8 +108,8 @@ func Start(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 	// what the configuration names must exist before anything is loaded,
 	// pinned or attached: a failed start leaves the rule processor in place
 	for _, name := range cfg.Interfaces {
-		if _, err := net.InterfaceByName(name); err != nil {
-			return nil, fmt.Errorf("interface %s: %w", name, err)
+		if _, err := dataplane.Attachable(name); err != nil {
+			return nil, err
 		}
 	}
 	var metricsListener net.Listener

@@ -267,13 +267,16 @@ func TestVethPeerLeftAlone(t *testing.T) {
 	}
 }
 
-// TestBadConfigTouchesNothing: a santad whose interface does not exist, or
-// whose metrics address cannot be listened on, exits with an error that
-// names it before it loads, pins or attaches anything.
+// TestBadConfigTouchesNothing: a santad whose interface does not exist or
+// is the loopback interface (where requests between local addresses travel,
+// which the rule processor never answers), or whose metrics address cannot
+// be listened on, exits with an error that names it before it loads, pins
+// or attaches anything.
 func TestBadConfigTouchesNothing(t *testing.T) {
 	tb := testbed.New(t)
 	for _, c := range []struct{ flags, want string }{
 		{"--interface santa-nope0", "interface santa-nope0"},
+		{"--interface lo", "interface lo is the loopback interface"},
 		{"--metrics notanaddr", "metrics address"},
 	} {
 		sd := newSantad(t, tb, strings.Fields(c.flags)...)

@@ -62,10 +62,26 @@ func (d *Dataplane) AttachPinned(ifname string, mode AttachMode, pinPath string)
 	return d.attach(ifname, mode, pinPath)
 }
 
-func (d *Dataplane) attach(ifname string, mode AttachMode, pinPath string) (*Attachment, error) {
+// Attachable returns the interface named ifname, or why the rule processor
+// cannot be attached to it: it does not exist, or it is the loopback
+// interface, where requests between local addresses travel (the parser
+// passes 127.0.0.0/8 and ::1, and a local source is a martian on any other
+// interface).
+func Attachable(ifname string) (*net.Interface, error) {
 	iface, err := net.InterfaceByName(ifname)
 	if err != nil {
-		return nil, fmt.Errorf("attach to %s: %w", ifname, err)
+		return nil, fmt.Errorf("interface %s: %w", ifname, err)
+	}
+	if iface.Flags&net.FlagLoopback != 0 {
+		return nil, fmt.Errorf("interface %s is the loopback interface: the rule processor does not answer requests between local addresses; give santad the interfaces clients' requests arrive on", ifname)
+	}
+	return iface, nil
+}
+
+func (d *Dataplane) attach(ifname string, mode AttachMode, pinPath string) (*Attachment, error) {
+	iface, err := Attachable(ifname)
+	if err != nil {
+		return nil, fmt.Errorf("attach: %w", err)
 	}
 	local, err := d.watchLocalAddrs(iface.Index)
 	if err != nil {
