@@ -159,6 +159,10 @@ func (r *rig) namesFile(names []string, types []uint16) string {
 // sender asks from the client namespace with parallel UDP sockets.
 type sender struct {
 	conns []*net.UDPConn
+	// silent holds the queries that got no reply in 3 tries: later rounds
+	// try them once (a server that never answers some malformed queries,
+	// Knot, otherwise costs 3 s each round)
+	silent sync.Map
 }
 
 func (r *rig) sender(server netip.AddrPort, parallel int) *sender {
@@ -186,7 +190,8 @@ func (r *rig) sender(server netip.AddrPort, parallel int) *sender {
 }
 
 // sendAll sends every query (their IDs as given) and returns the replies
-// (nil where none came within the timeout).
+// (nil where none came within 3 tries of 1 s, or 1 try for a query that
+// got none before).
 func (s *sender) sendAll(queries [][]byte) [][]byte {
 	replies := make([][]byte, len(queries))
 	var wg sync.WaitGroup
@@ -197,7 +202,11 @@ func (s *sender) sendAll(queries [][]byte) [][]byte {
 			buf := make([]byte, 65535)
 			for i := w; i < len(queries); i += len(s.conns) {
 				q := queries[i]
-				for try := 0; try < 3 && replies[i] == nil; try++ {
+				tries := 3
+				if _, ok := s.silent.Load(string(q)); ok {
+					tries = 1
+				}
+				for try := 0; try < tries && replies[i] == nil; try++ {
 					c.SetDeadline(time.Now().Add(time.Second))
 					if _, err := c.Write(q); err != nil {
 						break
@@ -212,6 +221,9 @@ func (s *sender) sendAll(queries [][]byte) [][]byte {
 							break
 						}
 					}
+				}
+				if replies[i] == nil {
+					s.silent.Store(string(q), true)
 				}
 			}
 		}()
