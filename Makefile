@@ -170,7 +170,7 @@ install: build
 	install -D -m 0755 $(BIN)/santa $(DESTDIR)$(PREFIX)/bin/santa
 	install -D -m 0644 dist/santad.service $(DESTDIR)/etc/systemd/system/santad.service
 	[[ -e $(DESTDIR)/etc/santa/santad.yaml ]] || install -D -m 0644 dist/santad.yaml $(DESTDIR)/etc/santa/santad.yaml
-	install -D -m 0644 -t $(DESTDIR)$(PREFIX)/share/doc/santa docs/operations.md docs/cli.md docs/protocol.md
+	install -D -m 0644 -t $(DESTDIR)$(PREFIX)/share/doc/santa docs/*.md
 	$(MAKE) --no-print-directory -C clients/c install PREFIX=$(PREFIX) DESTDIR=$(DESTDIR)
 	$(PYTHON) -m pip install --no-build-isolation --no-deps --break-system-packages $(if $(DESTDIR),--root $(DESTDIR)) ./clients/python
 
