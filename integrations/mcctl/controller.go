@@ -51,7 +51,7 @@ func (m Mode) String() string {
 
 // Config configures a Controller. Zero fields take DefaultConfig's.
 type Config struct {
-	Socket     string         // santad's control socket
+	Socket     string         // santad's control socket ("": $SANTA_SOCKET, else api.DefaultSocket)
 	Port       uint16         // memcached's UDP port (-U): its sockets get the rules
 	TCPPort    uint16         // memcached's TCP port (-p), tracked and fetched from; 0: Port
 	Server     netip.AddrPort // where to fetch values over TCP; zero: 127.0.0.1:TCPPort
@@ -80,7 +80,6 @@ type Config struct {
 
 // DefaultConfig holds the defaults.
 var DefaultConfig = Config{
-	Socket:     api.DefaultSocket,
 	GuardsPin:  "/sys/fs/bpf/santa/guards",
 	MaxRules:   10000,
 	MinSamples: 8,
@@ -174,7 +173,7 @@ func New(cfg Config) (*Controller, error) {
 	for _, s := range []struct {
 		v *string
 		d string
-	}{{&cfg.Socket, d.Socket}, {&cfg.GuardsPin, d.GuardsPin}, {&cfg.Tag, d.Tag}} {
+	}{{&cfg.Socket, santa.SocketPath()}, {&cfg.GuardsPin, d.GuardsPin}, {&cfg.Tag, d.Tag}} {
 		if *s.v == "" {
 			*s.v = s.d
 		}
