@@ -1,6 +1,7 @@
 package mcctl
 
 import (
+	"net/netip"
 	"testing"
 
 	"github.com/santa-offload/santa/api"
@@ -24,6 +25,33 @@ func TestSocketDefault(t *testing.T) {
 		}
 		if ctl.cfg.Socket != c.want {
 			t.Errorf("SANTA_SOCKET=%q, socket %q: the controller dials %q, want %q", c.env, c.flag, ctl.cfg.Socket, c.want)
+		}
+	}
+}
+
+// TestFetchAddress: values are fetched where memcached's UDP sockets are
+// bound (memcached -l binds TCP there too), over loopback if one is bound
+// to loopback or the wildcard address.
+func TestFetchAddress(t *testing.T) {
+	for _, c := range []struct {
+		bound []string
+		want  string
+	}{
+		{[]string{"0.0.0.0"}, "127.0.0.1"},
+		{[]string{"::"}, "::1"},
+		{[]string{"::", "0.0.0.0"}, "127.0.0.1"},
+		{[]string{"10.1.2.3", "127.0.0.1"}, "127.0.0.1"},
+		{[]string{"10.1.2.3"}, "10.1.2.3"},
+		{[]string{"2001:db8::5", "10.1.2.3"}, "10.1.2.3"},
+		{[]string{"2001:db8::5"}, "2001:db8::5"},
+		{[]string{"::1"}, "::1"},
+	} {
+		var addrs []netip.Addr
+		for _, a := range c.bound {
+			addrs = append(addrs, netip.MustParseAddr(a))
+		}
+		if got := fetchAddress(addrs); got.String() != c.want {
+			t.Errorf("sockets bound to %v: fetch from %v, want %s", c.bound, got, c.want)
 		}
 	}
 }

@@ -54,7 +54,7 @@ type Config struct {
 	Socket     string         // santad's control socket ("": $SANTA_SOCKET, else api.DefaultSocket)
 	Port       uint16         // memcached's UDP port (-U): its sockets get the rules
 	TCPPort    uint16         // memcached's TCP port (-p), tracked and fetched from; 0: Port
-	Server     netip.AddrPort // where to fetch values over TCP; zero: 127.0.0.1:TCPPort
+	Server     netip.AddrPort // where to fetch values over TCP; zero: fetchAddress of the UDP sockets, TCPPort
 	GuardsPin  string         // santad's guard map (daemon.Config.GuardsPin)
 	Interfaces []string       // where the write tracker goes; nil: every interface of the namespace
 	Mode       Mode
@@ -205,9 +205,6 @@ func New(cfg Config) (*Controller, error) {
 	if cfg.TCPPort == 0 {
 		cfg.TCPPort = cfg.Port
 	}
-	if !cfg.Server.IsValid() {
-		cfg.Server = netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), cfg.TCPPort)
-	}
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
@@ -285,6 +282,9 @@ func (c *Controller) Run(ctx context.Context) (err error) {
 	defer c.removeAll()
 	c.fetch = newFetcher(c.cfg.Server.String(), c.cfg.Timeout)
 	defer c.fetch.close()
+	if err := c.fetch.connect(); err != nil {
+		return fmt.Errorf("%w (memcached's TCP address can be given with --server)", err)
+	}
 
 	if err := c.install(sortedKeys(c.wanted)); err != nil {
 		return err
@@ -376,6 +376,7 @@ func (c *Controller) attach() error {
 	if err != nil {
 		return fmt.Errorf("attach to UDP port %d: %w", c.cfg.Port, err)
 	}
+	var bound []netip.Addr
 	for _, s := range socks {
 		if s.Protocol != 17 {
 			continue
@@ -384,14 +385,50 @@ func (c *Controller) attach() error {
 		if s.Created {
 			c.created = append(c.created, s.Cookie)
 		}
+		if a, ok := netip.AddrFromSlice(s.Address); ok {
+			bound = append(bound, a.Unmap())
+		}
 	}
 	if len(c.cookies) == 0 {
 		return fmt.Errorf("no UDP socket bound to port %d", c.cfg.Port)
 	}
+	if !c.cfg.Server.IsValid() {
+		c.cfg.Server = netip.AddrPortFrom(fetchAddress(bound), c.cfg.TCPPort)
+	}
 	c.count(func(r *Report) { r.Sockets = len(c.cookies) })
-	c.log.Info("attached", "port", c.cfg.Port, "sockets", len(c.cookies))
+	c.log.Info("attached", "port", c.cfg.Port, "sockets", len(c.cookies), "fetch_from", c.cfg.Server)
 	c.inherited, err = follow.Inherit(c.cfg.Socket, c.cfg.Tag, c.cookies, c.log)
 	return err
+}
+
+// fetchAddress is where to fetch values from memcached, whose UDP sockets
+// are bound to addrs: memcached's -l binds its TCP sockets to the same
+// addresses. Loopback if one of them is a loopback or wildcard address
+// (IPv4's if there is one of either kind), else the first IPv4 address,
+// else the first.
+func fetchAddress(addrs []netip.Addr) netip.Addr {
+	loopback4 := netip.AddrFrom4([4]byte{127, 0, 0, 1})
+	local6 := false
+	for _, a := range addrs {
+		if a.IsLoopback() || a.IsUnspecified() {
+			if a.Is4() {
+				return loopback4
+			}
+			local6 = true
+		}
+	}
+	if local6 {
+		return netip.IPv6Loopback()
+	}
+	for _, a := range addrs {
+		if a.Is4() {
+			return a
+		}
+	}
+	if len(addrs) > 0 {
+		return addrs[0]
+	}
+	return loopback4
 }
 
 // installInherited offloads again, in adaptive mode, the keys of the rules

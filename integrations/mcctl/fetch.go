@@ -35,12 +35,8 @@ func newFetcher(addr string, timeout time.Duration) *fetcher {
 // fetch returns the values of keys, in order. A connection error closes
 // the connection (the next fetch dials again).
 func (f *fetcher) fetch(keys []string) ([]value, error) {
-	if f.conn == nil {
-		c, err := net.DialTimeout("tcp", f.addr, f.timeout)
-		if err != nil {
-			return nil, fmt.Errorf("connect to memcached at %s: %w", f.addr, err)
-		}
-		f.conn, f.r = c, bufio.NewReaderSize(c, 64<<10)
+	if err := f.connect(); err != nil {
+		return nil, err
 	}
 	out, err := f.exchange(keys)
 	if err != nil {
@@ -48,6 +44,19 @@ func (f *fetcher) fetch(keys []string) ([]value, error) {
 		return nil, fmt.Errorf("fetch from memcached at %s: %w", f.addr, err)
 	}
 	return out, nil
+}
+
+// connect dials memcached unless f is connected.
+func (f *fetcher) connect() error {
+	if f.conn != nil {
+		return nil
+	}
+	c, err := net.DialTimeout("tcp", f.addr, f.timeout)
+	if err != nil {
+		return fmt.Errorf("connect to memcached at %s: %w", f.addr, err)
+	}
+	f.conn, f.r = c, bufio.NewReaderSize(c, 64<<10)
+	return nil
 }
 
 func (f *fetcher) exchange(keys []string) ([]value, error) {

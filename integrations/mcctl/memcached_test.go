@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -47,8 +48,13 @@ type rig struct {
 
 // newRig starts memcached, and santad with more flags (e.g. --config).
 func newRig(t *testing.T, santadFlags ...string) *rig {
+	return newRigWith(t, testbed.MemcachedOptions{}, santadFlags...)
+}
+
+// newRigWith is newRig with memcached started with o.
+func newRigWith(t *testing.T, o testbed.MemcachedOptions, santadFlags ...string) *rig {
 	tb := testbed.New(t)
-	mc, err := tb.StartMemcached(testbed.MemcachedOptions{})
+	mc, err := tb.StartMemcached(o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -178,6 +184,29 @@ func (r *rig) waitAnswered(get func(), n uint64) uint64 {
 			r.t.Fatalf("the rule processor answered nothing new (counters %v)", r.counters())
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestFetchFromBoundAddress: a memcached listening only on the server's
+// address (-l ADDR, as one set up for clients elsewhere is) is fetched from
+// there without --server: the controller fetches where memcached's UDP
+// sockets are bound. It used to try 127.0.0.1 and fail once it had a key
+// to fetch; it now also says at start when it cannot connect.
+func TestFetchFromBoundAddress(t *testing.T) {
+	r := newRigWith(t, testbed.MemcachedOptions{IPv4Only: true})
+	_, ctl, get := r.offloadOld("bound:key")
+	if got := get(); got != "old" {
+		t.Errorf("GET of the offloaded key: %q, want old", got)
+	}
+	if want := "fetch_from=" + r.mc.Addr4.String(); !strings.Contains(ctl.Output(), want) {
+		t.Errorf("the controller does not say %s:\n%s", want, ctl.Output())
+	}
+	argv := testbed.ControllerArgv(filepath.Join(bin, "santa"), r.tb.Server.NS, r.santad.Socket, "memcached",
+		"--guards", filepath.Join(r.bpffs, "guards"), "--tag", "other", "--server", "127.0.0.1:11211",
+		"adaptive", "--duration", "5s")
+	out, err := exec.Command(argv[0], argv[1:]...).CombinedOutput()
+	if want := "connect to memcached at 127.0.0.1:11211"; err == nil || !strings.Contains(string(out), want) {
+		t.Errorf("a controller told to fetch where memcached is not: %v, want an error saying %q:\n%s", err, want, out)
 	}
 }
 
