@@ -288,7 +288,9 @@ var queryTypes = []uint16{dns.TypeA, dns.TypeAAAA, dns.TypeTXT, dns.TypeMX, dns.
 // querySet is the differential test's queries: every name in each of types
 // (names and types the zone has and lacks), each in a deterministic sample of
 // flag, EDNS and letter-case variants, plus queries that must go to the
-// server (other opcodes, two questions, malformed, trailing bytes).
+// server (other opcodes, two questions, malformed, trailing bytes, EDNS
+// version 1, unknown EDNS flags and options, QR, TC or an RCODE set in the
+// query, a record in its answer section).
 func querySet(t *testing.T, origin string, names []string, types []uint16, perQuestion int) [][]byte {
 	rng := rand.New(rand.NewPCG(4, 2))
 	var out [][]byte
@@ -336,6 +338,27 @@ func querySet(t *testing.T, origin string, names []string, types []uint16, perQu
 	p := pack(plain)
 	out = append(out, append(p, 0, 0, 0))             // trailing bytes
 	out = append(out, append([]byte(nil), p[:20]...)) // truncated question
+	edns := func(m *dns.Msg) *dns.OPT { m.SetEdns0(1232, false); return m.IsEdns0() }
+	for _, set := range []func(m *dns.Msg){
+		func(m *dns.Msg) { edns(m).SetVersion(1) }, // BADVERS from the server
+		func(m *dns.Msg) { edns(m).SetZ(0x4000) },  // an EDNS flag other than DO
+		func(m *dns.Msg) { // an EDNS option no server knows
+			o := edns(m)
+			o.Option = append(o.Option, &dns.EDNS0_LOCAL{Code: 65001, Data: []byte{1, 2, 3}})
+		},
+		func(m *dns.Msg) { m.Response = true },  // a reply sent as a query
+		func(m *dns.Msg) { m.Truncated = true }, // TC in a query
+		func(m *dns.Msg) { m.Rcode = dns.RcodeNameError },
+		func(m *dns.Msg) { // a record in the answer section
+			m.Answer = append(m.Answer, &dns.A{Hdr: dns.RR_Header{Name: www, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 60},
+				A: net.IPv4(198, 18, 0, 1)})
+		},
+	} {
+		m := new(dns.Msg)
+		m.SetQuestion(www, dns.TypeA)
+		set(m)
+		out = append(out, pack(m))
+	}
 	chaos := new(dns.Msg)
 	chaos.SetQuestion("version.bind.", dns.TypeTXT)
 	chaos.Question[0].Qclass = dns.ClassCHAOS
