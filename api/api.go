@@ -269,3 +269,20 @@ func (s SocketInfo) AddrPort() netip.AddrPort {
 	}
 	return netip.AddrPortFrom(a, s.Port)
 }
+
+// LoopbackWarning is what clients say when every socket they attached to is
+// bound to a loopback address (LoopbackOnly).
+const LoopbackWarning = "every socket attached to is bound to a loopback address: only clients on this host reach it, over lo, " +
+	"where the rule processor does not answer; bind the server to the addresses its clients use (docs/operations.md)"
+
+// LoopbackOnly says whether socks are all bound to loopback addresses, so
+// that rules on them never answer: their requests travel over lo, which
+// santad does not attach to.
+func LoopbackOnly(socks []SocketInfo) bool {
+	for _, s := range socks {
+		if !s.AddrPort().Addr().Unmap().IsLoopback() {
+			return false
+		}
+	}
+	return len(socks) > 0
+}

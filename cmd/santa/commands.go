@@ -470,6 +470,9 @@ socket listening on it. Needs root: santad takes the sockets with pidfd_getfd.`,
 			if err != nil {
 				return err
 			}
+			if api.LoopbackOnly(socks) {
+				fmt.Fprintln(e.stderr, "santa: warning: "+api.LoopbackWarning)
+			}
 			if sample.Bytes != 0 {
 				for _, s := range socks {
 					if _, err := c.Bind(santa.Cookie(s.Cookie), sample); err != nil {

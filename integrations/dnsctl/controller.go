@@ -334,6 +334,9 @@ func (c *Controller) attach() error {
 		}
 		socks = []api.SocketInfo{s}
 	}
+	if api.LoopbackOnly(socks) {
+		c.log.Warn(api.LoopbackWarning)
+	}
 	byAddr := map[netip.AddrPort]*endpoint{}
 	for _, s := range socks {
 		if s.Protocol != 17 {

@@ -349,6 +349,9 @@ func (c *Controller) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if api.LoopbackOnly(socks) {
+		c.log.Warn(api.LoopbackWarning)
+	}
 	c.attach(client, socks)
 	defer func() { follow.UnbindEmpty(client, c.created, c.log) }()
 	inherited, err := follow.Inherit(c.cfg.Socket, c.cfg.Tag, slices.Collect(maps.Keys(c.byCookie)), c.log)

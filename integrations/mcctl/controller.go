@@ -392,6 +392,9 @@ func (c *Controller) attach() error {
 	if len(c.cookies) == 0 {
 		return fmt.Errorf("no UDP socket bound to port %d", c.cfg.Port)
 	}
+	if api.LoopbackOnly(socks) {
+		c.log.Warn(api.LoopbackWarning)
+	}
 	if !c.cfg.Server.IsValid() {
 		c.cfg.Server = netip.AddrPortFrom(fetchAddress(bound), c.cfg.TCPPort)
 	}

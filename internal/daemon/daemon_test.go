@@ -515,6 +515,25 @@ func TestAttachUnmodifiedServer(t *testing.T) {
 	waitGone(t, sd, cookie)
 }
 
+// TestAttachLoopbackWarns: a server bound only to loopback is attached to,
+// with a warning that its rules will never answer (its requests travel over
+// lo, which santad does not attach to).
+func TestAttachLoopbackWarns(t *testing.T) {
+	tb := testbed.New(t)
+	sd := newSantad(t, tb)
+	sd.start()
+	prog := "import socket,time\ns=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\ns.bind(('127.0.0.1',7810))\n" +
+		"print('ready cookie=0 rule=0',flush=True)\ntime.sleep(120)\n"
+	startApp(t, tb, nobody, nil, "/usr/bin/python3", "-c", prog)
+	out, err := sd.cli(0, "attach", "--port", "7810/udp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, "127.0.0.1:7810/udp") || !strings.Contains(out, "santa: warning: "+api.LoopbackWarning) {
+		t.Errorf("attach of a server bound to 127.0.0.1: %s; want the socket and the loopback warning", out)
+	}
+}
+
 // TestRulesExpire: santad removes a rule when its Expires time comes (and
 // not its neighbour without one), keeps a deadline across its own restart,
 // and refuses a rule whose time has passed; with no santad running the data
