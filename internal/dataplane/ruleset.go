@@ -459,7 +459,6 @@ func (d *Dataplane) place(id uint32, regions []region, buckets bucketRange, rule
 
 func (d *Dataplane) tryPlace(id uint32, regions []region, buckets bucketRange, rules []*installed) error {
 	extra := map[uint32]int{}
-	need := 0
 	regionsOf := map[region][]region{} // anchor -> regionsFor
 	for _, r := range rules {
 		anchor := anchorOf(r.rule)
@@ -491,10 +490,20 @@ func (d *Dataplane) tryPlace(id uint32, regions []region, buckets bucketRange, r
 			return invalid("more than %d rules share the bytes %v of %q (the region the matcher hashes%s); "+
 				"add a condition that tells them apart earlier in the request", MaxChain, reg, a.Pattern[:reg.len], also)
 		}
-		need += r.rule.dataLen()
 	}
+	return d.roomFor(rules)
+}
+
+// roomFor says, if there is no room for rules in the rule table or the
+// rule data memory, which is full.
+func (d *Dataplane) roomFor(rules []*installed) error {
 	if d.slots.available() < len(rules) {
-		return fmt.Errorf("%w: rule table: %d free of %d rules; raise santad's dataplane.max_rules", ErrFull, d.slots.available(), d.cfg.MaxRules)
+		return fmt.Errorf("%w: rule table: %d rules to add, %d free of %d; raise santad's dataplane.max_rules",
+			ErrFull, len(rules), d.slots.available(), d.cfg.MaxRules)
+	}
+	need := 0
+	for _, r := range rules {
+		need += r.rule.dataLen()
 	}
 	if free := d.cfg.DataMiB*pageData - d.data.used; free < need {
 		return fmt.Errorf("%w: rule data memory: need %d bytes, %d free; raise santad's dataplane.data_mib", ErrFull, need, free)
@@ -507,6 +516,15 @@ var errNoRegion = errors.New("no region for the rule")
 // add installs new rules into the rule set: in place if its regions and
 // part of the bucket table suit them, else by a rebuild.
 func (d *Dataplane) add(rs *ruleset, news []*installed) error {
+	if err := d.roomFor(news); err != nil { // said first: where rules go matters only if they fit
+		if len(d.retiring) == 0 {
+			return err
+		}
+		d.drainRetired() // the room may be held by replaced rules kept for packets in flight
+		if err := d.roomFor(news); err != nil {
+			return err
+		}
+	}
 	fits := rs.buckets.holds(len(rs.rules)+len(news), d.mask)
 	// without room for the rebuild's second copy of the set, its part of
 	// the table still serves, with longer chains

@@ -397,6 +397,32 @@ func TestFullSaysWhatIsFull(t *testing.T) {
 	}
 }
 
+// TestMoreRulesThanRoom: a batch of more rules than the rule table has
+// free slots is refused for that, however the rules would hang in the
+// rule set. They used to be placed first: a rule set of one rule, kept
+// to its regions for lack of room to rebuild it, blamed the more than 16 new
+// rules that share its region's bytes, and that room.
+func TestMoreRulesThanRoom(t *testing.T) {
+	e := newEnv(t, Config{MaxRules: 512})
+	_, s := fixtureAddrs(e, false, 7211)
+	sock := e.socket(s, false)
+	e.bindRules(sock)
+	if _, err := e.d.AddRules(sock, []Rule{reply("ping", "pong")}); err != nil {
+		t.Fatal(err)
+	}
+	rules := make([]Rule, 600)
+	for i := range rules {
+		rules[i] = reply(fmt.Sprintf("k%06d", i), "v")
+	}
+	_, err := e.d.AddRules(sock, rules)
+	if want := "rule table: 600 rules to add, 511 free of 512"; !errors.Is(err, ErrFull) || !strings.Contains(err.Error(), want) {
+		t.Fatalf("adding 600 rules with 511 slots free: %v, want ErrFull saying %q", err, want)
+	}
+	if n := e.d.Usage().Rules; n != 1 {
+		t.Errorf("%d rules installed, want the 1 from before", n)
+	}
+}
+
 // Each bucket tells the program where its first rule's data lies (struct
 // santa_bucket), so that a large rule set's data loads need not wait for the
 // rule: after adds and deletes (chain heads among them, whose successors
