@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -238,6 +241,38 @@ b.test. A 1
 	}
 	if _, err := ReadNames(strings.NewReader("www.example.test BOGUS\n"), "names", nil); err == nil {
 		t.Errorf("unknown type accepted")
+	}
+}
+
+// TestReadZoneDirectives: a zone file's $INCLUDE (absolute, or relative
+// to the zone file's directory) is followed and $GENERATE expanded, so
+// --zone-file offloads what the server serves from the same file.
+func TestReadZoneDirectives(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, text string) string {
+		path := filepath.Join(dir, name)
+		if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	abs := write("abs.inc", "abs IN A 198.18.0.3\n")
+	write("rel.inc", "rel IN TXT \"relative\"\n")
+	zone := write("example.zone", "$ORIGIN example.test.\n$TTL 300\n"+
+		"@ IN SOA ns1 hostmaster 1 3600 600 86400 300\n"+
+		"$GENERATE 1-2 host$ A 198.18.0.$\n"+
+		"$INCLUDE "+abs+"\n$INCLUDE rel.inc\n")
+	qs, err := LoadQuestions("", zone, "", "", 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, q := range qs {
+		got = append(got, q.Name+" "+dns.TypeToString[q.Type])
+	}
+	want := []string{"example.test. SOA", "host1.example.test. A", "host2.example.test. A", "abs.example.test. A", "rel.example.test. TXT"}
+	if !slices.Equal(got, want) {
+		t.Errorf("questions of the zone file: %v, want %v", got, want)
 	}
 }
 

@@ -78,8 +78,11 @@ func ReadNames(r io.Reader, source string, defaultTypes []uint16) ([]Question, e
 // ReadZone reads the questions a zone file answers: every (owner, type) in
 // it, except the DNSSEC types a resolver never asks for by themselves (RRSIG,
 // NSEC, NSEC3). origin is the zone's origin if the file has no $ORIGIN.
+// $INCLUDE is followed, as the servers do (a relative path from the
+// directory of source), and $GENERATE expanded.
 func ReadZone(r io.Reader, source, origin string) ([]Question, error) {
 	zp := dns.NewZoneParser(r, dns.Fqdn(origin), source)
+	zp.SetIncludeAllowed(true) // the operator's own zone file, as its server reads it
 	var out []Question
 	seen := map[Question]bool{}
 	for rr, ok := zp.Next(); ok; rr, ok = zp.Next() {
