@@ -191,6 +191,38 @@ static __always_inline int tcp_syn(struct xdp_md *ctx, struct pkt_info *req, str
 	return tcp_send(ctx, req, &t, 0);
 }
 
+/* Data on a connection the kernel owns (handed over, or its own) is a miss
+ * too, sampled for the subscribers of its listener's rule set: the later
+ * requests of a keep-alive client handed over to the application would
+ * otherwise never be learned. The listener is what a lookup without the
+ * source finds; req's source is zeroed for it (the caller passes the
+ * segment on and reads req no more). */
+static __always_inline void sample_kernel_data(struct xdp_md *ctx, struct pkt_info *req)
+{
+	if (req->payload_len == 0)
+		return;
+	if (req->family == 4) {
+		req->tuple.ipv4.saddr = 0;
+		req->tuple.ipv4.sport = 0;
+	} else {
+		__builtin_memset(req->tuple.ipv6.saddr, 0, sizeof(req->tuple.ipv6.saddr));
+		req->tuple.ipv6.sport = 0;
+	}
+	int wildcard = 0, kernel_sock = 0;
+	__u64 cookie = tcp_listener(ctx, req, &wildcard, &kernel_sock);
+	__u32 *rs_id = cookie ? bpf_map_lookup_elem(&santa_sockets, &cookie) : NULL;
+	if (!rs_id)
+		return;
+	__u32 id = *rs_id;
+	const struct santa_ruleset *rs = bpf_map_lookup_elem(&santa_rulesets, &id);
+	struct santa_scratch *s = scratch();
+	if (!rs || !rs->sample_len || !s)
+		return;
+	__u32 len = req->payload_len < SANTA_REQ_WINDOW ? req->payload_len : SANTA_REQ_WINDOW;
+	if (bpf_xdp_load_bytes(ctx, req->payload_off, s->req, NONZERO(len, SANTA_OFF_MASK)) == 0)
+		sample_miss(cookie, id, rs, s, req);
+}
+
 /* A TCP segment (XDP entry for TCP). Global, so the verifier checks it once. */
 __noinline int tcp_segment(struct xdp_md *ctx, struct pkt_info *req)
 {
@@ -200,6 +232,7 @@ __noinline int tcp_segment(struct xdp_md *ctx, struct pkt_info *req)
 	__u64 cookie = tcp_listener(ctx, req, &wildcard, &kernel_sock);
 	if (kernel_sock) {
 		COUNT(tcp_pass_kernel_socket);
+		sample_kernel_data(ctx, req);
 		return XDP_PASS;
 	}
 	if (!cookie) {

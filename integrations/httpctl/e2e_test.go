@@ -147,6 +147,40 @@ func TestE2ECurl(t *testing.T) {
 	}
 }
 
+// TestE2EHandedOverConnectionLearned: a request that only ever comes after
+// a handover, on a keep-alive connection nginx owns by then, is learned
+// too (the rule processor samples data on the kernel's connections for the
+// listener's subscribers), and then answered by eBPF on a connection of
+// its own. The first request of each connection is too big to offload.
+func TestE2EHandedOverConnectionLearned(t *testing.T) {
+	files := e2eFiles()
+	r := newE2E(t, e2eOptions{files: files})
+	dir := t.TempDir()
+	out := func(name string) string { return filepath.Join(dir, name) }
+	before := r.counters()
+	for i := 0; i < 3; i++ {
+		got := r.curl("-w", "%{num_connects} ", "-o", out("big"), r.ng.URL4("/big.bin"), "-o", out("q"), r.ng.URL4("/q.txt"))
+		if got != "1 0 " {
+			t.Fatalf("keep-alive: connects per request %q, want \"1 0 \"", got)
+		}
+		checkFile(t, out("q"), files["q.txt"], "q.txt after big.bin")
+	}
+	if d := delta(before, r.counters()); d["tcp_handed_over"] != 3 || d["answered"] != 0 {
+		t.Fatalf("the learning connections: counters %v, want 3 handed over and none answered", d)
+	}
+	if _, ok := r.learnedWithin(3*time.Second, func(rs []e2eRule) bool {
+		return slices.ContainsFunc(rs, func(x e2eRule) bool { return requestLine(x.request) == "GET /q.txt HTTP/1.1" })
+	}); !ok {
+		t.Fatalf("GET /q.txt, sent only on connections nginx owned, was not learned (report %+v)", r.ctl.Report())
+	}
+	before = r.counters()
+	r.curl("-o", out("q"), r.ng.URL4("/q.txt"))
+	checkFile(t, out("q"), files["q.txt"], "q.txt on a connection of its own")
+	if d := delta(before, r.counters()); d["answered"] != 1 || d["tcp_handed_over"] != 0 {
+		t.Errorf("q.txt on a connection of its own: counters %v, want answered +1 and no handover", d)
+	}
+}
+
 // TestE2EWrk: wrk's requests, learned from its first misses, are then all
 // answered by eBPF: thousands of replies, none but a 200 with the file's
 // bytes (checked by wrk's response callback).
@@ -400,10 +434,11 @@ func chromiumFiles(t *testing.T) map[string][]byte {
 
 // TestE2EChromium: headless Chromium loads a page and its stylesheet,
 // script and image. Chromium's requests are learned from its misses over
-// a few loads (each load's first miss on a connection hands it to nginx,
-// which then serves the rest of that connection), then a load is answered
-// by eBPF alone: the DOM shows the script ran, the style applied and the
-// image decoded, and every rule counted its hit.
+// a load or two (each load's first miss on a connection hands it to nginx,
+// which then serves the rest of that connection, whose requests are
+// sampled too), then a load is answered by eBPF alone: the DOM shows the
+// script ran, the style applied and the image decoded, and every rule
+// counted its hit.
 func TestE2EChromium(t *testing.T) {
 	if _, err := os.Stat("/usr/bin/chromium"); err != nil {
 		t.Fatal("no /usr/bin/chromium: run scripts/install-deps.sh")
