@@ -23,7 +23,9 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"net/http"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -219,19 +221,20 @@ const maxLearnPerSecond = 256
 
 // Controller is one `santa http` run.
 type Controller struct {
-	cfg      Config
-	log      *slog.Logger
-	rules    ruleClient
-	groups   []*group
-	byCookie map[uint64]*group
-	created  []uint64 // sockets the attach bound, unbound on exit if left empty
-	entries  map[string]*entry
-	pending  map[string]*entry
-	refused  map[string]refusal
-	logged   map[string]bool // requests whose refusal was logged at Info
-	paths    map[string]bool // Paths, cleaned; nil: every path
-	hot      *sketch.Sketch
-	samples  chan sample
+	cfg       Config
+	log       *slog.Logger
+	rules     ruleClient
+	groups    []*group
+	byCookie  map[uint64]*group
+	created   []uint64 // sockets the attach bound, unbound on exit if left empty
+	entries   map[string]*entry
+	pending   map[string]*entry
+	refused   map[string]refusal
+	logged    map[string]bool // requests whose refusal was logged at Info
+	notInRoot bool            // the warning that nginx serves files Root lacks is logged
+	paths     map[string]bool // Paths, cleaned; nil: every path
+	hot       *sketch.Sketch
+	samples   chan sample
 
 	idleChecked, reported time.Time
 	reportHits            uint64
@@ -639,7 +642,24 @@ func (c *Controller) probe(e *entry, now time.Time) bool {
 		return false
 	}
 	c.setResponse(e, second, now)
+	c.checkRoot(e)
 	return true
+}
+
+// checkRoot warns, once, when nginx serves e's request with a 200 but Root
+// has no such file or directory: Root is not nginx's document root (or the
+// location uses alias), so inotify does not see the file change and only
+// re-validation, every Interval, catches a change.
+func (c *Controller) checkRoot(e *entry) {
+	if c.notInRoot || e.resp.status != http.StatusOK {
+		return
+	}
+	if _, err := os.Stat(e.obj); err == nil {
+		return
+	}
+	c.notInRoot = true
+	c.log.Warn("nginx serves a file that --root lacks: is --root nginx's document root? Changes to such files are seen only by re-validation (--interval)",
+		"request", e.req.line(), "missing", e.obj, "interval", c.cfg.Interval)
 }
 
 // setResponse makes r e's response and reply (with its Date as fetched).

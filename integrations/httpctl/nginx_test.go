@@ -10,6 +10,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/netip"
@@ -344,6 +345,40 @@ func TestLearn(t *testing.T) {
 	r2.do(func() error { return r2.c.learn(time.Now()) })
 	if len(r2.c.entries) != 1 || r2.c.entries[entryKey(r2.c.groups[0], []byte(b))] == nil {
 		t.Errorf("with --path /b.txt: %d requests offloaded", len(r2.c.entries))
+	}
+}
+
+// TestRootMismatchWarns: a --root that lacks the files nginx serves (not
+// nginx's document root) draws one warning, naming the first such file;
+// with nginx's root there is none.
+func TestRootMismatchWarns(t *testing.T) {
+	files := map[string][]byte{"a.txt": smallFile, "b.txt": smallFile}
+	const warning = "nginx serves a file that --root lacks"
+	for _, wrongRoot := range []bool{false, true} {
+		var logs testbed.LockedBuffer
+		log := slog.New(slog.NewTextHandler(io.MultiWriter(&logs, testWriter{t}), nil))
+		r := newRig(t, Config{MinSamples: 1, Log: log}, files)
+		if wrongRoot {
+			r.c.cfg.Root = t.TempDir()
+		}
+		for _, req := range []string{get("/a.txt"), get("/b.txt")} {
+			r.c.sample(11, []byte(req), len(req))
+		}
+		r.do(func() error { return r.c.learn(time.Now()) })
+		if len(r.c.entries) != 2 {
+			t.Fatalf("%d requests offloaded, want 2", len(r.c.entries))
+		}
+		want := 0
+		if wrongRoot {
+			want = 1
+		}
+		if n := strings.Count(logs.String(), warning); n != want {
+			t.Errorf("root %s (nginx's: %s): %d warnings, want %d:\n%s", r.c.cfg.Root, r.ng.Root, n, want, logs.String())
+		}
+		if wrongRoot && !strings.Contains(logs.String(), "missing="+filepath.Join(r.c.cfg.Root, "a.txt")) &&
+			!strings.Contains(logs.String(), "missing="+filepath.Join(r.c.cfg.Root, "b.txt")) {
+			t.Errorf("the warning does not name the missing file:\n%s", logs.String())
+		}
 	}
 }
 
