@@ -373,6 +373,10 @@ func (c *Controller) stopTracker() {
 // attach binds memcached's UDP sockets through santad.
 func (c *Controller) attach() error {
 	socks, err := c.client.BindPort(c.cfg.Port)
+	if errors.Is(err, santa.ErrNotFound) {
+		return fmt.Errorf("attach to UDP port %d: %w (memcached serves UDP only when started with -U %d: it is off by default)",
+			c.cfg.Port, err, c.cfg.Port)
+	}
 	if err != nil {
 		return fmt.Errorf("attach to UDP port %d: %w", c.cfg.Port, err)
 	}

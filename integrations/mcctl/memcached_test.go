@@ -210,6 +210,19 @@ func TestFetchFromBoundAddress(t *testing.T) {
 	}
 }
 
+// TestNoUDPSocketSaysMinusU: with no UDP socket on the port (Debian's
+// memcached serves no UDP unless started with -U) the controller stops at
+// once, saying how to turn UDP on.
+func TestNoUDPSocketSaysMinusU(t *testing.T) {
+	r := newRig(t)
+	argv := testbed.ControllerArgv(filepath.Join(bin, "santa"), r.tb.Server.NS, r.santad.Socket, "memcached",
+		"--guards", filepath.Join(r.bpffs, "guards"), "--port", "11299/udp", "--tcp-port", "11211", "adaptive", "--duration", "5s")
+	out, err := exec.Command(argv[0], argv[1:]...).CombinedOutput()
+	if want := "memcached serves UDP only when started with -U 11299"; err == nil || !strings.Contains(string(out), want) {
+		t.Errorf("a controller on a port without UDP sockets: %v, want an error saying %q:\n%s", err, want, out)
+	}
+}
+
 // Hot GETs are answered by the kernel with memcached's exact reply; every
 // kind of write, over every protocol, is seen by the next GET at once, and
 // the rule comes back with the new value.
