@@ -399,6 +399,10 @@ func (c *Controller) probe(ep *endpoint, questions []Question) {
 	}
 	ep.b = b
 	c.log.Info("probed the server", "server", ep.addr, "questions", n, "behaviour", b.String())
+	if err == nil && !b.IgnoresCookie {
+		c.log.Info("the server answers DNS cookies: queries that carry a client cookie (dig's default; many resolvers send one) stay with it",
+			"server", ep.addr)
+	}
 }
 
 // installInitial installs every question in every shape on every endpoint.

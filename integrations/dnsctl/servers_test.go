@@ -570,7 +570,8 @@ func describe(q []byte) string {
 // server with `santa dns` attached, and the rule processor answers them (the
 // first query of a shape the controller has not seen teaches it the shape).
 // With BIND, dig's default client cookie makes BIND send a server cookie,
-// which no rule may repeat: those queries stay with BIND.
+// which no rule may repeat: those queries stay with BIND, as the controller
+// says in its log.
 func TestRealClients(t *testing.T) {
 	script := `import sys, dns.message, dns.query, dns.rdatatype
 q = dns.message.make_query(sys.argv[2], "A", use_edns=(0 if sys.argv[3] == "edns" else None))
@@ -580,7 +581,11 @@ print(r.answer[0][0].address)`
 	for _, kind := range testbed.DNSServerKinds {
 		t.Run(kind, func(t *testing.T) {
 			r := newRig(t, kind, 0)
-			r.startController("static", "--port", "53/udp", "--zone-file", r.zoneFile(), "--zone", r.zone.Origin)
+			ctl := r.startController("static", "--port", "53/udp", "--zone-file", r.zoneFile(), "--zone", r.zone.Origin)
+			if says := strings.Contains(ctl.Output(), "the server answers DNS cookies"); says != (kind == testbed.KindBIND) {
+				t.Errorf("the controller says the server answers DNS cookies: %v, want %v (only BIND does):\n%s",
+					says, kind == testbed.KindBIND, ctl.Output())
+			}
 			v4, v6 := r.srv.Addrs()
 			www := "www." + r.zone.Origin
 			clients := []struct {
