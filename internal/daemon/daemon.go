@@ -111,6 +111,9 @@ func Start(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 		if _, err := dataplane.Attachable(name); err != nil {
 			return nil, err
 		}
+		if err := dataplane.XDPFree(name, cfg.linkPin(name)); err != nil {
+			return nil, err
+		}
 	}
 	var metricsListener net.Listener
 	if cfg.Metrics != "" {

@@ -294,6 +294,36 @@ func TestBadConfigTouchesNothing(t *testing.T) {
 	}
 }
 
+// TestInterfaceTaken: a santad whose interface already has an XDP program
+// that is not its own (another santad's, without this one's pins) refuses
+// to start, naming the program, before it pins or attaches anything; the
+// program stays. It used to take the busy native attach for a driver
+// without XDP, warn that it fell back to generic mode, fail there, and
+// leave pinned maps behind.
+func TestInterfaceTaken(t *testing.T) {
+	tb := testbed.New(t)
+	pass, err := testbed.NewXDPPass()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pass.Close()
+	if err := testbed.AttachXDPNetlink(tb.Server.NS, tb.Server.Ifindex, pass, testbed.XDPModeDriver); err != nil {
+		t.Fatal(err)
+	}
+	defer testbed.DetachXDPNetlink(tb.Server.NS, tb.Server.Ifindex, testbed.XDPModeDriver)
+	sd := newSantad(t, tb)
+	err = sd.Start(context.Background())
+	if want := "interface " + tb.Server.Dev + " already has XDP program"; err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("santad on an interface with an XDP program: %v, want an error saying %q", err, want)
+	}
+	if pins, _ := filepath.Glob(filepath.Join("/sys/fs/bpf", filepath.Base(sd.dir), "*")); len(pins) > 0 {
+		t.Errorf("santad left pins: %v", pins)
+	}
+	if x, err := tb.ServerXDP(); err != nil || x.DrvID == 0 {
+		t.Errorf("the program on the interface: %+v (%v), want it still there", x, err)
+	}
+}
+
 // TestVethPeerPassLeavesSantadInItsNamespace: giving the other end of the
 // veth its program must leave every santad thread in santad's network
 // namespace. The thread that attached it used to move to the other end's

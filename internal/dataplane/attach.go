@@ -11,6 +11,7 @@ import (
 	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
+	"golang.org/x/sys/unix"
 )
 
 // AttachMode says how the rule processor is attached to an interface.
@@ -76,6 +77,32 @@ func Attachable(ifname string) (*net.Interface, error) {
 		return nil, fmt.Errorf("interface %s is the loopback interface: the rule processor does not answer requests between local addresses; give santad the interfaces clients' requests arrive on", ifname)
 	}
 	return iface, nil
+}
+
+// XDPFree says why the rule processor cannot go on interface ifname: it
+// carries an XDP program already, and not through a link pinned at pin (a
+// rule processor this santad's state left, which it takes over). An
+// interface takes one XDP program per mode, and santad will not replace
+// another's.
+func XDPFree(ifname, pin string) error {
+	l, err := netlink.LinkByName(ifname)
+	if err != nil {
+		return fmt.Errorf("interface %s: %w", ifname, err)
+	}
+	x := l.Attrs().Xdp
+	if x == nil || !x.Attached {
+		return nil
+	}
+	if _, err := os.Stat(pin); err == nil {
+		return nil
+	}
+	what := fmt.Sprint(x.ProgId)
+	if name, err := programName(x.ProgId); err == nil {
+		what += " (" + name + ")"
+	}
+	return fmt.Errorf("interface %s already has XDP program %s: another santad, or another XDP program, is on it; "+
+		"remove it first (that santad's `santad cleanup`, or `ip link set dev %s xdp off`) or give santad another interface",
+		ifname, what, ifname)
 }
 
 func (d *Dataplane) attach(ifname string, mode AttachMode, pinPath string) (*Attachment, error) {
@@ -176,6 +203,9 @@ func (d *Dataplane) linkXDP(att *Attachment, ifindex int, mode AttachMode) error
 		}
 		if mode == AttachNative {
 			return fmt.Errorf("attach native XDP to %s: %w", att.Interface, err)
+		}
+		if errors.Is(err, unix.EBUSY) { // not a driver without XDP: another program is there
+			return errors.Join(fmt.Errorf("attach native XDP to %s: %w", att.Interface, err), XDPFree(att.Interface, ""))
 		}
 		slog.Warn("native XDP unavailable, using generic XDP: replies will cost far more CPU",
 			"interface", att.Interface, "error", err)
