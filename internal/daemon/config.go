@@ -10,7 +10,9 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strconv"
+	"strings"
 
 	"github.com/santa-offload/santa/api"
 	"github.com/santa-offload/santa/internal/dataplane"
@@ -100,9 +102,28 @@ func LoadConfig(path string) (Config, error) {
 	dec.KnownFields(true)
 	// an empty file stands for the defaults
 	if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
-		return c, fmt.Errorf("config %s: %w", path, err)
+		return c, fmt.Errorf("config %s: %s", path, configPlaces.Replace(err.Error()))
 	}
 	return c, nil
+}
+
+// configPlaces names the places of the config file where the YAML decoder
+// names this package's Go types ("field rulez not found in type
+// daemon.Quota"), with the keys each takes.
+var configPlaces = strings.NewReplacer(
+	"type daemon.Config", "the file "+yamlKeys(Config{}),
+	"type daemon.Quota", "quota "+yamlKeys(Quota{}),
+	"type daemon.DataplaneConfig", "dataplane "+yamlKeys(DataplaneConfig{}),
+)
+
+// yamlKeys lists the YAML keys of struct v's fields: "(keys: a, b)".
+func yamlKeys(v any) string {
+	t := reflect.TypeOf(v)
+	keys := make([]string, 0, t.NumField())
+	for i := range t.NumField() {
+		keys = append(keys, strings.Split(t.Field(i).Tag.Get("yaml"), ",")[0])
+	}
+	return "(keys: " + strings.Join(keys, ", ") + ")"
 }
 
 // Validate checks the configuration before anything is loaded.

@@ -1,7 +1,10 @@
 package daemon
 
 import (
+	"os"
+	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 )
 
@@ -16,5 +19,24 @@ func TestDistConfigHoldsTheDefaults(t *testing.T) {
 	want.Interfaces = []string{"eth0"}
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("dist/santad.yaml reads as\n%+v\nwant the defaults\n%+v", c, want)
+	}
+}
+
+// An unknown key is named with its place and the keys that place takes,
+// not by the Go type behind it.
+func TestConfigUnknownKey(t *testing.T) {
+	for text, want := range map[string]string{
+		"quota:\n  rulez: 5\n":        "line 2: field rulez not found in quota (keys: rules, template_bytes)",
+		"dataplane:\n  maxrules: 5\n": "field maxrules not found in dataplane (keys: hash_bits, max_rules,",
+		"interface: [eth0]\n":         "field interface not found in the file (keys: interfaces, xdp_mode,",
+	} {
+		path := filepath.Join(t.TempDir(), "santad.yaml")
+		if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		_, err := LoadConfig(path)
+		if err == nil || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "daemon.") {
+			t.Errorf("%q: %v, want an error saying %q", text, err, want)
+		}
 	}
 }
