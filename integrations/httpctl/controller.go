@@ -760,6 +760,7 @@ func (c *Controller) addRules(g *group, es []*entry, in *follow.Inherited, refus
 	}
 	ids, err := follow.AddFitting(c.rules, g.cookies, rules, in, func(k int, err error) { refused(es[k], err) })
 	now, added := time.Now(), 0
+	var lines []string // a few of the requests added, for the log
 	for k, e := range es {
 		if ids[k] == nil {
 			continue
@@ -769,7 +770,12 @@ func (c *Controller) addRules(g *group, es []*entry, in *follow.Inherited, refus
 		delete(c.pending, e.key)
 		c.hot.Forget(e.key)
 		c.log.Debug("offloaded", "request", e.req.line(), "reply_bytes", len(e.reply), "status", e.resp.status, "close", rules[k].Close)
-		added++
+		if added++; len(lines) < 3 {
+			lines = append(lines, e.req.line())
+		}
+	}
+	if added > 0 {
+		c.log.Info("offloaded requests", "family", g.family, "requests", added, "e.g.", strings.Join(lines, "; "), "offloaded_now", len(c.entries))
 	}
 	c.count(func(r *Report) { r.Installed += uint64(added) })
 	return err
