@@ -1006,7 +1006,12 @@ func (c *Controller) everySecond(now time.Time) error {
 			}
 		}
 	}
-	return c.install(missing)
+	before := len(c.entries)
+	err := c.install(missing)
+	if n := len(c.entries) - before; n > 0 && c.cfg.Mode == Adaptive {
+		c.log.Info("offloaded hot keys", "keys", n, "e.g.", strings.Join(missing[:min(len(missing), 3)], " "), "offloaded_now", len(c.entries))
+	}
+	return err
 }
 
 // worthFetching reports whether key is worth fetching: no fetch of it came back
