@@ -30,6 +30,21 @@ func table(w io.Writer) *tabwriter.Writer { return tabwriter.NewWriter(w, 0, 4, 
 // addr shows a socket as address/protocol, e.g. 198.18.0.1:53/udp or [::]:80/tcp.
 func addr(s api.SocketInfo) string { return s.AddrPort().String() + "/" + protoName(s.Protocol) }
 
+// socketJSON is a socket as --json prints it: the protocol's fields (the
+// address as its bytes in hex) and the bound address and port as text.
+type socketJSON struct {
+	api.SocketInfo
+	Bound string `json:"bound"` // e.g. "198.18.0.1:53", "[::]:80"
+}
+
+func socketsJSON(socks []api.SocketInfo) []socketJSON {
+	out := make([]socketJSON, len(socks))
+	for i, s := range socks {
+		out[i] = socketJSON{s, s.AddrPort().String()}
+	}
+	return out
+}
+
 func protoName(p uint32) string {
 	switch p {
 	case api.ProtocolUDP:
@@ -312,7 +327,7 @@ func listSockets(e env, g *globals, c *santa.Client) error {
 		return err
 	}
 	if g.json {
-		return printJSON(e.stdout, socks)
+		return printJSON(e.stdout, socketsJSON(socks))
 	}
 	w := table(e.stdout)
 	fmt.Fprintln(w, "SOCKET\tADDRESS\tOWNER\tPID\tRULES\tBYTES\tHITS")
@@ -481,7 +496,7 @@ socket listening on it. Needs root: santad takes the sockets with pidfd_getfd.`,
 				}
 			}
 			if g.json {
-				return printJSON(e.stdout, socks)
+				return printJSON(e.stdout, socketsJSON(socks))
 			}
 			w := table(e.stdout)
 			fmt.Fprintln(w, "SOCKET\tADDRESS\tPID\tNEW")

@@ -493,6 +493,9 @@ func TestAttachUnmodifiedServer(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &socks); err != nil || len(socks) != 1 || !socks[0].Created || socks[0].PID != uint32(a.cmd.Process.Pid) {
 		t.Fatalf("attach --port: %v %s", err, out)
 	}
+	if want := fmt.Sprintf("%q: %q", "bound", server.String()); !strings.Contains(out, want) {
+		t.Errorf("attach --port --json does not say %s:\n%s", want, out)
+	}
 	cookie := socks[0].Cookie
 	rules := filepath.Join(sd.dir, "attach.yaml")
 	writeFile(t, rules, "rules:\n- conditions: [{offset: 0, text: Hello}]\n  processors: [{put: {at: 0, text: Taken}}]\n  reply_len: 5\n")
