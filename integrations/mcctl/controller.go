@@ -389,7 +389,7 @@ func (c *Controller) attach() error {
 		if s.Created {
 			c.created = append(c.created, s.Cookie)
 		}
-		if a, ok := netip.AddrFromSlice(s.Address); ok {
+		if a := s.AddrPort().Addr(); a.IsValid() {
 			bound = append(bound, a.Unmap())
 		}
 	}

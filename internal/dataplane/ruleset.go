@@ -448,11 +448,17 @@ func (d *Dataplane) newInstalled(rs *ruleset, src []Rule, compiled []*compiledRu
 // the given regions and part of the bucket table, checking capacity and
 // chain lengths first.
 func (d *Dataplane) place(id uint32, regions []region, buckets bucketRange, rules []*installed) error {
-	err := d.tryPlace(id, regions, buckets, rules)
+	return d.retryDrained(func() error { return d.tryPlace(id, regions, buckets, rules) })
+}
+
+// retryDrained runs try, and if it fails for lack of room while replaced
+// rules kept for packets in flight hold some, once more after they are
+// freed.
+func (d *Dataplane) retryDrained(try func() error) error {
+	err := try()
 	if err != nil && !errors.Is(err, errNoRegion) && len(d.retiring) > 0 {
-		// the room may be held by replaced rules kept for packets in flight
 		d.drainRetired()
-		err = d.tryPlace(id, regions, buckets, rules)
+		err = try()
 	}
 	return err
 }
@@ -516,14 +522,9 @@ var errNoRegion = errors.New("no region for the rule")
 // add installs new rules into the rule set: in place if its regions and
 // part of the bucket table suit them, else by a rebuild.
 func (d *Dataplane) add(rs *ruleset, news []*installed) error {
-	if err := d.roomFor(news); err != nil { // said first: where rules go matters only if they fit
-		if len(d.retiring) == 0 {
-			return err
-		}
-		d.drainRetired() // the room may be held by replaced rules kept for packets in flight
-		if err := d.roomFor(news); err != nil {
-			return err
-		}
+	// said first: where rules go matters only if they fit
+	if err := d.retryDrained(func() error { return d.roomFor(news) }); err != nil {
+		return err
 	}
 	fits := rs.buckets.holds(len(rs.rules)+len(news), d.mask)
 	// without room for the rebuild's second copy of the set, its part of
