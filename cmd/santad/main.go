@@ -66,7 +66,7 @@ over from the journal in the state directory. Needs root.`,
 	}
 	f := root.PersistentFlags()
 	f.StringVarP(&o.config, "config", "c", "", "config file (YAML; default "+defaultConfig+" if it exists)")
-	f.StringSliceVarP(&o.interfaces, "interface", "i", nil, "interface to attach to (repeat or comma-separate)")
+	f.StringSliceVarP(&o.interfaces, "interface", "i", nil, "interface clients' requests arrive on, to attach to (repeat or comma-separate; not lo, and not one with another XDP program)")
 	f.StringVar(&o.xdpMode, "xdp-mode", "", "auto, native or generic (default auto)")
 	f.StringVar(&o.socket, "socket", "", "control socket path (default /run/santa/santa.sock)")
 	f.StringVar(&o.bpffs, "bpffs", "", "pin directory under a bpffs (default /sys/fs/bpf/santa)")
