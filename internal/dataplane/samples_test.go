@@ -1,13 +1,19 @@
 package dataplane
 
 import (
+	"bufio"
 	"bytes"
 	"fmt"
+	"io"
+	"net"
 	"net/netip"
+	"slices"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/santa-offload/santa/internal/testbed"
 )
 
 // Misses are sampled per rule set, cut to the configured length, and no
@@ -84,5 +90,86 @@ func TestMissSamples(t *testing.T) {
 	cnt := e.counters()
 	if cnt["miss_sampled"] != 3 || cnt["miss_sample_limited"] != 2 {
 		t.Errorf("miss_sampled %d, miss_sample_limited %d; want 3 and 2", cnt["miss_sampled"], cnt["miss_sample_limited"])
+	}
+}
+
+// Data on a connection the kernel owns is a miss sample for its listener's
+// rule set, but only on a port where XDP has seen that listener's rule set
+// take samples (santa_tcp_sampled_ports): a kernel connection to any other
+// port is neither sampled nor costs the listener lookup.
+func TestKernelDataSampledOnMarkedPorts(t *testing.T) {
+	tb := testbed.New(t)
+	d := loadAttached(t, tb, Config{})
+	sampledAddr := netip.AddrPortFrom(tb.Server.IP4, 8081)
+	plainAddr := netip.AddrPortFrom(tb.Server.IP4, 8082)
+	sampled := startTCPServer(t, tb, sampledAddr)
+	startTCPServer(t, tb, plainAddr)
+	if err := d.Bind(sampled.cookie, SampleOptions{Bytes: 64, PerSecond: 1000}); err != nil {
+		t.Fatal(err)
+	}
+	ms, err := d.OpenMissSamples()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ms.Close()
+	marked := func(port uint16) bool {
+		var word uint64
+		if err := d.objs.SantaTcpSampledPorts.Lookup(uint32(port/64), &word); err != nil {
+			t.Fatal(err)
+		}
+		return word&(1<<(port%64)) != 0
+	}
+	exchange := func(c net.Conn, r *bufio.Reader, path string) {
+		t.Helper()
+		io.WriteString(c, httpGet(path, ""))
+		if got, want := readReply(t, c, r), httpReply("kernel GET "+path+" HTTP/1.1", ""); got != want {
+			t.Fatalf("%s: %q, want %q", path, got, want)
+		}
+	}
+
+	// the kernel's own connection to a port without a rule set
+	plain := dialFromClient(t, tb, plainAddr)
+	exchange(plain, bufio.NewReader(plain), "/plain")
+	if marked(plainAddr.Port()) {
+		t.Error("port without a rule set marked as sampled")
+	}
+	// eBPF answers the handshake; the first request (no rule) hands the
+	// connection over, and the second arrives on a connection the kernel owns
+	c := dialFromClient(t, tb, sampledAddr)
+	r := bufio.NewReader(c)
+	exchange(c, r, "/first")
+	exchange(c, r, "/second")
+	exchange(plain, bufio.NewReader(plain), "/plain-again")
+	if !marked(sampledAddr.Port()) || marked(plainAddr.Port()) {
+		t.Errorf("marked: port %d %v, port %d %v; want true, false", sampledAddr.Port(), marked(sampledAddr.Port()),
+			plainAddr.Port(), marked(plainAddr.Port()))
+	}
+
+	var got []string
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			m, err := ms.Read()
+			if err != nil {
+				return
+			}
+			if m.Cookie != sampled.cookie {
+				got = append(got, fmt.Sprintf("cookie %#x: %q", m.Cookie, m.Payload))
+				continue
+			}
+			got = append(got, string(m.Payload))
+		}
+	}()
+	time.Sleep(500 * time.Millisecond) // the reader drains the ring every 100 ms
+	ms.Close()
+	<-done
+	want := []string{httpGet("/first", ""), httpGet("/second", "")}
+	if !slices.Equal(got, want) {
+		t.Errorf("samples %q, want %q (the socket-less miss, then the kernel-owned one)", got, want)
+	}
+	cnt := counterNames(t, d)
+	if cnt["tcp_handed_over"] != 1 || cnt["tcp_pass_kernel_socket"] == 0 {
+		t.Errorf("tcp_handed_over %d, tcp_pass_kernel_socket %d; want 1 and some", cnt["tcp_handed_over"], cnt["tcp_pass_kernel_socket"])
 	}
 }

@@ -292,6 +292,7 @@ const (
 	santaMapSantaSockets          = "santa_sockets"
 	santaMapSantaTcpFlows         = "santa_tcp_flows"
 	santaMapSantaTcpKeys          = "santa_tcp_keys"
+	santaMapSantaTcpSampledPorts  = "santa_tcp_sampled_ports"
 	santaProgSantaXdp             = "santa_xdp"
 	santaVarBucketMask            = "bucket_mask"
 	santaVarBucketSeed            = "bucket_seed"
@@ -348,22 +349,23 @@ type santaProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type santaMapSpecs struct {
-	SantaBuckets      *ebpf.MapSpec `ebpf:"santa_buckets"`
-	SantaCounters     *ebpf.MapSpec `ebpf:"santa_counters"`
-	SantaGuards       *ebpf.MapSpec `ebpf:"santa_guards"`
-	SantaLocalAddrs   *ebpf.MapSpec `ebpf:"santa_local_addrs"`
-	SantaMissSamples  *ebpf.MapSpec `ebpf:"santa_miss_samples"`
-	SantaPages        *ebpf.MapSpec `ebpf:"santa_pages"`
-	SantaReleased     *ebpf.MapSpec `ebpf:"santa_released"`
-	SantaRuleBase     *ebpf.MapSpec `ebpf:"santa_rule_base"`
-	SantaRuleStats    *ebpf.MapSpec `ebpf:"santa_rule_stats"`
-	SantaRules        *ebpf.MapSpec `ebpf:"santa_rules"`
-	SantaRulesets     *ebpf.MapSpec `ebpf:"santa_rulesets"`
-	SantaSampleBudget *ebpf.MapSpec `ebpf:"santa_sample_budget"`
-	SantaScratch      *ebpf.MapSpec `ebpf:"santa_scratch"`
-	SantaSockets      *ebpf.MapSpec `ebpf:"santa_sockets"`
-	SantaTcpFlows     *ebpf.MapSpec `ebpf:"santa_tcp_flows"`
-	SantaTcpKeys      *ebpf.MapSpec `ebpf:"santa_tcp_keys"`
+	SantaBuckets         *ebpf.MapSpec `ebpf:"santa_buckets"`
+	SantaCounters        *ebpf.MapSpec `ebpf:"santa_counters"`
+	SantaGuards          *ebpf.MapSpec `ebpf:"santa_guards"`
+	SantaLocalAddrs      *ebpf.MapSpec `ebpf:"santa_local_addrs"`
+	SantaMissSamples     *ebpf.MapSpec `ebpf:"santa_miss_samples"`
+	SantaPages           *ebpf.MapSpec `ebpf:"santa_pages"`
+	SantaReleased        *ebpf.MapSpec `ebpf:"santa_released"`
+	SantaRuleBase        *ebpf.MapSpec `ebpf:"santa_rule_base"`
+	SantaRuleStats       *ebpf.MapSpec `ebpf:"santa_rule_stats"`
+	SantaRules           *ebpf.MapSpec `ebpf:"santa_rules"`
+	SantaRulesets        *ebpf.MapSpec `ebpf:"santa_rulesets"`
+	SantaSampleBudget    *ebpf.MapSpec `ebpf:"santa_sample_budget"`
+	SantaScratch         *ebpf.MapSpec `ebpf:"santa_scratch"`
+	SantaSockets         *ebpf.MapSpec `ebpf:"santa_sockets"`
+	SantaTcpFlows        *ebpf.MapSpec `ebpf:"santa_tcp_flows"`
+	SantaTcpKeys         *ebpf.MapSpec `ebpf:"santa_tcp_keys"`
+	SantaTcpSampledPorts *ebpf.MapSpec `ebpf:"santa_tcp_sampled_ports"`
 }
 
 // santaVariableSpecs contains global variables before they are loaded into the kernel.
@@ -396,22 +398,23 @@ func (o *santaObjects) Close() error {
 //
 // It can be passed to loadSantaObjects or ebpf.CollectionSpec.LoadAndAssign.
 type santaMaps struct {
-	SantaBuckets      *ebpf.Map `ebpf:"santa_buckets"`
-	SantaCounters     *ebpf.Map `ebpf:"santa_counters"`
-	SantaGuards       *ebpf.Map `ebpf:"santa_guards"`
-	SantaLocalAddrs   *ebpf.Map `ebpf:"santa_local_addrs"`
-	SantaMissSamples  *ebpf.Map `ebpf:"santa_miss_samples"`
-	SantaPages        *ebpf.Map `ebpf:"santa_pages"`
-	SantaReleased     *ebpf.Map `ebpf:"santa_released"`
-	SantaRuleBase     *ebpf.Map `ebpf:"santa_rule_base"`
-	SantaRuleStats    *ebpf.Map `ebpf:"santa_rule_stats"`
-	SantaRules        *ebpf.Map `ebpf:"santa_rules"`
-	SantaRulesets     *ebpf.Map `ebpf:"santa_rulesets"`
-	SantaSampleBudget *ebpf.Map `ebpf:"santa_sample_budget"`
-	SantaScratch      *ebpf.Map `ebpf:"santa_scratch"`
-	SantaSockets      *ebpf.Map `ebpf:"santa_sockets"`
-	SantaTcpFlows     *ebpf.Map `ebpf:"santa_tcp_flows"`
-	SantaTcpKeys      *ebpf.Map `ebpf:"santa_tcp_keys"`
+	SantaBuckets         *ebpf.Map `ebpf:"santa_buckets"`
+	SantaCounters        *ebpf.Map `ebpf:"santa_counters"`
+	SantaGuards          *ebpf.Map `ebpf:"santa_guards"`
+	SantaLocalAddrs      *ebpf.Map `ebpf:"santa_local_addrs"`
+	SantaMissSamples     *ebpf.Map `ebpf:"santa_miss_samples"`
+	SantaPages           *ebpf.Map `ebpf:"santa_pages"`
+	SantaReleased        *ebpf.Map `ebpf:"santa_released"`
+	SantaRuleBase        *ebpf.Map `ebpf:"santa_rule_base"`
+	SantaRuleStats       *ebpf.Map `ebpf:"santa_rule_stats"`
+	SantaRules           *ebpf.Map `ebpf:"santa_rules"`
+	SantaRulesets        *ebpf.Map `ebpf:"santa_rulesets"`
+	SantaSampleBudget    *ebpf.Map `ebpf:"santa_sample_budget"`
+	SantaScratch         *ebpf.Map `ebpf:"santa_scratch"`
+	SantaSockets         *ebpf.Map `ebpf:"santa_sockets"`
+	SantaTcpFlows        *ebpf.Map `ebpf:"santa_tcp_flows"`
+	SantaTcpKeys         *ebpf.Map `ebpf:"santa_tcp_keys"`
+	SantaTcpSampledPorts *ebpf.Map `ebpf:"santa_tcp_sampled_ports"`
 }
 
 func (m *santaMaps) Close() error {
@@ -432,6 +435,7 @@ func (m *santaMaps) Close() error {
 		m.SantaSockets,
 		m.SantaTcpFlows,
 		m.SantaTcpKeys,
+		m.SantaTcpSampledPorts,
 	)
 }
 
