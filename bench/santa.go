@@ -16,6 +16,8 @@ import (
 
 	"github.com/miekg/dns"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/santa-offload/santa/internal/dataplane"
 	"github.com/santa-offload/santa/internal/dnsrule"
 	"github.com/santa-offload/santa/internal/sockets"
@@ -85,7 +87,8 @@ func (c *SantaCase) Setup(env *Env) error {
 	if cookie == 0 {
 		return fmt.Errorf("no NSD socket for %v among %d", env.NSD.Addr4, len(c.socks))
 	}
-	if err := dp.Bind(cookie, dataplane.SampleOptions{Bytes: dataplane.MaxSample, PerSecond: 100}); err != nil {
+	sock := dataplane.Socket{Cookie: cookie, Protocol: unix.IPPROTO_UDP, Port: 53}
+	if err := dp.Bind(sock, dataplane.SampleOptions{Bytes: dataplane.MaxSample, PerSecond: 100}); err != nil {
 		return err
 	}
 	tmpl, err := learnGunQuery(env, dp)

@@ -15,6 +15,17 @@ struct {
 	__uint(max_entries, 65536); /* set by user space */
 } santa_sockets SEC(".maps");
 
+/* Word set * SANTA_PORT_WORDS + port / 64 -> a bit per local port, in each
+ * set SANTA_PORTS_*: the ports of the sockets that have rule sets (santad
+ * keeps them, XDP only reads them). A request to any other port is passed
+ * without a socket lookup. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(max_entries, SANTA_PORT_SETS * SANTA_PORT_WORDS);
+} santa_ports SEC(".maps");
+
 /* (attached interface, address) -> SANTA_ADDR_LOCAL or _BROADCAST for the
  * addresses of the interface's namespace: what the kernel would deliver. */
 struct {
@@ -154,18 +165,6 @@ struct {
 	__type(value, struct santa_tcp_flow);
 	__uint(max_entries, SANTA_TCP_FLOWS); /* set by user space */
 } santa_tcp_flows SEC(".maps");
-
-/* Local TCP port -> a bit set by XDP once a listener on it was seen with a
- * rule set that takes miss samples: only there is data on connections the
- * kernel owns sampled, so other ports' segments skip the listener lookup
- * (sample_kernel_data). A bit whose rule set is gone only costs that lookup;
- * each data plane generation starts empty. */
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__type(key, __u32);
-	__type(value, __u64);
-	__uint(max_entries, 65536 / 64);
-} santa_tcp_sampled_ports SEC(".maps");
 
 /* Emit the miss sample's layout into BTF for bpf2go (the ring buffer has no value type). */
 const struct santa_miss_sample *santa_miss_sample_layout __attribute__((unused));

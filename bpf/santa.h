@@ -23,6 +23,11 @@ enum santa_limit {
 	SANTA_SCRATCH_REQ = 4096,    /* > 2 * SANTA_OFF_MASK: offset plus length stays inside */
 	SANTA_SCRATCH_L4 = 128,      /* a TCP header (at most 60 bytes) with slack for option reads */
 	SANTA_SCRATCH_TCP = 64,      /* the TCP responder's working state (bpf/tcp.h) */
+	SANTA_PORT_WORDS = 65536 / 64, /* santa_ports: 64-bit words of one set of port bits */
+	SANTA_PORTS_UDP = 0,         /* santa_ports set: UDP ports with a rule set */
+	SANTA_PORTS_TCP = 1,         /* santa_ports set: TCP ports with a rule set */
+	SANTA_PORTS_TCP_SAMPLED = 2, /* santa_ports set: TCP ports with a rule set that takes miss samples */
+	SANTA_PORT_SETS = 3,
 	SANTA_RULESET_DISJOINT = 1,  /* rule set flag: at most one rule can match a packet */
 	SANTA_ADDR_LOCAL = 1,        /* santa_local_addrs: an address of this host */
 	SANTA_ADDR_BROADCAST = 2,    /* santa_local_addrs: a subnet broadcast address */
@@ -181,6 +186,8 @@ struct santa_reasons {
 	__u64 pass_bad_address;  /* source or destination no unicast host has (loopback, multicast, ...) */
 	__u64 pass_not_local;    /* source is an address of this host, or a wildcard-bound socket but
 				  * the destination is none of its addresses: the kernel would not deliver */
+	__u64 pass_port_unbound; /* no socket bound to the destination port has a rule set (santa_ports):
+				  * passed without a socket lookup */
 	__u64 pass_no_socket;    /* no socket would receive the packet */
 	__u64 pass_no_ruleset;   /* the receiving socket has no rule set */
 	__u64 pass_no_match;     /* rule set present, no rule matched */

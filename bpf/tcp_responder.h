@@ -191,39 +191,17 @@ static __always_inline int tcp_syn(struct xdp_md *ctx, struct pkt_info *req, str
 	return tcp_send(ctx, req, &t, 0);
 }
 
-/* The word of santa_tcp_sampled_ports that holds the segment's local port,
- * and the port's bit in it (NULL if the lookup failed). */
-static __always_inline __u64 *sampled_port_word(const struct pkt_info *req, __u64 *bit)
-{
-	__u16 port = bpf_ntohs(req->family == 4 ? req->tuple.ipv4.dport : req->tuple.ipv6.dport);
-	__u32 word = port / 64;
-	*bit = 1ull << (port % 64);
-	return bpf_map_lookup_elem(&santa_tcp_sampled_ports, &word);
-}
-
-/* Note that the segment's local port has a listener whose rule set takes
- * miss samples; written only once, so the word's cache line stays shared. */
-static __always_inline void mark_sampled_port(const struct pkt_info *req)
-{
-	__u64 bit;
-	__u64 *w = sampled_port_word(req, &bit);
-	if (w && !(*w & bit))
-		__sync_fetch_and_or(w, bit);
-}
-
 /* Data on a connection the kernel owns (handed over, or its own) is a miss
  * too, sampled for the subscribers of its listener's rule set: the later
  * requests of a keep-alive client handed over to the application would
- * otherwise never be learned. Only on a port marked by mark_sampled_port:
- * elsewhere (ssh, a database) the second socket lookup would be wasted on
- * every data segment. The listener is what a lookup without the source
- * finds; req's source is zeroed for it (the caller passes the segment on
- * and reads req no more). */
+ * otherwise never be learned. Only on a port whose rule set takes samples
+ * (SANTA_PORTS_TCP_SAMPLED): elsewhere the second socket lookup would be
+ * wasted on every data segment. The listener is what a lookup without the
+ * source finds; req's source is zeroed for it (the caller passes the
+ * segment on and reads req no more). */
 static __always_inline void sample_kernel_data(struct xdp_md *ctx, struct pkt_info *req)
 {
-	__u64 bit;
-	__u64 *w = sampled_port_word(req, &bit);
-	if (req->payload_len == 0 || !w || !(*w & bit))
+	if (req->payload_len == 0 || !port_in(req, SANTA_PORTS_TCP_SAMPLED))
 		return;
 	if (req->family == 4) {
 		req->tuple.ipv4.saddr = 0;
@@ -252,6 +230,10 @@ __noinline int tcp_segment(struct xdp_md *ctx, struct pkt_info *req)
 {
 	if (!req)
 		return XDP_PASS;
+	if (!port_may_have_ruleset(ctx, req)) {
+		COUNT(pass_port_unbound);
+		return XDP_PASS;
+	}
 	int wildcard = 0, kernel_sock = 0;
 	__u64 cookie = tcp_listener(ctx, req, &wildcard, &kernel_sock);
 	if (kernel_sock) {
@@ -268,8 +250,6 @@ __noinline int tcp_segment(struct xdp_md *ctx, struct pkt_info *req)
 	struct santa_scratch *s = scratch();
 	if (!rs || !s)
 		return XDP_PASS;
-	if (rs->sample_len)
-		mark_sampled_port(req);
 	if (!kernel_would_deliver(ctx, req, wildcard)) {
 		COUNT(pass_not_local);
 		return XDP_PASS;

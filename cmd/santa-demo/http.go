@@ -56,7 +56,7 @@ var httpCounters = []string{
 	"tcp_syn_answered", "answered", "tcp_xdp_no_room", "tcp_long_reply", "tcp_segments_sent", "tcp_request_acked",
 	"tcp_fin_answered", "pass_no_match", "miss_sampled", "tcp_handed_over", "tcp_request_repeated", "tcp_resend",
 	"tcp_drop_pipelined", "tcp_handover_window", "tcp_handover_long_reply", "tcp_handover_failed", "tcp_emit_failed",
-	"pass_no_room", "pass_no_ruleset", "pass_no_socket",
+	"pass_no_room", "pass_no_ruleset", "pass_no_socket", "pass_port_unbound",
 }
 
 // httpPart is the demo's HTTP part: nginx, the controller's rules and
@@ -111,7 +111,7 @@ func (m *demo) http(verbose bool) (err error) {
 	fmt.Fprintf(m.out, "         root %s: %s; access log %s\n", p.ng.Root, strings.Join(sizes, ", "), p.ng.AccessLogFile)
 
 	fmt.Fprintln(m.out, "curl -si (the response as received) from the client namespace; nginx answers, and its access log gets a line")
-	fmt.Fprintln(m.out, "each (under each fetch: santad's counters that moved; pass_no_socket: santad knows none of nginx's sockets):")
+	fmt.Fprintln(m.out, "each (under each fetch: santad's counters that moved; pass_port_unbound: no socket on nginx's port has a rule set):")
 	for _, path := range append(slices.Clone(httpHot), httpOther) {
 		if _, err := p.get(path, false); err != nil {
 			return err

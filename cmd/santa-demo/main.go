@@ -538,8 +538,8 @@ func (m *demo) digCompare(q question, v6 bool) (digResult, error) {
 
 // attribute says who answered, from what moved between two snapshots:
 // Santa if the rule's hits grew, else server if the request was passed on
-// (no rule matched, no socket santad knows or no rule set on it, or the
-// rule's guards say a write retired it).
+// (no rule matched, no rule set on any socket of its port, no socket santad
+// knows or no rule set on it, or the rule's guards say a write retired it).
 func attribute(before, after snapshot, rule uint64, server string) (by, evidence string) {
 	answered := after.c["answered"] - before.c["answered"]
 	passed := after.c["pass_no_match"] - before.c["pass_no_match"]
@@ -550,6 +550,10 @@ func attribute(before, after snapshot, rule uint64, server string) (by, evidence
 	if passed > 0 && answered == 0 {
 		return server + " (no rule matched, passed on)",
 			fmt.Sprintf("pass_no_match %d → %d", before.c["pass_no_match"], after.c["pass_no_match"])
+	}
+	if after.c["pass_port_unbound"] > before.c["pass_port_unbound"] && answered == 0 {
+		return server + " (no socket on its port has a rule set, passed on)",
+			fmt.Sprintf("pass_port_unbound %d → %d", before.c["pass_port_unbound"], after.c["pass_port_unbound"])
 	}
 	if after.c["pass_no_socket"] > before.c["pass_no_socket"] && answered == 0 {
 		return server + " (its socket is not attached to santad, passed on)",

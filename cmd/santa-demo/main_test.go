@@ -109,9 +109,9 @@ func TestDemo(t *testing.T) {
 		`(?m)^  mail\.example\.test A +IPv4  no answer: timed out$`,
 		`(?m)^  mail\.example\.test A +IPv6  no answer: timed out$`,
 		// after the controller stopped: NSD answers
-		`(?m)^  www\.example\.test A +IPv4  A 198\.18\.255\.10 \(TTL 300\) +NSD \(its socket has no rule set, passed on\)`,
+		`(?m)^  www\.example\.test A +IPv4  A 198\.18\.255\.10 \(TTL 300\) +NSD \(no socket on its port has a rule set, passed on\)`,
 		// memcached answers before the controller; its rules, guarded by the key's slot and the epoch
-		`(?m)^  get user:42 +IPv4  "VALUE user:42 0 12\\r\\nAda Lovelace\\r\\nEND\\r\\n" +memcached \(its socket is not attached to santad, passed on\)`,
+		`(?m)^  get user:42 +IPv4  "VALUE user:42 0 12\\r\\nAda Lovelace\\r\\nEND\\r\\n" +memcached \(no socket on its port has a rule set, passed on\)`,
 		`(?m)^  get user:42 +rules \d+ IPv4, \d+ IPv6, \d+ loopback +any request id → 47-byte reply; guards: key slot \d+ at v\d+, epoch at v\d+$`,
 		// the kernel answers the offloaded keys with memcached's bytes, the other is memcached's
 		`(?m)^  get user:42 +IPv4  "VALUE user:42 0 12\\r\\nAda Lovelace\\r\\nEND\\r\\n" += Santa, answered \d+ → \d+, rule \d+ hits 0 → 1$`,
@@ -127,10 +127,10 @@ func TestDemo(t *testing.T) {
 		// the controller's done line: both writes seen by the tracker
 		`(?m)^  done: 3 keys offloaded, \d+ rebuilt, 3 removed; \d+ slots bumped again after writes without a reply; tracker: .*\bwrites=2\b`,
 		// after the controller stopped: memcached answers
-		`(?m)^  get user:42 +IPv4  "VALUE user:42 0 9\\r\\nAda Byron\\r\\nEND\\r\\n" +memcached \(its socket has no rule set, passed on\)`,
-		`(?m)^  get visits +IPv6  "VALUE visits 0 3\\r\\n101\\r\\nEND\\r\\n" +memcached \(its socket has no rule set, passed on\)`,
+		`(?m)^  get user:42 +IPv4  "VALUE user:42 0 9\\r\\nAda Byron\\r\\nEND\\r\\n" +memcached \(no socket on its port has a rule set, passed on\)`,
+		`(?m)^  get visits +IPv6  "VALUE visits 0 3\\r\\n101\\r\\nEND\\r\\n" +memcached \(no socket on its port has a rule set, passed on\)`,
 		// nginx answers before the controller
-		`(?m)^  GET /index\.html IPv4  200 OK +205-byte body = file +nginx\n      pass_no_socket \+1; access log \+1: "GET /index\.html HTTP/1\.1" 200$`,
+		`(?m)^  GET /index\.html IPv4  200 OK +205-byte body = file +nginx\n      pass_port_unbound \+\d+; access log \+1: "GET /index\.html HTTP/1\.1" 200$`,
 		// each first fetch is a miss: eBPF answers the SYN and hands the connection to nginx; the controller learns the request
 		`(?m)^  GET /big\.html +IPv4  200 OK +\d+-byte body = file +nginx\n      tcp_syn_answered \+1, pass_no_match \+1, miss_sampled \+1, tcp_handed_over \+1; access log \+1: "GET /big\.html HTTP/1\.1" 200\n(.*\n.*\n)*?  → rule \d+ installed \d+ ms after the fetch$`,
 		// curl's exact request, nginx's response in several segments
@@ -150,8 +150,8 @@ func TestDemo(t *testing.T) {
 		`(?m)^  GET /style\.css  IPv4  200 OK  "body \{ font-family: sans-serif; color: #c00; \}\\n" = file  = nginx's( but Date)? +Santa, rule \d+ hits 0 → 1\n.*\n  rule \d+ is back with the new content \d+ ms after the rename$`,
 		// the controller stopped: its rules are gone, nginx answers
 		`(?m)^  done: installed 5, invalidated 1, changed 0, removed 4 requests; `,
-		`(?m)^  GET /index\.html IPv4  200 OK +205-byte body = file +nginx\n      pass_no_ruleset \+1; access log \+1: "GET /index\.html HTTP/1\.1" 200$`,
-		`(?m)^  GET /big\.html   IPv6  200 OK +\d+-byte body = file +nginx\n      pass_no_ruleset \+1; access log \+1: "GET /big\.html HTTP/1\.1" 200$`,
+		`(?m)^  GET /index\.html IPv4  200 OK +205-byte body = file +nginx\n      pass_port_unbound \+\d+; access log \+1: "GET /index\.html HTTP/1\.1" 200$`,
+		`(?m)^  GET /big\.html   IPv6  200 OK +\d+-byte body = file +nginx\n      pass_port_unbound \+\d+; access log \+1: "GET /big\.html HTTP/1\.1" 200$`,
 	} {
 		if n := len(regexp.MustCompile(re).FindAllString(s, -1)); n == 0 || (strings.Contains(re, "counters") && n != 2) {
 			t.Errorf("output lacks %s (%d matches)", re, n)
@@ -333,6 +333,11 @@ func TestAttribute(t *testing.T) {
 	retired.c["pass_invalidated"] = 1
 	if by, ev := attribute(snap(1, 1, 1), retired, 7, "memcached"); by != "memcached (a write retired the rule, passed on)" || ev != "pass_invalidated 0 → 1" {
 		t.Errorf("retired rule: %q %q", by, ev)
+	}
+	unbound := snap(1, 1, 1)
+	unbound.c["pass_port_unbound"] = 2
+	if by, ev := attribute(snap(1, 1, 1), unbound, 0, "memcached"); by != "memcached (no socket on its port has a rule set, passed on)" || ev != "pass_port_unbound 0 → 2" {
+		t.Errorf("port without rule sets: %q %q", by, ev)
 	}
 	unknown := snap(1, 1, 1)
 	unknown.c["pass_no_socket"] = 3

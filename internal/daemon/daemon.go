@@ -236,7 +236,7 @@ func (d *Daemon) restore(prev *dataplane.Previous) error {
 			dropped++ // its socket closed while no santad ran (or the pins are gone)
 			continue
 		}
-		if err := d.dp.Bind(cookie, rs.sample); err != nil {
+		if err := d.dp.Bind(dataplaneSocket(rs.info), rs.sample); err != nil {
 			return fmt.Errorf("restore socket %d: %w", cookie, err)
 		}
 		if !prev.Alive(cookie) { // closed between the check and the bind: the old hook saw it

@@ -35,7 +35,7 @@ type usage struct{ rules, bytes uint64 }
 // journal; santad acknowledges a change only once both are done. Callers hold d.mu.
 
 func (d *Daemon) bind(info api.SocketInfo, sample dataplane.SampleOptions) (*ruleSet, error) {
-	if err := d.dp.Bind(info.Cookie, sample); err != nil {
+	if err := d.dp.Bind(dataplaneSocket(info), sample); err != nil {
 		return nil, err
 	}
 	rs := &ruleSet{info: info, sample: sample, rules: map[uint64]ruleMeta{}}
@@ -45,6 +45,11 @@ func (d *Daemon) bind(info api.SocketInfo, sample dataplane.SampleOptions) (*rul
 	}
 	d.sets[info.Cookie] = rs
 	return rs, nil
+}
+
+// dataplaneSocket is what the data plane needs to know of a socket.
+func dataplaneSocket(info api.SocketInfo) dataplane.Socket {
+	return dataplane.Socket{Cookie: info.Cookie, Protocol: uint8(info.Protocol), Port: info.Port}
 }
 
 func (d *Daemon) setSampling(rs *ruleSet, sample dataplane.SampleOptions) error {

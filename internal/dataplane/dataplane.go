@@ -34,6 +34,7 @@ type Dataplane struct {
 	data       *dataAllocator
 	chainLen   []uint8 // rules per bucket, to keep every chain within MaxChain
 	bySocket   map[uint64]*ruleset
+	portUsers  map[portKey]int // rule sets that hold a port in a set of santa_ports
 	byID       map[RuleID]*installed
 	retiring   []retiring // replaced rules still linked for packets in flight
 	closed     bool
@@ -93,11 +94,12 @@ func Load(cfg Config) (*Dataplane, error) {
 		return nil, err
 	}
 	d := &Dataplane{
-		cfg:      cfg,
-		seed:     binary.LittleEndian.Uint32(seed[:]),
-		mask:     uint32(1)<<cfg.HashBits - 1,
-		bySocket: map[uint64]*ruleset{},
-		byID:     map[RuleID]*installed{},
+		cfg:       cfg,
+		seed:      binary.LittleEndian.Uint32(seed[:]),
+		mask:      uint32(1)<<cfg.HashBits - 1,
+		bySocket:  map[uint64]*ruleset{},
+		portUsers: map[portKey]int{},
+		byID:      map[RuleID]*installed{},
 	}
 	sizes := map[string]uint32{
 		"santa_sockets":       uint32(cfg.MaxRulesets),

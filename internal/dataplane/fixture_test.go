@@ -149,9 +149,10 @@ func pseudoSum(src, dst netip.Addr, l4len int) uint16 {
 
 // env is a loaded rule processor and sockets in the server namespace of a testbed.
 type env struct {
-	t  *testing.T
-	tb *testbed.Testbed
-	d  *Dataplane
+	t     *testing.T
+	tb    *testbed.Testbed
+	d     *Dataplane
+	socks map[uint64]Socket // made by socket, by cookie
 }
 
 func newEnv(t *testing.T, cfg Config) *env {
@@ -172,7 +173,7 @@ func newEnv(t *testing.T, cfg Config) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &env{t, tb, d}
+	return &env{t, tb, d, map[uint64]Socket{}}
 }
 
 // socket binds a UDP socket in the server namespace and returns its cookie.
@@ -194,7 +195,40 @@ func (e *env) socket(addr netip.AddrPort, reuseport bool) uint64 {
 	if err != nil {
 		e.t.Fatalf("socket %v: %v", addr, err)
 	}
+	e.socks[cookie] = udpSock(cookie, addr)
 	return cookie
+}
+
+// sock is the Socket of a socket made by socket.
+func (e *env) sock(cookie uint64) Socket {
+	e.t.Helper()
+	s, ok := e.socks[cookie]
+	if !ok {
+		e.t.Fatalf("socket %#x was not made by env.socket", cookie)
+	}
+	return s
+}
+
+// portInSet reports whether santa_ports' set holds port.
+func portInSet(t *testing.T, d *Dataplane, set int, port uint16) bool {
+	t.Helper()
+	var word uint64
+	if err := d.objs.SantaPorts.Lookup(uint32(set*portWords+int(port)/64), &word); err != nil {
+		t.Fatal(err)
+	}
+	return word&(1<<(port%64)) != 0
+}
+
+// known records a socket made elsewhere than by socket, for bindRules, and
+// returns its cookie.
+func (e *env) known(s Socket) uint64 {
+	e.socks[s.Cookie] = s
+	return s.Cookie
+}
+
+// udpSock is the Socket of the UDP socket with cookie, bound to addr.
+func udpSock(cookie uint64, addr netip.AddrPort) Socket {
+	return Socket{Cookie: cookie, Protocol: unix.IPPROTO_UDP, Port: addr.Port()}
 }
 
 // bindUDP binds a UDP socket in the calling thread's namespace, with the
@@ -237,7 +271,7 @@ func bindUDP(addr netip.AddrPort, sockopts ...int) (int, uint64, error) {
 // bindRules gives the socket a rule set with these rules.
 func (e *env) bindRules(cookie uint64, rules ...Rule) []RuleID {
 	e.t.Helper()
-	if err := e.d.Bind(cookie, SampleOptions{}); err != nil {
+	if err := e.d.Bind(e.sock(cookie), SampleOptions{}); err != nil {
 		e.t.Fatal(err)
 	}
 	if len(rules) == 0 {

@@ -6,7 +6,6 @@ import (
 	"io"
 	"net"
 	"net/netip"
-	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -39,7 +38,7 @@ func TestTCPFlowTable(t *testing.T) {
 	d := loadAttached(t, tb, Config{TCPFlows: 4})
 	addr := netip.AddrPortFrom(tb.Server.IP4, 8080)
 	srv := startTCPServer(t, tb, addr)
-	if err := d.Bind(srv.cookie, SampleOptions{}); err != nil {
+	if err := d.Bind(srv.sock(), SampleOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	hot, bye := httpGet("/hot", ""), httpGet("/bye", "Connection: close\r\n")
@@ -157,8 +156,7 @@ func TestSweepFlows(t *testing.T) {
 // TestFlowsPinned: a successor shares the pinned flow table, entries and
 // all; one of another size is replaced, not refused.
 func TestFlowsPinned(t *testing.T) {
-	pin := filepath.Join("/sys/fs/bpf", fmt.Sprintf("santa-flows-test-%d", os.Getpid()), "tcp_flows")
-	t.Cleanup(func() { Unpin(filepath.Dir(pin)) })
+	pin := filepath.Join(mountBPFFS(t), "tcp_flows")
 	first, err := Load(Config{TCPFlows: 16, FlowsPin: pin})
 	if err != nil {
 		t.Fatal(err)

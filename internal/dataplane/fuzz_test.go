@@ -247,7 +247,7 @@ func (fx *fzFixture) setup() error {
 		if s.set == fzSetA { // exercise the miss-sample path too (nobody reads the ring)
 			sample = SampleOptions{Bytes: 64, PerSecond: 1 << 30}
 		}
-		if err := d.Bind(cookie, sample); err != nil {
+		if err := d.Bind(udpSock(cookie, s.addr), sample); err != nil {
 			return err
 		}
 	}

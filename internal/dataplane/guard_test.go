@@ -3,7 +3,6 @@ package dataplane
 import (
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -15,9 +14,8 @@ import (
 // slot retires it (counted as pass_invalidated), a rule built for the new
 // version answers again, and the guard map outlives the data plane.
 func TestGuards(t *testing.T) {
-	pin := filepath.Join("/sys/fs/bpf", fmt.Sprintf("santa-guard-test-%d", os.Getpid()), "guards")
+	pin := filepath.Join(mountBPFFS(t), "guards")
 	e := newEnv(t, Config{GuardsPin: pin})
-	t.Cleanup(func() { Unpin(filepath.Dir(pin)) })
 	guards := e.d.objs.SantaGuards
 	bump := func(slot uint32) uint64 {
 		var v uint64

@@ -22,6 +22,7 @@ const (
 	handoverMapSantaLocalAddrs       = "santa_local_addrs"
 	handoverMapSantaMissSamples      = "santa_miss_samples"
 	handoverMapSantaPages            = "santa_pages"
+	handoverMapSantaPorts            = "santa_ports"
 	handoverMapSantaReleased         = "santa_released"
 	handoverMapSantaRuleBase         = "santa_rule_base"
 	handoverMapSantaRuleStats        = "santa_rule_stats"
@@ -32,7 +33,6 @@ const (
 	handoverMapSantaSockets          = "santa_sockets"
 	handoverMapSantaTcpFlows         = "santa_tcp_flows"
 	handoverMapSantaTcpKeys          = "santa_tcp_keys"
-	handoverMapSantaTcpSampledPorts  = "santa_tcp_sampled_ports"
 	handoverProgSantaHandover        = "santa_handover"
 	handoverVarSantaLimitLayout      = "santa_limit_layout"
 	handoverVarSantaMissSampleLayout = "santa_miss_sample_layout"
@@ -87,23 +87,23 @@ type handoverProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type handoverMapSpecs struct {
-	SantaBuckets         *ebpf.MapSpec `ebpf:"santa_buckets"`
-	SantaCounters        *ebpf.MapSpec `ebpf:"santa_counters"`
-	SantaGuards          *ebpf.MapSpec `ebpf:"santa_guards"`
-	SantaLocalAddrs      *ebpf.MapSpec `ebpf:"santa_local_addrs"`
-	SantaMissSamples     *ebpf.MapSpec `ebpf:"santa_miss_samples"`
-	SantaPages           *ebpf.MapSpec `ebpf:"santa_pages"`
-	SantaReleased        *ebpf.MapSpec `ebpf:"santa_released"`
-	SantaRuleBase        *ebpf.MapSpec `ebpf:"santa_rule_base"`
-	SantaRuleStats       *ebpf.MapSpec `ebpf:"santa_rule_stats"`
-	SantaRules           *ebpf.MapSpec `ebpf:"santa_rules"`
-	SantaRulesets        *ebpf.MapSpec `ebpf:"santa_rulesets"`
-	SantaSampleBudget    *ebpf.MapSpec `ebpf:"santa_sample_budget"`
-	SantaScratch         *ebpf.MapSpec `ebpf:"santa_scratch"`
-	SantaSockets         *ebpf.MapSpec `ebpf:"santa_sockets"`
-	SantaTcpFlows        *ebpf.MapSpec `ebpf:"santa_tcp_flows"`
-	SantaTcpKeys         *ebpf.MapSpec `ebpf:"santa_tcp_keys"`
-	SantaTcpSampledPorts *ebpf.MapSpec `ebpf:"santa_tcp_sampled_ports"`
+	SantaBuckets      *ebpf.MapSpec `ebpf:"santa_buckets"`
+	SantaCounters     *ebpf.MapSpec `ebpf:"santa_counters"`
+	SantaGuards       *ebpf.MapSpec `ebpf:"santa_guards"`
+	SantaLocalAddrs   *ebpf.MapSpec `ebpf:"santa_local_addrs"`
+	SantaMissSamples  *ebpf.MapSpec `ebpf:"santa_miss_samples"`
+	SantaPages        *ebpf.MapSpec `ebpf:"santa_pages"`
+	SantaPorts        *ebpf.MapSpec `ebpf:"santa_ports"`
+	SantaReleased     *ebpf.MapSpec `ebpf:"santa_released"`
+	SantaRuleBase     *ebpf.MapSpec `ebpf:"santa_rule_base"`
+	SantaRuleStats    *ebpf.MapSpec `ebpf:"santa_rule_stats"`
+	SantaRules        *ebpf.MapSpec `ebpf:"santa_rules"`
+	SantaRulesets     *ebpf.MapSpec `ebpf:"santa_rulesets"`
+	SantaSampleBudget *ebpf.MapSpec `ebpf:"santa_sample_budget"`
+	SantaScratch      *ebpf.MapSpec `ebpf:"santa_scratch"`
+	SantaSockets      *ebpf.MapSpec `ebpf:"santa_sockets"`
+	SantaTcpFlows     *ebpf.MapSpec `ebpf:"santa_tcp_flows"`
+	SantaTcpKeys      *ebpf.MapSpec `ebpf:"santa_tcp_keys"`
 }
 
 // handoverVariableSpecs contains global variables before they are loaded into the kernel.
@@ -134,23 +134,23 @@ func (o *handoverObjects) Close() error {
 //
 // It can be passed to loadHandoverObjects or ebpf.CollectionSpec.LoadAndAssign.
 type handoverMaps struct {
-	SantaBuckets         *ebpf.Map `ebpf:"santa_buckets"`
-	SantaCounters        *ebpf.Map `ebpf:"santa_counters"`
-	SantaGuards          *ebpf.Map `ebpf:"santa_guards"`
-	SantaLocalAddrs      *ebpf.Map `ebpf:"santa_local_addrs"`
-	SantaMissSamples     *ebpf.Map `ebpf:"santa_miss_samples"`
-	SantaPages           *ebpf.Map `ebpf:"santa_pages"`
-	SantaReleased        *ebpf.Map `ebpf:"santa_released"`
-	SantaRuleBase        *ebpf.Map `ebpf:"santa_rule_base"`
-	SantaRuleStats       *ebpf.Map `ebpf:"santa_rule_stats"`
-	SantaRules           *ebpf.Map `ebpf:"santa_rules"`
-	SantaRulesets        *ebpf.Map `ebpf:"santa_rulesets"`
-	SantaSampleBudget    *ebpf.Map `ebpf:"santa_sample_budget"`
-	SantaScratch         *ebpf.Map `ebpf:"santa_scratch"`
-	SantaSockets         *ebpf.Map `ebpf:"santa_sockets"`
-	SantaTcpFlows        *ebpf.Map `ebpf:"santa_tcp_flows"`
-	SantaTcpKeys         *ebpf.Map `ebpf:"santa_tcp_keys"`
-	SantaTcpSampledPorts *ebpf.Map `ebpf:"santa_tcp_sampled_ports"`
+	SantaBuckets      *ebpf.Map `ebpf:"santa_buckets"`
+	SantaCounters     *ebpf.Map `ebpf:"santa_counters"`
+	SantaGuards       *ebpf.Map `ebpf:"santa_guards"`
+	SantaLocalAddrs   *ebpf.Map `ebpf:"santa_local_addrs"`
+	SantaMissSamples  *ebpf.Map `ebpf:"santa_miss_samples"`
+	SantaPages        *ebpf.Map `ebpf:"santa_pages"`
+	SantaPorts        *ebpf.Map `ebpf:"santa_ports"`
+	SantaReleased     *ebpf.Map `ebpf:"santa_released"`
+	SantaRuleBase     *ebpf.Map `ebpf:"santa_rule_base"`
+	SantaRuleStats    *ebpf.Map `ebpf:"santa_rule_stats"`
+	SantaRules        *ebpf.Map `ebpf:"santa_rules"`
+	SantaRulesets     *ebpf.Map `ebpf:"santa_rulesets"`
+	SantaSampleBudget *ebpf.Map `ebpf:"santa_sample_budget"`
+	SantaScratch      *ebpf.Map `ebpf:"santa_scratch"`
+	SantaSockets      *ebpf.Map `ebpf:"santa_sockets"`
+	SantaTcpFlows     *ebpf.Map `ebpf:"santa_tcp_flows"`
+	SantaTcpKeys      *ebpf.Map `ebpf:"santa_tcp_keys"`
 }
 
 func (m *handoverMaps) Close() error {
@@ -161,6 +161,7 @@ func (m *handoverMaps) Close() error {
 		m.SantaLocalAddrs,
 		m.SantaMissSamples,
 		m.SantaPages,
+		m.SantaPorts,
 		m.SantaReleased,
 		m.SantaRuleBase,
 		m.SantaRuleStats,
@@ -171,7 +172,6 @@ func (m *handoverMaps) Close() error {
 		m.SantaSockets,
 		m.SantaTcpFlows,
 		m.SantaTcpKeys,
-		m.SantaTcpSampledPorts,
 	)
 }
 

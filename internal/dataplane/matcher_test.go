@@ -261,7 +261,7 @@ func TestPassedUntouched(t *testing.T) {
 		{"bad checksum", mk(func(p *udpPacket) { p.badSum = true }, false), "pass_bad_checksum"},
 		{"bad checksum v6", mk(func(p *udpPacket) { p.badSum = true }, true), "pass_bad_checksum"},
 		{"multicast mac", mk(func(p *udpPacket) { p.srcMAC, p.dstMAC = clientMAC, []byte{1, 0, 0x5e, 0, 0, 1} }, false), "pass_not_unicast"},
-		{"no socket", mk(func(p *udpPacket) { p.dst = netip.AddrPortFrom(s.Addr(), 7999) }, false), "pass_no_socket"},
+		{"no rule set on the port", mk(func(p *udpPacket) { p.dst = netip.AddrPortFrom(s.Addr(), 7999) }, false), "pass_port_unbound"},
 	}
 	for _, tc := range cases {
 		e.expect(tc.name, tc.frame, xdpPass, nil, tc.counter)
@@ -284,9 +284,10 @@ func TestBindingIsolation(t *testing.T) {
 	e.bindRules(owner, reply("Hello", "COMSYS"))
 	other := netip.AddrPortFrom(s.Addr(), 7007)
 	e.socket(other, false)
-	e.expect("other port", request(c, other, "Hello").build(t), xdpPass, nil, "pass_no_ruleset")
-	// another address on the same port
+	e.expect("other port", request(c, other, "Hello").build(t), xdpPass, nil, "pass_port_unbound")
+	// another address on the same port: no socket, then one without rules
 	c6, s6 := fixtureAddrs(e, true, 7006)
+	e.expect("other address, no socket", request(c6, s6, "Hello").build(t), xdpPass, nil, "pass_no_socket")
 	e.socket(s6, false)
 	e.expect("other address", request(c6, s6, "Hello").build(t), xdpPass, nil, "pass_no_ruleset")
 	// the same packet in the client namespace, where a socket holds the same address and port

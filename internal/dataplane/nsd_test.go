@@ -94,7 +94,7 @@ func newNSDBed(t *testing.T) *nsdBed {
 	t.Cleanup(func() { att.Close() })
 	t.Logf("Santa attached to %s (native XDP: %v)", tb.Server.Dev, att.Native)
 	for _, c := range b.cookie {
-		if err := b.d.Bind(c, dataplane.SampleOptions{}); err != nil {
+		if err := b.d.Bind(dataplane.Socket{Cookie: c, Protocol: syscall.IPPROTO_UDP, Port: 53}, dataplane.SampleOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -22,6 +22,7 @@ const (
 	releaseMapSantaLocalAddrs       = "santa_local_addrs"
 	releaseMapSantaMissSamples      = "santa_miss_samples"
 	releaseMapSantaPages            = "santa_pages"
+	releaseMapSantaPorts            = "santa_ports"
 	releaseMapSantaReleased         = "santa_released"
 	releaseMapSantaRuleBase         = "santa_rule_base"
 	releaseMapSantaRuleStats        = "santa_rule_stats"
@@ -32,7 +33,6 @@ const (
 	releaseMapSantaSockets          = "santa_sockets"
 	releaseMapSantaTcpFlows         = "santa_tcp_flows"
 	releaseMapSantaTcpKeys          = "santa_tcp_keys"
-	releaseMapSantaTcpSampledPorts  = "santa_tcp_sampled_ports"
 	releaseProgSantaRelease         = "santa_release"
 	releaseVarSantaLimitLayout      = "santa_limit_layout"
 	releaseVarSantaMissSampleLayout = "santa_miss_sample_layout"
@@ -87,23 +87,23 @@ type releaseProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type releaseMapSpecs struct {
-	SantaBuckets         *ebpf.MapSpec `ebpf:"santa_buckets"`
-	SantaCounters        *ebpf.MapSpec `ebpf:"santa_counters"`
-	SantaGuards          *ebpf.MapSpec `ebpf:"santa_guards"`
-	SantaLocalAddrs      *ebpf.MapSpec `ebpf:"santa_local_addrs"`
-	SantaMissSamples     *ebpf.MapSpec `ebpf:"santa_miss_samples"`
-	SantaPages           *ebpf.MapSpec `ebpf:"santa_pages"`
-	SantaReleased        *ebpf.MapSpec `ebpf:"santa_released"`
-	SantaRuleBase        *ebpf.MapSpec `ebpf:"santa_rule_base"`
-	SantaRuleStats       *ebpf.MapSpec `ebpf:"santa_rule_stats"`
-	SantaRules           *ebpf.MapSpec `ebpf:"santa_rules"`
-	SantaRulesets        *ebpf.MapSpec `ebpf:"santa_rulesets"`
-	SantaSampleBudget    *ebpf.MapSpec `ebpf:"santa_sample_budget"`
-	SantaScratch         *ebpf.MapSpec `ebpf:"santa_scratch"`
-	SantaSockets         *ebpf.MapSpec `ebpf:"santa_sockets"`
-	SantaTcpFlows        *ebpf.MapSpec `ebpf:"santa_tcp_flows"`
-	SantaTcpKeys         *ebpf.MapSpec `ebpf:"santa_tcp_keys"`
-	SantaTcpSampledPorts *ebpf.MapSpec `ebpf:"santa_tcp_sampled_ports"`
+	SantaBuckets      *ebpf.MapSpec `ebpf:"santa_buckets"`
+	SantaCounters     *ebpf.MapSpec `ebpf:"santa_counters"`
+	SantaGuards       *ebpf.MapSpec `ebpf:"santa_guards"`
+	SantaLocalAddrs   *ebpf.MapSpec `ebpf:"santa_local_addrs"`
+	SantaMissSamples  *ebpf.MapSpec `ebpf:"santa_miss_samples"`
+	SantaPages        *ebpf.MapSpec `ebpf:"santa_pages"`
+	SantaPorts        *ebpf.MapSpec `ebpf:"santa_ports"`
+	SantaReleased     *ebpf.MapSpec `ebpf:"santa_released"`
+	SantaRuleBase     *ebpf.MapSpec `ebpf:"santa_rule_base"`
+	SantaRuleStats    *ebpf.MapSpec `ebpf:"santa_rule_stats"`
+	SantaRules        *ebpf.MapSpec `ebpf:"santa_rules"`
+	SantaRulesets     *ebpf.MapSpec `ebpf:"santa_rulesets"`
+	SantaSampleBudget *ebpf.MapSpec `ebpf:"santa_sample_budget"`
+	SantaScratch      *ebpf.MapSpec `ebpf:"santa_scratch"`
+	SantaSockets      *ebpf.MapSpec `ebpf:"santa_sockets"`
+	SantaTcpFlows     *ebpf.MapSpec `ebpf:"santa_tcp_flows"`
+	SantaTcpKeys      *ebpf.MapSpec `ebpf:"santa_tcp_keys"`
 }
 
 // releaseVariableSpecs contains global variables before they are loaded into the kernel.
@@ -134,23 +134,23 @@ func (o *releaseObjects) Close() error {
 //
 // It can be passed to loadReleaseObjects or ebpf.CollectionSpec.LoadAndAssign.
 type releaseMaps struct {
-	SantaBuckets         *ebpf.Map `ebpf:"santa_buckets"`
-	SantaCounters        *ebpf.Map `ebpf:"santa_counters"`
-	SantaGuards          *ebpf.Map `ebpf:"santa_guards"`
-	SantaLocalAddrs      *ebpf.Map `ebpf:"santa_local_addrs"`
-	SantaMissSamples     *ebpf.Map `ebpf:"santa_miss_samples"`
-	SantaPages           *ebpf.Map `ebpf:"santa_pages"`
-	SantaReleased        *ebpf.Map `ebpf:"santa_released"`
-	SantaRuleBase        *ebpf.Map `ebpf:"santa_rule_base"`
-	SantaRuleStats       *ebpf.Map `ebpf:"santa_rule_stats"`
-	SantaRules           *ebpf.Map `ebpf:"santa_rules"`
-	SantaRulesets        *ebpf.Map `ebpf:"santa_rulesets"`
-	SantaSampleBudget    *ebpf.Map `ebpf:"santa_sample_budget"`
-	SantaScratch         *ebpf.Map `ebpf:"santa_scratch"`
-	SantaSockets         *ebpf.Map `ebpf:"santa_sockets"`
-	SantaTcpFlows        *ebpf.Map `ebpf:"santa_tcp_flows"`
-	SantaTcpKeys         *ebpf.Map `ebpf:"santa_tcp_keys"`
-	SantaTcpSampledPorts *ebpf.Map `ebpf:"santa_tcp_sampled_ports"`
+	SantaBuckets      *ebpf.Map `ebpf:"santa_buckets"`
+	SantaCounters     *ebpf.Map `ebpf:"santa_counters"`
+	SantaGuards       *ebpf.Map `ebpf:"santa_guards"`
+	SantaLocalAddrs   *ebpf.Map `ebpf:"santa_local_addrs"`
+	SantaMissSamples  *ebpf.Map `ebpf:"santa_miss_samples"`
+	SantaPages        *ebpf.Map `ebpf:"santa_pages"`
+	SantaPorts        *ebpf.Map `ebpf:"santa_ports"`
+	SantaReleased     *ebpf.Map `ebpf:"santa_released"`
+	SantaRuleBase     *ebpf.Map `ebpf:"santa_rule_base"`
+	SantaRuleStats    *ebpf.Map `ebpf:"santa_rule_stats"`
+	SantaRules        *ebpf.Map `ebpf:"santa_rules"`
+	SantaRulesets     *ebpf.Map `ebpf:"santa_rulesets"`
+	SantaSampleBudget *ebpf.Map `ebpf:"santa_sample_budget"`
+	SantaScratch      *ebpf.Map `ebpf:"santa_scratch"`
+	SantaSockets      *ebpf.Map `ebpf:"santa_sockets"`
+	SantaTcpFlows     *ebpf.Map `ebpf:"santa_tcp_flows"`
+	SantaTcpKeys      *ebpf.Map `ebpf:"santa_tcp_keys"`
 }
 
 func (m *releaseMaps) Close() error {
@@ -161,6 +161,7 @@ func (m *releaseMaps) Close() error {
 		m.SantaLocalAddrs,
 		m.SantaMissSamples,
 		m.SantaPages,
+		m.SantaPorts,
 		m.SantaReleased,
 		m.SantaRuleBase,
 		m.SantaRuleStats,
@@ -171,7 +172,6 @@ func (m *releaseMaps) Close() error {
 		m.SantaSockets,
 		m.SantaTcpFlows,
 		m.SantaTcpKeys,
-		m.SantaTcpSampledPorts,
 	)
 }
 

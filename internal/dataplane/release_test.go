@@ -29,7 +29,7 @@ func TestReleaseHookUnbindsClosedSocket(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.bindRules(cookie, reply("key", "K"))
+	e.bindRules(e.known(udpSock(cookie, s)), reply("key", "K"))
 	open := e.socket(netip.AddrPortFrom(s.Addr(), 7602), false)
 	e.bindRules(open, reply("key", "K"))
 

@@ -46,7 +46,7 @@ func TestReplyGrowsAtBothEnds(t *testing.T) {
 				return Rule{Conditions: []Condition{cond(0, req)}, Processors: []Processor{put(0, rep)},
 					ReplyLen: len(rep), MinLen: len(req), MaxLen: len(req)}
 			}
-			if err := d.Bind(cookie, SampleOptions{}); err != nil {
+			if err := d.Bind(udpSock(cookie, addr), SampleOptions{}); err != nil {
 				t.Fatal(err)
 			}
 			if _, err := d.AddRules(cookie, []Rule{rule(fits, fitsReply), rule(tooBig, tooBigReply)}); err != nil {

@@ -110,7 +110,7 @@ func TestRestartTakesOver(t *testing.T) {
 	if !reflect.DeepEqual(base, wantStats) {
 		t.Errorf("previous rule stats %+v, want %+v", base, wantStats)
 	}
-	if err := b.Bind(sock, SampleOptions{}); err != nil {
+	if err := b.Bind(e.sock(sock), SampleOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if err := b.RestoreRules(sock, wantRules); err != nil {

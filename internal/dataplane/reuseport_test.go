@@ -82,7 +82,7 @@ func TestReuseportGroup(t *testing.T) {
 		members = append(members, &member{name, conn, cookie})
 	}
 	a := members[0]
-	if err := d.Bind(a.cookie, SampleOptions{}); err != nil {
+	if err := d.Bind(udpSock(a.cookie, addr), SampleOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	ids, err := d.AddRules(a.cookie, []Rule{reply("ping", "pong from A's rule")})

@@ -21,6 +21,8 @@ type SampleOptions struct {
 
 type ruleset struct {
 	cookie     uint64
+	port       uint16 // the local port of the socket, in santa_ports' sets portSets(rs.sock(), rs.sample)
+	protocol   uint8
 	id         uint32
 	regions    []region
 	buckets    bucketRange
@@ -46,28 +48,43 @@ type installed struct {
 	order   uint32
 }
 
-// Bind gives the socket with this cookie an empty rule set.
-func (d *Dataplane) Bind(cookie uint64, sample SampleOptions) error {
+// Bind gives the socket an empty rule set.
+func (d *Dataplane) Bind(sock Socket, sample SampleOptions) error {
+	if err := sock.check(); err != nil {
+		return err
+	}
 	if err := checkSample(sample); err != nil {
 		return err
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	cookie := sock.Cookie
 	if _, ok := d.bySocket[cookie]; ok {
 		return fmt.Errorf("socket %#x already has a rule set", cookie)
 	}
-	rs := &ruleset{cookie: cookie, sample: sample}
+	rs := &ruleset{cookie: cookie, port: sock.Port, protocol: sock.Protocol, sample: sample}
 	id, buckets, err := d.writeRuleset(rs, nil, 0, 0)
 	if err != nil {
 		return err
 	}
 	rs.id, rs.buckets, rs.generation = id, buckets, 1
+	sets := portSets(sock, sample)
+	if err := d.countPorts(sets, sock.Port, 1); err != nil {
+		d.rsIDs.put(id)
+		return fmt.Errorf("bind socket %#x: %w", cookie, err)
+	}
 	if err := d.objs.SantaSockets.Update(cookie, id, ebpf.UpdateNoExist); err != nil {
+		d.countPorts(sets, sock.Port, -1)
 		d.rsIDs.put(id)
 		return fmt.Errorf("bind socket %#x: %w", cookie, err)
 	}
 	d.bySocket[cookie] = rs
 	return nil
+}
+
+// sock is the socket the rule set belongs to.
+func (rs *ruleset) sock() Socket {
+	return Socket{Cookie: rs.cookie, Protocol: rs.protocol, Port: rs.port}
 }
 
 func checkSample(s SampleOptions) error {
@@ -97,7 +114,8 @@ func (d *Dataplane) Unbind(cookie uint64) error {
 	}
 	d.rsIDs.put(rs.id)
 	delete(d.bySocket, cookie)
-	return nil
+	// a bit left set only costs its port's requests a socket lookup
+	return d.countPorts(portSets(rs.sock(), rs.sample), rs.port, -1)
 }
 
 // Bound lists the cookies of the sockets that have rule sets.

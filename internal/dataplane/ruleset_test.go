@@ -76,7 +76,7 @@ func TestRuleLifecycle(t *testing.T) {
 	if err := e.d.Unbind(sock); err != nil {
 		t.Fatal(err)
 	}
-	e.expect("unbound", request(c, s, "key-z").build(t), xdpPass, nil, "pass_no_ruleset")
+	e.expect("unbound", request(c, s, "key-z").build(t), xdpPass, nil, "pass_port_unbound")
 }
 
 // A listing in pages sees each rule once, in ID order, across deletes,
@@ -282,7 +282,7 @@ func TestBucketRangeFollowsRuleCount(t *testing.T) {
 		}
 	}
 
-	if err := e.d.Bind(sock, SampleOptions{}); err != nil {
+	if err := e.d.Bind(e.sock(sock), SampleOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if b := rangeOf(); b.mask != minBucketRange-1 {
@@ -433,7 +433,7 @@ func TestBucketHints(t *testing.T) {
 	e := newEnv(t, Config{HashBits: 16, MaxRules: 4096})
 	c, s := fixtureAddrs(e, false, 7220)
 	sock := e.socket(s, false)
-	if err := e.d.Bind(sock, SampleOptions{}); err != nil {
+	if err := e.d.Bind(e.sock(sock), SampleOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	key := func(i int) string { return fmt.Sprintf("hinted-%05d", i) }

@@ -94,17 +94,17 @@ func TestMissSamples(t *testing.T) {
 }
 
 // Data on a connection the kernel owns is a miss sample for its listener's
-// rule set, but only on a port where XDP has seen that listener's rule set
-// take samples (santa_tcp_sampled_ports): a kernel connection to any other
-// port is neither sampled nor costs the listener lookup.
-func TestKernelDataSampledOnMarkedPorts(t *testing.T) {
+// rule set, only on a port whose rule set takes samples (santa_ports'
+// SANTA_PORTS_TCP_SAMPLED set, kept by Bind, SetSampling and Unbind): a
+// kernel connection to any other port is neither sampled nor looked up.
+func TestKernelDataSampledOnSampledPorts(t *testing.T) {
 	tb := testbed.New(t)
 	d := loadAttached(t, tb, Config{})
 	sampledAddr := netip.AddrPortFrom(tb.Server.IP4, 8081)
 	plainAddr := netip.AddrPortFrom(tb.Server.IP4, 8082)
 	sampled := startTCPServer(t, tb, sampledAddr)
 	startTCPServer(t, tb, plainAddr)
-	if err := d.Bind(sampled.cookie, SampleOptions{Bytes: 64, PerSecond: 1000}); err != nil {
+	if err := d.Bind(sampled.sock(), SampleOptions{Bytes: 64, PerSecond: 1000}); err != nil {
 		t.Fatal(err)
 	}
 	ms, err := d.OpenMissSamples()
@@ -112,13 +112,6 @@ func TestKernelDataSampledOnMarkedPorts(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ms.Close()
-	marked := func(port uint16) bool {
-		var word uint64
-		if err := d.objs.SantaTcpSampledPorts.Lookup(uint32(port/64), &word); err != nil {
-			t.Fatal(err)
-		}
-		return word&(1<<(port%64)) != 0
-	}
 	exchange := func(c net.Conn, r *bufio.Reader, path string) {
 		t.Helper()
 		io.WriteString(c, httpGet(path, ""))
@@ -126,24 +119,35 @@ func TestKernelDataSampledOnMarkedPorts(t *testing.T) {
 			t.Fatalf("%s: %q, want %q", path, got, want)
 		}
 	}
+	wantPorts := func(port uint16, tcp, sampledSet bool) {
+		t.Helper()
+		if got := portInSet(t, d, portsTCP, port); got != tcp {
+			t.Errorf("port %d in the TCP set: %v, want %v", port, got, tcp)
+		}
+		if got := portInSet(t, d, portsTCPSampled, port); got != sampledSet {
+			t.Errorf("port %d in the sampled TCP set: %v, want %v", port, got, sampledSet)
+		}
+	}
+	wantPorts(sampledAddr.Port(), true, true)
+	wantPorts(plainAddr.Port(), false, false)
 
 	// the kernel's own connection to a port without a rule set
 	plain := dialFromClient(t, tb, plainAddr)
-	exchange(plain, bufio.NewReader(plain), "/plain")
-	if marked(plainAddr.Port()) {
-		t.Error("port without a rule set marked as sampled")
-	}
+	plainR := bufio.NewReader(plain)
+	exchange(plain, plainR, "/plain")
 	// eBPF answers the handshake; the first request (no rule) hands the
 	// connection over, and the second arrives on a connection the kernel owns
 	c := dialFromClient(t, tb, sampledAddr)
 	r := bufio.NewReader(c)
 	exchange(c, r, "/first")
 	exchange(c, r, "/second")
-	exchange(plain, bufio.NewReader(plain), "/plain-again")
-	if !marked(sampledAddr.Port()) || marked(plainAddr.Port()) {
-		t.Errorf("marked: port %d %v, port %d %v; want true, false", sampledAddr.Port(), marked(sampledAddr.Port()),
-			plainAddr.Port(), marked(plainAddr.Port()))
+	exchange(plain, plainR, "/plain-again")
+	// sampling off: the port leaves the sampled set, not the TCP one
+	if err := d.SetSampling(sampled.cookie, SampleOptions{}); err != nil {
+		t.Fatal(err)
 	}
+	wantPorts(sampledAddr.Port(), true, false)
+	exchange(c, r, "/third")
 
 	var got []string
 	done := make(chan struct{})
@@ -169,7 +173,12 @@ func TestKernelDataSampledOnMarkedPorts(t *testing.T) {
 		t.Errorf("samples %q, want %q (the socket-less miss, then the kernel-owned one)", got, want)
 	}
 	cnt := counterNames(t, d)
-	if cnt["tcp_handed_over"] != 1 || cnt["tcp_pass_kernel_socket"] == 0 {
-		t.Errorf("tcp_handed_over %d, tcp_pass_kernel_socket %d; want 1 and some", cnt["tcp_handed_over"], cnt["tcp_pass_kernel_socket"])
+	if cnt["tcp_handed_over"] != 1 || cnt["tcp_pass_kernel_socket"] == 0 || cnt["pass_port_unbound"] == 0 {
+		t.Errorf("tcp_handed_over %d, tcp_pass_kernel_socket %d, pass_port_unbound %d; want 1, some and some",
+			cnt["tcp_handed_over"], cnt["tcp_pass_kernel_socket"], cnt["pass_port_unbound"])
 	}
+	if err := d.Unbind(sampled.cookie); err != nil {
+		t.Fatal(err)
+	}
+	wantPorts(sampledAddr.Port(), false, false)
 }

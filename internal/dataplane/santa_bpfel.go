@@ -56,40 +56,45 @@ type santaSantaGuard struct {
 type santaSantaLimit uint32
 
 const (
-	santaSantaLimitSANTA_MAX_REGIONS      santaSantaLimit = 8
-	santaSantaLimitSANTA_MAX_CONDS        santaSantaLimit = 4
-	santaSantaLimitSANTA_MAX_COPIES       santaSantaLimit = 8
-	santaSantaLimitSANTA_MAX_COPY_MASK    santaSantaLimit = 8
-	santaSantaLimitSANTA_MAX_GUARDS       santaSantaLimit = 2
-	santaSantaLimitSANTA_GUARD_SLOTS      santaSantaLimit = 1048576
-	santaSantaLimitSANTA_MAX_CHAIN        santaSantaLimit = 16
-	santaSantaLimitSANTA_WARM_MIN_BUCKETS santaSantaLimit = 4096
-	santaSantaLimitSANTA_REQ_WINDOW       santaSantaLimit = 1472
-	santaSantaLimitSANTA_MAX_PATTERN      santaSantaLimit = 1024
-	santaSantaLimitSANTA_MAX_REGION_LEN   santaSantaLimit = 64
-	santaSantaLimitSANTA_MAX_REPLY        santaSantaLimit = 1472
-	santaSantaLimitSANTA_PAGE_DATA        santaSantaLimit = 1048576
-	santaSantaLimitSANTA_PAGE_SLACK       santaSantaLimit = 2048
-	santaSantaLimitSANTA_SAMPLE_MAX       santaSantaLimit = 1472
-	santaSantaLimitSANTA_OFF_MASK         santaSantaLimit = 2047
-	santaSantaLimitSANTA_SCRATCH_REQ      santaSantaLimit = 4096
-	santaSantaLimitSANTA_SCRATCH_L4       santaSantaLimit = 128
-	santaSantaLimitSANTA_SCRATCH_TCP      santaSantaLimit = 64
-	santaSantaLimitSANTA_RULESET_DISJOINT santaSantaLimit = 1
-	santaSantaLimitSANTA_ADDR_LOCAL       santaSantaLimit = 1
-	santaSantaLimitSANTA_ADDR_BROADCAST   santaSantaLimit = 2
-	santaSantaLimitSANTA_COND_MASKED      santaSantaLimit = 2147483648
-	santaSantaLimitSANTA_RULE_CLOSE       santaSantaLimit = 1
-	santaSantaLimitSANTA_RULE_EXPIRES     santaSantaLimit = 2
-	santaSantaLimitSANTA_TCP_UNIT_SHIFT   santaSantaLimit = 33
-	santaSantaLimitSANTA_TCP_EPOCH_SHIFT  santaSantaLimit = 8
-	santaSantaLimitSANTA_TCP_VALID_UNITS  santaSantaLimit = 16
-	santaSantaLimitSANTA_TCP_KEYS         santaSantaLimit = 3
-	santaSantaLimitSANTA_TCP_WSCALE       santaSantaLimit = 7
-	santaSantaLimitSANTA_TCP_FLOWS        santaSantaLimit = 131072
-	santaSantaLimitSANTA_TCP_SEGMENTS     santaSantaLimit = 10
-	santaSantaLimitSANTA_MAX_TCP_REPLY    santaSantaLimit = 14480
-	santaSantaLimitSANTA_TCP_EMIT_MAGIC   santaSantaLimit = 1398035269
+	santaSantaLimitSANTA_MAX_REGIONS       santaSantaLimit = 8
+	santaSantaLimitSANTA_MAX_CONDS         santaSantaLimit = 4
+	santaSantaLimitSANTA_MAX_COPIES        santaSantaLimit = 8
+	santaSantaLimitSANTA_MAX_COPY_MASK     santaSantaLimit = 8
+	santaSantaLimitSANTA_MAX_GUARDS        santaSantaLimit = 2
+	santaSantaLimitSANTA_GUARD_SLOTS       santaSantaLimit = 1048576
+	santaSantaLimitSANTA_MAX_CHAIN         santaSantaLimit = 16
+	santaSantaLimitSANTA_WARM_MIN_BUCKETS  santaSantaLimit = 4096
+	santaSantaLimitSANTA_REQ_WINDOW        santaSantaLimit = 1472
+	santaSantaLimitSANTA_MAX_PATTERN       santaSantaLimit = 1024
+	santaSantaLimitSANTA_MAX_REGION_LEN    santaSantaLimit = 64
+	santaSantaLimitSANTA_MAX_REPLY         santaSantaLimit = 1472
+	santaSantaLimitSANTA_PAGE_DATA         santaSantaLimit = 1048576
+	santaSantaLimitSANTA_PAGE_SLACK        santaSantaLimit = 2048
+	santaSantaLimitSANTA_SAMPLE_MAX        santaSantaLimit = 1472
+	santaSantaLimitSANTA_OFF_MASK          santaSantaLimit = 2047
+	santaSantaLimitSANTA_SCRATCH_REQ       santaSantaLimit = 4096
+	santaSantaLimitSANTA_SCRATCH_L4        santaSantaLimit = 128
+	santaSantaLimitSANTA_SCRATCH_TCP       santaSantaLimit = 64
+	santaSantaLimitSANTA_PORT_WORDS        santaSantaLimit = 1024
+	santaSantaLimitSANTA_PORTS_UDP         santaSantaLimit = 0
+	santaSantaLimitSANTA_PORTS_TCP         santaSantaLimit = 1
+	santaSantaLimitSANTA_PORTS_TCP_SAMPLED santaSantaLimit = 2
+	santaSantaLimitSANTA_PORT_SETS         santaSantaLimit = 3
+	santaSantaLimitSANTA_RULESET_DISJOINT  santaSantaLimit = 1
+	santaSantaLimitSANTA_ADDR_LOCAL        santaSantaLimit = 1
+	santaSantaLimitSANTA_ADDR_BROADCAST    santaSantaLimit = 2
+	santaSantaLimitSANTA_COND_MASKED       santaSantaLimit = 2147483648
+	santaSantaLimitSANTA_RULE_CLOSE        santaSantaLimit = 1
+	santaSantaLimitSANTA_RULE_EXPIRES      santaSantaLimit = 2
+	santaSantaLimitSANTA_TCP_UNIT_SHIFT    santaSantaLimit = 33
+	santaSantaLimitSANTA_TCP_EPOCH_SHIFT   santaSantaLimit = 8
+	santaSantaLimitSANTA_TCP_VALID_UNITS   santaSantaLimit = 16
+	santaSantaLimitSANTA_TCP_KEYS          santaSantaLimit = 3
+	santaSantaLimitSANTA_TCP_WSCALE        santaSantaLimit = 7
+	santaSantaLimitSANTA_TCP_FLOWS         santaSantaLimit = 131072
+	santaSantaLimitSANTA_TCP_SEGMENTS      santaSantaLimit = 10
+	santaSantaLimitSANTA_MAX_TCP_REPLY     santaSantaLimit = 14480
+	santaSantaLimitSANTA_TCP_EMIT_MAGIC    santaSantaLimit = 1398035269
 )
 
 type santaSantaLocalAddr struct {
@@ -128,6 +133,7 @@ type santaSantaReasons struct {
 	PassMalformed        uint64
 	PassBadAddress       uint64
 	PassNotLocal         uint64
+	PassPortUnbound      uint64
 	PassNoSocket         uint64
 	PassNoRuleset        uint64
 	PassNoMatch          uint64
@@ -282,6 +288,7 @@ const (
 	santaMapSantaLocalAddrs       = "santa_local_addrs"
 	santaMapSantaMissSamples      = "santa_miss_samples"
 	santaMapSantaPages            = "santa_pages"
+	santaMapSantaPorts            = "santa_ports"
 	santaMapSantaReleased         = "santa_released"
 	santaMapSantaRuleBase         = "santa_rule_base"
 	santaMapSantaRuleStats        = "santa_rule_stats"
@@ -292,7 +299,6 @@ const (
 	santaMapSantaSockets          = "santa_sockets"
 	santaMapSantaTcpFlows         = "santa_tcp_flows"
 	santaMapSantaTcpKeys          = "santa_tcp_keys"
-	santaMapSantaTcpSampledPorts  = "santa_tcp_sampled_ports"
 	santaProgSantaXdp             = "santa_xdp"
 	santaVarBucketMask            = "bucket_mask"
 	santaVarBucketSeed            = "bucket_seed"
@@ -349,23 +355,23 @@ type santaProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type santaMapSpecs struct {
-	SantaBuckets         *ebpf.MapSpec `ebpf:"santa_buckets"`
-	SantaCounters        *ebpf.MapSpec `ebpf:"santa_counters"`
-	SantaGuards          *ebpf.MapSpec `ebpf:"santa_guards"`
-	SantaLocalAddrs      *ebpf.MapSpec `ebpf:"santa_local_addrs"`
-	SantaMissSamples     *ebpf.MapSpec `ebpf:"santa_miss_samples"`
-	SantaPages           *ebpf.MapSpec `ebpf:"santa_pages"`
-	SantaReleased        *ebpf.MapSpec `ebpf:"santa_released"`
-	SantaRuleBase        *ebpf.MapSpec `ebpf:"santa_rule_base"`
-	SantaRuleStats       *ebpf.MapSpec `ebpf:"santa_rule_stats"`
-	SantaRules           *ebpf.MapSpec `ebpf:"santa_rules"`
-	SantaRulesets        *ebpf.MapSpec `ebpf:"santa_rulesets"`
-	SantaSampleBudget    *ebpf.MapSpec `ebpf:"santa_sample_budget"`
-	SantaScratch         *ebpf.MapSpec `ebpf:"santa_scratch"`
-	SantaSockets         *ebpf.MapSpec `ebpf:"santa_sockets"`
-	SantaTcpFlows        *ebpf.MapSpec `ebpf:"santa_tcp_flows"`
-	SantaTcpKeys         *ebpf.MapSpec `ebpf:"santa_tcp_keys"`
-	SantaTcpSampledPorts *ebpf.MapSpec `ebpf:"santa_tcp_sampled_ports"`
+	SantaBuckets      *ebpf.MapSpec `ebpf:"santa_buckets"`
+	SantaCounters     *ebpf.MapSpec `ebpf:"santa_counters"`
+	SantaGuards       *ebpf.MapSpec `ebpf:"santa_guards"`
+	SantaLocalAddrs   *ebpf.MapSpec `ebpf:"santa_local_addrs"`
+	SantaMissSamples  *ebpf.MapSpec `ebpf:"santa_miss_samples"`
+	SantaPages        *ebpf.MapSpec `ebpf:"santa_pages"`
+	SantaPorts        *ebpf.MapSpec `ebpf:"santa_ports"`
+	SantaReleased     *ebpf.MapSpec `ebpf:"santa_released"`
+	SantaRuleBase     *ebpf.MapSpec `ebpf:"santa_rule_base"`
+	SantaRuleStats    *ebpf.MapSpec `ebpf:"santa_rule_stats"`
+	SantaRules        *ebpf.MapSpec `ebpf:"santa_rules"`
+	SantaRulesets     *ebpf.MapSpec `ebpf:"santa_rulesets"`
+	SantaSampleBudget *ebpf.MapSpec `ebpf:"santa_sample_budget"`
+	SantaScratch      *ebpf.MapSpec `ebpf:"santa_scratch"`
+	SantaSockets      *ebpf.MapSpec `ebpf:"santa_sockets"`
+	SantaTcpFlows     *ebpf.MapSpec `ebpf:"santa_tcp_flows"`
+	SantaTcpKeys      *ebpf.MapSpec `ebpf:"santa_tcp_keys"`
 }
 
 // santaVariableSpecs contains global variables before they are loaded into the kernel.
@@ -398,23 +404,23 @@ func (o *santaObjects) Close() error {
 //
 // It can be passed to loadSantaObjects or ebpf.CollectionSpec.LoadAndAssign.
 type santaMaps struct {
-	SantaBuckets         *ebpf.Map `ebpf:"santa_buckets"`
-	SantaCounters        *ebpf.Map `ebpf:"santa_counters"`
-	SantaGuards          *ebpf.Map `ebpf:"santa_guards"`
-	SantaLocalAddrs      *ebpf.Map `ebpf:"santa_local_addrs"`
-	SantaMissSamples     *ebpf.Map `ebpf:"santa_miss_samples"`
-	SantaPages           *ebpf.Map `ebpf:"santa_pages"`
-	SantaReleased        *ebpf.Map `ebpf:"santa_released"`
-	SantaRuleBase        *ebpf.Map `ebpf:"santa_rule_base"`
-	SantaRuleStats       *ebpf.Map `ebpf:"santa_rule_stats"`
-	SantaRules           *ebpf.Map `ebpf:"santa_rules"`
-	SantaRulesets        *ebpf.Map `ebpf:"santa_rulesets"`
-	SantaSampleBudget    *ebpf.Map `ebpf:"santa_sample_budget"`
-	SantaScratch         *ebpf.Map `ebpf:"santa_scratch"`
-	SantaSockets         *ebpf.Map `ebpf:"santa_sockets"`
-	SantaTcpFlows        *ebpf.Map `ebpf:"santa_tcp_flows"`
-	SantaTcpKeys         *ebpf.Map `ebpf:"santa_tcp_keys"`
-	SantaTcpSampledPorts *ebpf.Map `ebpf:"santa_tcp_sampled_ports"`
+	SantaBuckets      *ebpf.Map `ebpf:"santa_buckets"`
+	SantaCounters     *ebpf.Map `ebpf:"santa_counters"`
+	SantaGuards       *ebpf.Map `ebpf:"santa_guards"`
+	SantaLocalAddrs   *ebpf.Map `ebpf:"santa_local_addrs"`
+	SantaMissSamples  *ebpf.Map `ebpf:"santa_miss_samples"`
+	SantaPages        *ebpf.Map `ebpf:"santa_pages"`
+	SantaPorts        *ebpf.Map `ebpf:"santa_ports"`
+	SantaReleased     *ebpf.Map `ebpf:"santa_released"`
+	SantaRuleBase     *ebpf.Map `ebpf:"santa_rule_base"`
+	SantaRuleStats    *ebpf.Map `ebpf:"santa_rule_stats"`
+	SantaRules        *ebpf.Map `ebpf:"santa_rules"`
+	SantaRulesets     *ebpf.Map `ebpf:"santa_rulesets"`
+	SantaSampleBudget *ebpf.Map `ebpf:"santa_sample_budget"`
+	SantaScratch      *ebpf.Map `ebpf:"santa_scratch"`
+	SantaSockets      *ebpf.Map `ebpf:"santa_sockets"`
+	SantaTcpFlows     *ebpf.Map `ebpf:"santa_tcp_flows"`
+	SantaTcpKeys      *ebpf.Map `ebpf:"santa_tcp_keys"`
 }
 
 func (m *santaMaps) Close() error {
@@ -425,6 +431,7 @@ func (m *santaMaps) Close() error {
 		m.SantaLocalAddrs,
 		m.SantaMissSamples,
 		m.SantaPages,
+		m.SantaPorts,
 		m.SantaReleased,
 		m.SantaRuleBase,
 		m.SantaRuleStats,
@@ -435,7 +442,6 @@ func (m *santaMaps) Close() error {
 		m.SantaSockets,
 		m.SantaTcpFlows,
 		m.SantaTcpKeys,
-		m.SantaTcpSampledPorts,
 	)
 }
 

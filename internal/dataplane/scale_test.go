@@ -205,7 +205,7 @@ func TestLoadMillionRules(t *testing.T) {
 	heap0 := heapInUse()
 
 	start = time.Now()
-	if err := e.d.Bind(sock, SampleOptions{}); err != nil {
+	if err := e.d.Bind(e.sock(sock), SampleOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	var ids []RuleID

@@ -13,6 +13,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/ringbuf"
+	"golang.org/x/sys/unix"
 )
 
 // RuleStats counts what one rule answered.
@@ -213,6 +214,15 @@ func (d *Dataplane) SetSampling(cookie uint64, s SampleOptions) error {
 	rs, ok := d.bySocket[cookie]
 	if !ok {
 		return fmt.Errorf("%w: %#x", ErrNotBound, cookie)
+	}
+	if rs.protocol == unix.IPPROTO_TCP && (s.Bytes > 0) != (rs.sample.Bytes > 0) {
+		delta := 1
+		if s.Bytes == 0 {
+			delta = -1
+		}
+		if err := d.countPort(portsTCPSampled, rs.port, delta); err != nil {
+			return err
+		}
 	}
 	rs.sample = s
 	// the two fields share one aligned word: publish them together

@@ -26,13 +26,14 @@ import (
 type tcpServer struct {
 	ln      net.Listener
 	cookie  uint64
+	port    uint16
 	mu      sync.Mutex
 	streams []*bytes.Buffer
 }
 
-func startTCPServer(t *testing.T, tb *testbed.Testbed, addr netip.AddrPort) *tcpServer {
+func startTCPServer(t testing.TB, tb *testbed.Testbed, addr netip.AddrPort) *tcpServer {
 	t.Helper()
-	srv := &tcpServer{}
+	srv := &tcpServer{port: addr.Port()}
 	err := tb.Server.Do(func() error {
 		lc := net.ListenConfig{}
 		lc.SetMultipathTCP(false) // the kernel's lookup finds plain TCP listeners
@@ -91,6 +92,11 @@ func (s *tcpServer) serve() {
 	}
 }
 
+// sock is the listener's Socket, to bind.
+func (s *tcpServer) sock() Socket {
+	return Socket{Cookie: s.cookie, Protocol: unix.IPPROTO_TCP, Port: s.port}
+}
+
 // Streams returns the byte streams of the connections accepted so far.
 func (s *tcpServer) Streams() []string {
 	s.mu.Lock()
@@ -146,7 +152,7 @@ func readReply(t *testing.T, c net.Conn, r *bufio.Reader) string {
 }
 
 // dialFromClient connects from the client namespace.
-func dialFromClient(t *testing.T, tb *testbed.Testbed, addr netip.AddrPort) net.Conn {
+func dialFromClient(t testing.TB, tb *testbed.Testbed, addr netip.AddrPort) net.Conn {
 	t.Helper()
 	var c net.Conn
 	err := tb.Client.Do(func() error {
@@ -168,7 +174,7 @@ func dialFromClient(t *testing.T, tb *testbed.Testbed, addr netip.AddrPort) net.
 
 // loadAttached loads the rule processor (sized by cfg) and attaches it to tb's server veth
 // (XDP and the TC hook), for as long as the test runs.
-func loadAttached(t *testing.T, tb *testbed.Testbed, cfg Config) *Dataplane {
+func loadAttached(t testing.TB, tb *testbed.Testbed, cfg Config) *Dataplane {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Fatal("needs root: network namespaces, XDP, TC")
@@ -201,7 +207,7 @@ func TestTCPSocketless(t *testing.T) {
 		t.Run(map[bool]string{true: "IPv4", false: "IPv6"}[ip.Is4()], func(t *testing.T) {
 			addr := netip.AddrPortFrom(ip, 8080)
 			srv := startTCPServer(t, tb, addr)
-			if err := d.Bind(srv.cookie, SampleOptions{}); err != nil {
+			if err := d.Bind(srv.sock(), SampleOptions{}); err != nil {
 				t.Fatal(err)
 			}
 			hot, bye := httpGet("/hot", ""), httpGet("/bye", "Connection: close\r\n")
@@ -327,7 +333,7 @@ func TestTCPSocketlessSmallMTU(t *testing.T) {
 	srv := startTCPServer(t, tb, addr)
 	big := httpGet("/big", "")
 	bigReply := httpReply(strings.Repeat("0123456789abcdef", 600), "")
-	if err := d.Bind(srv.cookie, SampleOptions{}); err != nil {
+	if err := d.Bind(srv.sock(), SampleOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := d.AddRules(srv.cookie, []Rule{{Conditions: []Condition{cond(0, big)}, Processors: []Processor{put(0, bigReply)},
@@ -380,7 +386,7 @@ func TestTCPSocketlessLoss(t *testing.T) {
 	d := loadAttached(t, tb, Config{})
 	addr := netip.AddrPortFrom(tb.Server.IP4, 8080)
 	srv := startTCPServer(t, tb, addr)
-	if err := d.Bind(srv.cookie, SampleOptions{}); err != nil {
+	if err := d.Bind(srv.sock(), SampleOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	hot, big, bigClose := httpGet("/hot", ""), httpGet("/big", ""), httpGet("/big", "Connection: close\r\n")
@@ -457,7 +463,7 @@ func TestTCPKeepalive(t *testing.T) {
 	addr := netip.AddrPortFrom(tb.Server.IP4, 8080)
 	srv := startTCPServer(t, tb, addr)
 	hot, reply := httpGet("/hot", ""), httpReply("from eBPF", "")
-	if err := d.Bind(srv.cookie, SampleOptions{}); err != nil {
+	if err := d.Bind(srv.sock(), SampleOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := d.AddRules(srv.cookie, []Rule{{Conditions: []Condition{cond(0, hot)},

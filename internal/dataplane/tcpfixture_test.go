@@ -13,7 +13,7 @@ import (
 )
 
 // tcpFrame builds an Ethernet/IP/TCP frame from the client to the server.
-func tcpFrame(t *testing.T, c, s netip.AddrPort, tcp *layers.TCP, payload string) []byte {
+func tcpFrame(t testing.TB, c, s netip.AddrPort, tcp *layers.TCP, payload string) []byte {
 	t.Helper()
 	eth := &layers.Ethernet{SrcMAC: net.HardwareAddr{2, 0, 0, 0, 0, 2}, DstMAC: net.HardwareAddr{2, 0, 0, 0, 0, 1},
 		EthernetType: layers.EthernetTypeIPv4}
@@ -148,7 +148,7 @@ func TestTCPFixtures(t *testing.T) {
 	srv := startTCPServer(t, e.tb, addr)
 	request := "GET / HTTP/1.1\r\n\r\n"
 	reply := "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nhi"
-	e.bindRules(srv.cookie, Rule{Conditions: []Condition{cond(0, request)}, Processors: []Processor{put(0, reply)},
+	e.bindRules(e.known(srv.sock()), Rule{Conditions: []Condition{cond(0, request)}, Processors: []Processor{put(0, reply)},
 		ReplyLen: len(reply), MinLen: len(request), MaxLen: len(request)})
 	client := netip.AddrPortFrom(e.tb.Client.IP4, 40001)
 
@@ -226,7 +226,7 @@ func TestInterfaceMTU(t *testing.T) {
 	for _, v6 := range []bool{false, true} {
 		client, addr := fixtureAddrs(e, v6, 8081)
 		srv := startTCPServer(t, e.tb, addr)
-		e.bindRules(srv.cookie)
+		e.bindRules(e.known(srv.sock()))
 		syn := &layers.TCP{SYN: true, Seq: 1000, Window: 64240, Options: []layers.TCPOption{
 			{OptionType: layers.TCPOptionKindMSS, OptionLength: 4, OptionData: []byte{0x05, 0xb4}}, // 1460
 			tsOption(777, 0),

@@ -27,7 +27,7 @@ func TestLoadExtremeConfigs(t *testing.T) {
 				t.Fatalf("load %+v: %v", cfg, err)
 			}
 			defer d.Close()
-			if err := d.Bind(sock, SampleOptions{}); err != nil {
+			if err := d.Bind(e.sock(sock), SampleOptions{}); err != nil {
 				t.Fatal(err)
 			}
 			if _, err := d.AddRules(sock, []Rule{reply("Hello", "COMSYS")}); err != nil {
@@ -68,7 +68,7 @@ func TestMinimumRulesetsHoldOneSocket(t *testing.T) {
 	e := newEnv(t, Config{MaxRulesets: 2})
 	c, s := fixtureAddrs(e, false, 7401)
 	sock := e.socket(s, false)
-	if err := e.d.Bind(sock, SampleOptions{}); err != nil {
+	if err := e.d.Bind(e.sock(sock), SampleOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := e.d.AddRules(sock, []Rule{reply("Hello", "COMSYS")}); err != nil {

@@ -71,7 +71,7 @@ func TestVethPeerGetsPass(t *testing.T) {
 
 	addr := netip.AddrPortFrom(tb.Server.IP4, 7301)
 	_, cookie := serverConn(t, tb, addr)
-	if err := d.Bind(cookie, SampleOptions{}); err != nil {
+	if err := d.Bind(udpSock(cookie, addr), SampleOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := d.AddRules(cookie, []Rule{reply("ping", "pong from XDP")}); err != nil {
