@@ -6,6 +6,7 @@ require (
 	github.com/cilium/ebpf v0.22.0
 	github.com/fsnotify/fsnotify v1.10.1
 	github.com/fxamacker/cbor/v2 v2.9.6
+	github.com/google/btree v1.1.3
 	github.com/gopacket/gopacket v1.7.7
 	github.com/miekg/dns v1.1.73
 	github.com/prometheus/client_golang v1.25.0

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+
+	"github.com/google/btree"
 )
 
 // anchorOf is the window of rule c's anchor condition the matcher can hash:
@@ -92,23 +94,26 @@ func regionsFor(regions []region, a region) []region {
 }
 
 // disjointSet holds, for a disjoint rule set, the bytes every rule compares
-// in full at one offset, sorted, none a prefix of another: then no two rules
-// can match the same request, and the matcher may stop at the first match.
-// Because the patterns are sorted and prefix-free, a new pattern conflicts
-// with the set only if its neighbours do, so a batch of k rules is checked
-// in O(k log n) and merged in O(n) instead of sorting the whole set again
-// (a million rules added 1024 at a time took minutes that way).
+// in full at one offset, in a B-tree, none a prefix of another: then no two
+// rules can match the same request, and the matcher may stop at the first
+// match. Because the patterns are sorted and prefix-free, a new pattern
+// conflicts with the set only if its neighbours do, so a batch of k rules is
+// checked and added in O(k log n) (a million rules added 1024 at a time
+// took minutes with a sort of the whole set per batch, and seconds with a
+// sorted slice, whose merges moved the whole set each time).
 type disjointSet struct {
 	off      int
-	patterns [][]byte
+	patterns *btree.BTreeG[[]byte]
 }
+
+func lessBytes(a, b []byte) bool { return bytes.Compare(a, b) < 0 }
 
 // newDisjointSet is the set of rules, nil if they are not disjoint.
 func newDisjointSet(rules []*compiledRule) *disjointSet {
 	if len(rules) == 0 {
 		return nil
 	}
-	s := &disjointSet{off: anchorOf(rules[0]).off}
+	s := &disjointSet{off: anchorOf(rules[0]).off, patterns: btree.NewG(32, lessBytes)}
 	ps, ok := s.sortedPatterns(rules)
 	if !ok || !s.add(ps) {
 		return nil
@@ -136,32 +141,40 @@ func (s *disjointSet) sortedPatterns(rules []*compiledRule) ([][]byte, bool) {
 	return ps, true
 }
 
-// add merges sorted, prefix-free ps into the set if it stays prefix-free,
-// and says whether it did; the set is unchanged if not.
+// add puts prefix-free ps into the set if it stays prefix-free, and says
+// whether it did; the set is unchanged if not.
 func (s *disjointSet) add(ps [][]byte) bool {
-	at := make([]int, len(ps)) // where each goes among the patterns already there
-	for j, p := range ps {
-		i, _ := slices.BinarySearchFunc(s.patterns, p, bytes.Compare)
-		if i > 0 && bytes.HasPrefix(p, s.patterns[i-1]) || i < len(s.patterns) && bytes.HasPrefix(s.patterns[i], p) {
+	for _, p := range ps {
+		if s.overlaps(p) {
 			return false
 		}
-		at[j] = i
 	}
-	// merge from the back, in place, moving the runs between insertions whole
-	n := len(s.patterns)
-	s.patterns = slices.Grow(s.patterns, len(ps))[:n+len(ps)]
-	end := n
-	for j := len(ps) - 1; j >= 0; j-- {
-		copy(s.patterns[at[j]+j+1:end+j+1], s.patterns[at[j]:end])
-		s.patterns[at[j]+j] = ps[j]
-		end = at[j]
+	for _, p := range ps {
+		s.patterns.ReplaceOrInsert(p)
 	}
 	return true
 }
 
+// overlaps says whether p is a prefix of a pattern of the set or has one
+// as its prefix: the set's neighbours of p are the only candidates.
+func (s *disjointSet) overlaps(p []byte) bool {
+	overlap := false
+	s.patterns.DescendLessOrEqual(p, func(q []byte) bool {
+		overlap = bytes.HasPrefix(p, q)
+		return false
+	})
+	if !overlap {
+		s.patterns.AscendGreaterOrEqual(p, func(q []byte) bool {
+			overlap = bytes.HasPrefix(q, p)
+			return false
+		})
+	}
+	return overlap
+}
+
 // samePatterns says whether news[i] compares the same bytes in full at the
 // set's offset as olds[i], for every i: then swapping them keeps the set.
-// It saves a modify of a million-rule set moving the set's patterns twice.
+// It saves a modify of a million-rule set taking its patterns out and in.
 func (s *disjointSet) samePatterns(olds, news []*installed) bool {
 	for i, o := range olds {
 		p := patternAt(news[i].rule, s.off)
@@ -172,38 +185,22 @@ func (s *disjointSet) samePatterns(olds, news []*installed) bool {
 	return true
 }
 
-// remove takes sorted ps, each in the set, out of it.
+// remove takes ps, each in the set, out of it.
 func (s *disjointSet) remove(ps [][]byte) {
-	at := make([]int, 0, len(ps))
-	if len(ps)*manyRules < len(s.patterns) {
-		for _, p := range ps {
-			if i, ok := slices.BinarySearchFunc(s.patterns, p, bytes.Compare); ok {
-				at = append(at, i)
-			}
-		}
-	} else { // many: one merge of the two sorted lists
-		j := 0
-		for i, p := range s.patterns {
-			for j < len(ps) && bytes.Compare(ps[j], p) < 0 {
-				j++
-			}
-			if j < len(ps) && bytes.Equal(ps[j], p) {
-				at = append(at, i)
-				j++
-			}
-		}
+	for _, p := range ps {
+		s.patterns.Delete(p)
 	}
-	s.patterns = removeAt(s.patterns, at)
 }
 
 // removeRules takes the patterns of rules, each in the set, out of it.
 func (s *disjointSet) removeRules(rules []*compiledRule) {
-	if len(rules) == len(s.patterns) { // all of them: no sorting needed
-		s.patterns = nil
+	if len(rules) == s.patterns.Len() { // all of them
+		s.patterns.Clear(false)
 		return
 	}
-	ps, _ := s.sortedPatterns(rules)
-	s.remove(ps)
+	for _, c := range rules {
+		s.patterns.Delete(patternAt(c, s.off))
+	}
 }
 
 // patternAt is the longest run of bytes at off that rule c compares in

@@ -315,6 +315,14 @@ func TestLoadMillionRules(t *testing.T) {
 		t.Fatalf("AddRules(1000) on top of %d: %v", n-1000, err)
 	}
 	t.Logf("AddRules(1000) on top of %d: %v", n-1000, time.Since(start).Round(time.Microsecond))
+	// one rule at a time, as an adaptive controller adds what it learns
+	start = time.Now()
+	for k := 0; k < 100; k++ {
+		if _, err := e.d.AddRules(sock, []Rule{scaleRule(n + 1000 + k)}); err != nil {
+			t.Fatalf("AddRules(1) on top of %d: %v", n+k, err)
+		}
+	}
+	t.Logf("AddRules(1) on top of %d: %v each (100 in a row)", n, (time.Since(start) / 100).Round(time.Microsecond))
 	for _, i := range del[:50] {
 		name := scaleName(i)
 		passes("deleted rule "+name, append([]byte{1, 2}, scaleQuery(name, 1)...))
