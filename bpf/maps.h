@@ -26,6 +26,14 @@ struct {
 	__uint(max_entries, SANTA_PORT_SETS * SANTA_PORT_WORDS);
 } santa_ports SEC(".maps");
 
+/* Set (SANTA_PORTS_*) of santa_ports holds local port (host order). */
+static __always_inline int port_in(__u16 port, __u32 set)
+{
+	__u32 word = set * SANTA_PORT_WORDS + port / 64;
+	__u64 *bits = bpf_map_lookup_elem(&santa_ports, &word);
+	return bits && (*bits & (1ull << (port % 64)));
+}
+
 /* (attached interface, address) -> SANTA_ADDR_LOCAL or _BROADCAST for the
  * addresses of the interface's namespace: what the kernel would deliver. */
 struct {

@@ -77,6 +77,12 @@ static __always_inline int ipv4_header_ok(const struct iphdr *ip)
 	return sum == 0xffff;
 }
 
+/* The request's destination port, host order: the local port it is for. */
+static __always_inline __u16 local_port(const struct pkt_info *req)
+{
+	return bpf_ntohs(req->family == 4 ? req->tuple.ipv4.dport : req->tuple.ipv6.dport);
+}
+
 static __always_inline void set_ports(struct pkt_info *req, __be16 sport, __be16 dport)
 {
 	if (req->family == 4) {

@@ -27,7 +27,9 @@ enum santa_limit {
 	SANTA_PORTS_UDP = 0,         /* santa_ports set: UDP ports with a rule set */
 	SANTA_PORTS_TCP = 1,         /* santa_ports set: TCP ports with a rule set */
 	SANTA_PORTS_TCP_SAMPLED = 2, /* santa_ports set: TCP ports with a rule set that takes miss samples */
-	SANTA_PORT_SETS = 3,
+	SANTA_PORTS_TCP_SEEN = 3,    /* santa_ports set: TCP ports that had a rule set since the data plane
+				      * loaded: socket-less connections (stamps) exist only there */
+	SANTA_PORT_SETS = 4,
 	SANTA_RULESET_DISJOINT = 1,  /* rule set flag: at most one rule can match a packet */
 	SANTA_ADDR_LOCAL = 1,        /* santa_local_addrs: an address of this host */
 	SANTA_ADDR_BROADCAST = 2,    /* santa_local_addrs: a subnet broadcast address */

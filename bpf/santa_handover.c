@@ -181,6 +181,10 @@ int santa_handover(struct __sk_buff *skb)
 		struct emit_state st = { .e = *meta, .req = req };
 		return emit_reply(skb, &st);
 	}
+	/* no socket-less connection can be on a port that never had a rule set:
+	 * the kernel's own connections there skip the stamp check */
+	if (!port_in(local_port(&req), SANTA_PORTS_TCP_SEEN))
+		return TC_ACT_OK;
 	__u32 zero = 0;
 	struct santa_scratch *s = bpf_map_lookup_elem(&santa_scratch, &zero);
 	if (!s || bpf_skb_load_bytes(skb, req.l2_len + req.l3_len, s->l4, NONZERO(req.l4_len, 63)))

@@ -55,22 +55,13 @@ static __always_inline __u64 receiving_socket(struct xdp_md *ctx, struct pkt_inf
 
 extern void *bpf_cast_to_kern_ctx(void *obj) __ksym;
 
-/* Set (SANTA_PORTS_*) of santa_ports holds the request's local port. */
-static __always_inline int port_in(const struct pkt_info *req, __u32 set)
-{
-	__u16 port = bpf_ntohs(req->family == 4 ? req->tuple.ipv4.dport : req->tuple.ipv6.dport);
-	__u32 word = set * SANTA_PORT_WORDS + port / 64;
-	__u64 *bits = bpf_map_lookup_elem(&santa_ports, &word);
-	return bits && (*bits & (1ull << (port % 64)));
-}
-
 /* A socket that would receive the request may have a rule set: one bound to
  * its local port has (santa_ports), or an sk_lookup program in the
  * interface's namespace may deliver it to a socket bound to another port
  * (the socket lookup runs it). Only then is the socket looked up. */
 static __always_inline int port_may_have_ruleset(struct xdp_md *ctx, const struct pkt_info *req)
 {
-	if (port_in(req, req->proto == IPPROTO_TCP ? SANTA_PORTS_TCP : SANTA_PORTS_UDP))
+	if (port_in(local_port(req), req->proto == IPPROTO_TCP ? SANTA_PORTS_TCP : SANTA_PORTS_UDP))
 		return 1;
 	struct xdp_buff *xdp = bpf_cast_to_kern_ctx(ctx);
 	return xdp->rxq->dev->nd_net.net->bpf.run_array[NETNS_BPF_SK_LOOKUP] != NULL;

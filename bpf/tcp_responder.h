@@ -201,7 +201,7 @@ static __always_inline int tcp_syn(struct xdp_md *ctx, struct pkt_info *req, str
  * segment on and reads req no more). */
 static __always_inline void sample_kernel_data(struct xdp_md *ctx, struct pkt_info *req)
 {
-	if (req->payload_len == 0 || !port_in(req, SANTA_PORTS_TCP_SAMPLED))
+	if (req->payload_len == 0 || !port_in(local_port(req), SANTA_PORTS_TCP_SAMPLED))
 		return;
 	if (req->family == 4) {
 		req->tuple.ipv4.saddr = 0;

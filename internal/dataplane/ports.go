@@ -32,6 +32,7 @@ const (
 	portsUDP        = int(santaSantaLimitSANTA_PORTS_UDP)
 	portsTCP        = int(santaSantaLimitSANTA_PORTS_TCP)
 	portsTCPSampled = int(santaSantaLimitSANTA_PORTS_TCP_SAMPLED) // data on the kernel's connections is sampled there
+	portsTCPSeen    = int(santaSantaLimitSANTA_PORTS_TCP_SEEN)    // had a rule set: TC checks stamps there
 	portWords       = int(santaSantaLimitSANTA_PORT_WORDS)
 )
 

@@ -1,7 +1,9 @@
 package dataplane
 
 import (
+	"bufio"
 	"fmt"
+	"io"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -56,6 +58,49 @@ func TestPortSets(t *testing.T) {
 	}
 	if err := e.d.Bind(Socket{Cookie: v4, Protocol: unix.IPPROTO_UDP}, SampleOptions{}); err == nil {
 		t.Error("a socket without a port was bound")
+	}
+}
+
+// A socket-less connection outlives its listener's rule set: once the
+// rule set is gone, XDP passes its next request without a lookup
+// (pass_port_unbound), and TC, for which the port stays in the set of TCP
+// ports that had a rule set, still hands the connection to the listener,
+// which serves it with an intact stream.
+func TestSocketlessOutlivesRuleSet(t *testing.T) {
+	tb := testbed.New(t)
+	d := loadAttached(t, tb, Config{})
+	addr := netip.AddrPortFrom(tb.Server.IP4, 8083)
+	srv := startTCPServer(t, tb, addr)
+	if err := d.Bind(srv.sock(), SampleOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	hot, hotReply := httpGet("/hot", ""), httpReply("from eBPF", "")
+	if _, err := d.AddRules(srv.cookie, []Rule{{Conditions: []Condition{cond(0, hot)}, Processors: []Processor{put(0, hotReply)},
+		ReplyLen: len(hotReply), MinLen: len(hot), MaxLen: len(hot)}}); err != nil {
+		t.Fatal(err)
+	}
+	c := dialFromClient(t, tb, addr)
+	r := bufio.NewReader(c)
+	io.WriteString(c, hot)
+	if got := readReply(t, c, r); got != hotReply {
+		t.Fatalf("from eBPF: %q, want %q", got, hotReply)
+	}
+	if err := d.Unbind(srv.cookie); err != nil {
+		t.Fatal(err)
+	}
+	before := counterNames(t, d)
+	io.WriteString(c, hot)
+	if got, want := readReply(t, c, r), httpReply("kernel GET /hot HTTP/1.1", ""); got != want {
+		t.Fatalf("after the rule set went: %q, want %q", got, want)
+	}
+	after := counterNames(t, d)
+	for _, name := range []string{"pass_port_unbound", "tcp_handed_over"} {
+		if after[name] == before[name] {
+			t.Errorf("%s did not move", name)
+		}
+	}
+	if s := srv.Streams(); len(s) != 1 || s[0] != hot {
+		t.Errorf("the listener's streams %q, want one: %q", s, hot)
 	}
 }
 
@@ -140,9 +185,10 @@ func steerPort(t *testing.T, tb *testbed.Testbed, port uint16, fd int) link.Link
 }
 
 // BenchmarkPassOtherPorts measures what the rule processor costs the host's
-// other traffic (docs/matching.md "Binding"): a data segment of one of the
-// kernel's own TCP connections and a UDP datagram to a socket, on ports
-// without rule sets, in BPF_PROG_RUN ns per packet.
+// other traffic (docs/matching.md "Binding"), on ports without rule sets:
+// a data segment of one of the kernel's own TCP connections (with the
+// timestamps Linux sends), at XDP and at the TC hook, and a UDP datagram to
+// a socket, at XDP; in BPF_PROG_RUN ns per packet.
 func BenchmarkPassOtherPorts(b *testing.B) {
 	tb := testbed.New(b)
 	d := loadAttached(b, tb, Config{})
@@ -159,19 +205,25 @@ func BenchmarkPassOtherPorts(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { unix.Close(fd) })
+	nop := layers.TCPOption{OptionType: layers.TCPOptionKindNop}
+	tcpData := tcpFrame(b, client, tcpAddr, &layers.TCP{ACK: true, PSH: true, Seq: 1000, Ack: 2000, Window: 500,
+		Options: []layers.TCPOption{nop, nop, tsOption(777, 888)}}, httpGet("/x", ""))
+	udp := request(netip.AddrPortFrom(tb.Client.IP4, 5555), udpAddr, strings.Repeat("q", 40)).build(b)
 	for _, f := range []struct {
 		name  string
+		prog  *ebpf.Program
 		frame []byte
+		pass  uint32
 	}{
-		{"kernel-tcp-data", tcpFrame(b, client, tcpAddr, &layers.TCP{ACK: true, PSH: true, Seq: 1000, Ack: 2000, Window: 500},
-			httpGet("/x", ""))},
-		{"udp", request(netip.AddrPortFrom(tb.Client.IP4, 5555), udpAddr, strings.Repeat("q", 40)).build(b)},
+		{"xdp-kernel-tcp-data", d.Program(), tcpData, xdpPass},
+		{"tc-kernel-tcp-data", d.objs.SantaHandover, tcpData, 0}, // TC_ACT_OK
+		{"xdp-udp", d.Program(), udp, xdpPass},
 	} {
 		b.Run(f.name, func(b *testing.B) {
 			if err := tb.Server.Do(func() error {
-				verdict, per, err := d.Program().Benchmark(f.frame, b.N, nil)
-				if err == nil && verdict != xdpPass {
-					err = fmt.Errorf("verdict %d, want XDP_PASS", verdict)
+				verdict, per, err := f.prog.Benchmark(f.frame, b.N, nil)
+				if err == nil && verdict != f.pass {
+					err = fmt.Errorf("verdict %d, want %d", verdict, f.pass)
 				}
 				b.ReportMetric(float64(per.Nanoseconds()), "ns/packet")
 				return err

@@ -8,6 +8,7 @@ import (
 	"unsafe"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 )
 
 // ErrNotBound is returned for a socket that has no rule set.
@@ -68,6 +69,14 @@ func (d *Dataplane) Bind(sock Socket, sample SampleOptions) error {
 		return err
 	}
 	rs.id, rs.buckets, rs.generation = id, buckets, 1
+	if sock.Protocol == unix.IPPROTO_TCP {
+		// for good: a socket-less connection outlives its rule set, and TC
+		// hands it over to the kernel (docs/tcp.md)
+		if err := d.setPortBit(portsTCPSeen, sock.Port, true); err != nil {
+			d.rsIDs.put(id)
+			return fmt.Errorf("bind socket %#x: %w", cookie, err)
+		}
+	}
 	sets := portSets(sock, sample)
 	if err := d.countPorts(sets, sock.Port, 1); err != nil {
 		d.rsIDs.put(id)

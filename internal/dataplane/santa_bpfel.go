@@ -79,7 +79,8 @@ const (
 	santaSantaLimitSANTA_PORTS_UDP         santaSantaLimit = 0
 	santaSantaLimitSANTA_PORTS_TCP         santaSantaLimit = 1
 	santaSantaLimitSANTA_PORTS_TCP_SAMPLED santaSantaLimit = 2
-	santaSantaLimitSANTA_PORT_SETS         santaSantaLimit = 3
+	santaSantaLimitSANTA_PORTS_TCP_SEEN    santaSantaLimit = 3
+	santaSantaLimitSANTA_PORT_SETS         santaSantaLimit = 4
 	santaSantaLimitSANTA_RULESET_DISJOINT  santaSantaLimit = 1
 	santaSantaLimitSANTA_ADDR_LOCAL        santaSantaLimit = 1
 	santaSantaLimitSANTA_ADDR_BROADCAST    santaSantaLimit = 2
