@@ -65,43 +65,91 @@ func TestPortSets(t *testing.T) {
 // rule set is gone, XDP passes its next request without a lookup
 // (pass_port_unbound), and TC, for which the port stays in the set of TCP
 // ports that had a rule set, still hands the connection to the listener,
-// which serves it with an intact stream.
+// which serves it with an intact stream. So does a successor data plane
+// that adopts the flow table but not the rule set (santad restarted after
+// the rule set went): it learns the port from the table.
 func TestSocketlessOutlivesRuleSet(t *testing.T) {
-	tb := testbed.New(t)
-	d := loadAttached(t, tb, Config{})
-	addr := netip.AddrPortFrom(tb.Server.IP4, 8083)
-	srv := startTCPServer(t, tb, addr)
-	if err := d.Bind(srv.sock(), SampleOptions{}); err != nil {
+	for _, successor := range []bool{false, true} {
+		t.Run(map[bool]string{false: "unbound", true: "successor"}[successor], func(t *testing.T) {
+			tb := testbed.New(t)
+			cfg := Config{FlowsPin: filepath.Join(mountBPFFS(t), "tcp_flows")}
+			d, detach := loadAttachedUntil(t, tb, cfg)
+			addr := netip.AddrPortFrom(tb.Server.IP4, 8083)
+			srv := startTCPServer(t, tb, addr)
+			if err := d.Bind(srv.sock(), SampleOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			hot, hotReply := httpGet("/hot", ""), httpReply("from eBPF", "")
+			if _, err := d.AddRules(srv.cookie, []Rule{{Conditions: []Condition{cond(0, hot)}, Processors: []Processor{put(0, hotReply)},
+				ReplyLen: len(hotReply), MinLen: len(hot), MaxLen: len(hot)}}); err != nil {
+				t.Fatal(err)
+			}
+			c := dialFromClient(t, tb, addr)
+			r := bufio.NewReader(c)
+			io.WriteString(c, hot)
+			if got := readReply(t, c, r); got != hotReply {
+				t.Fatalf("from eBPF: %q, want %q", got, hotReply)
+			}
+			if successor {
+				keys := stampKeys(t, d)
+				detach()
+				d.Close()
+				d, _ = loadAttachedUntil(t, tb, cfg)
+				if err := d.AdoptStampKeys(keys); err != nil {
+					t.Fatal(err)
+				}
+			} else if err := d.Unbind(srv.cookie); err != nil {
+				t.Fatal(err)
+			}
+			before := counterNames(t, d)
+			io.WriteString(c, hot)
+			if got, want := readReply(t, c, r), httpReply("kernel GET /hot HTTP/1.1", ""); got != want {
+				t.Fatalf("after the rule set went: %q, want %q", got, want)
+			}
+			after := counterNames(t, d)
+			for _, name := range []string{"pass_port_unbound", "tcp_handed_over"} {
+				if after[name] == before[name] {
+					t.Errorf("%s did not move", name)
+				}
+			}
+			if s := srv.Streams(); len(s) != 1 || s[0] != hot {
+				t.Errorf("the listener's streams %q, want one: %q", s, hot)
+			}
+		})
+	}
+}
+
+// loadAttachedUntil is loadAttached, with a function that detaches the
+// data plane from the server veth before the test ends.
+func loadAttachedUntil(t *testing.T, tb *testbed.Testbed, cfg Config) (*Dataplane, func()) {
+	t.Helper()
+	d, err := Load(cfg)
+	if err != nil {
 		t.Fatal(err)
 	}
-	hot, hotReply := httpGet("/hot", ""), httpReply("from eBPF", "")
-	if _, err := d.AddRules(srv.cookie, []Rule{{Conditions: []Condition{cond(0, hot)}, Processors: []Processor{put(0, hotReply)},
-		ReplyLen: len(hotReply), MinLen: len(hot), MaxLen: len(hot)}}); err != nil {
+	t.Cleanup(func() { d.Close() })
+	var att io.Closer
+	if err := tb.Server.Do(func() (err error) {
+		att, err = d.Attach(tb.Server.Dev, AttachAuto)
+		return err
+	}); err != nil {
 		t.Fatal(err)
 	}
-	c := dialFromClient(t, tb, addr)
-	r := bufio.NewReader(c)
-	io.WriteString(c, hot)
-	if got := readReply(t, c, r); got != hotReply {
-		t.Fatalf("from eBPF: %q, want %q", got, hotReply)
-	}
-	if err := d.Unbind(srv.cookie); err != nil {
-		t.Fatal(err)
-	}
-	before := counterNames(t, d)
-	io.WriteString(c, hot)
-	if got, want := readReply(t, c, r), httpReply("kernel GET /hot HTTP/1.1", ""); got != want {
-		t.Fatalf("after the rule set went: %q, want %q", got, want)
-	}
-	after := counterNames(t, d)
-	for _, name := range []string{"pass_port_unbound", "tcp_handed_over"} {
-		if after[name] == before[name] {
-			t.Errorf("%s did not move", name)
+	t.Cleanup(func() { att.Close() })
+	return d, func() { att.Close() }
+}
+
+// stampKeys reads d's TCP stamp keys, as a successor takes them
+// (Previous.StampKeys).
+func stampKeys(t *testing.T, d *Dataplane) []StampKey {
+	t.Helper()
+	keys := make([]StampKey, stampKeySlots)
+	for i := range keys {
+		if err := d.objs.SantaTcpKeys.Lookup(uint32(i), &keys[i]); err != nil {
+			t.Fatal(err)
 		}
 	}
-	if s := srv.Streams(); len(s) != 1 || s[0] != hot {
-		t.Errorf("the listener's streams %q, want one: %q", s, hot)
-	}
+	return keys
 }
 
 // An sk_lookup program in the namespace may deliver a request to a socket
