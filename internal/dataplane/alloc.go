@@ -65,6 +65,11 @@ type slotAllocator struct {
 	next, limit uint32
 	free        []uint32
 	cooling     cooling[uint32]
+	// reset, if set, readies ids whose quarantine is over for reuse, all
+	// that thawed at once (the rule slots' counters: one system call per
+	// batch rather than one per rule). Until it succeeds they wait in thawed.
+	reset  func(ids []uint32) error
+	thawed []uint32
 }
 
 func newSlotAllocator(n uint32) *slotAllocator {
@@ -76,10 +81,14 @@ var errFull = errors.New("full")
 // get returns a free id, and whether it was used before. When only
 // quarantined ids are left it waits for the oldest (at most the quarantine).
 func (a *slotAllocator) get() (uint32, bool, error) {
-	a.thaw()
+	if err := a.thaw(); err != nil {
+		return 0, false, err
+	}
 	if len(a.free) == 0 && a.next >= a.limit && a.cooling.n > 0 {
 		a.cooling.wait()
-		a.thaw()
+		if err := a.thaw(); err != nil {
+			return 0, false, err
+		}
 	}
 	if n := len(a.free); n > 0 {
 		id := a.free[n-1]
@@ -95,13 +104,26 @@ func (a *slotAllocator) get() (uint32, bool, error) {
 
 func (a *slotAllocator) put(id uint32) { a.cooling.add(id) }
 
-func (a *slotAllocator) thaw() {
-	a.cooling.thaw(func(id uint32) { a.free = append(a.free, id) })
+func (a *slotAllocator) thaw() error {
+	if a.reset == nil {
+		a.cooling.thaw(func(id uint32) { a.free = append(a.free, id) })
+		return nil
+	}
+	a.cooling.thaw(func(id uint32) { a.thawed = append(a.thawed, id) })
+	if len(a.thawed) == 0 {
+		return nil
+	}
+	if err := a.reset(a.thawed); err != nil {
+		return err
+	}
+	a.free = append(a.free, a.thawed...)
+	a.thawed = a.thawed[:0]
+	return nil
 }
 
 // available is the number of ids get can still hand out, cooling ones included.
 func (a *slotAllocator) available() int {
-	return int(a.limit-a.next) + len(a.free) + a.cooling.n
+	return int(a.limit-a.next) + len(a.free) + len(a.thawed) + a.cooling.n
 }
 
 // dataRef locates a rule's bytes: a page and an offset in it.

@@ -180,6 +180,7 @@ func Load(cfg Config) (*Dataplane, error) {
 		return nil, err
 	}
 	d.slots = newSlotAllocator(uint32(cfg.MaxRules) + 1)
+	d.slots.reset = d.resetSlotStats
 	d.rsIDs = newSlotAllocator(rulesetIDs(cfg))
 	d.data = newDataAllocator(uint32(cfg.DataMiB))
 	d.chainLen = make([]uint8, d.mask+1)

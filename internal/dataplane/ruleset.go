@@ -739,8 +739,11 @@ func (d *Dataplane) writeRuleset(rs *ruleset, regions []region, flags uint32, n 
 // head of its bucket's chain.
 func (d *Dataplane) install(id, gen uint32, r *installed) error {
 	slot, reused, err := d.slots.get()
-	if err != nil {
+	if errors.Is(err, errFull) {
 		return fmt.Errorf("%w: rule table; raise santad's dataplane.max_rules", ErrFull)
+	}
+	if err != nil {
+		return err
 	}
 	ref, err := d.data.get(r.rule.dataLen())
 	if err != nil {
@@ -795,10 +798,7 @@ func (d *Dataplane) install(id, gen uint32, r *installed) error {
 		v.Copy0 = c.copies[0]
 		copy(v.Copies[:], c.copies[1:])
 	}
-	if reused { // a fresh slot's counters are still zero from load
-		if err := d.resetSlotStats(slot); err != nil {
-			return err
-		}
+	if reused { // its counters were reset when it thawed; a fresh slot's are zero from load
 		d.setBase(slot, RuleStats{})
 	}
 	encodeInto(d.rules.value(slot), &v)

@@ -57,10 +57,17 @@ func (d *Dataplane) setBase(slot uint32, s RuleStats) {
 	binary.LittleEndian.PutUint64(v[8:], s.Bytes)
 }
 
-func (d *Dataplane) resetSlotStats(slot uint32) error {
-	zero := make([]santaSantaRuleCounters, ebpf.MustPossibleCPU())
-	if err := d.objs.SantaRuleStats.Update(slot, zero, 0); err != nil {
-		return fmt.Errorf("reset counters of rule slot %d: %w", slot, err)
+// resetSlotStats zeroes the per-CPU counters of rule slots whose
+// quarantine is over (slotAllocator.reset), in batched updates.
+func (d *Dataplane) resetSlotStats(slots []uint32) error {
+	const batch = 4096
+	cpus := ebpf.MustPossibleCPU()
+	zeros := make([]santaSantaRuleCounters, min(len(slots), batch)*cpus)
+	for i := 0; i < len(slots); i += batch {
+		keys := slots[i:min(len(slots), i+batch)]
+		if _, err := d.objs.SantaRuleStats.BatchUpdate(keys, zeros[:len(keys)*cpus], nil); err != nil {
+			return fmt.Errorf("reset counters of %d freed rule slots: %w", len(slots), err)
+		}
 	}
 	return nil
 }

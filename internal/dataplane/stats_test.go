@@ -1,7 +1,11 @@
 package dataplane
 
 import (
+	"errors"
+	"reflect"
+	"slices"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
 )
@@ -55,5 +59,86 @@ func TestCountersOf(t *testing.T) {
 	all, err := d.countersUpTo(last)
 	if err != nil || uint32(len(all)) != last+1 || all[last] != d.slotCounters(last) || all[5000].Hits == 0 {
 		t.Fatalf("countersUpTo(the table's last slot): %d slots, last %+v, %v", len(all), all[len(all)-1], err)
+	}
+}
+
+// A rule in a reused slot counts from zero: the slot's per-CPU counters are
+// reset, in one batch with every slot that thawed with it, when its
+// quarantine is over. With room for one rule, the second rule waits for the
+// first one's slot.
+func TestReusedSlotCountsFromZero(t *testing.T) {
+	e := newEnv(t, Config{MaxRules: 1})
+	c, s := fixtureAddrs(e, false, 7230)
+	sock := e.socket(s, false)
+	answer := func(req, want string) {
+		t.Helper()
+		p := request(c, s, req)
+		e.expect(req, p.build(t), xdpTx, p.answer([]byte(want)).build(t), "answered")
+	}
+	hits := func(id RuleID) uint64 {
+		t.Helper()
+		stats, err := e.d.RuleStats(sock)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return stats[id].Hits
+	}
+	first := e.bindRules(sock, reply("key-a", "A"))
+	answer("key-a", "A")
+	answer("key-a", "A")
+	slot := e.d.byID[first[0]].slot
+	if n := hits(first[0]); n != 2 {
+		t.Fatalf("first rule: %d hits, want 2", n)
+	}
+	if err := e.d.DeleteRules(sock, first); err != nil {
+		t.Fatal(err)
+	}
+	second, err := e.d.AddRules(sock, []Rule{reply("key-b", "B")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := e.d.byID[second[0]].slot; got != slot {
+		t.Fatalf("second rule in slot %d, want the first's (%d)", got, slot)
+	}
+	if n := hits(second[0]); n != 0 {
+		t.Fatalf("second rule, in the first's slot: %d hits before any request, want 0", n)
+	}
+	answer("key-b", "B")
+	if n, per := hits(second[0]), e.d.slotCounters(slot); n != 1 || per.Hits != 1 {
+		t.Fatalf("second rule: %d hits, its slot's counters %+v; want 1", n, per)
+	}
+}
+
+// A slot allocator whose reset fails hands out none of the ids that thawed,
+// and retries them on the next get.
+func TestSlotResetFails(t *testing.T) {
+	now := time.Unix(1000, 0)
+	a := newSlotAllocator(2) // one id: 1
+	a.cooling.now = func() time.Time { return now }
+	fail := errors.New("reset failed")
+	var resets [][]uint32
+	a.reset = func(ids []uint32) error {
+		resets = append(resets, slices.Clone(ids))
+		return fail
+	}
+	id, reused, err := a.get()
+	if id != 1 || reused || err != nil {
+		t.Fatalf("first get: %d, %v, %v", id, reused, err)
+	}
+	a.put(id)
+	now = now.Add(2 * quarantine)
+	if _, _, err := a.get(); !errors.Is(err, fail) {
+		t.Fatalf("get with a failing reset: %v, want %v", err, fail)
+	}
+	if a.available() != 1 {
+		t.Fatalf("available after a failed reset: %d, want 1", a.available())
+	}
+	a.reset = func(ids []uint32) error { resets = append(resets, slices.Clone(ids)); return nil }
+	id, reused, err = a.get()
+	if id != 1 || !reused || err != nil {
+		t.Fatalf("get after the reset works: %d, %v, %v", id, reused, err)
+	}
+	if want := [][]uint32{{1}, {1}}; !reflect.DeepEqual(resets, want) {
+		t.Errorf("resets %v, want %v", resets, want)
 	}
 }
