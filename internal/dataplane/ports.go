@@ -1,8 +1,6 @@
 package dataplane
 
 import (
-	"encoding/binary"
-	"errors"
 	"fmt"
 
 	"github.com/cilium/ebpf"
@@ -112,28 +110,9 @@ func (d *Dataplane) setPortBit(set int, port uint16, on bool) error {
 // santad ran, and TC hands their segments to the listener only on ports of
 // that set (docs/tcp.md). A fresh table has none.
 func (d *Dataplane) markFlowPorts() error {
-	const batch = 4096
-	// struct bpf_sock_tuple, as XDP fills it: IPv4's ports at bytes 8-11 and
-	// the rest zero, or IPv6's at 32-35, network byte order
-	keys := make([][36]byte, batch)
-	vals := make([]santaSantaTcpFlow, batch)
 	ports := map[uint16]bool{}
-	var cursor ebpf.MapBatchCursor
-	for {
-		n, err := d.objs.SantaTcpFlows.BatchLookup(&cursor, keys, vals, nil)
-		for _, k := range keys[:n] {
-			if [24]byte(k[12:]) == [24]byte{} {
-				ports[binary.BigEndian.Uint16(k[10:12])] = true
-			} else {
-				ports[binary.BigEndian.Uint16(k[34:36])] = true
-			}
-		}
-		if errors.Is(err, ebpf.ErrKeyNotExist) {
-			break
-		}
-		if err != nil {
-			return fmt.Errorf("read flows: %w", err)
-		}
+	if err := d.eachFlow(func(k flowKey, _ santaSantaTcpFlow) { ports[k.localPort()] = true }); err != nil {
+		return err
 	}
 	for port := range ports {
 		if err := d.setPortBit(portsTCPSeen, port, true); err != nil {

@@ -78,31 +78,54 @@ func (d *Dataplane) startTCPUpkeep() error {
 // on a flow swept; the connection's next request starts a new one.
 const flowIdleUnits = uint32(santaSantaLimitSANTA_TCP_VALID_UNITS) + 1
 
-// sweepFlows deletes the flows idle for more than flowIdleUnits at stamp
-// unit now, and warns when the table is nearly full.
-func (d *Dataplane) sweepFlows(now uint64) error {
-	m := d.objs.SantaTcpFlows
+// flowKey is a santa_tcp_flows key, a struct bpf_sock_tuple as XDP fills
+// it: IPv4's addresses and ports in the first 12 bytes and the rest zero, or
+// IPv6's in all 36; network byte order.
+type flowKey [36]byte
+
+// localPort is the port the connection's requests arrive on.
+func (k flowKey) localPort() uint16 {
+	if [24]byte(k[12:]) == [24]byte{} { // IPv4: an IPv6 key's destination address is never zero
+		return binary.BigEndian.Uint16(k[10:12])
+	}
+	return binary.BigEndian.Uint16(k[34:36])
+}
+
+// eachFlow calls f with every entry of the flow table, read in batches.
+func (d *Dataplane) eachFlow(f func(flowKey, santaSantaTcpFlow)) error {
 	const batch = 4096
-	keys := make([]santaBpfSockTuple, batch)
+	keys := make([]flowKey, batch)
 	vals := make([]santaSantaTcpFlow, batch)
-	var idle []santaBpfSockTuple
-	live := 0
 	var cursor ebpf.MapBatchCursor
 	for {
-		n, err := m.BatchLookup(&cursor, keys, vals, nil)
-		for i := 0; i < n; i++ {
-			if uint32(now)-vals[i].Seen > flowIdleUnits {
-				idle = append(idle, keys[i])
-			} else {
-				live++
-			}
+		n, err := d.objs.SantaTcpFlows.BatchLookup(&cursor, keys, vals, nil)
+		for i := range n {
+			f(keys[i], vals[i])
 		}
 		if errors.Is(err, ebpf.ErrKeyNotExist) {
-			break
+			return nil
 		}
 		if err != nil {
 			return fmt.Errorf("read flows: %w", err)
 		}
+	}
+}
+
+// sweepFlows deletes the flows idle for more than flowIdleUnits at stamp
+// unit now, and warns when the table is nearly full.
+func (d *Dataplane) sweepFlows(now uint64) error {
+	m := d.objs.SantaTcpFlows
+	var idle []flowKey
+	live := 0
+	err := d.eachFlow(func(k flowKey, v santaSantaTcpFlow) {
+		if uint32(now)-v.Seen > flowIdleUnits {
+			idle = append(idle, k)
+		} else {
+			live++
+		}
+	})
+	if err != nil {
+		return err
 	}
 	for _, k := range idle {
 		// look again right before: a new request may have come since
