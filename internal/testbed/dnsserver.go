@@ -451,23 +451,28 @@ func (p *DNSProcess) Stop() error {
 			<-p.done
 			p.stopErr = fmt.Errorf("%s did not stop on SIGTERM within %v; killed", p.Kind, stopGrace)
 		}
-		// Children (NSD's xfrd and servers) normally exit with the main
-		// process. Kill stragglers by pid, only those still in this group.
-		left := func() []int {
-			var l []int
-			for _, q := range procs[1:] {
-				if g, err := syscall.Getpgid(q); err == nil && g == pgid && !isZombie(q) {
-					l = append(l, q)
-				}
-			}
-			return l
-		}
-		waitFor(2*time.Second, 20*time.Millisecond, func() bool { return len(left()) == 0 })
-		for _, q := range left() {
-			_ = syscall.Kill(q, syscall.SIGKILL)
-		}
+		// children (NSD's xfrd and servers) normally exit with the main process
+		killStragglers(pgid, procs[1:])
 	})
 	return p.stopErr
+}
+
+// killStragglers kills, by pid, those of procs still in process group pgid
+// (and not zombies) once they have had 2 s to exit by themselves.
+func killStragglers(pgid int, procs []int) {
+	left := func() []int {
+		var l []int
+		for _, q := range procs {
+			if g, err := syscall.Getpgid(q); err == nil && g == pgid && !isZombie(q) {
+				l = append(l, q)
+			}
+		}
+		return l
+	}
+	waitFor(2*time.Second, 20*time.Millisecond, func() bool { return len(left()) == 0 })
+	for _, q := range left() {
+		_ = syscall.Kill(q, syscall.SIGKILL)
+	}
 }
 
 func isZombie(pid int) bool {

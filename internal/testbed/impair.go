@@ -10,7 +10,6 @@ import (
 	"math/rand"
 	"net"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -304,46 +303,11 @@ func (tb *Testbed) insertMiddle(o Options, io ImpairOptions) (*Link, error) {
 		if side == c {
 			peer = s
 		}
-		err := side.Do(func() error {
-			for _, kv := range [][2]string{
-				{"net/ipv6/conf/" + side.Dev + "/accept_dad", "0"},
-				{"net/ipv6/conf/" + side.Dev + "/router_solicitations", "0"},
-				{"net/ipv6/conf/" + side.Dev + "/accept_ra", "0"},
-				{"net/ipv6/conf/" + side.Dev + "/disable_ipv6", "0"},
-			} {
-				if err := os.WriteFile(filepath.Join("/proc/sys", kv[0]), []byte(kv[1]), 0); err != nil {
-					return err
-				}
-			}
-			return nil
-		})
-		if err != nil {
-			return nil, fmt.Errorf("sysctl in %s: %w", side.NS, err)
+		if err := side.setUp(peer); err != nil {
+			return nil, err
 		}
 		if _, err := side.Run("ethtool", "-K", side.Dev, "gro", "off", "gso", "off", "tso", "off", "tx", "off"); err != nil {
 			return nil, err
-		}
-		cmds := [][]string{
-			{"addr", "add", side.IP4.String() + "/24", "dev", side.Dev},
-			{"addr", "add", side.IP6.String() + "/64", "dev", side.Dev, "nodad"},
-			{"link", "set", side.Dev, "up"},
-			{"neigh", "replace", peer.IP4.String(), "lladdr", peer.MAC.String(), "dev", side.Dev, "nud", "permanent"},
-			{"neigh", "replace", peer.IP6.String(), "lladdr", peer.MAC.String(), "dev", side.Dev, "nud", "permanent"},
-		}
-		for _, args := range cmds {
-			if _, err := Run("", "ip", append([]string{"-n", side.NS}, args...)...); err != nil {
-				return nil, err
-			}
-		}
-		if err := side.Do(func() error {
-			ifi, err := net.InterfaceByName(side.Dev)
-			if err != nil {
-				return err
-			}
-			side.Ifindex = ifi.Index
-			return nil
-		}); err != nil {
-			return nil, fmt.Errorf("%s: %w", side.NS, err)
 		}
 	}
 	if !o.NoClientPass {

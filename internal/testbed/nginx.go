@@ -393,19 +393,7 @@ func (n *Nginx) Stop() error {
 				n.stopErr = fmt.Errorf("nginx did not stop on SIGQUIT and SIGTERM within %v; killed", 2*nginxQuitGrace)
 			}
 		}
-		left := func() []int {
-			var l []int
-			for _, q := range procs[1:] {
-				if g, err := syscall.Getpgid(q); err == nil && g == pgid && !isZombie(q) {
-					l = append(l, q)
-				}
-			}
-			return l
-		}
-		waitFor(2*time.Second, 20*time.Millisecond, func() bool { return len(left()) == 0 })
-		for _, q := range left() {
-			_ = syscall.Kill(q, syscall.SIGKILL)
-		}
+		killStragglers(pgid, procs[1:])
 	})
 	return n.stopErr
 }

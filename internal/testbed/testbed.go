@@ -215,46 +215,8 @@ func (tb *Testbed) setup(queues int, clientPass bool) error {
 		if side == c {
 			peer = s
 		}
-		// Quiet IPv6: no DAD, no router solicitations, no RAs.
-		err := side.Do(func() error {
-			for _, kv := range [][2]string{
-				{"net/ipv6/conf/" + side.Dev + "/accept_dad", "0"},
-				{"net/ipv6/conf/" + side.Dev + "/router_solicitations", "0"},
-				{"net/ipv6/conf/" + side.Dev + "/accept_ra", "0"},
-				{"net/ipv6/conf/" + side.Dev + "/disable_ipv6", "0"},
-			} {
-				if err := os.WriteFile(filepath.Join("/proc/sys", kv[0]), []byte(kv[1]), 0); err != nil {
-					return err
-				}
-			}
-			return nil
-		})
-		if err != nil {
-			return fmt.Errorf("sysctl in %s: %w", side.NS, err)
-		}
-		cmds := [][]string{
-			{"addr", "add", side.IP4.String() + "/24", "dev", side.Dev},
-			{"addr", "add", side.IP6.String() + "/64", "dev", side.Dev, "nodad"},
-			{"link", "set", "lo", "up"},
-			{"link", "set", side.Dev, "up"},
-			{"neigh", "replace", peer.IP4.String(), "lladdr", peer.MAC.String(), "dev", side.Dev, "nud", "permanent"},
-			{"neigh", "replace", peer.IP6.String(), "lladdr", peer.MAC.String(), "dev", side.Dev, "nud", "permanent"},
-		}
-		for _, args := range cmds {
-			if _, err := Run("", "ip", append([]string{"-n", side.NS}, args...)...); err != nil {
-				return err
-			}
-		}
-		err = side.Do(func() error {
-			ifi, err := net.InterfaceByName(side.Dev)
-			if err != nil {
-				return err
-			}
-			side.Ifindex = ifi.Index
-			return nil
-		})
-		if err != nil {
-			return fmt.Errorf("%s: %w", side.NS, err)
+		if err := side.setUp(peer); err != nil {
+			return err
 		}
 	}
 
@@ -386,4 +348,51 @@ func waitFor(timeout, step time.Duration, cond func() bool) bool {
 		}
 		time.Sleep(step)
 	}
+}
+
+// setUp brings one end of the veth pair up with its addresses, quiet IPv6
+// (no DAD, no router solicitations, no RAs) and permanent neighbour entries
+// for peer, and notes its ifindex.
+func (side *Side) setUp(peer *Side) error {
+	err := side.Do(func() error {
+		for _, kv := range [][2]string{
+			{"net/ipv6/conf/" + side.Dev + "/accept_dad", "0"},
+			{"net/ipv6/conf/" + side.Dev + "/router_solicitations", "0"},
+			{"net/ipv6/conf/" + side.Dev + "/accept_ra", "0"},
+			{"net/ipv6/conf/" + side.Dev + "/disable_ipv6", "0"},
+		} {
+			if err := os.WriteFile(filepath.Join("/proc/sys", kv[0]), []byte(kv[1]), 0); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("sysctl in %s: %w", side.NS, err)
+	}
+	cmds := [][]string{
+		{"addr", "add", side.IP4.String() + "/24", "dev", side.Dev},
+		{"addr", "add", side.IP6.String() + "/64", "dev", side.Dev, "nodad"},
+		{"link", "set", "lo", "up"},
+		{"link", "set", side.Dev, "up"},
+		{"neigh", "replace", peer.IP4.String(), "lladdr", peer.MAC.String(), "dev", side.Dev, "nud", "permanent"},
+		{"neigh", "replace", peer.IP6.String(), "lladdr", peer.MAC.String(), "dev", side.Dev, "nud", "permanent"},
+	}
+	for _, args := range cmds {
+		if _, err := Run("", "ip", append([]string{"-n", side.NS}, args...)...); err != nil {
+			return err
+		}
+	}
+	err = side.Do(func() error {
+		ifi, err := net.InterfaceByName(side.Dev)
+		if err != nil {
+			return err
+		}
+		side.Ifindex = ifi.Index
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("%s: %w", side.NS, err)
+	}
+	return nil
 }
