@@ -96,14 +96,8 @@ type DNSProcess struct {
 	Addr6    netip.AddrPort
 	Zone     Zone
 
-	tb   *Testbed
-	cmd  *exec.Cmd
-	out  *LockedBuffer
-	done chan struct{}
-	werr error
-
-	stopOnce sync.Once
-	stopErr  error
+	tb *Testbed
+	serverProcess
 }
 
 // dnsLaunch is what differs between the servers.
@@ -198,8 +192,6 @@ func (tb *Testbed) startDNS(l dnsLaunch, o DNSServerOptions) (*DNSProcess, error
 		Addr6:    netip.AddrPortFrom(tb.Server.IP6, uint16(o.Port)),
 		Zone:     zone,
 		tb:       tb,
-		out:      &LockedBuffer{},
-		done:     make(chan struct{}),
 	}
 	fail := func(err error) (*DNSProcess, error) {
 		p.Stop()
@@ -215,25 +207,9 @@ func (tb *Testbed) startDNS(l dnsLaunch, o DNSServerOptions) (*DNSProcess, error
 		return fail(err)
 	}
 
-	args := []string{"netns", "exec", tb.Server.NS}
-	if o.Pin {
-		args = append(args, "taskset", "-c", strconv.Itoa(o.CPU))
+	if err := p.start(tb, dir, o.Pin, o.CPU, l.argv(p, o)); err != nil {
+		return fail(err)
 	}
-	args = append(args, l.argv(p, o)...)
-	// `ip netns exec` and taskset exec the server: the child's pid is the
-	// server's.
-	p.cmd = exec.Command("ip", args...)
-	p.cmd.Dir = dir
-	p.cmd.Stdout = p.out
-	p.cmd.Stderr = p.out
-	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
-	if err := p.cmd.Start(); err != nil {
-		return fail(fmt.Errorf("start: %w", err))
-	}
-	go func() {
-		p.werr = p.cmd.Wait()
-		close(p.done)
-	}()
 	tb.addCleanup(p.Stop)
 
 	if err := p.waitSOA(o.Timeout, l.loadFailed); err != nil {
@@ -387,8 +363,6 @@ func (p *DNSProcess) Addrs() (v4, v6 netip.AddrPort) { return p.Addr4, p.Addr6 }
 func (p *DNSProcess) Proc() *DNSProcess { return p }
 
 // PID is the pid of the server's main process.
-func (p *DNSProcess) PID() int { return p.cmd.Process.Pid }
-
 // PIDs returns the main process and its descendants.
 func (p *DNSProcess) PIDs() ([]int, error) {
 	select {
@@ -415,19 +389,6 @@ func (p *DNSProcess) Log() string {
 // Output returns what the server wrote to stdout and stderr (the first MiB).
 func (p *DNSProcess) Output() string { return p.out.String() }
 
-// Running reports whether the main process has not exited yet.
-func (p *DNSProcess) Running() bool {
-	if p.cmd == nil || p.cmd.Process == nil {
-		return false
-	}
-	select {
-	case <-p.done:
-		return false
-	default:
-		return true
-	}
-}
-
 // stopGrace is how long Stop waits after SIGTERM before SIGKILL.
 const stopGrace = 10 * time.Second
 
@@ -452,27 +413,9 @@ func (p *DNSProcess) Stop() error {
 			p.stopErr = fmt.Errorf("%s did not stop on SIGTERM within %v; killed", p.Kind, stopGrace)
 		}
 		// children (NSD's xfrd and servers) normally exit with the main process
-		killStragglers(pgid, procs[1:])
+		p.killStragglers(procs[1:])
 	})
 	return p.stopErr
-}
-
-// killStragglers kills, by pid, those of procs still in process group pgid
-// (and not zombies) once they have had 2 s to exit by themselves.
-func killStragglers(pgid int, procs []int) {
-	left := func() []int {
-		var l []int
-		for _, q := range procs {
-			if g, err := syscall.Getpgid(q); err == nil && g == pgid && !isZombie(q) {
-				l = append(l, q)
-			}
-		}
-		return l
-	}
-	waitFor(2*time.Second, 20*time.Millisecond, func() bool { return len(left()) == 0 })
-	for _, q := range left() {
-		_ = syscall.Kill(q, syscall.SIGKILL)
-	}
 }
 
 func isZombie(pid int) bool {

@@ -5,11 +5,9 @@ package testbed
 import (
 	"fmt"
 	"net/netip"
-	"os/exec"
 	"os/user"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -39,13 +37,7 @@ type Memcached struct {
 	Addr4, Addr6 netip.AddrPort // the server's IPv4 and IPv6 address, TCP and UDP
 	Loopback     netip.AddrPort // 127.0.0.1, reachable only inside the server namespace
 
-	cmd  *exec.Cmd
-	out  *LockedBuffer
-	done chan struct{}
-	werr error
-
-	stopOnce sync.Once
-	stopErr  error
+	serverProcess
 }
 
 // StartMemcached starts memcached in the server namespace, listening on
@@ -72,8 +64,6 @@ func (tb *Testbed) StartMemcached(o MemcachedOptions) (*Memcached, error) {
 		Addr4:    netip.AddrPortFrom(tb.Server.IP4, port),
 		Addr6:    netip.AddrPortFrom(tb.Server.IP6, port),
 		Loopback: netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 0, 1}), port),
-		out:      &LockedBuffer{},
-		done:     make(chan struct{}),
 	}
 	if o.IPv4Only {
 		m.Addr6, m.Loopback = netip.AddrPort{}, netip.AddrPort{}
@@ -82,27 +72,13 @@ func (tb *Testbed) StartMemcached(o MemcachedOptions) (*Memcached, error) {
 	if _, err := user.Lookup(username); err != nil {
 		username = "nobody"
 	}
-	args := []string{"netns", "exec", tb.Server.NS}
-	if o.Pin {
-		args = append(args, "taskset", "-c", strconv.Itoa(o.CPU))
-	}
-	args = append(args, MemcachedPath, "-u", username,
+	args := append([]string{MemcachedPath, "-u", username,
 		"-p", strconv.Itoa(o.Port), "-U", strconv.Itoa(o.Port),
 		"-l", m.listen(),
-		"-t", strconv.Itoa(o.Threads), "-m", strconv.Itoa(o.MemoryMB))
-	args = append(args, o.Extra...)
-	// `ip netns exec` and taskset exec memcached: the child's pid is its.
-	m.cmd = exec.Command("ip", args...)
-	m.cmd.Stdout = m.out
-	m.cmd.Stderr = m.out
-	m.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
-	if err := m.cmd.Start(); err != nil {
-		return nil, fmt.Errorf("memcached: start: %w", err)
+		"-t", strconv.Itoa(o.Threads), "-m", strconv.Itoa(o.MemoryMB)}, o.Extra...)
+	if err := m.start(tb, "", o.Pin, o.CPU, args); err != nil {
+		return nil, fmt.Errorf("memcached: %w", err)
 	}
-	go func() {
-		m.werr = m.cmd.Wait()
-		close(m.done)
-	}()
 	tb.addCleanup(m.Stop)
 
 	if err := m.waitReady(tb, o.Timeout); err != nil {
@@ -174,7 +150,6 @@ func versionOverTCPAndUDP(a netip.AddrPort) error {
 	return nil
 }
 
-// PID is memcached's process.
 func (m *Memcached) PID() int { return m.cmd.Process.Pid }
 
 // Threads returns memcached's thread ids (workers, listener and helper
@@ -184,16 +159,6 @@ func (m *Memcached) Threads() ([]int, error) {
 		return nil, fmt.Errorf("memcached is not running")
 	}
 	return Threads(m.PID())
-}
-
-// Running reports whether memcached has not exited yet.
-func (m *Memcached) Running() bool {
-	select {
-	case <-m.done:
-		return false
-	default:
-		return true
-	}
 }
 
 // Log is what memcached wrote to stdout and stderr (the first MiB).

@@ -9,11 +9,8 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 )
@@ -74,13 +71,7 @@ type Nginx struct {
 
 	workers int
 	ownRoot bool
-	cmd     *exec.Cmd
-	out     *LockedBuffer
-	done    chan struct{}
-	werr    error
-
-	stopOnce sync.Once
-	stopErr  error
+	serverProcess
 }
 
 // StartNginx writes a complete nginx.conf under a new temp dir (nothing
@@ -120,8 +111,6 @@ func (tb *Testbed) StartNginx(o NginxOptions) (*Nginx, error) {
 		Root:         o.Root,
 		ErrorLogFile: filepath.Join(dir, "error.log"),
 		workers:      o.Workers,
-		out:          &LockedBuffer{},
-		done:         make(chan struct{}),
 	}
 	if o.IPv6 {
 		n.Addr6 = netip.AddrPortFrom(tb.Server.IP6, uint16(o.Port))
@@ -147,25 +136,10 @@ func (tb *Testbed) StartNginx(o NginxOptions) (*Nginx, error) {
 		return fail(err)
 	}
 
-	args := []string{"netns", "exec", tb.Server.NS}
-	if o.Pin {
-		args = append(args, "taskset", "-c", strconv.Itoa(o.CPU))
+	// with daemon off the master stays in the foreground: the server's pid is the master's
+	if err := n.start(tb, dir, o.Pin, o.CPU, []string{NginxPath, "-p", dir + "/", "-c", n.Conf, "-e", n.ErrorLogFile}); err != nil {
+		return fail(err)
 	}
-	args = append(args, NginxPath, "-p", dir+"/", "-c", n.Conf, "-e", n.ErrorLogFile)
-	// `ip netns exec` and taskset exec nginx, and with daemon off the
-	// master stays in the foreground: the child's pid is the master's.
-	n.cmd = exec.Command("ip", args...)
-	n.cmd.Dir = dir
-	n.cmd.Stdout = n.out
-	n.cmd.Stderr = n.out
-	n.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
-	if err := n.cmd.Start(); err != nil {
-		return fail(fmt.Errorf("start: %w", err))
-	}
-	go func() {
-		n.werr = n.cmd.Wait()
-		close(n.done)
-	}()
 	tb.addCleanup(n.Stop)
 
 	if err := n.waitReady(tb, o.Timeout); err != nil {
@@ -318,7 +292,6 @@ func (n *Nginx) URL4(path string) string { return "http://" + n.Addr4.String() +
 func (n *Nginx) URL6(path string) string { return "http://" + n.Addr6.String() + path }
 
 // PID is the master process.
-func (n *Nginx) PID() int { return n.cmd.Process.Pid }
 
 // PIDs returns the master and its descendants (the workers).
 func (n *Nginx) PIDs() ([]int, error) {
@@ -326,19 +299,6 @@ func (n *Nginx) PIDs() ([]int, error) {
 		return nil, errors.New("nginx is not running")
 	}
 	return Descendants(n.PID())
-}
-
-// Running reports whether the master has not exited yet.
-func (n *Nginx) Running() bool {
-	if n.cmd == nil || n.cmd.Process == nil {
-		return false
-	}
-	select {
-	case <-n.done:
-		return false
-	default:
-		return true
-	}
 }
 
 // Log returns the contents of nginx's error log.
@@ -393,7 +353,7 @@ func (n *Nginx) Stop() error {
 				n.stopErr = fmt.Errorf("nginx did not stop on SIGQUIT and SIGTERM within %v; killed", 2*nginxQuitGrace)
 			}
 		}
-		killStragglers(pgid, procs[1:])
+		n.killStragglers(procs[1:])
 	})
 	return n.stopErr
 }
