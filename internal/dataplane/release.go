@@ -51,7 +51,9 @@ func CgroupV2Root() (string, error) {
 	if err := sc.Err(); err != nil {
 		return "", err
 	}
-	return "", errors.New("no cgroup v2 hierarchy is mounted")
+	return "", errors.New("no cgroup v2 hierarchy is mounted in this mount namespace (the socket release hook needs one): " +
+		"mount one (mount -t cgroup2 none /sys/fs/cgroup/unified); `ip netns exec` mounts a fresh /sys without it, " +
+		"so enter a network namespace with `nsenter --net=/run/netns/NAME` instead")
 }
 
 // Released reads the cookies of closed sockets whose rule sets the release

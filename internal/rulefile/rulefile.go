@@ -146,17 +146,25 @@ func dataOf(b []byte) Data {
 }
 
 // yamlPlaces names the places of a rule file where the YAML decoder names
-// this package's Go types ("field offset not found in type rulefile.Put").
-var yamlPlaces = strings.NewReplacer(
-	"type rulefile.File", "the file (key: rules)",
-	"type rulefile.Rule", "a rule (keys: id, priority, conditions, processors, reply_len, min_len, max_len, guards, close, expires, tag)",
-	"type rulefile.Condition", "a condition (keys: offset, text, hex, base64, mask)",
-	"type rulefile.Processor", "a processor (keys: put, copy)",
-	"type rulefile.Put", "a put (keys: at, text, hex, base64)",
-	"type rulefile.Copy", "a copy (keys: at, from, length, mask)",
-	"type rulefile.Guard", "a guard (keys: slot, version)",
-	"type rulefile.Data", "a mask (keys: text, hex, base64)",
-)
+// this package's Go types ("field offset not found in type rulefile.Put",
+// "cannot unmarshal !!seq into rulefile.File").
+var yamlPlaces = func() *strings.Replacer {
+	var pairs []string
+	for _, p := range [][2]string{
+		{"File", "the file (a mapping whose key rules: holds the list of rules)"},
+		{"Rule", "a rule (keys: id, priority, conditions, processors, reply_len, min_len, max_len, guards, close, expires, tag)"},
+		{"Condition", "a condition (keys: offset, text, hex, base64, mask)"},
+		{"Processor", "a processor (keys: put, copy)"},
+		{"Put", "a put (keys: at, text, hex, base64)"},
+		{"Copy", "a copy (keys: at, from, length, mask)"},
+		{"Guard", "a guard (keys: slot, version)"},
+		{"Data", "a mask (keys: text, hex, base64)"},
+	} {
+		pairs = append(pairs, "type rulefile."+p[0], p[1], "into rulefile."+p[0], "into "+p[1],
+			"into []rulefile."+p[0], "into a list, each item "+p[1])
+	}
+	return strings.NewReplacer(pairs...)
+}()
 
 // Parse reads a rule file in JSON or YAML (JSON is YAML too, but JSON is
 // parsed strictly as JSON when it starts with '{'). Unknown keys are errors.

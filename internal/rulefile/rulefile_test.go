@@ -103,6 +103,8 @@ func TestParseErrors(t *testing.T) {
 		"rules:\n- processors: [{}]\n":                                                 "exactly one of put or copy",
 		" \n":                                                                          "the rule file is empty",
 		"rules:\n- reply: 5\n":                                                         "field reply not found in a rule (keys: id,",
+		"- conditions: [{offset: 0, text: a}]\n":                                       "cannot unmarshal !!seq into the file (a mapping whose key rules: holds the list of rules)",
+		"rules:\n  conditions: []\n":                                                   "cannot unmarshal !!map into a list, each item a rule (keys: id,",
 		"rules:\n- processors: [{put: {offset: 0, text: a}}]\n":                        "field offset not found in a put (keys: at, text, hex, base64)",
 		"rules:\n- close: 1\n":                                                         "cannot unmarshal !!int `1` into bool",
 		"rules:\n- guards: [{slot: 1, versoin: 2}]\n":                                  "field versoin not found in a guard (keys: slot, version)",
