@@ -257,8 +257,9 @@ func ruleFileCmd(e env, g *globals, emptyOK bool, use, short string, do func(*sa
 		Use:   use,
 		Short: short,
 		Long: short + `.
-The rule file format is in docs/cli.md: a list of rules, each with
-conditions (offset and text, hex or base64) and processors (put or copy).
+The rule file format is in docs/cli.md: under the key rules, a list of
+rules, each with conditions (offset and text, hex or base64), processors
+(put or copy) and reply_len; 'santa rules ls --socket C --json' prints one.
 With --lifetime, santad removes each rule that has no expires of its own
 that long after now; --tag tags each rule that has no tag of its own.`,
 		Args: cobra.ExactArgs(1),
