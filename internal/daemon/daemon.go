@@ -152,6 +152,14 @@ func Start(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 		if err != nil {
 			d.log.Warn("previous TCP stamp keys unreadable: its socket-less connections will be reset", "error", err)
 		}
+		// and go to their listeners where the rule set went meanwhile
+		ports, err := prev.SeenPorts()
+		if err == nil {
+			err = d.dp.AdoptSeenPorts(ports)
+		}
+		if err != nil {
+			d.log.Warn("previous TCP ports unreadable: socket-less connections on ports whose rule sets went will be reset", "error", err)
+		}
 	}
 	// Watch socket release from before the replay, so a socket closed during
 	// it is not missed: the old hook covers the time before, this one after.

@@ -171,10 +171,6 @@ func Load(cfg Config) (*Dataplane, error) {
 			return nil, fmt.Errorf("pin %s: %w", sm.name, err)
 		}
 	}
-	if err := d.markFlowPorts(); err != nil {
-		d.Close()
-		return nil, err
-	}
 	if err := d.startTCPUpkeep(); err != nil {
 		d.Close()
 		return nil, err

@@ -176,27 +176,6 @@ func TestFlowsPinned(t *testing.T) {
 	if err := next.objs.SantaTcpFlows.Lookup(&k, &v); err != nil || v.ReplyEnd != 1234 {
 		t.Fatalf("successor's flow: %+v, %v; want reply end 1234", v, err)
 	}
-	// the successor takes its flows' local ports into the "had a rule set"
-	// TCP set, IPv4's and IPv6's (TestSocketlessOutlivesRuleSet end to end)
-	var v4, v6 [36]byte
-	copy(v4[:12], []byte{198, 18, 0, 2, 198, 18, 0, 1, 0xc3, 0x50, 0x1f, 0x90}) // :50000 -> :8080
-	v6[15], v6[31] = 2, 1
-	copy(v6[32:], []byte{0xc3, 0x50, 0x20, 0xfb}) // :50000 -> :8443
-	for _, k := range [][36]byte{v4, v6} {
-		if err := next.objs.SantaTcpFlows.Put(k, &santaSantaTcpFlow{}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	third, err := Load(Config{TCPFlows: 16, FlowsPin: pin})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer third.Close()
-	for port, want := range map[uint16]bool{8080: true, 8443: true, 50000: false, 80: false} {
-		if got := portInSet(t, third, portsTCPSeen, port); got != want {
-			t.Errorf("port %d in the successor's \"had a rule set\" TCP set: %v, want %v", port, got, want)
-		}
-	}
 	bigger, err := Load(Config{TCPFlows: 32, FlowsPin: pin})
 	if err != nil {
 		t.Fatalf("a pinned flow table of another size: %v", err)

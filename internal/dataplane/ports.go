@@ -104,20 +104,43 @@ func (d *Dataplane) setPortBit(set int, port uint16, on bool) error {
 	return nil
 }
 
-// markFlowPorts puts the local port of every socket-less connection in the
-// flow table into the "had a rule set" TCP set: a table adopted from a
-// predecessor (FlowsPin) may hold connections whose rule sets went while no
-// santad ran, and TC hands their segments to the listener only on ports of
-// that set (docs/tcp.md). A fresh table has none.
-func (d *Dataplane) markFlowPorts() error {
-	ports := map[uint16]bool{}
-	if err := d.eachFlow(func(k flowKey, _ santaSantaTcpFlow) { ports[k.localPort()] = true }); err != nil {
-		return err
-	}
-	for port := range ports {
-		if err := d.setPortBit(portsTCPSeen, port, true); err != nil {
-			return err
+// AdoptSeenPorts takes a predecessor's TCP ports that had a rule set
+// (Previous.SeenPorts) into this data plane's: TC checks stamps, and hands
+// socket-less connections to their listeners, only on those ports, and a
+// connection the predecessor answered may be on a port whose rule set went
+// while no santad ran (so no restored rule set brings it back).
+func (d *Dataplane) AdoptSeenPorts(words []uint64) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for i, w := range words {
+		if w == 0 {
+			continue
+		}
+		key := uint32(portsTCPSeen*portWords + i)
+		var have uint64
+		if err := d.objs.SantaPorts.Lookup(key, &have); err != nil {
+			return fmt.Errorf("read santa_ports: %w", err)
+		}
+		if err := d.objs.SantaPorts.Update(key, have|w, ebpf.UpdateAny); err != nil {
+			return fmt.Errorf("write santa_ports: %w", err)
 		}
 	}
 	return nil
+}
+
+// SeenPorts reads the predecessor's set of TCP ports that had a rule set,
+// as santa_ports words (AdoptSeenPorts).
+func (p *Previous) SeenPorts() ([]uint64, error) {
+	m, err := p.open("santa_ports", true)
+	if err != nil {
+		return nil, err
+	}
+	defer m.Close()
+	words := make([]uint64, portWords)
+	for i := range words {
+		if err := m.Lookup(uint32(portsTCPSeen*portWords+i), &words[i]); err != nil {
+			return nil, fmt.Errorf("previous santa_ports: %w", err)
+		}
+	}
+	return words, nil
 }

@@ -2,8 +2,10 @@ package dataplane
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -65,14 +67,17 @@ func TestPortSets(t *testing.T) {
 // rule set is gone, XDP passes its next request without a lookup
 // (pass_port_unbound), and TC, for which the port stays in the set of TCP
 // ports that had a rule set, still hands the connection to the listener,
-// which serves it with an intact stream. So does a successor data plane
-// that adopts the flow table but not the rule set (santad restarted after
-// the rule set went): it learns the port from the table.
+// which serves it with an intact stream. So does a successor that takes
+// over from the pinned data plane as santad does (its stamp keys and that
+// set of ports, the shared flow table) after the rule set went: for a
+// connection eBPF answered a request on, and for one it only shook hands
+// with (no flow entry).
 func TestSocketlessOutlivesRuleSet(t *testing.T) {
 	for _, successor := range []bool{false, true} {
 		t.Run(map[bool]string{false: "unbound", true: "successor"}[successor], func(t *testing.T) {
 			tb := testbed.New(t)
-			cfg := Config{FlowsPin: filepath.Join(mountBPFFS(t), "tcp_flows")}
+			bpffs := mountBPFFS(t)
+			cfg := Config{FlowsPin: filepath.Join(bpffs, "tcp_flows")}
 			d, detach := loadAttachedUntil(t, tb, cfg)
 			addr := netip.AddrPortFrom(tb.Server.IP4, 8083)
 			srv := startTCPServer(t, tb, addr)
@@ -84,36 +89,54 @@ func TestSocketlessOutlivesRuleSet(t *testing.T) {
 				ReplyLen: len(hotReply), MinLen: len(hot), MaxLen: len(hot)}}); err != nil {
 				t.Fatal(err)
 			}
-			c := dialFromClient(t, tb, addr)
-			r := bufio.NewReader(c)
-			io.WriteString(c, hot)
-			if got := readReply(t, c, r); got != hotReply {
+			answered := dialFromClient(t, tb, addr)
+			r := bufio.NewReader(answered)
+			io.WriteString(answered, hot)
+			if got := readReply(t, answered, r); got != hotReply {
 				t.Fatalf("from eBPF: %q, want %q", got, hotReply)
 			}
+			conns := map[string]net.Conn{"answered": answered}
+			readers := map[string]*bufio.Reader{"answered": r}
 			if successor {
-				keys := stampKeys(t, d)
+				shaken := dialFromClient(t, tb, addr)
+				conns["handshake only"], readers["handshake only"] = shaken, bufio.NewReader(shaken)
+				gen := filepath.Join(bpffs, "gen")
+				if err := d.Pin(gen); err != nil {
+					t.Fatal(err)
+				}
+				prev, err := OpenPrevious(gen)
+				if err != nil {
+					t.Fatal(err)
+				}
 				detach()
 				d.Close()
 				d, _ = loadAttachedUntil(t, tb, cfg)
-				if err := d.AdoptStampKeys(keys); err != nil {
+				keys, err := prev.StampKeys()
+				if err == nil {
+					err = d.AdoptStampKeys(keys)
+				}
+				ports, err2 := prev.SeenPorts()
+				if err := errors.Join(err, err2, d.AdoptSeenPorts(ports), prev.Close(), Unpin(gen)); err != nil {
 					t.Fatal(err)
 				}
 			} else if err := d.Unbind(srv.cookie); err != nil {
 				t.Fatal(err)
 			}
-			before := counterNames(t, d)
-			io.WriteString(c, hot)
-			if got, want := readReply(t, c, r), httpReply("kernel GET /hot HTTP/1.1", ""); got != want {
-				t.Fatalf("after the rule set went: %q, want %q", got, want)
-			}
-			after := counterNames(t, d)
-			for _, name := range []string{"pass_port_unbound", "tcp_handed_over"} {
-				if after[name] == before[name] {
-					t.Errorf("%s did not move", name)
+			for name, c := range conns {
+				before := counterNames(t, d)
+				io.WriteString(c, hot)
+				if got, want := readReply(t, c, readers[name]), httpReply("kernel GET /hot HTTP/1.1", ""); got != want {
+					t.Fatalf("%s, after the rule set went: %q, want %q", name, got, want)
+				}
+				after := counterNames(t, d)
+				for _, counter := range []string{"pass_port_unbound", "tcp_handed_over"} {
+					if after[counter] == before[counter] {
+						t.Errorf("%s: %s did not move", name, counter)
+					}
 				}
 			}
-			if s := srv.Streams(); len(s) != 1 || s[0] != hot {
-				t.Errorf("the listener's streams %q, want one: %q", s, hot)
+			if s := srv.Streams(); len(s) != len(conns) || s[0] != hot {
+				t.Errorf("the listener's streams %q, want %d: %q", s, len(conns), hot)
 			}
 		})
 	}
@@ -137,19 +160,6 @@ func loadAttachedUntil(t *testing.T, tb *testbed.Testbed, cfg Config) (*Dataplan
 	}
 	t.Cleanup(func() { att.Close() })
 	return d, func() { att.Close() }
-}
-
-// stampKeys reads d's TCP stamp keys, as a successor takes them
-// (Previous.StampKeys).
-func stampKeys(t *testing.T, d *Dataplane) []StampKey {
-	t.Helper()
-	keys := make([]StampKey, stampKeySlots)
-	for i := range keys {
-		if err := d.objs.SantaTcpKeys.Lookup(uint32(i), &keys[i]); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return keys
 }
 
 // An sk_lookup program in the namespace may deliver a request to a socket

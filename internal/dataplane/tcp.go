@@ -78,18 +78,8 @@ func (d *Dataplane) startTCPUpkeep() error {
 // on a flow swept; the connection's next request starts a new one.
 const flowIdleUnits = uint32(santaSantaLimitSANTA_TCP_VALID_UNITS) + 1
 
-// flowKey is a santa_tcp_flows key, a struct bpf_sock_tuple as XDP fills
-// it: IPv4's addresses and ports in the first 12 bytes and the rest zero, or
-// IPv6's in all 36; network byte order.
+// flowKey is a santa_tcp_flows key: a struct bpf_sock_tuple.
 type flowKey [36]byte
-
-// localPort is the port the connection's requests arrive on.
-func (k flowKey) localPort() uint16 {
-	if [24]byte(k[12:]) == [24]byte{} { // IPv4: an IPv6 key's destination address is never zero
-		return binary.BigEndian.Uint16(k[10:12])
-	}
-	return binary.BigEndian.Uint16(k[34:36])
-}
 
 // eachFlow calls f with every entry of the flow table, read in batches.
 func (d *Dataplane) eachFlow(f func(flowKey, santaSantaTcpFlow)) error {
