@@ -196,6 +196,23 @@ func sameLayout(m *ebpf.Map, ms *ebpf.MapSpec) error {
 	return nil
 }
 
+// readPrevious reads entries first to first+n-1 of the predecessor's array
+// map name.
+func readPrevious[T any](p *Previous, name string, first, n int) ([]T, error) {
+	m, err := p.open(name, true)
+	if err != nil {
+		return nil, err
+	}
+	defer m.Close()
+	out := make([]T, n)
+	for i := range out {
+		if err := m.Lookup(uint32(first+i), &out[i]); err != nil {
+			return nil, fmt.Errorf("previous %s entry %d: %w", name, first+i, err)
+		}
+	}
+	return out, nil
+}
+
 // Alive reports whether the socket still has its rule set in the
 // predecessor: it is bound and has not closed (see AttachReleaseHook).
 func (p *Previous) Alive(cookie uint64) bool {

@@ -131,16 +131,5 @@ func (d *Dataplane) AdoptSeenPorts(words []uint64) error {
 // SeenPorts reads the predecessor's set of TCP ports that had a rule set,
 // as santa_ports words (AdoptSeenPorts).
 func (p *Previous) SeenPorts() ([]uint64, error) {
-	m, err := p.open("santa_ports", true)
-	if err != nil {
-		return nil, err
-	}
-	defer m.Close()
-	words := make([]uint64, portWords)
-	for i := range words {
-		if err := m.Lookup(uint32(portsTCPSeen*portWords+i), &words[i]); err != nil {
-			return nil, fmt.Errorf("previous santa_ports: %w", err)
-		}
-	}
-	return words, nil
+	return readPrevious[uint64](p, "santa_ports", portsTCPSeen*portWords, portWords)
 }

@@ -190,18 +190,7 @@ func (d *Dataplane) AdoptStampKeys(keys []StampKey) error {
 
 // StampKeys reads the predecessor's stamp keys.
 func (p *Previous) StampKeys() ([]StampKey, error) {
-	m, err := p.open("santa_tcp_keys", true)
-	if err != nil {
-		return nil, err
-	}
-	defer m.Close()
-	keys := make([]StampKey, stampKeySlots)
-	for i := range keys {
-		if err := m.Lookup(uint32(i), &keys[i]); err != nil {
-			return nil, fmt.Errorf("previous stamp key %d: %w", i, err)
-		}
-	}
-	return keys, nil
+	return readPrevious[StampKey](p, "santa_tcp_keys", 0, int(stampKeySlots))
 }
 
 // stopTCPUpkeep ends the key rotation and the flow sweep, and waits until
