@@ -162,7 +162,7 @@ func TestDNSHarnessSmoke(t *testing.T) {
 	for _, c := range rep.Cases {
 		sp := saturation(t, c)
 		m := sp.Median
-		if m.ProbeSent == 0 || m.ProbeAnswered < m.ProbeSent*9/10 || m.LatP50Us <= 0 || m.LatP99Us < m.LatP50Us {
+		if !proberAnswered(m) || m.LatP50Us <= 0 || m.LatP99Us < m.LatP50Us {
 			t.Errorf("%s: prober: %d/%d answered, p50 %.0f p99 %.0f µs", c.Name, m.ProbeAnswered, m.ProbeSent, m.LatP50Us, m.LatP99Us)
 		}
 		switch c.Name {
@@ -188,6 +188,16 @@ func TestDNSHarnessSmoke(t *testing.T) {
 			t.Errorf("markdown lacks %q", s)
 		}
 	}
+}
+
+// proberAnswered says whether the latency prober sent and got its answers:
+// nine in ten, or half in a point the harness marked disturbed (others'
+// work kept the server CPU busy, and the server dropped queries).
+func proberAnswered(m Sample) bool {
+	if m.Disturbed {
+		return m.ProbeSent > 0 && m.ProbeAnswered >= m.ProbeSent/2
+	}
+	return m.ProbeSent > 0 && m.ProbeAnswered >= m.ProbeSent*9/10
 }
 
 // saturation is the case's saturation point; it fails the test if the case
@@ -277,7 +287,7 @@ func TestMCHarnessSmoke(t *testing.T) {
 				t.Errorf("santa-top-100: controller reported %q, want 100 keys offloaded and some rebuilt after SETs", rep.Done[c.Name])
 			}
 		}
-		if c.Name != "reflector" && (m.ProbeSent == 0 || m.ProbeAnswered < m.ProbeSent*9/10 || m.LatP50Us <= 0) {
+		if c.Name != "reflector" && (!proberAnswered(m) || m.LatP50Us <= 0) {
 			t.Errorf("%s: prober: %d/%d answered, p50 %.0f µs", c.Name, m.ProbeAnswered, m.ProbeSent, m.LatP50Us)
 		}
 	}
