@@ -495,10 +495,6 @@ __noinline int udp_request(struct xdp_md *ctx, struct pkt_info *req)
 {
 	if (!req)
 		return XDP_PASS;
-	if (!port_may_have_ruleset(ctx, req)) {
-		COUNT(pass_port_unbound);
-		return XDP_PASS;
-	}
 	int wildcard = 0;
 	__u64 cookie = receiving_socket(ctx, req, &wildcard);
 	if (!cookie) {
@@ -535,6 +531,10 @@ int santa_xdp(struct xdp_md *ctx)
 	int err = parse_request((void *)(long)ctx->data, (void *)(long)ctx->data_end, &req, 1);
 	if (err)
 		return count_parse_result(err);
+	if (!port_may_have_ruleset(ctx, &req)) {
+		COUNT(pass_port_unbound);
+		return XDP_PASS;
+	}
 	if (req.proto == IPPROTO_TCP)
 		return tcp_segment(ctx, &req);
 	return udp_request(ctx, &req);

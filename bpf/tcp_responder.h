@@ -230,10 +230,6 @@ __noinline int tcp_segment(struct xdp_md *ctx, struct pkt_info *req)
 {
 	if (!req)
 		return XDP_PASS;
-	if (!port_may_have_ruleset(ctx, req)) {
-		COUNT(pass_port_unbound);
-		return XDP_PASS;
-	}
 	int wildcard = 0, kernel_sock = 0;
 	__u64 cookie = tcp_listener(ctx, req, &wildcard, &kernel_sock);
 	if (kernel_sock) {
