@@ -145,20 +145,8 @@ func Start(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 	}
 	if prev != nil {
 		// the predecessor's socket-less TCP connections stay valid
-		keys, err := prev.StampKeys()
-		if err == nil {
-			err = d.dp.AdoptStampKeys(keys)
-		}
-		if err != nil {
-			d.log.Warn("previous TCP stamp keys unreadable: its socket-less connections will be reset", "error", err)
-		}
-		// and go to their listeners where the rule set went meanwhile
-		ports, err := prev.SeenPorts()
-		if err == nil {
-			err = d.dp.AdoptSeenPorts(ports)
-		}
-		if err != nil {
-			d.log.Warn("previous TCP ports unreadable: socket-less connections on ports whose rule sets went will be reset", "error", err)
+		if err := d.dp.AdoptSocketless(prev); err != nil {
+			d.log.Warn("previous TCP stamp keys or ports unreadable: its socket-less connections may be reset", "error", err)
 		}
 	}
 	// Watch socket release from before the replay, so a socket closed during

@@ -87,49 +87,40 @@ func (d *Dataplane) countPorts(sets []int, port uint16, delta int) error {
 }
 
 func (d *Dataplane) setPortBit(set int, port uint16, on bool) error {
-	word := uint32(set*portWords + int(port)/64)
+	bit := uint64(1) << (port % 64)
+	return d.updatePortWord(set, int(port)/64, func(bits uint64) uint64 {
+		if on {
+			return bits | bit
+		}
+		return bits &^ bit
+	})
+}
+
+// updatePortWord rewrites word i of set of santa_ports with f.
+func (d *Dataplane) updatePortWord(set, i int, f func(uint64) uint64) error {
+	key := uint32(set*portWords + i)
 	var bits uint64
-	if err := d.objs.SantaPorts.Lookup(word, &bits); err != nil {
+	if err := d.objs.SantaPorts.Lookup(key, &bits); err != nil {
 		return fmt.Errorf("read santa_ports: %w", err)
 	}
-	bit := uint64(1) << (port % 64)
-	if on {
-		bits |= bit
-	} else {
-		bits &^= bit
-	}
-	if err := d.objs.SantaPorts.Update(word, bits, ebpf.UpdateAny); err != nil {
+	if err := d.objs.SantaPorts.Update(key, f(bits), ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("write santa_ports: %w", err)
 	}
 	return nil
 }
 
-// AdoptSeenPorts takes a predecessor's TCP ports that had a rule set
-// (Previous.SeenPorts) into this data plane's: TC checks stamps, and hands
-// socket-less connections to their listeners, only on those ports, and a
-// connection the predecessor answered may be on a port whose rule set went
-// while no santad ran (so no restored rule set brings it back).
-func (d *Dataplane) AdoptSeenPorts(words []uint64) error {
+// adoptSeenPorts ORs a predecessor's set of TCP ports that had a rule set
+// (santa_ports words) into this data plane's.
+func (d *Dataplane) adoptSeenPorts(words []uint64) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for i, w := range words {
 		if w == 0 {
 			continue
 		}
-		key := uint32(portsTCPSeen*portWords + i)
-		var have uint64
-		if err := d.objs.SantaPorts.Lookup(key, &have); err != nil {
-			return fmt.Errorf("read santa_ports: %w", err)
-		}
-		if err := d.objs.SantaPorts.Update(key, have|w, ebpf.UpdateAny); err != nil {
-			return fmt.Errorf("write santa_ports: %w", err)
+		if err := d.updatePortWord(portsTCPSeen, i, func(bits uint64) uint64 { return bits | w }); err != nil {
+			return err
 		}
 	}
 	return nil
-}
-
-// SeenPorts reads the predecessor's set of TCP ports that had a rule set,
-// as santa_ports words (AdoptSeenPorts).
-func (p *Previous) SeenPorts() ([]uint64, error) {
-	return readPrevious[uint64](p, "santa_ports", portsTCPSeen*portWords, portWords)
 }

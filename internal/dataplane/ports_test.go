@@ -111,12 +111,7 @@ func TestSocketlessOutlivesRuleSet(t *testing.T) {
 				detach()
 				d.Close()
 				d, _ = loadAttachedUntil(t, tb, cfg)
-				keys, err := prev.StampKeys()
-				if err == nil {
-					err = d.AdoptStampKeys(keys)
-				}
-				ports, err2 := prev.SeenPorts()
-				if err := errors.Join(err, err2, d.AdoptSeenPorts(ports), prev.Close(), Unpin(gen)); err != nil {
+				if err := errors.Join(d.AdoptSocketless(prev), prev.Close(), Unpin(gen)); err != nil {
 					t.Fatal(err)
 				}
 			} else if err := d.Unbind(srv.cookie); err != nil {
@@ -144,8 +139,11 @@ func TestSocketlessOutlivesRuleSet(t *testing.T) {
 
 // loadAttachedUntil is loadAttached, with a function that detaches the
 // data plane from the server veth before the test ends.
-func loadAttachedUntil(t *testing.T, tb *testbed.Testbed, cfg Config) (*Dataplane, func()) {
+func loadAttachedUntil(t testing.TB, tb *testbed.Testbed, cfg Config) (*Dataplane, func()) {
 	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Fatal("needs root: network namespaces, XDP, TC")
+	}
 	d, err := Load(cfg)
 	if err != nil {
 		t.Fatal(err)

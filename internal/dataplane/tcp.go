@@ -78,44 +78,31 @@ func (d *Dataplane) startTCPUpkeep() error {
 // on a flow swept; the connection's next request starts a new one.
 const flowIdleUnits = uint32(santaSantaLimitSANTA_TCP_VALID_UNITS) + 1
 
-// flowKey is a santa_tcp_flows key: a struct bpf_sock_tuple.
-type flowKey [36]byte
-
-// eachFlow calls f with every entry of the flow table, read in batches.
-func (d *Dataplane) eachFlow(f func(flowKey, santaSantaTcpFlow)) error {
-	const batch = 4096
-	keys := make([]flowKey, batch)
-	vals := make([]santaSantaTcpFlow, batch)
-	var cursor ebpf.MapBatchCursor
-	for {
-		n, err := d.objs.SantaTcpFlows.BatchLookup(&cursor, keys, vals, nil)
-		for i := range n {
-			f(keys[i], vals[i])
-		}
-		if errors.Is(err, ebpf.ErrKeyNotExist) {
-			return nil
-		}
-		if err != nil {
-			return fmt.Errorf("read flows: %w", err)
-		}
-	}
-}
-
 // sweepFlows deletes the flows idle for more than flowIdleUnits at stamp
 // unit now, and warns when the table is nearly full.
 func (d *Dataplane) sweepFlows(now uint64) error {
 	m := d.objs.SantaTcpFlows
-	var idle []flowKey
+	const batch = 4096
+	keys := make([]santaBpfSockTuple, batch)
+	vals := make([]santaSantaTcpFlow, batch)
+	var idle []santaBpfSockTuple
 	live := 0
-	err := d.eachFlow(func(k flowKey, v santaSantaTcpFlow) {
-		if uint32(now)-v.Seen > flowIdleUnits {
-			idle = append(idle, k)
-		} else {
-			live++
+	var cursor ebpf.MapBatchCursor
+	for {
+		n, err := m.BatchLookup(&cursor, keys, vals, nil)
+		for i := 0; i < n; i++ {
+			if uint32(now)-vals[i].Seen > flowIdleUnits {
+				idle = append(idle, keys[i])
+			} else {
+				live++
+			}
 		}
-	})
-	if err != nil {
-		return err
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			break
+		}
+		if err != nil {
+			return fmt.Errorf("read flows: %w", err)
+		}
 	}
 	for _, k := range idle {
 		// look again right before: a new request may have come since
@@ -169,9 +156,27 @@ func (d *Dataplane) fillStampKeysAt(e uint64) error {
 	return nil
 }
 
-// AdoptStampKeys takes a predecessor's stamp keys (Previous.StampKeys), so
-// that the socket-less connections it answered stay valid.
-func (d *Dataplane) AdoptStampKeys(keys []StampKey) error {
+// AdoptSocketless takes from the predecessor what the socket-less TCP
+// connections it answered need: its stamp keys, so that their stamps stay
+// valid, and its ports that had a rule set, so that TC still hands them to
+// their listeners where the rule set went while no santad ran.
+func (d *Dataplane) AdoptSocketless(p *Previous) error {
+	keys, err := readPrevious[StampKey](p, "santa_tcp_keys", 0, int(stampKeySlots))
+	if err != nil {
+		return err
+	}
+	if err := d.adoptStampKeys(keys); err != nil {
+		return err
+	}
+	ports, err := readPrevious[uint64](p, "santa_ports", portsTCPSeen*portWords, portWords)
+	if err != nil {
+		return err
+	}
+	return d.adoptSeenPorts(ports)
+}
+
+// adoptStampKeys writes the keys of the current epoch and its neighbours.
+func (d *Dataplane) adoptStampKeys(keys []StampKey) error {
 	e, err := stampEpoch()
 	if err != nil {
 		return err
@@ -186,11 +191,6 @@ func (d *Dataplane) AdoptStampKeys(keys []StampKey) error {
 		}
 	}
 	return nil
-}
-
-// StampKeys reads the predecessor's stamp keys.
-func (p *Previous) StampKeys() ([]StampKey, error) {
-	return readPrevious[StampKey](p, "santa_tcp_keys", 0, int(stampKeySlots))
 }
 
 // stopTCPUpkeep ends the key rotation and the flow sweep, and waits until

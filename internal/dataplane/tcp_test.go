@@ -8,7 +8,6 @@ import (
 	"io"
 	"net"
 	"net/netip"
-	"os"
 	"runtime"
 	"strings"
 	"sync"
@@ -176,23 +175,7 @@ func dialFromClient(t testing.TB, tb *testbed.Testbed, addr netip.AddrPort) net.
 // (XDP and the TC hook), for as long as the test runs.
 func loadAttached(t testing.TB, tb *testbed.Testbed, cfg Config) *Dataplane {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Fatal("needs root: network namespaces, XDP, TC")
-	}
-	d, err := Load(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { d.Close() })
-	if err := tb.Server.Do(func() error {
-		att, err := d.Attach(tb.Server.Dev, AttachAuto)
-		if err == nil {
-			t.Cleanup(func() { att.Close() })
-		}
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
+	d, _ := loadAttachedUntil(t, tb, cfg)
 	return d
 }
 
