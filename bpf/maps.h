@@ -15,6 +15,17 @@ struct {
 	__uint(max_entries, 65536); /* set by user space */
 } santa_sockets SEC(".maps");
 
+/* Bumped (atomically, by santad and the release hook) after every change of
+ * santa_sockets: a CPU's cached answers of it (santa_scratch.sockets) hold
+ * only while it has not moved. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(max_entries, 1);
+	__uint(map_flags, BPF_F_MMAPABLE); /* user space adds in place */
+} santa_sockets_gen SEC(".maps");
+
 /* Word set * SANTA_PORT_WORDS + port / 64 -> a bit per local port, in each
  * set SANTA_PORTS_*: the ports of the sockets that have rule sets (santad
  * keeps them, XDP only reads them). A request to any other port is passed
@@ -42,6 +53,27 @@ struct {
 	__type(value, __u8);
 	__uint(max_entries, 4096);
 } santa_local_addrs SEC(".maps");
+
+/* local_filter_slot(key) -> how many keys of santa_local_addrs hash there:
+ * a request whose addresses' slots hold 0 needs no lookup there (most
+ * sources), which is cheaper than a miss in the hash map. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(max_entries, SANTA_LOCAL_FILTER_SLOTS);
+} santa_local_filter SEC(".maps");
+
+/* The slot of key in santa_local_filter; internal/dataplane/localaddr.go
+ * has the twin. */
+static __always_inline __u32 local_filter_slot(const struct santa_local_addr *key)
+{
+	const __u64 *w = (const __u64 *)key;
+	__u64 h = w[0] * 0x9e3779b97f4a7c15ull;
+	h = (h ^ w[1]) * 0x9e3779b97f4a7c15ull;
+	h = (h ^ w[2]) * 0x9e3779b97f4a7c15ull;
+	return h >> (64 - SANTA_LOCAL_FILTER_BITS);
+}
 
 /* Rule set id -> its regions and miss-sample settings. Id 0 is never used. */
 struct {

@@ -33,6 +33,9 @@ enum santa_limit {
 	SANTA_RULESET_DISJOINT = 1,  /* rule set flag: at most one rule can match a packet */
 	SANTA_ADDR_LOCAL = 1,        /* santa_local_addrs: an address of this host */
 	SANTA_ADDR_BROADCAST = 2,    /* santa_local_addrs: a subnet broadcast address */
+	SANTA_LOCAL_FILTER_BITS = 12, /* santa_local_filter: 2^12 slots */
+	SANTA_LOCAL_FILTER_SLOTS = 1 << 12,
+	SANTA_SOCKET_CACHE = 16,     /* santa_scratch: cached santa_sockets answers per CPU */
 	SANTA_COND_MASKED = 1u << 31, /* santa_cond.data flag: the pattern has a mask */
 	SANTA_RULE_CLOSE = 1,        /* santa_rule.flags: TCP, the reply ends the connection (FIN with it) */
 	SANTA_RULE_EXPIRES = 2,      /* santa_rule.flags: the rule stops answering at santa_rule.expires */
@@ -167,6 +170,7 @@ struct santa_local_addr {
 	__u8 pad[3];
 	__u8 addr[16];   /* IPv4 in the first 4 bytes */
 };
+_Static_assert(sizeof(struct santa_local_addr) == 24, "santa_local_addr: local_filter_slot hashes three words");
 
 /* Per-rule, per-CPU statistics. */
 struct santa_rule_counters {
@@ -272,15 +276,26 @@ struct santa_region_probe {
 	__u32 pos;     /* where its whole words end */
 };
 
+/* A CPU's copy of one santa_sockets answer: cookie's rule set (0: none)
+ * as it was while santa_sockets_gen held gen. */
+struct santa_socket_cache {
+	__u64 cookie;
+	__u64 gen;
+	__u32 ruleset;
+	__u32 pad;
+};
+
 /* Per-CPU work area: the request window (with slack for word-wise compares
  * past a pattern's end), the reply's headers, the request's TCP header,
- * the TCP responder's state and the matcher's probes (off the short stack). */
+ * the TCP responder's state, the matcher's probes (off the short stack) and
+ * the recent answers of santa_sockets, by cookie % SANTA_SOCKET_CACHE. */
 struct santa_scratch {
 	__u8 req[SANTA_SCRATCH_REQ];
 	__u8 hdr[128];
 	__u8 l4[SANTA_SCRATCH_L4];
 	__u8 tcp[SANTA_SCRATCH_TCP];
 	struct santa_region_probe probe;
+	struct santa_socket_cache sockets[SANTA_SOCKET_CACHE];
 };
 
 /* The SipHash key of one stamp epoch (TCP). */

@@ -71,7 +71,7 @@ static __always_inline int port_may_have_ruleset(struct xdp_md *ctx, const struc
  * host, else SANTA_ADDR_LOCAL or SANTA_ADDR_BROADCAST. */
 static __always_inline __u8 local_addr_kind(struct xdp_md *ctx, __u8 family, const void *addr)
 {
-	struct santa_local_addr key = {
+	struct santa_local_addr key __attribute__((aligned(8))) = { /* hashed as words */
 		.ifindex = ctx->ingress_ifindex,
 		.family = family,
 	};
@@ -79,6 +79,10 @@ static __always_inline __u8 local_addr_kind(struct xdp_md *ctx, __u8 family, con
 		__builtin_memcpy(key.addr, addr, 4);
 	else
 		__builtin_memcpy(key.addr, addr, 16);
+	__u32 slot = local_filter_slot(&key);
+	__u32 *n = bpf_map_lookup_elem(&santa_local_filter, &slot);
+	if (n && *n == 0)
+		return 0;
 	__u8 *kind = bpf_map_lookup_elem(&santa_local_addrs, &key);
 	return kind ? *kind : 0;
 }
@@ -425,16 +429,33 @@ static __always_inline int answer_udp(struct xdp_md *ctx, struct pkt_info *req,
 	return send_frame(ctx, s, hdr_len, r, page, st);
 }
 
-/* The rule set of the socket with cookie, with its id, or NULL (counted). */
-static __always_inline const struct santa_ruleset *socket_ruleset(__u64 cookie, __u32 *id)
+/* The rule set id of the socket with cookie, 0 if it has none: what
+ * santa_sockets says, from this CPU's cache while santa_sockets_gen has not
+ * moved (the hash lookup cost as much as all the socket's other checks). */
+static __always_inline __u32 socket_ruleset_id(struct santa_scratch *s, __u64 cookie)
 {
+	__u32 zero = 0;
+	__u64 *gen_now = bpf_map_lookup_elem(&santa_sockets_gen, &zero);
+	if (!gen_now)
+		return 0;
+	/* read before the lookup: a change after it moves gen past this */
+	__u64 gen = *(volatile __u64 *)gen_now;
+	struct santa_socket_cache *c = &s->sockets[cookie & (SANTA_SOCKET_CACHE - 1)];
+	if (c->cookie == cookie && c->gen == gen)
+		return c->ruleset;
 	__u32 *rs_id = bpf_map_lookup_elem(&santa_sockets, &cookie);
-	if (!rs_id) {
-		COUNT(pass_no_ruleset);
-		return NULL;
-	}
-	*id = *rs_id;
-	const struct santa_ruleset *rs = bpf_map_lookup_elem(&santa_rulesets, id);
+	c->cookie = cookie;
+	c->gen = gen;
+	c->ruleset = rs_id ? *rs_id : 0;
+	return c->ruleset;
+}
+
+/* The rule set of the socket with cookie, with its id, or NULL (counted). */
+static __always_inline const struct santa_ruleset *socket_ruleset(struct santa_scratch *s, __u64 cookie,
+								  __u32 *id)
+{
+	*id = socket_ruleset_id(s, cookie);
+	const struct santa_ruleset *rs = *id ? bpf_map_lookup_elem(&santa_rulesets, id) : NULL;
 	if (!rs)
 		COUNT(pass_no_ruleset);
 	return rs;
@@ -501,10 +522,12 @@ __noinline int udp_request(struct xdp_md *ctx, struct pkt_info *req)
 		COUNT(pass_no_socket);
 		return XDP_PASS;
 	}
-	__u32 id;
-	const struct santa_ruleset *rs = socket_ruleset(cookie, &id);
 	struct santa_scratch *s = scratch();
-	if (!rs || !s)
+	if (!s)
+		return XDP_PASS;
+	__u32 id;
+	const struct santa_ruleset *rs = socket_ruleset(s, cookie, &id);
+	if (!rs)
 		return XDP_PASS;
 	__u32 slot = 0;
 	const struct santa_rule *r = match_request(ctx, req, s, cookie, id, rs, &slot);

@@ -212,12 +212,9 @@ static __always_inline void sample_kernel_data(struct xdp_md *ctx, struct pkt_in
 	}
 	int wildcard = 0, kernel_sock = 0;
 	__u64 cookie = tcp_listener(ctx, req, &wildcard, &kernel_sock);
-	__u32 *rs_id = cookie ? bpf_map_lookup_elem(&santa_sockets, &cookie) : NULL;
-	if (!rs_id)
-		return;
-	__u32 id = *rs_id;
-	const struct santa_ruleset *rs = bpf_map_lookup_elem(&santa_rulesets, &id);
 	struct santa_scratch *s = scratch();
+	__u32 id = cookie && s ? socket_ruleset_id(s, cookie) : 0;
+	const struct santa_ruleset *rs = id ? bpf_map_lookup_elem(&santa_rulesets, &id) : NULL;
 	if (!rs || !rs->sample_len || !s)
 		return;
 	__u32 len = req->payload_len < SANTA_REQ_WINDOW ? req->payload_len : SANTA_REQ_WINDOW;
@@ -241,10 +238,12 @@ __noinline int tcp_segment(struct xdp_md *ctx, struct pkt_info *req)
 		COUNT(pass_no_socket);
 		return XDP_PASS;
 	}
-	__u32 id;
-	const struct santa_ruleset *rs = socket_ruleset(cookie, &id);
 	struct santa_scratch *s = scratch();
-	if (!rs || !s)
+	if (!s)
+		return XDP_PASS;
+	__u32 id;
+	const struct santa_ruleset *rs = socket_ruleset(s, cookie, &id);
+	if (!rs)
 		return XDP_PASS;
 	if (!kernel_would_deliver(ctx, req, wildcard)) {
 		COUNT(pass_not_local);

@@ -29,12 +29,15 @@ type Dataplane struct {
 	pages      *mmapArray // santa_pages
 	rulesets   *mmapArray // santa_rulesets
 	bases      *mmapArray // santa_rule_base
+	socketsGen *mmapArray // santa_sockets_gen
 	slots      *slotAllocator
 	rsIDs      *slotAllocator
 	data       *dataAllocator
 	chainLen   []uint8 // rules per bucket, to keep every chain within MaxChain
 	bySocket   map[uint64]*ruleset
-	portUsers  map[portKey]int // rule sets that hold a port in a set of santa_ports
+	portUsers  map[portKey]int   // rule sets that hold a port in a set of santa_ports
+	localMu    sync.Mutex        // the address watchers share santa_local_filter
+	localSlots map[uint32]uint32 // santa_local_filter's counts, as written
 	byID       map[RuleID]*installed
 	retiring   []retiring // replaced rules still linked for packets in flight
 	closed     bool
@@ -94,12 +97,13 @@ func Load(cfg Config) (*Dataplane, error) {
 		return nil, err
 	}
 	d := &Dataplane{
-		cfg:       cfg,
-		seed:      binary.LittleEndian.Uint32(seed[:]),
-		mask:      uint32(1)<<cfg.HashBits - 1,
-		bySocket:  map[uint64]*ruleset{},
-		portUsers: map[portKey]int{},
-		byID:      map[RuleID]*installed{},
+		cfg:        cfg,
+		seed:       binary.LittleEndian.Uint32(seed[:]),
+		mask:       uint32(1)<<cfg.HashBits - 1,
+		bySocket:   map[uint64]*ruleset{},
+		portUsers:  map[portKey]int{},
+		localSlots: map[uint32]uint32{},
+		byID:       map[RuleID]*installed{},
 	}
 	sizes := map[string]uint32{
 		"santa_sockets":       uint32(cfg.MaxRulesets),
@@ -154,7 +158,7 @@ func Load(cfg Config) (*Dataplane, error) {
 		src *ebpf.Map
 	}{{&d.rules, d.objs.SantaRules}, {&d.buckets, d.objs.SantaBuckets},
 		{&d.pages, d.objs.SantaPages}, {&d.rulesets, d.objs.SantaRulesets},
-		{&d.bases, d.objs.SantaRuleBase}} {
+		{&d.bases, d.objs.SantaRuleBase}, {&d.socketsGen, d.objs.SantaSocketsGen}} {
 		if *m.dst, err = mapArray(m.src, true); err != nil {
 			d.Close()
 			return nil, err
@@ -276,7 +280,7 @@ func (d *Dataplane) Close() error {
 	d.closed = true
 	d.stopTCPUpkeep()
 	var errs []error
-	for _, a := range []*mmapArray{d.rules, d.buckets, d.pages, d.rulesets, d.bases} {
+	for _, a := range []*mmapArray{d.rules, d.buckets, d.pages, d.rulesets, d.bases, d.socketsGen} {
 		errs = append(errs, a.close())
 	}
 	errs = append(errs, d.objs.Close())

@@ -86,6 +86,8 @@ func TestAnswersOnlyWhatTheKernelWouldDeliver(t *testing.T) {
 			addr("ff02::1"),
 			addr("::1"),
 			addr("::"),
+			s4.Addr(), // this host's own addresses (santa_local_addrs, behind its filter)
+			s6.Addr(),
 		} {
 			t.Run(src.String(), func(t *testing.T) {
 				dst := s4

@@ -20,6 +20,7 @@ const (
 	handoverMapSantaCounters         = "santa_counters"
 	handoverMapSantaGuards           = "santa_guards"
 	handoverMapSantaLocalAddrs       = "santa_local_addrs"
+	handoverMapSantaLocalFilter      = "santa_local_filter"
 	handoverMapSantaMissSamples      = "santa_miss_samples"
 	handoverMapSantaPages            = "santa_pages"
 	handoverMapSantaPorts            = "santa_ports"
@@ -31,6 +32,7 @@ const (
 	handoverMapSantaSampleBudget     = "santa_sample_budget"
 	handoverMapSantaScratch          = "santa_scratch"
 	handoverMapSantaSockets          = "santa_sockets"
+	handoverMapSantaSocketsGen       = "santa_sockets_gen"
 	handoverMapSantaTcpFlows         = "santa_tcp_flows"
 	handoverMapSantaTcpKeys          = "santa_tcp_keys"
 	handoverProgSantaHandover        = "santa_handover"
@@ -91,6 +93,7 @@ type handoverMapSpecs struct {
 	SantaCounters     *ebpf.MapSpec `ebpf:"santa_counters"`
 	SantaGuards       *ebpf.MapSpec `ebpf:"santa_guards"`
 	SantaLocalAddrs   *ebpf.MapSpec `ebpf:"santa_local_addrs"`
+	SantaLocalFilter  *ebpf.MapSpec `ebpf:"santa_local_filter"`
 	SantaMissSamples  *ebpf.MapSpec `ebpf:"santa_miss_samples"`
 	SantaPages        *ebpf.MapSpec `ebpf:"santa_pages"`
 	SantaPorts        *ebpf.MapSpec `ebpf:"santa_ports"`
@@ -102,6 +105,7 @@ type handoverMapSpecs struct {
 	SantaSampleBudget *ebpf.MapSpec `ebpf:"santa_sample_budget"`
 	SantaScratch      *ebpf.MapSpec `ebpf:"santa_scratch"`
 	SantaSockets      *ebpf.MapSpec `ebpf:"santa_sockets"`
+	SantaSocketsGen   *ebpf.MapSpec `ebpf:"santa_sockets_gen"`
 	SantaTcpFlows     *ebpf.MapSpec `ebpf:"santa_tcp_flows"`
 	SantaTcpKeys      *ebpf.MapSpec `ebpf:"santa_tcp_keys"`
 }
@@ -138,6 +142,7 @@ type handoverMaps struct {
 	SantaCounters     *ebpf.Map `ebpf:"santa_counters"`
 	SantaGuards       *ebpf.Map `ebpf:"santa_guards"`
 	SantaLocalAddrs   *ebpf.Map `ebpf:"santa_local_addrs"`
+	SantaLocalFilter  *ebpf.Map `ebpf:"santa_local_filter"`
 	SantaMissSamples  *ebpf.Map `ebpf:"santa_miss_samples"`
 	SantaPages        *ebpf.Map `ebpf:"santa_pages"`
 	SantaPorts        *ebpf.Map `ebpf:"santa_ports"`
@@ -149,6 +154,7 @@ type handoverMaps struct {
 	SantaSampleBudget *ebpf.Map `ebpf:"santa_sample_budget"`
 	SantaScratch      *ebpf.Map `ebpf:"santa_scratch"`
 	SantaSockets      *ebpf.Map `ebpf:"santa_sockets"`
+	SantaSocketsGen   *ebpf.Map `ebpf:"santa_sockets_gen"`
 	SantaTcpFlows     *ebpf.Map `ebpf:"santa_tcp_flows"`
 	SantaTcpKeys      *ebpf.Map `ebpf:"santa_tcp_keys"`
 }
@@ -159,6 +165,7 @@ func (m *handoverMaps) Close() error {
 		m.SantaCounters,
 		m.SantaGuards,
 		m.SantaLocalAddrs,
+		m.SantaLocalFilter,
 		m.SantaMissSamples,
 		m.SantaPages,
 		m.SantaPorts,
@@ -170,6 +177,7 @@ func (m *handoverMaps) Close() error {
 		m.SantaSampleBudget,
 		m.SantaScratch,
 		m.SantaSockets,
+		m.SantaSocketsGen,
 		m.SantaTcpFlows,
 		m.SantaTcpKeys,
 	)

@@ -1,10 +1,13 @@
 package dataplane
 
 import (
+	"encoding/binary"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
 
+	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 )
@@ -88,21 +91,73 @@ func (l *localAddrs) sync() error {
 	}
 	m := l.d.objs.SantaLocalAddrs
 	for k, kind := range want {
-		if l.have[k] != kind {
-			if err := m.Put(k, kind); err != nil {
-				return fmt.Errorf("add local address: %w", err)
-			}
+		if kind == l.have[k] {
+			continue
 		}
+		// counted in the filter before the program can find it, so the
+		// filter never says "none" of an address in the map
+		if _, had := l.have[k]; !had {
+			if err := l.d.countLocalAddr(k, 1); err != nil {
+				return err
+			}
+			l.have[k] = 0 // counted: a failed Put is undone by the next sync or stop
+		}
+		if err := m.Put(k, kind); err != nil {
+			return fmt.Errorf("add local address: %w", err)
+		}
+		l.have[k] = kind
 	}
 	for k := range l.have {
 		if _, ok := want[k]; !ok {
-			if err := m.Delete(k); err != nil {
-				return fmt.Errorf("remove local address: %w", err)
+			if err := l.remove(k); err != nil {
+				return err
 			}
 		}
 	}
-	l.have = want
 	return nil
+}
+
+// remove takes k out of the map, then out of the filter.
+func (l *localAddrs) remove(k santaSantaLocalAddr) error {
+	if err := l.d.objs.SantaLocalAddrs.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("remove local address: %w", err)
+	}
+	if err := l.d.countLocalAddr(k, -1); err != nil {
+		return err
+	}
+	delete(l.have, k)
+	return nil
+}
+
+// countLocalAddr adds delta to the count of k's slot in santa_local_filter.
+func (d *Dataplane) countLocalAddr(k santaSantaLocalAddr, delta int) error {
+	d.localMu.Lock()
+	defer d.localMu.Unlock()
+	slot := localFilterSlot(k)
+	n := uint32(int(d.localSlots[slot]) + delta)
+	if err := d.objs.SantaLocalFilter.Put(slot, n); err != nil {
+		return fmt.Errorf("local address filter: %w", err)
+	}
+	if n == 0 {
+		delete(d.localSlots, slot)
+	} else {
+		d.localSlots[slot] = n
+	}
+	return nil
+}
+
+// localFilterSlot is local_filter_slot's twin (bpf/maps.h): k's 24 bytes
+// as three little-endian words.
+func localFilterSlot(k santaSantaLocalAddr) uint32 {
+	var b [24]byte
+	binary.LittleEndian.PutUint32(b[0:], k.Ifindex)
+	b[4] = k.Family
+	copy(b[8:], k.Addr[:])
+	const prime = 0x9e3779b97f4a7c15
+	h := binary.LittleEndian.Uint64(b[0:]) * prime
+	h = (h ^ binary.LittleEndian.Uint64(b[8:])) * prime
+	h = (h ^ binary.LittleEndian.Uint64(b[16:])) * prime
+	return uint32(h >> (64 - santaSantaLimitSANTA_LOCAL_FILTER_BITS))
 }
 
 func (l *localAddrs) key(ip netip.Addr) santaSantaLocalAddr {
@@ -118,7 +173,9 @@ func (l *localAddrs) key(ip netip.Addr) santaSantaLocalAddr {
 func (l *localAddrs) stop() {
 	l.halt()
 	for k := range l.have {
-		l.d.objs.SantaLocalAddrs.Delete(k)
+		if err := l.remove(k); err != nil {
+			slog.Warn("local addresses", "interface", l.ifindex, "error", err)
+		}
 	}
 }
 

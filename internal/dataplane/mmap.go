@@ -48,6 +48,10 @@ func (a *mmapArray) load32(i uint32, fieldOff int) uint32 {
 	return atomic.LoadUint32((*uint32)(unsafe.Pointer(&a.mem[int(i)*a.stride+fieldOff])))
 }
 
+func (a *mmapArray) add64(i uint32, fieldOff int, delta uint64) {
+	atomic.AddUint64((*uint64)(unsafe.Pointer(&a.mem[int(i)*a.stride+fieldOff])), delta)
+}
+
 func (a *mmapArray) close() error {
 	if a == nil || a.mem == nil {
 		return nil

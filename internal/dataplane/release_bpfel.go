@@ -20,6 +20,7 @@ const (
 	releaseMapSantaCounters         = "santa_counters"
 	releaseMapSantaGuards           = "santa_guards"
 	releaseMapSantaLocalAddrs       = "santa_local_addrs"
+	releaseMapSantaLocalFilter      = "santa_local_filter"
 	releaseMapSantaMissSamples      = "santa_miss_samples"
 	releaseMapSantaPages            = "santa_pages"
 	releaseMapSantaPorts            = "santa_ports"
@@ -31,6 +32,7 @@ const (
 	releaseMapSantaSampleBudget     = "santa_sample_budget"
 	releaseMapSantaScratch          = "santa_scratch"
 	releaseMapSantaSockets          = "santa_sockets"
+	releaseMapSantaSocketsGen       = "santa_sockets_gen"
 	releaseMapSantaTcpFlows         = "santa_tcp_flows"
 	releaseMapSantaTcpKeys          = "santa_tcp_keys"
 	releaseProgSantaRelease         = "santa_release"
@@ -91,6 +93,7 @@ type releaseMapSpecs struct {
 	SantaCounters     *ebpf.MapSpec `ebpf:"santa_counters"`
 	SantaGuards       *ebpf.MapSpec `ebpf:"santa_guards"`
 	SantaLocalAddrs   *ebpf.MapSpec `ebpf:"santa_local_addrs"`
+	SantaLocalFilter  *ebpf.MapSpec `ebpf:"santa_local_filter"`
 	SantaMissSamples  *ebpf.MapSpec `ebpf:"santa_miss_samples"`
 	SantaPages        *ebpf.MapSpec `ebpf:"santa_pages"`
 	SantaPorts        *ebpf.MapSpec `ebpf:"santa_ports"`
@@ -102,6 +105,7 @@ type releaseMapSpecs struct {
 	SantaSampleBudget *ebpf.MapSpec `ebpf:"santa_sample_budget"`
 	SantaScratch      *ebpf.MapSpec `ebpf:"santa_scratch"`
 	SantaSockets      *ebpf.MapSpec `ebpf:"santa_sockets"`
+	SantaSocketsGen   *ebpf.MapSpec `ebpf:"santa_sockets_gen"`
 	SantaTcpFlows     *ebpf.MapSpec `ebpf:"santa_tcp_flows"`
 	SantaTcpKeys      *ebpf.MapSpec `ebpf:"santa_tcp_keys"`
 }
@@ -138,6 +142,7 @@ type releaseMaps struct {
 	SantaCounters     *ebpf.Map `ebpf:"santa_counters"`
 	SantaGuards       *ebpf.Map `ebpf:"santa_guards"`
 	SantaLocalAddrs   *ebpf.Map `ebpf:"santa_local_addrs"`
+	SantaLocalFilter  *ebpf.Map `ebpf:"santa_local_filter"`
 	SantaMissSamples  *ebpf.Map `ebpf:"santa_miss_samples"`
 	SantaPages        *ebpf.Map `ebpf:"santa_pages"`
 	SantaPorts        *ebpf.Map `ebpf:"santa_ports"`
@@ -149,6 +154,7 @@ type releaseMaps struct {
 	SantaSampleBudget *ebpf.Map `ebpf:"santa_sample_budget"`
 	SantaScratch      *ebpf.Map `ebpf:"santa_scratch"`
 	SantaSockets      *ebpf.Map `ebpf:"santa_sockets"`
+	SantaSocketsGen   *ebpf.Map `ebpf:"santa_sockets_gen"`
 	SantaTcpFlows     *ebpf.Map `ebpf:"santa_tcp_flows"`
 	SantaTcpKeys      *ebpf.Map `ebpf:"santa_tcp_keys"`
 }
@@ -159,6 +165,7 @@ func (m *releaseMaps) Close() error {
 		m.SantaCounters,
 		m.SantaGuards,
 		m.SantaLocalAddrs,
+		m.SantaLocalFilter,
 		m.SantaMissSamples,
 		m.SantaPages,
 		m.SantaPorts,
@@ -170,6 +177,7 @@ func (m *releaseMaps) Close() error {
 		m.SantaSampleBudget,
 		m.SantaScratch,
 		m.SantaSockets,
+		m.SantaSocketsGen,
 		m.SantaTcpFlows,
 		m.SantaTcpKeys,
 	)

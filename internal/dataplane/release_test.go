@@ -59,6 +59,14 @@ func TestReleaseHookUnbindsClosedSocket(t *testing.T) {
 		}
 	}()
 
+	gen := func() (v uint64) {
+		t.Helper()
+		if err := e.d.objs.SantaSocketsGen.Lookup(uint32(0), &v); err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	gen0 := gen()
 	unix.Close(unrelated)
 	unix.Close(bound)
 	select {
@@ -68,6 +76,10 @@ func TestReleaseHookUnbindsClosedSocket(t *testing.T) {
 		}
 	case <-time.After(2 * time.Second):
 		t.Fatal("no released cookie within 2 s of closing the socket")
+	}
+	// the program's per-CPU copies of the socket's entry expire with it
+	if g := gen(); g != gen0+1 {
+		t.Errorf("santa_sockets_gen %d after the hook, want %d", g, gen0+1)
 	}
 	var id uint32
 	if err := e.d.objs.SantaSockets.Lookup(cookie, &id); !errors.Is(err, ebpf.ErrKeyNotExist) {

@@ -87,8 +87,16 @@ func (d *Dataplane) Bind(sock Socket, sample SampleOptions) error {
 		d.rsIDs.put(id)
 		return fmt.Errorf("bind socket %#x: %w", cookie, err)
 	}
+	d.socketsChanged()
 	d.bySocket[cookie] = rs
 	return nil
+}
+
+// socketsChanged follows every change of santa_sockets: the program's
+// per-CPU copies of its answers (socket_ruleset_id) expire. Atomic, as the
+// release hook's.
+func (d *Dataplane) socketsChanged() {
+	d.socketsGen.add64(0, 0, 1)
 }
 
 // sock is the socket the rule set belongs to.
@@ -118,6 +126,7 @@ func (d *Dataplane) Unbind(cookie uint64) error {
 	if err := d.objs.SantaSockets.Delete(cookie); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return fmt.Errorf("unbind socket %#x: %w", cookie, err)
 	}
+	d.socketsChanged()
 	for _, r := range rs.rules {
 		d.uninstall(r)
 	}
@@ -691,6 +700,7 @@ func (d *Dataplane) rebuild(rs *ruleset, rules []*installed) error {
 	if err := d.objs.SantaSockets.Update(rs.cookie, id, ebpf.UpdateExist); err != nil {
 		return fail(fmt.Errorf("switch socket %#x to its new rule set: %w", rs.cookie, err))
 	}
+	d.socketsChanged()
 	successors := map[RuleID]*installed{}
 	for _, r := range moved {
 		successors[r.id] = r

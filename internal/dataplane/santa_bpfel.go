@@ -56,46 +56,49 @@ type santaSantaGuard struct {
 type santaSantaLimit uint32
 
 const (
-	santaSantaLimitSANTA_MAX_REGIONS       santaSantaLimit = 8
-	santaSantaLimitSANTA_MAX_CONDS         santaSantaLimit = 4
-	santaSantaLimitSANTA_MAX_COPIES        santaSantaLimit = 8
-	santaSantaLimitSANTA_MAX_COPY_MASK     santaSantaLimit = 8
-	santaSantaLimitSANTA_MAX_GUARDS        santaSantaLimit = 2
-	santaSantaLimitSANTA_GUARD_SLOTS       santaSantaLimit = 1048576
-	santaSantaLimitSANTA_MAX_CHAIN         santaSantaLimit = 16
-	santaSantaLimitSANTA_WARM_MIN_BUCKETS  santaSantaLimit = 4096
-	santaSantaLimitSANTA_REQ_WINDOW        santaSantaLimit = 1472
-	santaSantaLimitSANTA_MAX_PATTERN       santaSantaLimit = 1024
-	santaSantaLimitSANTA_MAX_REGION_LEN    santaSantaLimit = 64
-	santaSantaLimitSANTA_MAX_REPLY         santaSantaLimit = 1472
-	santaSantaLimitSANTA_PAGE_DATA         santaSantaLimit = 1048576
-	santaSantaLimitSANTA_PAGE_SLACK        santaSantaLimit = 2048
-	santaSantaLimitSANTA_SAMPLE_MAX        santaSantaLimit = 1472
-	santaSantaLimitSANTA_OFF_MASK          santaSantaLimit = 2047
-	santaSantaLimitSANTA_SCRATCH_REQ       santaSantaLimit = 4096
-	santaSantaLimitSANTA_SCRATCH_L4        santaSantaLimit = 128
-	santaSantaLimitSANTA_SCRATCH_TCP       santaSantaLimit = 64
-	santaSantaLimitSANTA_PORT_WORDS        santaSantaLimit = 1024
-	santaSantaLimitSANTA_PORTS_UDP         santaSantaLimit = 0
-	santaSantaLimitSANTA_PORTS_TCP         santaSantaLimit = 1
-	santaSantaLimitSANTA_PORTS_TCP_SAMPLED santaSantaLimit = 2
-	santaSantaLimitSANTA_PORTS_TCP_SEEN    santaSantaLimit = 3
-	santaSantaLimitSANTA_PORT_SETS         santaSantaLimit = 4
-	santaSantaLimitSANTA_RULESET_DISJOINT  santaSantaLimit = 1
-	santaSantaLimitSANTA_ADDR_LOCAL        santaSantaLimit = 1
-	santaSantaLimitSANTA_ADDR_BROADCAST    santaSantaLimit = 2
-	santaSantaLimitSANTA_COND_MASKED       santaSantaLimit = 2147483648
-	santaSantaLimitSANTA_RULE_CLOSE        santaSantaLimit = 1
-	santaSantaLimitSANTA_RULE_EXPIRES      santaSantaLimit = 2
-	santaSantaLimitSANTA_TCP_UNIT_SHIFT    santaSantaLimit = 33
-	santaSantaLimitSANTA_TCP_EPOCH_SHIFT   santaSantaLimit = 8
-	santaSantaLimitSANTA_TCP_VALID_UNITS   santaSantaLimit = 16
-	santaSantaLimitSANTA_TCP_KEYS          santaSantaLimit = 3
-	santaSantaLimitSANTA_TCP_WSCALE        santaSantaLimit = 7
-	santaSantaLimitSANTA_TCP_FLOWS         santaSantaLimit = 131072
-	santaSantaLimitSANTA_TCP_SEGMENTS      santaSantaLimit = 10
-	santaSantaLimitSANTA_MAX_TCP_REPLY     santaSantaLimit = 14480
-	santaSantaLimitSANTA_TCP_EMIT_MAGIC    santaSantaLimit = 1398035269
+	santaSantaLimitSANTA_MAX_REGIONS        santaSantaLimit = 8
+	santaSantaLimitSANTA_MAX_CONDS          santaSantaLimit = 4
+	santaSantaLimitSANTA_MAX_COPIES         santaSantaLimit = 8
+	santaSantaLimitSANTA_MAX_COPY_MASK      santaSantaLimit = 8
+	santaSantaLimitSANTA_MAX_GUARDS         santaSantaLimit = 2
+	santaSantaLimitSANTA_GUARD_SLOTS        santaSantaLimit = 1048576
+	santaSantaLimitSANTA_MAX_CHAIN          santaSantaLimit = 16
+	santaSantaLimitSANTA_WARM_MIN_BUCKETS   santaSantaLimit = 4096
+	santaSantaLimitSANTA_REQ_WINDOW         santaSantaLimit = 1472
+	santaSantaLimitSANTA_MAX_PATTERN        santaSantaLimit = 1024
+	santaSantaLimitSANTA_MAX_REGION_LEN     santaSantaLimit = 64
+	santaSantaLimitSANTA_MAX_REPLY          santaSantaLimit = 1472
+	santaSantaLimitSANTA_PAGE_DATA          santaSantaLimit = 1048576
+	santaSantaLimitSANTA_PAGE_SLACK         santaSantaLimit = 2048
+	santaSantaLimitSANTA_SAMPLE_MAX         santaSantaLimit = 1472
+	santaSantaLimitSANTA_OFF_MASK           santaSantaLimit = 2047
+	santaSantaLimitSANTA_SCRATCH_REQ        santaSantaLimit = 4096
+	santaSantaLimitSANTA_SCRATCH_L4         santaSantaLimit = 128
+	santaSantaLimitSANTA_SCRATCH_TCP        santaSantaLimit = 64
+	santaSantaLimitSANTA_PORT_WORDS         santaSantaLimit = 1024
+	santaSantaLimitSANTA_PORTS_UDP          santaSantaLimit = 0
+	santaSantaLimitSANTA_PORTS_TCP          santaSantaLimit = 1
+	santaSantaLimitSANTA_PORTS_TCP_SAMPLED  santaSantaLimit = 2
+	santaSantaLimitSANTA_PORTS_TCP_SEEN     santaSantaLimit = 3
+	santaSantaLimitSANTA_PORT_SETS          santaSantaLimit = 4
+	santaSantaLimitSANTA_RULESET_DISJOINT   santaSantaLimit = 1
+	santaSantaLimitSANTA_ADDR_LOCAL         santaSantaLimit = 1
+	santaSantaLimitSANTA_ADDR_BROADCAST     santaSantaLimit = 2
+	santaSantaLimitSANTA_LOCAL_FILTER_BITS  santaSantaLimit = 12
+	santaSantaLimitSANTA_LOCAL_FILTER_SLOTS santaSantaLimit = 4096
+	santaSantaLimitSANTA_SOCKET_CACHE       santaSantaLimit = 16
+	santaSantaLimitSANTA_COND_MASKED        santaSantaLimit = 2147483648
+	santaSantaLimitSANTA_RULE_CLOSE         santaSantaLimit = 1
+	santaSantaLimitSANTA_RULE_EXPIRES       santaSantaLimit = 2
+	santaSantaLimitSANTA_TCP_UNIT_SHIFT     santaSantaLimit = 33
+	santaSantaLimitSANTA_TCP_EPOCH_SHIFT    santaSantaLimit = 8
+	santaSantaLimitSANTA_TCP_VALID_UNITS    santaSantaLimit = 16
+	santaSantaLimitSANTA_TCP_KEYS           santaSantaLimit = 3
+	santaSantaLimitSANTA_TCP_WSCALE         santaSantaLimit = 7
+	santaSantaLimitSANTA_TCP_FLOWS          santaSantaLimit = 131072
+	santaSantaLimitSANTA_TCP_SEGMENTS       santaSantaLimit = 10
+	santaSantaLimitSANTA_MAX_TCP_REPLY      santaSantaLimit = 14480
+	santaSantaLimitSANTA_TCP_EMIT_MAGIC     santaSantaLimit = 1398035269
 )
 
 type santaSantaLocalAddr struct {
@@ -258,6 +261,13 @@ type santaSantaScratch struct {
 		Off    uint32
 		Pos    uint32
 	}
+	Sockets [16]struct {
+		_       structs.HostLayout
+		Cookie  uint64
+		Gen     uint64
+		Ruleset uint32
+		Pad     uint32
+	}
 }
 
 type santaSantaTcpFlow struct {
@@ -287,6 +297,7 @@ const (
 	santaMapSantaCounters         = "santa_counters"
 	santaMapSantaGuards           = "santa_guards"
 	santaMapSantaLocalAddrs       = "santa_local_addrs"
+	santaMapSantaLocalFilter      = "santa_local_filter"
 	santaMapSantaMissSamples      = "santa_miss_samples"
 	santaMapSantaPages            = "santa_pages"
 	santaMapSantaPorts            = "santa_ports"
@@ -298,6 +309,7 @@ const (
 	santaMapSantaSampleBudget     = "santa_sample_budget"
 	santaMapSantaScratch          = "santa_scratch"
 	santaMapSantaSockets          = "santa_sockets"
+	santaMapSantaSocketsGen       = "santa_sockets_gen"
 	santaMapSantaTcpFlows         = "santa_tcp_flows"
 	santaMapSantaTcpKeys          = "santa_tcp_keys"
 	santaProgSantaXdp             = "santa_xdp"
@@ -360,6 +372,7 @@ type santaMapSpecs struct {
 	SantaCounters     *ebpf.MapSpec `ebpf:"santa_counters"`
 	SantaGuards       *ebpf.MapSpec `ebpf:"santa_guards"`
 	SantaLocalAddrs   *ebpf.MapSpec `ebpf:"santa_local_addrs"`
+	SantaLocalFilter  *ebpf.MapSpec `ebpf:"santa_local_filter"`
 	SantaMissSamples  *ebpf.MapSpec `ebpf:"santa_miss_samples"`
 	SantaPages        *ebpf.MapSpec `ebpf:"santa_pages"`
 	SantaPorts        *ebpf.MapSpec `ebpf:"santa_ports"`
@@ -371,6 +384,7 @@ type santaMapSpecs struct {
 	SantaSampleBudget *ebpf.MapSpec `ebpf:"santa_sample_budget"`
 	SantaScratch      *ebpf.MapSpec `ebpf:"santa_scratch"`
 	SantaSockets      *ebpf.MapSpec `ebpf:"santa_sockets"`
+	SantaSocketsGen   *ebpf.MapSpec `ebpf:"santa_sockets_gen"`
 	SantaTcpFlows     *ebpf.MapSpec `ebpf:"santa_tcp_flows"`
 	SantaTcpKeys      *ebpf.MapSpec `ebpf:"santa_tcp_keys"`
 }
@@ -409,6 +423,7 @@ type santaMaps struct {
 	SantaCounters     *ebpf.Map `ebpf:"santa_counters"`
 	SantaGuards       *ebpf.Map `ebpf:"santa_guards"`
 	SantaLocalAddrs   *ebpf.Map `ebpf:"santa_local_addrs"`
+	SantaLocalFilter  *ebpf.Map `ebpf:"santa_local_filter"`
 	SantaMissSamples  *ebpf.Map `ebpf:"santa_miss_samples"`
 	SantaPages        *ebpf.Map `ebpf:"santa_pages"`
 	SantaPorts        *ebpf.Map `ebpf:"santa_ports"`
@@ -420,6 +435,7 @@ type santaMaps struct {
 	SantaSampleBudget *ebpf.Map `ebpf:"santa_sample_budget"`
 	SantaScratch      *ebpf.Map `ebpf:"santa_scratch"`
 	SantaSockets      *ebpf.Map `ebpf:"santa_sockets"`
+	SantaSocketsGen   *ebpf.Map `ebpf:"santa_sockets_gen"`
 	SantaTcpFlows     *ebpf.Map `ebpf:"santa_tcp_flows"`
 	SantaTcpKeys      *ebpf.Map `ebpf:"santa_tcp_keys"`
 }
@@ -430,6 +446,7 @@ func (m *santaMaps) Close() error {
 		m.SantaCounters,
 		m.SantaGuards,
 		m.SantaLocalAddrs,
+		m.SantaLocalFilter,
 		m.SantaMissSamples,
 		m.SantaPages,
 		m.SantaPorts,
@@ -441,6 +458,7 @@ func (m *santaMaps) Close() error {
 		m.SantaSampleBudget,
 		m.SantaScratch,
 		m.SantaSockets,
+		m.SantaSocketsGen,
 		m.SantaTcpFlows,
 		m.SantaTcpKeys,
 	)
