@@ -64,8 +64,8 @@ static __always_inline int ipv6_not_unicast(const struct in6_addr *a)
 	       (a->in6_u.u6_addr32[3] == 0 || a->in6_u.u6_addr32[3] == bpf_htonl(1));
 }
 
-/* The IPv4 header checksum holds: the kernel drops the packet otherwise. */
-static __always_inline int ipv4_header_ok(const struct iphdr *ip)
+/* The folded sum of the 20-byte IPv4 header at ip (without options). */
+static __always_inline __u16 ipv4_header_sum(const struct iphdr *ip)
 {
 	const __u16 *w = (const __u16 *)ip;
 	__u32 sum = 0;
@@ -74,7 +74,13 @@ static __always_inline int ipv4_header_ok(const struct iphdr *ip)
 		sum += w[i];
 	sum = (sum & 0xffff) + (sum >> 16);
 	sum = (sum & 0xffff) + (sum >> 16);
-	return sum == 0xffff;
+	return sum;
+}
+
+/* The IPv4 header checksum holds: the kernel drops the packet otherwise. */
+static __always_inline int ipv4_header_ok(const struct iphdr *ip)
+{
+	return ipv4_header_sum(ip) == 0xffff;
 }
 
 /* The request's destination port, host order: the local port it is for. */
