@@ -115,8 +115,10 @@ struct santa_guard {
 };
 
 /* A rule. Its first 64 bytes hold what matching and the reply read for a
- * rule with one condition and one copy (a DNS rule): one cache line per
- * answer. Guards come next (a memcached rule: two lines), then the rest. */
+ * rule with one condition and one copy; the second line what most other
+ * rules read besides: conditions 1 and 2, the guards and the expiry time
+ * (a DNS rule reads lines one and two, so does a memcached rule); the third
+ * the rest. */
 struct santa_rule {
 	__u32 ruleset;          /* owner; 0 marks a free slot */
 	__u32 next;             /* next rule slot in the bucket chain, 0 = end */
@@ -137,20 +139,23 @@ struct santa_rule {
 	__u8 flags;             /* SANTA_RULE_* */
 	struct santa_cond cond0;  /* condition 0 (rule_cond) */
 	struct santa_copy copy0;  /* copy 0 (rule_copy) */
+	struct santa_cond conds[2]; /* conditions 1 and 2 */
 	struct santa_guard guards[SANTA_MAX_GUARDS];
-	struct santa_cond conds[SANTA_MAX_CONDS - 1];   /* conditions 1.. */
-	struct santa_copy copies[SANTA_MAX_COPIES - 1]; /* copies 1.. */
 	__u64 id;               /* user space's RuleID, read back by its successor after a restart */
 	__u64 expires;          /* with SANTA_RULE_EXPIRES: CLOCK_MONOTONIC ns (bpf_ktime_get_coarse_ns)
 				 * from which the rule no longer answers, santad running or not */
+	struct santa_cond cond3;  /* condition 3 */
+	struct santa_copy copies[SANTA_MAX_COPIES - 1]; /* copies 1.. */
 };
-_Static_assert(__builtin_offsetof(struct santa_rule, guards) == 64, "santa_rule: first line overflows");
+_Static_assert(__builtin_offsetof(struct santa_rule, conds) == 64, "santa_rule: first line overflows");
+_Static_assert(__builtin_offsetof(struct santa_rule, cond3) == 128, "santa_rule: second line overflows");
+_Static_assert(SANTA_MAX_CONDS == 4, "santa_rule: cond0, conds[2] and cond3");
 _Static_assert(sizeof(struct santa_rule) == 192, "santa_rule: not three cache lines");
 
 /* Condition k and copy k of rule r (k below nconds, ncopies). */
 static __always_inline const struct santa_cond *rule_cond(const struct santa_rule *r, __u32 k)
 {
-	return k == 0 ? &r->cond0 : &r->conds[(k - 1) & (SANTA_MAX_CONDS - 1)];
+	return k == 0 ? &r->cond0 : k < 3 ? &r->conds[(k - 1) & 1] : &r->cond3;
 }
 
 static __always_inline const struct santa_copy *rule_copy(const struct santa_rule *r, __u32 k)

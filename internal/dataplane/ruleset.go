@@ -793,10 +793,13 @@ func (d *Dataplane) install(id, gen uint32, r *installed) error {
 			sc.Data |= condMasked
 			at = align8(at + copy(page[at:], cond.Mask))
 		}
-		if i == 0 {
+		switch i {
+		case 0:
 			v.Cond0 = sc
-		} else {
+		case 1, 2:
 			v.Conds[i-1] = sc
+		default:
+			v.Cond3 = sc
 		}
 	}
 	v.Tpl = uint32(at)

@@ -209,11 +209,12 @@ type santaSantaRule struct {
 	Flags      uint8
 	Cond0      santaSantaCond
 	Copy0      santaSantaCopy
+	Conds      [2]santaSantaCond
 	Guards     [2]santaSantaGuard
-	Conds      [3]santaSantaCond
-	Copies     [7]santaSantaCopy
 	Id         uint64
 	Expires    uint64
+	Cond3      santaSantaCond
+	Copies     [7]santaSantaCopy
 }
 
 type santaSantaRuleCounters struct {
