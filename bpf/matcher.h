@@ -189,9 +189,9 @@ static __always_inline int guards_hold(const struct santa_rule *r)
 
 /* Start loading what answering with the rule in slot reads besides its
  * first line: its data lines (where hint says), its second line (conditions
- * 1 and 2, guards, expiry) and its counters. With many rules each is a cache miss; asked for while the
- * rule's first line loads, they overlap it rather than follow it. Global,
- * so the verifier checks it once. */
+ * 1 and 2, guards, expiry) and its counters. With many rules each is a
+ * cache miss; asked for while the rule's first line loads, they overlap it
+ * rather than follow it. Global, so the verifier checks it once. */
 __noinline int santa_warm_rule(__u32 slot, __u32 hint)
 {
 	__u32 page_id = hint >> 16;
