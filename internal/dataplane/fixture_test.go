@@ -149,13 +149,13 @@ func pseudoSum(src, dst netip.Addr, l4len int) uint16 {
 
 // env is a loaded rule processor and sockets in the server namespace of a testbed.
 type env struct {
-	t     *testing.T
+	t     testing.TB
 	tb    *testbed.Testbed
 	d     *Dataplane
 	socks map[uint64]Socket // made by socket, by cookie
 }
 
-func newEnv(t *testing.T, cfg Config) *env {
+func newEnv(t testing.TB, cfg Config) *env {
 	tb := testbed.New(t)
 	d, err := Load(cfg)
 	if err != nil {
