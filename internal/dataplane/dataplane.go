@@ -35,9 +35,8 @@ type Dataplane struct {
 	data       *dataAllocator
 	chainLen   []uint8 // rules per bucket, to keep every chain within MaxChain
 	bySocket   map[uint64]*ruleset
-	portUsers  map[portKey]int   // rule sets that hold a port in a set of santa_ports
-	localMu    sync.Mutex        // the address watchers share santa_local_filter
-	localSlots map[uint32]uint32 // santa_local_filter's counts, as written
+	portUsers  map[portKey]int // rule sets that hold a port in a set of santa_ports
+	localMu    sync.Mutex      // the address watchers share santa_local_filter
 	byID       map[RuleID]*installed
 	retiring   []retiring // replaced rules still linked for packets in flight
 	closed     bool
@@ -97,13 +96,12 @@ func Load(cfg Config) (*Dataplane, error) {
 		return nil, err
 	}
 	d := &Dataplane{
-		cfg:        cfg,
-		seed:       binary.LittleEndian.Uint32(seed[:]),
-		mask:       uint32(1)<<cfg.HashBits - 1,
-		bySocket:   map[uint64]*ruleset{},
-		portUsers:  map[portKey]int{},
-		localSlots: map[uint32]uint32{},
-		byID:       map[RuleID]*installed{},
+		cfg:       cfg,
+		seed:      binary.LittleEndian.Uint32(seed[:]),
+		mask:      uint32(1)<<cfg.HashBits - 1,
+		bySocket:  map[uint64]*ruleset{},
+		portUsers: map[portKey]int{},
+		byID:      map[RuleID]*installed{},
 	}
 	sizes := map[string]uint32{
 		"santa_sockets":       uint32(cfg.MaxRulesets),

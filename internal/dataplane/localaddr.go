@@ -96,13 +96,16 @@ func (l *localAddrs) sync() error {
 		}
 		// counted in the filter before the program can find it, so the
 		// filter never says "none" of an address in the map
-		if _, had := l.have[k]; !had {
+		_, had := l.have[k]
+		if !had {
 			if err := l.d.countLocalAddr(k, 1); err != nil {
 				return err
 			}
-			l.have[k] = 0 // counted: a failed Put is undone by the next sync or stop
 		}
 		if err := m.Put(k, kind); err != nil {
+			if !had {
+				l.d.countLocalAddr(k, -1)
+			}
 			return fmt.Errorf("add local address: %w", err)
 		}
 		l.have[k] = kind
@@ -130,18 +133,16 @@ func (l *localAddrs) remove(k santaSantaLocalAddr) error {
 }
 
 // countLocalAddr adds delta to the count of k's slot in santa_local_filter.
-func (d *Dataplane) countLocalAddr(k santaSantaLocalAddr, delta int) error {
-	d.localMu.Lock()
+func (d *Dataplane) countLocalAddr(k santaSantaLocalAddr, delta int32) error {
+	d.localMu.Lock() // the watchers of several interfaces share the filter
 	defer d.localMu.Unlock()
 	slot := localFilterSlot(k)
-	n := uint32(int(d.localSlots[slot]) + delta)
-	if err := d.objs.SantaLocalFilter.Put(slot, n); err != nil {
+	var n uint32
+	if err := d.objs.SantaLocalFilter.Lookup(slot, &n); err != nil {
 		return fmt.Errorf("local address filter: %w", err)
 	}
-	if n == 0 {
-		delete(d.localSlots, slot)
-	} else {
-		d.localSlots[slot] = n
+	if err := d.objs.SantaLocalFilter.Put(slot, uint32(int32(n)+delta)); err != nil {
+		return fmt.Errorf("local address filter: %w", err)
 	}
 	return nil
 }
