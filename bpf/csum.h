@@ -8,6 +8,7 @@
 #include "include/vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
+#include "santa.h"
 
 static __always_inline __u16 csum_fold64(__u64 sum)
 {
@@ -19,32 +20,33 @@ static __always_inline __u16 csum_fold64(__u64 sum)
 	return (__u16)sum;
 }
 
-/* Sum of len bytes at p, p[0] taken as the first byte of a 16-bit word.
- * p must have 3 readable bytes of slack after len. */
-static __always_inline __u64 csum_bytes(const __u8 *p, __u32 len)
+/* Sum of len bytes at p (at most max_words * 8), p[0] taken as the first
+ * byte of a 16-bit word: 32-bit halves of 8-byte words, whose sum folds to
+ * the same 16-bit sum. p must have 8 readable bytes of slack after len.
+ * Inline loads rather than bpf_csum_diff: its call cost more than the
+ * sum of a short request. Callers that loop over many words are global
+ * functions, so the verifier checks the loop once. */
+static __always_inline __u64 csum_words(const __u8 *p, __u32 len, const __u32 max_words)
 {
-	__u32 whole = len & ~3u;
 	__u64 sum = 0;
-
-	/* bpf_csum_diff takes at most 512 bytes, a multiple of 4 */
-	for (__u32 i = 0; i < (SANTA_REQ_WINDOW + 511) / 512; i++) {
-		__u32 off = i * 512;
-		if (off >= whole)
+	__u32 i;
+	for (i = 0; i < max_words; i++) {
+		if (i * 8 + 8 > len)
 			break;
-		__u32 n = whole - off;
-		if (n > 512)
-			n = 512;
-		sum += (__u32)bpf_csum_diff(NULL, 0, (void *)(p + off), NONZERO(n, 511), 0);
+		__u64 w = *(const __u64 *)(p + i * 8);
+		sum += (__u32)w + (w >> 32);
 	}
-	__u32 tail = 0, rest = len & 3;
-	const __u8 *t = p + (whole & 2047);
-	if (rest > 0)
-		((__u8 *)&tail)[0] = t[0];
-	if (rest > 1)
-		((__u8 *)&tail)[1] = t[1];
-	if (rest > 2)
-		((__u8 *)&tail)[2] = t[2];
-	return sum + tail;
+	__u32 rest = len - i * 8; /* 0..7 when len <= max_words * 8 */
+	__u64 w = *(const __u64 *)(p + i * 8) & ((1ull << ((rest & 7) * 8)) - 1);
+	return sum + (__u32)w + (w >> 32);
+}
+
+/* Sum of len bytes (at most SANTA_REQ_WINDOW) from off of the request window. */
+__noinline __u64 santa_csum_req(const struct santa_scratch *s, __u32 off, __u32 len)
+{
+	if (!s || len > SANTA_REQ_WINDOW)
+		return 0;
+	return csum_words(s->req + (off & SANTA_OFF_MASK), len, SANTA_REQ_WINDOW / 8);
 }
 
 /* Pseudo-header sum of a UDP datagram or TCP segment of l4_len bytes.

@@ -78,7 +78,7 @@ __noinline int emit_segment(struct __sk_buff *skb, const struct emit_state *st, 
 	/* the whole reply in one segment (rules sent from TC copy nothing):
 	 * the template's sum, from install time */
 	__u64 sum = tcp_header_sum(th, 32, &st->req, n) +
-		    (off == 0 && n == r->reply_len ? r->tpl_csum : csum_bytes(chunk, n & SANTA_OFF_MASK));
+		    (off == 0 && n == r->reply_len ? r->tpl_csum : csum_words(chunk, n, SANTA_MAX_REPLY / 8));
 	th->check = ~csum_fold64(sum);
 	if (bpf_skb_change_tail(skb, l23 + 32 + n, 0) ||
 	    bpf_skb_store_bytes(skb, 0, s->hdr, NONZERO(l23 + 32, 127), 0) ||

@@ -167,8 +167,8 @@ __noinline int request_checksum_ok(struct pkt_info *req, const struct santa_scra
 					   (__u32)req->tuple.ipv6.sport + req->tuple.ipv6.dport) +
 		       bpf_htons((__u16)l4_len) + check;
 	else
-		sum += csum_bytes(s->l4, req->l4_len & 63);
-	sum += csum_bytes(s->req, req->payload_len & SANTA_OFF_MASK);
+		sum += csum_words(s->l4, req->l4_len & 63, 8);
+	sum += santa_csum_req(s, 0, req->payload_len);
 	return csum_fold64(sum) == 0xffff;
 }
 
@@ -198,9 +198,10 @@ static __always_inline __u64 reply_payload_sum(const struct santa_scratch *s, co
 		if (k >= r->ncopies)
 			break;
 		const struct santa_copy *cp = rule_copy(r, k);
-		__u16 part = cp->mask ? csum_fold64(masked_copy_bits(s, page, r, cp)) :
-					csum_fold64(csum_bytes(s->req + (cp->src & SANTA_OFF_MASK),
-							       cp->len & SANTA_OFF_MASK));
+		__u64 copied = cp->mask ? masked_copy_bits(s, page, r, cp) :
+			     cp->len <= 8 ? csum_words(s->req + (cp->src & SANTA_OFF_MASK), cp->len, 1) :
+					    santa_csum_req(s, cp->src, cp->len);
+		__u16 part = csum_fold64(copied);
 		sum += (cp->dst & 1) ? csum_swap(part) : part;
 	}
 	return sum;

@@ -317,7 +317,7 @@ static __always_inline __u64 tcp_header_sum(const struct tcphdr *th, __u32 tcp_l
 					    __u32 payload_len)
 {
 	return csum_pseudo(&req->tuple, req->family, IPPROTO_TCP, tcp_len + payload_len) +
-	       (__u32)bpf_csum_diff(NULL, 0, (void *)th, tcp_len == 40 ? 40 : 32, 0);
+	       csum_words((const __u8 *)th, tcp_len == 40 ? 40 : 32, 5);
 }
 
 /* The TCP responder's working state, kept in santa_scratch.tcp. */
