@@ -273,15 +273,47 @@ static __always_inline __u32 build_udp_headers(struct xdp_md *ctx, struct pkt_in
 	return l23 + sizeof(*udp);
 }
 
-#define XDP_PACKET_HEADROOM 256 /* include/linux/bpf.h: the headroom drivers leave for XDP */
+/* How far the frame can grow, as bpf_xdp_adjust_head and _tail check it:
+ * at the head down to the xdp_frame and metadata the kernel keeps there,
+ * at the tail up to the skb_shared_info it reserves at the frame's end.
+ * tail is -1 (unknown) for a frame in several buffers, which grows at the
+ * tail of its last. Read from the kernel's xdp_buff, so that a reply that
+ * cannot fit costs no failed helper calls (veth leaves a frame copied from
+ * a local sender only its rounding to 64 bytes as tailroom, and most of
+ * the TCP replies to such frames go by TC). */
+struct frame_room {
+	int head;
+	int tail;
+};
 
-/* Resize the frame to new_len bytes: grow into the headroom (always there
- * with XDP, and the headers are rewritten anyway), else at the tail where
- * the driver left room, else at both: the usual headroom (XDP_PACKET_HEADROOM
- * less the xdp_frame the kernel keeps there) and the rest at the tail. veth
- * leaves a copied frame only its rounding to 64 bytes as tailroom, so a
- * reply 217 to 279 bytes longer than its request fits only that way.
- * Shrink at the tail. On failure the frame is unchanged. */
+static __always_inline struct frame_room frame_room(struct xdp_md *ctx)
+{
+	struct xdp_buff *xdp = bpf_cast_to_kern_ctx(ctx);
+	long data = (long)xdp->data, meta = (long)xdp->data_meta, start = (long)xdp->data_hard_start;
+	long kept = bpf_core_type_size(struct xdp_frame) + (meta <= data ? data - meta : 0);
+	long shinfo = (bpf_core_type_size(struct skb_shared_info) + 63) & ~63l; /* SKB_DATA_ALIGN */
+	struct frame_room room = {
+		.head = data - start - kept,
+		.tail = xdp->flags & XDP_FLAGS_HAS_FRAGS ? -1 :
+			start + xdp->frame_sz - shinfo - (long)xdp->data_end,
+	};
+	return room;
+}
+
+/* A frame of new_len bytes fits where this one is (or may: room unknown). */
+static __always_inline int frame_fits(struct xdp_md *ctx, __u32 new_len)
+{
+	int delta = (int)new_len - (int)(ctx->data_end - ctx->data);
+	struct frame_room room = frame_room(ctx);
+	return delta <= 0 || room.tail < 0 || delta <= room.head + room.tail;
+}
+
+/* Resize the frame to new_len bytes: grow into the headroom (the headers
+ * are rewritten anyway), else at the tail, else at both (veth's copied
+ * frames: a reply 217 to 279 bytes longer than its request fits only
+ * that way). A helper that refuses what frame_room promised is not the
+ * end: the next way is tried. Shrink at the tail. On failure the frame is
+ * unchanged. */
 static __always_inline int resize_frame(struct xdp_md *ctx, __u32 new_len)
 {
 	int delta = (int)new_len - (int)(ctx->data_end - ctx->data);
@@ -289,12 +321,14 @@ static __always_inline int resize_frame(struct xdp_md *ctx, __u32 new_len)
 		return 0;
 	if (delta < 0)
 		return bpf_xdp_adjust_tail(ctx, delta);
-	if (bpf_xdp_adjust_head(ctx, -delta) == 0)
+	struct frame_room room = frame_room(ctx);
+	if (delta <= room.head && bpf_xdp_adjust_head(ctx, -delta) == 0)
 		return 0;
-	if (bpf_xdp_adjust_tail(ctx, delta) == 0)
+	if ((room.tail < 0 || delta <= room.tail) && bpf_xdp_adjust_tail(ctx, delta) == 0)
 		return 0;
-	const int head = XDP_PACKET_HEADROOM - (int)bpf_core_type_size(struct xdp_frame);
-	if (delta <= head || bpf_xdp_adjust_tail(ctx, delta - head))
+	int head = room.head;
+	if (head <= 0 || delta <= head || (room.tail >= 0 && delta > head + room.tail) ||
+	    bpf_xdp_adjust_tail(ctx, delta - head))
 		return -1;
 	if (bpf_xdp_adjust_head(ctx, -head) == 0)
 		return 0;

@@ -58,6 +58,10 @@ __noinline int tcp_send(struct xdp_md *ctx, struct pkt_info *req, const struct t
 	barrier_var(r); /* the verifier knows r's null checks, not that they follow slot's */
 	__u32 reply_len = r ? r->reply_len : 0;
 	__u32 tcp_len = t->syn ? 40 : 32;
+	/* a frame without the room for the reply is left as it is, for TC:
+	 * known before the headers are built */
+	if (!frame_fits(ctx, req->l2_len + req->l3_len + tcp_len + reply_len))
+		return TCP_NO_ROOM;
 	__u32 l23 = reverse_l2_l3(ctx, req, s, tcp_len + reply_len);
 	if (!l23) {
 		COUNT(pass_error);
@@ -69,7 +73,6 @@ __noinline int tcp_send(struct xdp_md *ctx, struct pkt_info *req, const struct t
 	if (r && page)
 		sum += reply_payload_sum(s, r, page);
 	th->check = ~csum_fold64(sum);
-	/* a frame without the room for the reply is left as it is, for TC */
 	if (resize_frame(ctx, l23 + tcp_len + reply_len))
 		return TCP_NO_ROOM;
 	return send_frame(ctx, s, l23 + tcp_len, r, page, st);
