@@ -75,6 +75,17 @@ static __always_inline __u32 local_filter_slot(const struct santa_local_addr *ke
 	return h >> (64 - SANTA_LOCAL_FILTER_BITS);
 }
 
+/* Bumped (atomically, by santad) after every change of santa_local_addrs:
+ * a CPU's cached answers of it (santa_scratch.local) hold only while it
+ * has not moved. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(max_entries, 1);
+	__uint(map_flags, BPF_F_MMAPABLE); /* user space adds in place */
+} santa_local_gen SEC(".maps");
+
 /* Rule set id -> its regions and miss-sample settings. Id 0 is never used. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);

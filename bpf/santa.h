@@ -36,6 +36,7 @@ enum santa_limit {
 	SANTA_LOCAL_FILTER_BITS = 12, /* santa_local_filter: 2^12 slots */
 	SANTA_LOCAL_FILTER_SLOTS = 1 << 12,
 	SANTA_SOCKET_CACHE = 16,     /* santa_scratch: cached santa_sockets answers per CPU */
+	SANTA_LOCAL_CACHE = 4,       /* santa_scratch: cached santa_local_addrs answers per CPU */
 	SANTA_COND_MASKED = 1u << 31, /* santa_cond.data flag: the pattern has a mask */
 	SANTA_RULE_CLOSE = 1,        /* santa_rule.flags: TCP, the reply ends the connection (FIN with it) */
 	SANTA_RULE_EXPIRES = 2,      /* santa_rule.flags: the rule stops answering at santa_rule.expires */
@@ -290,10 +291,20 @@ struct santa_socket_cache {
 	__u32 pad;
 };
 
+/* A CPU's copy of one santa_local_addrs answer: what key is (0: none) as
+ * it was while santa_local_gen held gen. */
+struct santa_local_cache {
+	struct santa_local_addr key;
+	__u64 gen;
+	__u8 kind;
+	__u8 pad[7];
+};
+
 /* Per-CPU work area: the request window (with slack for word-wise compares
  * past a pattern's end), the reply's headers, the request's TCP header,
  * the TCP responder's state, the matcher's probes (off the short stack) and
- * the recent answers of santa_sockets, by cookie % SANTA_SOCKET_CACHE. */
+ * the recent answers of santa_sockets, by cookie % SANTA_SOCKET_CACHE, and
+ * of santa_local_addrs, by filter slot % SANTA_LOCAL_CACHE. */
 struct santa_scratch {
 	__u8 req[SANTA_SCRATCH_REQ];
 	__u8 hdr[128];
@@ -301,6 +312,7 @@ struct santa_scratch {
 	__u8 tcp[SANTA_SCRATCH_TCP];
 	struct santa_region_probe probe;
 	struct santa_socket_cache sockets[SANTA_SOCKET_CACHE];
+	struct santa_local_cache local[SANTA_LOCAL_CACHE];
 };
 
 /* The SipHash key of one stamp epoch (TCP). */

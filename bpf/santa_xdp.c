@@ -68,8 +68,12 @@ static __always_inline int port_may_have_ruleset(struct xdp_md *ctx, const struc
 }
 
 /* What santa_local_addrs says of an address: 0 if it is no address of this
- * host, else SANTA_ADDR_LOCAL or SANTA_ADDR_BROADCAST. */
-static __always_inline __u8 local_addr_kind(struct xdp_md *ctx, __u8 family, const void *addr)
+ * host, else SANTA_ADDR_LOCAL or SANTA_ADDR_BROADCAST. A source rarely is
+ * one, and its slot in santa_local_filter says so without a lookup; the
+ * destination of a request to a wildcard-bound socket always is, and this
+ * CPU's cache answers it while santa_local_gen has not moved. */
+static __always_inline __u8 local_addr_kind(struct xdp_md *ctx, struct santa_scratch *s, __u8 family,
+					    const void *addr)
 {
 	struct santa_local_addr key __attribute__((aligned(8))) = { /* hashed as words */
 		.ifindex = ctx->ingress_ifindex,
@@ -83,21 +87,32 @@ static __always_inline __u8 local_addr_kind(struct xdp_md *ctx, __u8 family, con
 	__u32 *n = bpf_map_lookup_elem(&santa_local_filter, &slot);
 	if (n && *n == 0)
 		return 0;
+	__u32 zero = 0;
+	__u64 *gen_now = bpf_map_lookup_elem(&santa_local_gen, &zero);
+	/* read before the lookup: a change after it moves gen past this */
+	__u64 gen = gen_now ? *(volatile __u64 *)gen_now : 0;
+	struct santa_local_cache *c = &s->local[slot & (SANTA_LOCAL_CACHE - 1)];
+	const __u64 *k = (const __u64 *)&key, *ck = (const __u64 *)&c->key;
+	if (gen_now && c->gen == gen && ck[0] == k[0] && ck[1] == k[1] && ck[2] == k[2])
+		return c->kind;
 	__u8 *kind = bpf_map_lookup_elem(&santa_local_addrs, &key);
-	return kind ? *kind : 0;
+	c->key = key;
+	c->gen = gen;
+	c->kind = kind ? *kind : 0;
+	return c->kind;
 }
 
 /* The kernel would deliver the request: its source is no address of this
  * host nor a broadcast address (a martian), and, since the socket lookup does
  * no routing, a wildcard-bound socket only gets requests for this host. */
-static __always_inline int kernel_would_deliver(struct xdp_md *ctx, struct pkt_info *req,
-						int wildcard)
+static __always_inline int kernel_would_deliver(struct xdp_md *ctx, struct santa_scratch *s,
+						struct pkt_info *req, int wildcard)
 {
 	const void *src = req->family == 4 ? (void *)&req->tuple.ipv4.saddr : (void *)req->tuple.ipv6.saddr;
 	const void *dst = req->family == 4 ? (void *)&req->tuple.ipv4.daddr : (void *)req->tuple.ipv6.daddr;
-	if (local_addr_kind(ctx, req->family, src))
+	if (local_addr_kind(ctx, s, req->family, src))
 		return 0;
-	return !wildcard || local_addr_kind(ctx, req->family, dst) == SANTA_ADDR_LOCAL;
+	return !wildcard || local_addr_kind(ctx, s, req->family, dst) == SANTA_ADDR_LOCAL;
 }
 
 /* Copy the first bytes of an unmatched request to the miss-sample ring,
@@ -573,7 +588,7 @@ __noinline int udp_request(struct xdp_md *ctx, struct pkt_info *req)
 		COUNT(pass_bad_checksum);
 		return XDP_PASS;
 	}
-	if (!kernel_would_deliver(ctx, req, wildcard)) {
+	if (!kernel_would_deliver(ctx, s, req, wildcard)) {
 		COUNT(pass_not_local);
 		return XDP_PASS;
 	}

@@ -248,7 +248,7 @@ __noinline int tcp_segment(struct xdp_md *ctx, struct pkt_info *req)
 	const struct santa_ruleset *rs = socket_ruleset(s, cookie, &id);
 	if (!rs)
 		return XDP_PASS;
-	if (!kernel_would_deliver(ctx, req, wildcard)) {
+	if (!kernel_would_deliver(ctx, s, req, wildcard)) {
 		COUNT(pass_not_local);
 		return XDP_PASS;
 	}

@@ -30,6 +30,7 @@ type Dataplane struct {
 	rulesets   *mmapArray // santa_rulesets
 	bases      *mmapArray // santa_rule_base
 	socketsGen *mmapArray // santa_sockets_gen
+	localGen   *mmapArray // santa_local_gen
 	slots      *slotAllocator
 	rsIDs      *slotAllocator
 	data       *dataAllocator
@@ -156,7 +157,8 @@ func Load(cfg Config) (*Dataplane, error) {
 		src *ebpf.Map
 	}{{&d.rules, d.objs.SantaRules}, {&d.buckets, d.objs.SantaBuckets},
 		{&d.pages, d.objs.SantaPages}, {&d.rulesets, d.objs.SantaRulesets},
-		{&d.bases, d.objs.SantaRuleBase}, {&d.socketsGen, d.objs.SantaSocketsGen}} {
+		{&d.bases, d.objs.SantaRuleBase}, {&d.socketsGen, d.objs.SantaSocketsGen},
+		{&d.localGen, d.objs.SantaLocalGen}} {
 		if *m.dst, err = mapArray(m.src, true); err != nil {
 			d.Close()
 			return nil, err
@@ -278,7 +280,7 @@ func (d *Dataplane) Close() error {
 	d.closed = true
 	d.stopTCPUpkeep()
 	var errs []error
-	for _, a := range []*mmapArray{d.rules, d.buckets, d.pages, d.rulesets, d.bases, d.socketsGen} {
+	for _, a := range []*mmapArray{d.rules, d.buckets, d.pages, d.rulesets, d.bases, d.socketsGen, d.localGen} {
 		errs = append(errs, a.close())
 	}
 	errs = append(errs, d.objs.Close())

@@ -3,8 +3,14 @@ package dataplane
 import (
 	"bytes"
 	"encoding/hex"
+	"net"
 	"net/netip"
 	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 )
 
 // The rule processor must answer only requests the kernel would deliver to
@@ -96,6 +102,73 @@ func TestAnswersOnlyWhatTheKernelWouldDeliver(t *testing.T) {
 				}
 				mustPass(t, request(netip.AddrPortFrom(src, 40000), dst, "Hello").build(t))
 			})
+		}
+	})
+
+	// Each CPU keeps its recent answers of santa_local_addrs, valid while
+	// santa_local_gen has not moved. A destination whose filter slot
+	// another address keeps counted (a collision, made here by counting it
+	// by hand) is looked up past the filter: once it becomes an address of
+	// this host it must be answered, and once it no longer is, no cached
+	// answer may say it still is. The thread is pinned to one CPU, so the
+	// runs after each change meet the answer cached before it.
+	t.Run("changed-address", func(t *testing.T) {
+		x := netip.AddrFrom4(other4)
+		key := santaSantaLocalAddr{Ifindex: 1, Family: 4} // BPF_PROG_RUN's loopback
+		copy(key.Addr[:], x.AsSlice())
+		if err := e.d.countLocalAddr(key, 1); err != nil {
+			t.Fatal(err)
+		}
+		defer e.d.countLocalAddr(key, -1)
+		frame := request(c4, netip.AddrPortFrom(x, port), "Hello").build(t)
+		err := e.tb.Server.Do(func() error {
+			var cpus, one unix.CPUSet
+			if err := unix.SchedGetaffinity(0, &cpus); err != nil {
+				return err
+			}
+			one.Set(0)
+			if err := unix.SchedSetaffinity(0, &one); err != nil {
+				return err
+			}
+			defer unix.SchedSetaffinity(0, &cpus)
+			run := func() uint32 {
+				opts := ebpf.RunOptions{Data: frame, DataOut: make([]byte, len(frame)+4096), Repeat: 1}
+				ret, err := e.d.Program().Run(&opts)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return ret
+			}
+			// the watcher applies a change within milliseconds
+			waitFor := func(want uint32, what string) {
+				deadline := time.Now().Add(5 * time.Second)
+				for run() != want {
+					if time.Now().After(deadline) {
+						t.Fatalf("%s: verdict still not %d after 5 s", what, want)
+					}
+					time.Sleep(10 * time.Millisecond)
+				}
+			}
+			link, err := netlink.LinkByName(e.tb.Server.Dev)
+			if err != nil {
+				return err
+			}
+			a := &netlink.Addr{IPNet: &net.IPNet{IP: x.AsSlice(), Mask: net.CIDRMask(32, 32)}}
+			if run() != xdpPass {
+				t.Errorf("%s answered before it was an address of this host", x)
+			}
+			if err := netlink.AddrAdd(link, a); err != nil {
+				return err
+			}
+			waitFor(xdpTx, "address added")
+			if err := netlink.AddrDel(link, a); err != nil {
+				return err
+			}
+			waitFor(xdpPass, "address removed")
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
 		}
 	})
 

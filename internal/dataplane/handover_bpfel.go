@@ -21,6 +21,7 @@ const (
 	handoverMapSantaGuards           = "santa_guards"
 	handoverMapSantaLocalAddrs       = "santa_local_addrs"
 	handoverMapSantaLocalFilter      = "santa_local_filter"
+	handoverMapSantaLocalGen         = "santa_local_gen"
 	handoverMapSantaMissSamples      = "santa_miss_samples"
 	handoverMapSantaPages            = "santa_pages"
 	handoverMapSantaPorts            = "santa_ports"
@@ -94,6 +95,7 @@ type handoverMapSpecs struct {
 	SantaGuards       *ebpf.MapSpec `ebpf:"santa_guards"`
 	SantaLocalAddrs   *ebpf.MapSpec `ebpf:"santa_local_addrs"`
 	SantaLocalFilter  *ebpf.MapSpec `ebpf:"santa_local_filter"`
+	SantaLocalGen     *ebpf.MapSpec `ebpf:"santa_local_gen"`
 	SantaMissSamples  *ebpf.MapSpec `ebpf:"santa_miss_samples"`
 	SantaPages        *ebpf.MapSpec `ebpf:"santa_pages"`
 	SantaPorts        *ebpf.MapSpec `ebpf:"santa_ports"`
@@ -143,6 +145,7 @@ type handoverMaps struct {
 	SantaGuards       *ebpf.Map `ebpf:"santa_guards"`
 	SantaLocalAddrs   *ebpf.Map `ebpf:"santa_local_addrs"`
 	SantaLocalFilter  *ebpf.Map `ebpf:"santa_local_filter"`
+	SantaLocalGen     *ebpf.Map `ebpf:"santa_local_gen"`
 	SantaMissSamples  *ebpf.Map `ebpf:"santa_miss_samples"`
 	SantaPages        *ebpf.Map `ebpf:"santa_pages"`
 	SantaPorts        *ebpf.Map `ebpf:"santa_ports"`
@@ -166,6 +169,7 @@ func (m *handoverMaps) Close() error {
 		m.SantaGuards,
 		m.SantaLocalAddrs,
 		m.SantaLocalFilter,
+		m.SantaLocalGen,
 		m.SantaMissSamples,
 		m.SantaPages,
 		m.SantaPorts,

@@ -108,6 +108,7 @@ func (l *localAddrs) sync() error {
 			}
 			return fmt.Errorf("add local address: %w", err)
 		}
+		l.d.localAddrsChanged()
 		l.have[k] = kind
 	}
 	for k := range l.have {
@@ -125,11 +126,19 @@ func (l *localAddrs) remove(k santaSantaLocalAddr) error {
 	if err := l.d.objs.SantaLocalAddrs.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return fmt.Errorf("remove local address: %w", err)
 	}
+	l.d.localAddrsChanged()
 	if err := l.d.countLocalAddr(k, -1); err != nil {
 		return err
 	}
 	delete(l.have, k)
 	return nil
+}
+
+// localAddrsChanged follows every change of santa_local_addrs: the
+// program's per-CPU answers of it (santa_scratch.local) hold only while
+// santa_local_gen has not moved.
+func (d *Dataplane) localAddrsChanged() {
+	d.localGen.add64(0, 0, 1)
 }
 
 // countLocalAddr adds delta to the count of k's slot in santa_local_filter.

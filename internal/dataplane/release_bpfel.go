@@ -21,6 +21,7 @@ const (
 	releaseMapSantaGuards           = "santa_guards"
 	releaseMapSantaLocalAddrs       = "santa_local_addrs"
 	releaseMapSantaLocalFilter      = "santa_local_filter"
+	releaseMapSantaLocalGen         = "santa_local_gen"
 	releaseMapSantaMissSamples      = "santa_miss_samples"
 	releaseMapSantaPages            = "santa_pages"
 	releaseMapSantaPorts            = "santa_ports"
@@ -94,6 +95,7 @@ type releaseMapSpecs struct {
 	SantaGuards       *ebpf.MapSpec `ebpf:"santa_guards"`
 	SantaLocalAddrs   *ebpf.MapSpec `ebpf:"santa_local_addrs"`
 	SantaLocalFilter  *ebpf.MapSpec `ebpf:"santa_local_filter"`
+	SantaLocalGen     *ebpf.MapSpec `ebpf:"santa_local_gen"`
 	SantaMissSamples  *ebpf.MapSpec `ebpf:"santa_miss_samples"`
 	SantaPages        *ebpf.MapSpec `ebpf:"santa_pages"`
 	SantaPorts        *ebpf.MapSpec `ebpf:"santa_ports"`
@@ -143,6 +145,7 @@ type releaseMaps struct {
 	SantaGuards       *ebpf.Map `ebpf:"santa_guards"`
 	SantaLocalAddrs   *ebpf.Map `ebpf:"santa_local_addrs"`
 	SantaLocalFilter  *ebpf.Map `ebpf:"santa_local_filter"`
+	SantaLocalGen     *ebpf.Map `ebpf:"santa_local_gen"`
 	SantaMissSamples  *ebpf.Map `ebpf:"santa_miss_samples"`
 	SantaPages        *ebpf.Map `ebpf:"santa_pages"`
 	SantaPorts        *ebpf.Map `ebpf:"santa_ports"`
@@ -166,6 +169,7 @@ func (m *releaseMaps) Close() error {
 		m.SantaGuards,
 		m.SantaLocalAddrs,
 		m.SantaLocalFilter,
+		m.SantaLocalGen,
 		m.SantaMissSamples,
 		m.SantaPages,
 		m.SantaPorts,

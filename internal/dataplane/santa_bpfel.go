@@ -87,6 +87,7 @@ const (
 	santaSantaLimitSANTA_LOCAL_FILTER_BITS  santaSantaLimit = 12
 	santaSantaLimitSANTA_LOCAL_FILTER_SLOTS santaSantaLimit = 4096
 	santaSantaLimitSANTA_SOCKET_CACHE       santaSantaLimit = 16
+	santaSantaLimitSANTA_LOCAL_CACHE        santaSantaLimit = 4
 	santaSantaLimitSANTA_COND_MASKED        santaSantaLimit = 2147483648
 	santaSantaLimitSANTA_RULE_CLOSE         santaSantaLimit = 1
 	santaSantaLimitSANTA_RULE_EXPIRES       santaSantaLimit = 2
@@ -269,6 +270,13 @@ type santaSantaScratch struct {
 		Ruleset uint32
 		Pad     uint32
 	}
+	Local [4]struct {
+		_    structs.HostLayout
+		Key  santaSantaLocalAddr
+		Gen  uint64
+		Kind uint8
+		Pad  [7]uint8
+	}
 }
 
 type santaSantaTcpFlow struct {
@@ -299,6 +307,7 @@ const (
 	santaMapSantaGuards           = "santa_guards"
 	santaMapSantaLocalAddrs       = "santa_local_addrs"
 	santaMapSantaLocalFilter      = "santa_local_filter"
+	santaMapSantaLocalGen         = "santa_local_gen"
 	santaMapSantaMissSamples      = "santa_miss_samples"
 	santaMapSantaPages            = "santa_pages"
 	santaMapSantaPorts            = "santa_ports"
@@ -374,6 +383,7 @@ type santaMapSpecs struct {
 	SantaGuards       *ebpf.MapSpec `ebpf:"santa_guards"`
 	SantaLocalAddrs   *ebpf.MapSpec `ebpf:"santa_local_addrs"`
 	SantaLocalFilter  *ebpf.MapSpec `ebpf:"santa_local_filter"`
+	SantaLocalGen     *ebpf.MapSpec `ebpf:"santa_local_gen"`
 	SantaMissSamples  *ebpf.MapSpec `ebpf:"santa_miss_samples"`
 	SantaPages        *ebpf.MapSpec `ebpf:"santa_pages"`
 	SantaPorts        *ebpf.MapSpec `ebpf:"santa_ports"`
@@ -425,6 +435,7 @@ type santaMaps struct {
 	SantaGuards       *ebpf.Map `ebpf:"santa_guards"`
 	SantaLocalAddrs   *ebpf.Map `ebpf:"santa_local_addrs"`
 	SantaLocalFilter  *ebpf.Map `ebpf:"santa_local_filter"`
+	SantaLocalGen     *ebpf.Map `ebpf:"santa_local_gen"`
 	SantaMissSamples  *ebpf.Map `ebpf:"santa_miss_samples"`
 	SantaPages        *ebpf.Map `ebpf:"santa_pages"`
 	SantaPorts        *ebpf.Map `ebpf:"santa_ports"`
@@ -448,6 +459,7 @@ func (m *santaMaps) Close() error {
 		m.SantaGuards,
 		m.SantaLocalAddrs,
 		m.SantaLocalFilter,
+		m.SantaLocalGen,
 		m.SantaMissSamples,
 		m.SantaPages,
 		m.SantaPorts,
