@@ -29,6 +29,27 @@ func TestMedian(t *testing.T) {
 	}
 }
 
+// A point is measured again when others' work or the hypervisor's steal
+// passes its limit; the figures of a throttled VM point (busy 0.58 s,
+// steal 0.65 s of a 4.1 s window) must not pass as clean.
+func TestDisturbance(t *testing.T) {
+	for _, c := range []struct {
+		name      string
+		s         Sample
+		disturbed bool
+	}{
+		{"quiet", Sample{WindowSec: 4, Foreign: 0.02, StealSec: 0.04}, false},
+		{"others' work", Sample{WindowSec: 4, Foreign: 0.12, StealSec: 0.04}, true},
+		{"throttled VM", Sample{WindowSec: 4.1, Foreign: 0, StealSec: 0.65}, true},
+		{"steal at the limit", Sample{WindowSec: 4, StealSec: 0.12}, false},
+		{"no window", Sample{Foreign: 0.05}, false},
+	} {
+		if got := disturbance(c.s, maxForeign) > 1; got != c.disturbed {
+			t.Errorf("%s: disturbed %v, want %v (disturbance %.2f)", c.name, got, c.disturbed, disturbance(c.s, maxForeign))
+		}
+	}
+}
+
 func TestUpdateMarkdown(t *testing.T) {
 	p := filepath.Join(t.TempDir(), "b.md")
 	if err := UpdateMarkdown(p, "## UDP\n\nfirst\n"); err != nil {

@@ -375,7 +375,7 @@ Columns: **replies/s** counted by kxdpgun; **server CPU** busy share of the serv
 same from the server-side threads' run time; **BPF ns** per packet of the program on the
 server veth; **XDP** share of replies answered by Santa's rules; **p50 / p99** prober
 round-trip times; **× alone** replies/s relative to the same server alone at the same
-kind of point. † marks a point where others' work on the server CPU could not be avoided.
+kind of point. † marks a point where others' work on the server CPU or the hypervisor's steal could not be avoided.
 `)
 
 	b.WriteString("\n### Sweeps: replies/s by offered rate (medians)\n")

@@ -215,7 +215,8 @@ p99** are wrk's latency percentiles (closed loop over N connections: they includ
 server's TIME_WAIT sockets of earlier runs are removed (`+"`ss -K state time-wait`"+`: a SYN whose 4-tuple still has one
 goes to the kernel, not to eBPF, and wrk's one address has only 64 k ports); the client namespace has
 `+"`ip_local_port_range 1024 65535`"+` and `+"`tcp_tw_reuse 1`"+`. Before each run the harness waits for both CPUs to be idle,
-and it repeats a run whose server CPU busy time exceeds the threads' by more than 10 %% (others' work), within
+and it repeats a run whose server CPU busy time exceeds the threads' by more than 10 %% (others' work) or whose
+server CPU lost more than 3 %% of the window to the hypervisor (steal), within
 a time budget; in the Santa cases the limit is %.0f %%: the server CPU idles between packets there, and each
 wake-up of the NAPI kthread is an inter-processor interrupt (a VM exit on this VM) that is busy time outside any
 thread, about 4 µs per connection with Connection: close. Runs still disturbed are marked †.
@@ -254,7 +255,7 @@ per server core, Santa over nginx); **in eBPF** the share of responses the rule 
 Columns: **failed** requests wrk counted as socket errors, timeouts or non-2xx responses; **threads µs** the
 server CPU per request from the server threads' run time (busy time beyond it is kernel work outside them:
 interrupts, timers, idle exits); **santad + ctl** their part of it; **BPF ns** run time per packet of the XDP
-program on the server veth; ` + bpfStatsNote + ` **p50 / p99** wrk's latency. † marks a point where others' work on the server CPU
+program on the server veth; ` + bpfStatsNote + ` **p50 / p99** wrk's latency. † marks a point where others' work on the server CPU or steal
 could not be avoided.
 
 `)

@@ -158,7 +158,7 @@ controller and the server veth's NAPI kthread: busy time beyond it is work the k
 server CPU outside those threads (interrupts, kworkers);
 **× memcached** replies/s over memcached alone's at the same kind of point; **per core** memcached's
 server CPU per reply over the case's (replies per server core); **× reflector** the case's server CPU per
-reply over the reflector's. † marks a point where others' work on the server CPU could not be avoided.
+reply over the reflector's. † marks a point where others' work on the server CPU or the hypervisor's steal could not be avoided.
 
 `)
 	b.WriteString("Cases:\n\n")

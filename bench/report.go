@@ -193,8 +193,9 @@ cleanest cost figure; past it, lost replies still cost server CPU). The generato
 tops out near 1.1 M queries/s and can receive fewer replies than that, so the reflector
 (and any XDP responder as fast) is generator-bound at saturation. Before each point the
 harness waits for both CPUs to be idle and repeats a point whose server CPU time exceeds
-the server threads' by more than 10 %% (others' work on the machine), within a bounded
-time budget; points still disturbed are marked †.
+the server threads' by more than 10 %% (others' work on the machine) or whose server CPU
+lost more than 3 %% of the window to the hypervisor (steal), within a bounded time
+budget; points still disturbed are marked †.
 `, r.Command, r.Batch, r.ServerCPU, r.ClientCPU, r.Duration, r.Reps, r.ServerCPU)
 
 	b.WriteString("\nReference figures measured on this kind of testbed before the project (shared/notes/kernel-findings.md, kxdpgun at saturation): NSD 4.8 µs per reply, bare XDP reflector 0.79 µs (47 ns of it BPF), a one-rule rule-engine prototype 0.89 µs (227 ns BPF). Expect ±10 % between runs, more when the machine is shared.\n")
@@ -208,7 +209,7 @@ Columns: **replies/s** as counted by kxdpgun; **server CPU** busy share of the s
 repetitions, min–max); **threads** the same from the server threads' exact run time;
 **BPF ns** run time per packet of the XDP program on the server veth; **×** ratios of
 µs / reply to the reflector's and NSD's at the same kind of point. † marks a point where
-others' work on the server CPU could not be avoided (busy time > server threads by 10 %).
+others' work on the server CPU or the hypervisor's steal could not be avoided (busy time > server threads by 10 %, or steal > 3 % of the window).
 `)
 	b.WriteString("\nCases:\n\n")
 	for _, c := range r.Cases {
@@ -461,7 +462,7 @@ func ParseRates(s string) ([]int, error) {
 }
 
 // writeRepeats says how many of the case's measurements were repeated (and
-// kept disturbed) because of others' work on the server CPU, if any.
+// kept disturbed) because of others' work on the server CPU or steal, if any.
 func writeRepeats(b *strings.Builder, c CaseResult) {
 	var n, repeated, disturbed int
 	for _, p := range c.Points {
@@ -476,7 +477,7 @@ func writeRepeats(b *strings.Builder, c CaseResult) {
 		}
 	}
 	if repeated > 0 {
-		fmt.Fprintf(b, " %d of %d measurements were repeated because of others' work on the server CPU", repeated, n)
+		fmt.Fprintf(b, " %d of %d measurements were repeated because of others' work on the server CPU or steal", repeated, n)
 		if disturbed > 0 {
 			fmt.Fprintf(b, ", %d of them kept disturbed (†)", disturbed)
 		}

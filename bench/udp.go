@@ -79,7 +79,7 @@ type Sample struct {
 	UsPerReplyThreads float64 `json:"us_per_reply_threads"` // ThreadsSec / Replies
 	UsPerFrame        float64 `json:"us_per_frame_sent"`    // ServerBusy / ClientRx: per reply the server put on the wire
 	Foreign           float64 `json:"foreign"`              // (ServerBusy − ThreadsSec) / ServerBusy: work on the server CPU by others
-	Disturbed         bool    `json:"disturbed,omitempty"`  // Foreign > 10 % even after retries
+	Disturbed         bool    `json:"disturbed,omitempty"`  // Foreign > 10 % or StealShare > 3 % even after retries
 	Attempts          int     `json:"attempts"`             // measurements taken for this sample
 
 	// BPF run-time accounting (two clock reads per packet) is on only in
@@ -357,23 +357,23 @@ func (h *harness) runCase(ctx context.Context, c Responder) (cr CaseResult) {
 					cr.Error = fmt.Sprintf("%d qps rep %d: %v", qps, r, err)
 					return cr
 				}
-				if attempt == 1 || a.Foreign < s.Foreign {
+				if attempt == 1 || disturbance(a, foreignLimit) < disturbance(s, foreignLimit) {
 					s = a // keep the least disturbed attempt
 				}
 				s.Attempts = attempt
-				if a.Foreign <= foreignLimit {
+				if disturbance(a, foreignLimit) <= 1 {
 					s = a
 					s.Attempts = attempt
 					break
 				}
 				if attempt > h.cfg.Retries || ctx.Err() != nil || h.budgetSpent() {
 					s.Disturbed = true
-					logf("[%s] %s qps rep %d: still disturbed after %d attempts; keeping the least disturbed one (%.0f%% not the server's), marked disturbed",
-						cr.Name, si(float64(qps)), r, attempt, 100*s.Foreign)
+					logf("[%s] %s qps rep %d: still disturbed after %d attempts; keeping the least disturbed one (%.0f%% not the server's, %.0f%% stolen), marked disturbed",
+						cr.Name, si(float64(qps)), r, attempt, 100*s.Foreign, 100*s.StealShare())
 					break
 				}
-				logf("[%s] %s qps rep %d: %.0f%% of the server CPU's busy time was not the server's (others' work); repeating",
-					cr.Name, si(float64(qps)), r, 100*a.Foreign)
+				logf("[%s] %s qps rep %d: %.0f%% of the server CPU's busy time was not the server's (others' work), %.0f%% of its time stolen by the hypervisor; repeating",
+					cr.Name, si(float64(qps)), r, 100*a.Foreign, 100*a.StealShare())
 				h.waited += time.Duration(a.WindowSec * float64(time.Second))
 			}
 			logf("[%s] %s qps rep %d/%d: %s replies/s (%.0f%%), server cpu %.0f%%, %.2f µs/reply (threads %.2f, per frame sent %.2f), client cpu %.0f%%%s%s",
@@ -749,6 +749,29 @@ func progName(id uint32) string {
 // maxForeign is the share of the server CPU's busy time that may be work
 // other than the server's threads before a point is repeated.
 const maxForeign = 0.10
+
+// maxSteal is the share of a point's window the hypervisor may take from
+// the server CPU (steal) before the point is repeated. Busy time leaves the
+// stolen time out, but the threads' run time keeps part of it, and the
+// load and the packets' batching change with it: on a VM whose host
+// throttles it (steal at 16 % of the window, the client CPU at 55 %), the
+// per-reply figure came out lower than on a quiet host, not higher.
+const maxSteal = 0.03
+
+// StealShare is the share of the window the hypervisor took from the server CPU.
+func (s Sample) StealShare() float64 {
+	if s.WindowSec <= 0 {
+		return 0
+	}
+	return s.StealSec / s.WindowSec
+}
+
+// disturbance rates a sample against the limits on others' work and on
+// steal: the larger of its shares, each over its limit; above 1 the
+// sample is disturbed and measured again.
+func disturbance(s Sample, foreignLimit float64) float64 {
+	return max(s.Foreign/foreignLimit, s.StealShare()/maxSteal)
+}
 
 // quiet waits until both the server and the client CPU are idle (others'
 // work: between points nothing of ours runs), at most cfg.QuietWait.
