@@ -15,16 +15,17 @@ struct {
 	__uint(max_entries, 65536); /* set by user space */
 } santa_sockets SEC(".maps");
 
-/* Bumped (atomically, by santad and the release hook) after every change of
- * santa_sockets: a CPU's cached answers of it (santa_scratch.sockets) hold
- * only while it has not moved. */
+/* Generation words, one per map whose answers each CPU caches
+ * (SANTA_GEN_*): santad (and, for santa_sockets, the release hook) adds
+ * one atomically after every change of that map, and a cached answer
+ * (santa_scratch.sockets, .local) holds only while its word has not moved. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__type(key, __u32);
 	__type(value, __u64);
-	__uint(max_entries, 1);
+	__uint(max_entries, SANTA_GENS);
 	__uint(map_flags, BPF_F_MMAPABLE); /* user space adds in place */
-} santa_sockets_gen SEC(".maps");
+} santa_gens SEC(".maps");
 
 /* Word set * SANTA_PORT_WORDS + port / 64 -> a bit per local port, in each
  * set SANTA_PORTS_*: the ports of the sockets that have rule sets (santad
@@ -74,17 +75,6 @@ static __always_inline __u32 local_filter_slot(const struct santa_local_addr *ke
 	h = (h ^ w[2]) * 0x9e3779b97f4a7c15ull;
 	return h >> (64 - SANTA_LOCAL_FILTER_BITS);
 }
-
-/* Bumped (atomically, by santad) after every change of santa_local_addrs:
- * a CPU's cached answers of it (santa_scratch.local) hold only while it
- * has not moved. */
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__type(key, __u32);
-	__type(value, __u64);
-	__uint(max_entries, 1);
-	__uint(map_flags, BPF_F_MMAPABLE); /* user space adds in place */
-} santa_local_gen SEC(".maps");
 
 /* Rule set id -> its regions and miss-sample settings. Id 0 is never used. */
 struct {

@@ -37,6 +37,9 @@ enum santa_limit {
 	SANTA_LOCAL_FILTER_SLOTS = 1 << 12,
 	SANTA_SOCKET_CACHE = 16,     /* santa_scratch: cached santa_sockets answers per CPU */
 	SANTA_LOCAL_CACHE = 4,       /* santa_scratch: cached santa_local_addrs answers per CPU */
+	SANTA_GEN_SOCKETS = 0,       /* santa_gens: the word of santa_sockets */
+	SANTA_GEN_LOCAL_ADDRS = 1,   /* santa_gens: the word of santa_local_addrs */
+	SANTA_GENS = 2,
 	SANTA_COND_MASKED = 1u << 31, /* santa_cond.data flag: the pattern has a mask */
 	SANTA_RULE_CLOSE = 1,        /* santa_rule.flags: TCP, the reply ends the connection (FIN with it) */
 	SANTA_RULE_EXPIRES = 2,      /* santa_rule.flags: the rule stops answering at santa_rule.expires */
@@ -283,7 +286,7 @@ struct santa_region_probe {
 };
 
 /* A CPU's copy of one santa_sockets answer: cookie's rule set (0: none)
- * as it was while santa_sockets_gen held gen. */
+ * as it was while its santa_gens word held gen. */
 struct santa_socket_cache {
 	__u64 cookie;
 	__u64 gen;
@@ -292,7 +295,7 @@ struct santa_socket_cache {
 };
 
 /* A CPU's copy of one santa_local_addrs answer: what key is (0: none) as
- * it was while santa_local_gen held gen. */
+ * it was while its santa_gens word held gen. */
 struct santa_local_cache {
 	struct santa_local_addr key;
 	__u64 gen;

@@ -17,8 +17,8 @@ int santa_release(struct bpf_sock *ctx)
 	/* fails for sockets without rules, and if user space unbound it first */
 	if (bpf_map_delete_elem(&santa_sockets, &cookie))
 		return 1;
-	__u32 zero = 0;
-	__u64 *gen = bpf_map_lookup_elem(&santa_sockets_gen, &zero);
+	__u32 word = SANTA_GEN_SOCKETS;
+	__u64 *gen = bpf_map_lookup_elem(&santa_gens, &word);
 	if (gen)
 		__sync_fetch_and_add(gen, 1);
 	if (bpf_ringbuf_output(&santa_released, &cookie, sizeof(cookie), 0))

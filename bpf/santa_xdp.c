@@ -71,7 +71,7 @@ static __always_inline int port_may_have_ruleset(struct xdp_md *ctx, const struc
  * host, else SANTA_ADDR_LOCAL or SANTA_ADDR_BROADCAST. A source rarely is
  * one, and its slot in santa_local_filter says so without a lookup; the
  * destination of a request to a wildcard-bound socket always is, and this
- * CPU's cache answers it while santa_local_gen has not moved. */
+ * CPU's cache answers it while its santa_gens word has not moved. */
 static __always_inline __u8 local_addr_kind(struct xdp_md *ctx, struct santa_scratch *s, __u8 family,
 					    const void *addr)
 {
@@ -87,8 +87,8 @@ static __always_inline __u8 local_addr_kind(struct xdp_md *ctx, struct santa_scr
 	__u32 *n = bpf_map_lookup_elem(&santa_local_filter, &slot);
 	if (n && *n == 0)
 		return 0;
-	__u32 zero = 0;
-	__u64 *gen_now = bpf_map_lookup_elem(&santa_local_gen, &zero);
+	__u32 word = SANTA_GEN_LOCAL_ADDRS;
+	__u64 *gen_now = bpf_map_lookup_elem(&santa_gens, &word);
 	/* read before the lookup: a change after it moves gen past this */
 	__u64 gen = gen_now ? *(volatile __u64 *)gen_now : 0;
 	struct santa_local_cache *c = &s->local[slot & (SANTA_LOCAL_CACHE - 1)];
@@ -480,12 +480,12 @@ static __always_inline int answer_udp(struct xdp_md *ctx, struct pkt_info *req,
 }
 
 /* The rule set id of the socket with cookie, 0 if it has none: what
- * santa_sockets says, from this CPU's cache while santa_sockets_gen has not
+ * santa_sockets says, from this CPU's cache while its santa_gens word has not
  * moved (the hash lookup cost as much as all the socket's other checks). */
 static __always_inline __u32 socket_ruleset_id(struct santa_scratch *s, __u64 cookie)
 {
-	__u32 zero = 0;
-	__u64 *gen_now = bpf_map_lookup_elem(&santa_sockets_gen, &zero);
+	__u32 word = SANTA_GEN_SOCKETS;
+	__u64 *gen_now = bpf_map_lookup_elem(&santa_gens, &word);
 	if (!gen_now)
 		return 0;
 	/* read before the lookup: a change after it moves gen past this */

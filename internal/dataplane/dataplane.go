@@ -29,8 +29,7 @@ type Dataplane struct {
 	pages      *mmapArray // santa_pages
 	rulesets   *mmapArray // santa_rulesets
 	bases      *mmapArray // santa_rule_base
-	socketsGen *mmapArray // santa_sockets_gen
-	localGen   *mmapArray // santa_local_gen
+	gens       *mmapArray // santa_gens
 	slots      *slotAllocator
 	rsIDs      *slotAllocator
 	data       *dataAllocator
@@ -157,8 +156,7 @@ func Load(cfg Config) (*Dataplane, error) {
 		src *ebpf.Map
 	}{{&d.rules, d.objs.SantaRules}, {&d.buckets, d.objs.SantaBuckets},
 		{&d.pages, d.objs.SantaPages}, {&d.rulesets, d.objs.SantaRulesets},
-		{&d.bases, d.objs.SantaRuleBase}, {&d.socketsGen, d.objs.SantaSocketsGen},
-		{&d.localGen, d.objs.SantaLocalGen}} {
+		{&d.bases, d.objs.SantaRuleBase}, {&d.gens, d.objs.SantaGens}} {
 		if *m.dst, err = mapArray(m.src, true); err != nil {
 			d.Close()
 			return nil, err
@@ -280,7 +278,7 @@ func (d *Dataplane) Close() error {
 	d.closed = true
 	d.stopTCPUpkeep()
 	var errs []error
-	for _, a := range []*mmapArray{d.rules, d.buckets, d.pages, d.rulesets, d.bases, d.socketsGen, d.localGen} {
+	for _, a := range []*mmapArray{d.rules, d.buckets, d.pages, d.rulesets, d.bases, d.gens} {
 		errs = append(errs, a.close())
 	}
 	errs = append(errs, d.objs.Close())

@@ -106,7 +106,7 @@ func TestAnswersOnlyWhatTheKernelWouldDeliver(t *testing.T) {
 	})
 
 	// Each CPU keeps its recent answers of santa_local_addrs, valid while
-	// santa_local_gen has not moved. A destination whose filter slot
+	// its santa_gens word has not moved. A destination whose filter slot
 	// another address keeps counted (a collision, made here by counting it
 	// by hand) is looked up past the filter: once it becomes an address of
 	// this host it must be answered, and once it no longer is, no cached

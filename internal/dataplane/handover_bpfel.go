@@ -18,10 +18,10 @@ import (
 const (
 	handoverMapSantaBuckets          = "santa_buckets"
 	handoverMapSantaCounters         = "santa_counters"
+	handoverMapSantaGens             = "santa_gens"
 	handoverMapSantaGuards           = "santa_guards"
 	handoverMapSantaLocalAddrs       = "santa_local_addrs"
 	handoverMapSantaLocalFilter      = "santa_local_filter"
-	handoverMapSantaLocalGen         = "santa_local_gen"
 	handoverMapSantaMissSamples      = "santa_miss_samples"
 	handoverMapSantaPages            = "santa_pages"
 	handoverMapSantaPorts            = "santa_ports"
@@ -33,7 +33,6 @@ const (
 	handoverMapSantaSampleBudget     = "santa_sample_budget"
 	handoverMapSantaScratch          = "santa_scratch"
 	handoverMapSantaSockets          = "santa_sockets"
-	handoverMapSantaSocketsGen       = "santa_sockets_gen"
 	handoverMapSantaTcpFlows         = "santa_tcp_flows"
 	handoverMapSantaTcpKeys          = "santa_tcp_keys"
 	handoverProgSantaHandover        = "santa_handover"
@@ -92,10 +91,10 @@ type handoverProgramSpecs struct {
 type handoverMapSpecs struct {
 	SantaBuckets      *ebpf.MapSpec `ebpf:"santa_buckets"`
 	SantaCounters     *ebpf.MapSpec `ebpf:"santa_counters"`
+	SantaGens         *ebpf.MapSpec `ebpf:"santa_gens"`
 	SantaGuards       *ebpf.MapSpec `ebpf:"santa_guards"`
 	SantaLocalAddrs   *ebpf.MapSpec `ebpf:"santa_local_addrs"`
 	SantaLocalFilter  *ebpf.MapSpec `ebpf:"santa_local_filter"`
-	SantaLocalGen     *ebpf.MapSpec `ebpf:"santa_local_gen"`
 	SantaMissSamples  *ebpf.MapSpec `ebpf:"santa_miss_samples"`
 	SantaPages        *ebpf.MapSpec `ebpf:"santa_pages"`
 	SantaPorts        *ebpf.MapSpec `ebpf:"santa_ports"`
@@ -107,7 +106,6 @@ type handoverMapSpecs struct {
 	SantaSampleBudget *ebpf.MapSpec `ebpf:"santa_sample_budget"`
 	SantaScratch      *ebpf.MapSpec `ebpf:"santa_scratch"`
 	SantaSockets      *ebpf.MapSpec `ebpf:"santa_sockets"`
-	SantaSocketsGen   *ebpf.MapSpec `ebpf:"santa_sockets_gen"`
 	SantaTcpFlows     *ebpf.MapSpec `ebpf:"santa_tcp_flows"`
 	SantaTcpKeys      *ebpf.MapSpec `ebpf:"santa_tcp_keys"`
 }
@@ -142,10 +140,10 @@ func (o *handoverObjects) Close() error {
 type handoverMaps struct {
 	SantaBuckets      *ebpf.Map `ebpf:"santa_buckets"`
 	SantaCounters     *ebpf.Map `ebpf:"santa_counters"`
+	SantaGens         *ebpf.Map `ebpf:"santa_gens"`
 	SantaGuards       *ebpf.Map `ebpf:"santa_guards"`
 	SantaLocalAddrs   *ebpf.Map `ebpf:"santa_local_addrs"`
 	SantaLocalFilter  *ebpf.Map `ebpf:"santa_local_filter"`
-	SantaLocalGen     *ebpf.Map `ebpf:"santa_local_gen"`
 	SantaMissSamples  *ebpf.Map `ebpf:"santa_miss_samples"`
 	SantaPages        *ebpf.Map `ebpf:"santa_pages"`
 	SantaPorts        *ebpf.Map `ebpf:"santa_ports"`
@@ -157,7 +155,6 @@ type handoverMaps struct {
 	SantaSampleBudget *ebpf.Map `ebpf:"santa_sample_budget"`
 	SantaScratch      *ebpf.Map `ebpf:"santa_scratch"`
 	SantaSockets      *ebpf.Map `ebpf:"santa_sockets"`
-	SantaSocketsGen   *ebpf.Map `ebpf:"santa_sockets_gen"`
 	SantaTcpFlows     *ebpf.Map `ebpf:"santa_tcp_flows"`
 	SantaTcpKeys      *ebpf.Map `ebpf:"santa_tcp_keys"`
 }
@@ -166,10 +163,10 @@ func (m *handoverMaps) Close() error {
 	return _HandoverClose(
 		m.SantaBuckets,
 		m.SantaCounters,
+		m.SantaGens,
 		m.SantaGuards,
 		m.SantaLocalAddrs,
 		m.SantaLocalFilter,
-		m.SantaLocalGen,
 		m.SantaMissSamples,
 		m.SantaPages,
 		m.SantaPorts,
@@ -181,7 +178,6 @@ func (m *handoverMaps) Close() error {
 		m.SantaSampleBudget,
 		m.SantaScratch,
 		m.SantaSockets,
-		m.SantaSocketsGen,
 		m.SantaTcpFlows,
 		m.SantaTcpKeys,
 	)

@@ -136,9 +136,9 @@ func (l *localAddrs) remove(k santaSantaLocalAddr) error {
 
 // localAddrsChanged follows every change of santa_local_addrs: the
 // program's per-CPU answers of it (santa_scratch.local) hold only while
-// santa_local_gen has not moved.
+// its santa_gens word has not moved.
 func (d *Dataplane) localAddrsChanged() {
-	d.localGen.add64(0, 0, 1)
+	d.gens.add64(uint32(santaSantaLimitSANTA_GEN_LOCAL_ADDRS), 0, 1)
 }
 
 // countLocalAddr adds delta to the count of k's slot in santa_local_filter.

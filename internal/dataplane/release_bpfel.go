@@ -18,10 +18,10 @@ import (
 const (
 	releaseMapSantaBuckets          = "santa_buckets"
 	releaseMapSantaCounters         = "santa_counters"
+	releaseMapSantaGens             = "santa_gens"
 	releaseMapSantaGuards           = "santa_guards"
 	releaseMapSantaLocalAddrs       = "santa_local_addrs"
 	releaseMapSantaLocalFilter      = "santa_local_filter"
-	releaseMapSantaLocalGen         = "santa_local_gen"
 	releaseMapSantaMissSamples      = "santa_miss_samples"
 	releaseMapSantaPages            = "santa_pages"
 	releaseMapSantaPorts            = "santa_ports"
@@ -33,7 +33,6 @@ const (
 	releaseMapSantaSampleBudget     = "santa_sample_budget"
 	releaseMapSantaScratch          = "santa_scratch"
 	releaseMapSantaSockets          = "santa_sockets"
-	releaseMapSantaSocketsGen       = "santa_sockets_gen"
 	releaseMapSantaTcpFlows         = "santa_tcp_flows"
 	releaseMapSantaTcpKeys          = "santa_tcp_keys"
 	releaseProgSantaRelease         = "santa_release"
@@ -92,10 +91,10 @@ type releaseProgramSpecs struct {
 type releaseMapSpecs struct {
 	SantaBuckets      *ebpf.MapSpec `ebpf:"santa_buckets"`
 	SantaCounters     *ebpf.MapSpec `ebpf:"santa_counters"`
+	SantaGens         *ebpf.MapSpec `ebpf:"santa_gens"`
 	SantaGuards       *ebpf.MapSpec `ebpf:"santa_guards"`
 	SantaLocalAddrs   *ebpf.MapSpec `ebpf:"santa_local_addrs"`
 	SantaLocalFilter  *ebpf.MapSpec `ebpf:"santa_local_filter"`
-	SantaLocalGen     *ebpf.MapSpec `ebpf:"santa_local_gen"`
 	SantaMissSamples  *ebpf.MapSpec `ebpf:"santa_miss_samples"`
 	SantaPages        *ebpf.MapSpec `ebpf:"santa_pages"`
 	SantaPorts        *ebpf.MapSpec `ebpf:"santa_ports"`
@@ -107,7 +106,6 @@ type releaseMapSpecs struct {
 	SantaSampleBudget *ebpf.MapSpec `ebpf:"santa_sample_budget"`
 	SantaScratch      *ebpf.MapSpec `ebpf:"santa_scratch"`
 	SantaSockets      *ebpf.MapSpec `ebpf:"santa_sockets"`
-	SantaSocketsGen   *ebpf.MapSpec `ebpf:"santa_sockets_gen"`
 	SantaTcpFlows     *ebpf.MapSpec `ebpf:"santa_tcp_flows"`
 	SantaTcpKeys      *ebpf.MapSpec `ebpf:"santa_tcp_keys"`
 }
@@ -142,10 +140,10 @@ func (o *releaseObjects) Close() error {
 type releaseMaps struct {
 	SantaBuckets      *ebpf.Map `ebpf:"santa_buckets"`
 	SantaCounters     *ebpf.Map `ebpf:"santa_counters"`
+	SantaGens         *ebpf.Map `ebpf:"santa_gens"`
 	SantaGuards       *ebpf.Map `ebpf:"santa_guards"`
 	SantaLocalAddrs   *ebpf.Map `ebpf:"santa_local_addrs"`
 	SantaLocalFilter  *ebpf.Map `ebpf:"santa_local_filter"`
-	SantaLocalGen     *ebpf.Map `ebpf:"santa_local_gen"`
 	SantaMissSamples  *ebpf.Map `ebpf:"santa_miss_samples"`
 	SantaPages        *ebpf.Map `ebpf:"santa_pages"`
 	SantaPorts        *ebpf.Map `ebpf:"santa_ports"`
@@ -157,7 +155,6 @@ type releaseMaps struct {
 	SantaSampleBudget *ebpf.Map `ebpf:"santa_sample_budget"`
 	SantaScratch      *ebpf.Map `ebpf:"santa_scratch"`
 	SantaSockets      *ebpf.Map `ebpf:"santa_sockets"`
-	SantaSocketsGen   *ebpf.Map `ebpf:"santa_sockets_gen"`
 	SantaTcpFlows     *ebpf.Map `ebpf:"santa_tcp_flows"`
 	SantaTcpKeys      *ebpf.Map `ebpf:"santa_tcp_keys"`
 }
@@ -166,10 +163,10 @@ func (m *releaseMaps) Close() error {
 	return _ReleaseClose(
 		m.SantaBuckets,
 		m.SantaCounters,
+		m.SantaGens,
 		m.SantaGuards,
 		m.SantaLocalAddrs,
 		m.SantaLocalFilter,
-		m.SantaLocalGen,
 		m.SantaMissSamples,
 		m.SantaPages,
 		m.SantaPorts,
@@ -181,7 +178,6 @@ func (m *releaseMaps) Close() error {
 		m.SantaSampleBudget,
 		m.SantaScratch,
 		m.SantaSockets,
-		m.SantaSocketsGen,
 		m.SantaTcpFlows,
 		m.SantaTcpKeys,
 	)

@@ -61,7 +61,7 @@ func TestReleaseHookUnbindsClosedSocket(t *testing.T) {
 
 	gen := func() (v uint64) {
 		t.Helper()
-		if err := e.d.objs.SantaSocketsGen.Lookup(uint32(0), &v); err != nil {
+		if err := e.d.objs.SantaGens.Lookup(uint32(santaSantaLimitSANTA_GEN_SOCKETS), &v); err != nil {
 			t.Fatal(err)
 		}
 		return v
@@ -79,7 +79,7 @@ func TestReleaseHookUnbindsClosedSocket(t *testing.T) {
 	}
 	// the program's per-CPU copies of the socket's entry expire with it
 	if g := gen(); g != gen0+1 {
-		t.Errorf("santa_sockets_gen %d after the hook, want %d", g, gen0+1)
+		t.Errorf("santa_gens[SANTA_GEN_SOCKETS] %d after the hook, want %d", g, gen0+1)
 	}
 	var id uint32
 	if err := e.d.objs.SantaSockets.Lookup(cookie, &id); !errors.Is(err, ebpf.ErrKeyNotExist) {

@@ -96,7 +96,7 @@ func (d *Dataplane) Bind(sock Socket, sample SampleOptions) error {
 // per-CPU copies of its answers (socket_ruleset_id) expire. Atomic, as the
 // release hook's.
 func (d *Dataplane) socketsChanged() {
-	d.socketsGen.add64(0, 0, 1)
+	d.gens.add64(uint32(santaSantaLimitSANTA_GEN_SOCKETS), 0, 1)
 }
 
 // sock is the socket the rule set belongs to.

@@ -88,6 +88,9 @@ const (
 	santaSantaLimitSANTA_LOCAL_FILTER_SLOTS santaSantaLimit = 4096
 	santaSantaLimitSANTA_SOCKET_CACHE       santaSantaLimit = 16
 	santaSantaLimitSANTA_LOCAL_CACHE        santaSantaLimit = 4
+	santaSantaLimitSANTA_GEN_SOCKETS        santaSantaLimit = 0
+	santaSantaLimitSANTA_GEN_LOCAL_ADDRS    santaSantaLimit = 1
+	santaSantaLimitSANTA_GENS               santaSantaLimit = 2
 	santaSantaLimitSANTA_COND_MASKED        santaSantaLimit = 2147483648
 	santaSantaLimitSANTA_RULE_CLOSE         santaSantaLimit = 1
 	santaSantaLimitSANTA_RULE_EXPIRES       santaSantaLimit = 2
@@ -304,10 +307,10 @@ type santaSantaTcpKey struct {
 const (
 	santaMapSantaBuckets          = "santa_buckets"
 	santaMapSantaCounters         = "santa_counters"
+	santaMapSantaGens             = "santa_gens"
 	santaMapSantaGuards           = "santa_guards"
 	santaMapSantaLocalAddrs       = "santa_local_addrs"
 	santaMapSantaLocalFilter      = "santa_local_filter"
-	santaMapSantaLocalGen         = "santa_local_gen"
 	santaMapSantaMissSamples      = "santa_miss_samples"
 	santaMapSantaPages            = "santa_pages"
 	santaMapSantaPorts            = "santa_ports"
@@ -319,7 +322,6 @@ const (
 	santaMapSantaSampleBudget     = "santa_sample_budget"
 	santaMapSantaScratch          = "santa_scratch"
 	santaMapSantaSockets          = "santa_sockets"
-	santaMapSantaSocketsGen       = "santa_sockets_gen"
 	santaMapSantaTcpFlows         = "santa_tcp_flows"
 	santaMapSantaTcpKeys          = "santa_tcp_keys"
 	santaProgSantaXdp             = "santa_xdp"
@@ -380,10 +382,10 @@ type santaProgramSpecs struct {
 type santaMapSpecs struct {
 	SantaBuckets      *ebpf.MapSpec `ebpf:"santa_buckets"`
 	SantaCounters     *ebpf.MapSpec `ebpf:"santa_counters"`
+	SantaGens         *ebpf.MapSpec `ebpf:"santa_gens"`
 	SantaGuards       *ebpf.MapSpec `ebpf:"santa_guards"`
 	SantaLocalAddrs   *ebpf.MapSpec `ebpf:"santa_local_addrs"`
 	SantaLocalFilter  *ebpf.MapSpec `ebpf:"santa_local_filter"`
-	SantaLocalGen     *ebpf.MapSpec `ebpf:"santa_local_gen"`
 	SantaMissSamples  *ebpf.MapSpec `ebpf:"santa_miss_samples"`
 	SantaPages        *ebpf.MapSpec `ebpf:"santa_pages"`
 	SantaPorts        *ebpf.MapSpec `ebpf:"santa_ports"`
@@ -395,7 +397,6 @@ type santaMapSpecs struct {
 	SantaSampleBudget *ebpf.MapSpec `ebpf:"santa_sample_budget"`
 	SantaScratch      *ebpf.MapSpec `ebpf:"santa_scratch"`
 	SantaSockets      *ebpf.MapSpec `ebpf:"santa_sockets"`
-	SantaSocketsGen   *ebpf.MapSpec `ebpf:"santa_sockets_gen"`
 	SantaTcpFlows     *ebpf.MapSpec `ebpf:"santa_tcp_flows"`
 	SantaTcpKeys      *ebpf.MapSpec `ebpf:"santa_tcp_keys"`
 }
@@ -432,10 +433,10 @@ func (o *santaObjects) Close() error {
 type santaMaps struct {
 	SantaBuckets      *ebpf.Map `ebpf:"santa_buckets"`
 	SantaCounters     *ebpf.Map `ebpf:"santa_counters"`
+	SantaGens         *ebpf.Map `ebpf:"santa_gens"`
 	SantaGuards       *ebpf.Map `ebpf:"santa_guards"`
 	SantaLocalAddrs   *ebpf.Map `ebpf:"santa_local_addrs"`
 	SantaLocalFilter  *ebpf.Map `ebpf:"santa_local_filter"`
-	SantaLocalGen     *ebpf.Map `ebpf:"santa_local_gen"`
 	SantaMissSamples  *ebpf.Map `ebpf:"santa_miss_samples"`
 	SantaPages        *ebpf.Map `ebpf:"santa_pages"`
 	SantaPorts        *ebpf.Map `ebpf:"santa_ports"`
@@ -447,7 +448,6 @@ type santaMaps struct {
 	SantaSampleBudget *ebpf.Map `ebpf:"santa_sample_budget"`
 	SantaScratch      *ebpf.Map `ebpf:"santa_scratch"`
 	SantaSockets      *ebpf.Map `ebpf:"santa_sockets"`
-	SantaSocketsGen   *ebpf.Map `ebpf:"santa_sockets_gen"`
 	SantaTcpFlows     *ebpf.Map `ebpf:"santa_tcp_flows"`
 	SantaTcpKeys      *ebpf.Map `ebpf:"santa_tcp_keys"`
 }
@@ -456,10 +456,10 @@ func (m *santaMaps) Close() error {
 	return _SantaClose(
 		m.SantaBuckets,
 		m.SantaCounters,
+		m.SantaGens,
 		m.SantaGuards,
 		m.SantaLocalAddrs,
 		m.SantaLocalFilter,
-		m.SantaLocalGen,
 		m.SantaMissSamples,
 		m.SantaPages,
 		m.SantaPorts,
@@ -471,7 +471,6 @@ func (m *santaMaps) Close() error {
 		m.SantaSampleBudget,
 		m.SantaScratch,
 		m.SantaSockets,
-		m.SantaSocketsGen,
 		m.SantaTcpFlows,
 		m.SantaTcpKeys,
 	)
