@@ -248,10 +248,23 @@ func TestMemcached(t *testing.T) {
 				stats := []string{"UdpInCsumErrors", "Udp6InCsumErrors", "UdpRcvbufErrors", "Udp6RcvbufErrors", "UdpInDatagrams", "Udp6InDatagrams"}
 				before := nstat(t, tb.Server, stats...)
 				const rate = 20000
+				cpuBefore, err := testbed.ReadCPUStat()
+				if err != nil {
+					t.Fatal(err)
+				}
 				r, err := g.Run(context.Background(), rate, time.Second)
 				if err != nil {
 					t.Fatal(err)
 				}
+				cpuAfter, err := testbed.ReadCPUStat()
+				if err != nil {
+					t.Fatal(err)
+				}
+				client, err := cpuAfter.Usage(cpuBefore, testbed.DefaultPlacement.ClientCPU)
+				if err != nil {
+					t.Fatal(err)
+				}
+				stolen := float64(client.Steal) / float64(client.Wall)
 				after := nstat(t, tb.Server, stats...)
 				d := func(k string) uint64 { return after[k] - before[k] }
 				dropped := d("UdpRcvbufErrors") + d("Udp6RcvbufErrors")
@@ -260,13 +273,22 @@ func TestMemcached(t *testing.T) {
 				if c := d("UdpInCsumErrors") + d("Udp6InCsumErrors"); c != 0 {
 					t.Errorf("%d UDP checksum errors at the server", c)
 				}
-				// PaceCalls needs little CPU and must hold the rate.
-				// PaceSpin needs the whole client CPU: with other load on
-				// it (the VM is shared) it falls behind, so only log that.
+				// PaceCalls needs little CPU and must hold the rate, unless
+				// the hypervisor took the CPU from it (more than 3 % of the
+				// run stolen, the benchmark harness's limit: a throttled
+				// host once held it to 14.8 k/s at 15 µs of CPU per frame,
+				// against 9 µs on a quiet one). PaceSpin needs the whole
+				// client CPU: with other load on it (the VM is shared) it
+				// falls behind, so only log that. Too fast always fails.
 				if got := r.SendRate(); math.Abs(got-rate)/rate > 0.10 {
-					if pace == PaceCalls || got > rate {
-						t.Errorf("send rate %.0f/s, want %d ±10%%", got, rate)
-					} else {
+					switch {
+					case got > rate || pace == PaceCalls && stolen <= 0.03:
+						t.Errorf("send rate %.0f/s, want %d ±10%% (%.0f%% of cpu%d stolen)",
+							got, rate, 100*stolen, testbed.DefaultPlacement.ClientCPU)
+					case pace == PaceCalls:
+						t.Logf("NOTE: send rate %.0f/s, %.0f%% low, while the hypervisor took %.0f%% of cpu%d: the host held the sender back, not its pacing",
+							got, 100*(1-got/rate), 100*stolen, testbed.DefaultPlacement.ClientCPU)
+					default:
 						t.Logf("NOTE: send rate %.0f/s, %.0f%% low: the spinning sender had %v of CPU in %v (other load on cpu%d)",
 							got, 100*(1-got/rate), r.ThreadCPU.Round(time.Millisecond), r.Elapsed.Round(time.Millisecond), testbed.DefaultPlacement.ClientCPU)
 					}
