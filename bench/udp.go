@@ -750,14 +750,6 @@ func progName(id uint32) string {
 // other than the server's threads before a point is repeated.
 const maxForeign = 0.10
 
-// maxSteal is the share of a point's window the hypervisor may take from
-// the server CPU (steal) before the point is repeated. Busy time leaves the
-// stolen time out, but the threads' run time keeps part of it, and the
-// load and the packets' batching change with it: on a VM whose host
-// throttles it (steal at 16 % of the window, the client CPU at 55 %), the
-// per-reply figure came out lower than on a quiet host, not higher.
-const maxSteal = 0.03
-
 // StealShare is the share of the window the hypervisor took from the server CPU.
 func (s Sample) StealShare() float64 {
 	if s.WindowSec <= 0 {
@@ -770,7 +762,7 @@ func (s Sample) StealShare() float64 {
 // steal: the larger of its shares, each over its limit; above 1 the
 // sample is disturbed and measured again.
 func disturbance(s Sample, foreignLimit float64) float64 {
-	return max(s.Foreign/foreignLimit, s.StealShare()/maxSteal)
+	return max(s.Foreign/foreignLimit, s.StealShare()/testbed.MaxSteal)
 }
 
 // quiet waits until both the server and the client CPU are idle (others'
