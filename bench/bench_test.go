@@ -114,7 +114,10 @@ func TestHarnessSmoke(t *testing.T) {
 		}
 	}
 	dir := t.TempDir()
-	files, _, err := rep.WriteFiles(dir, "udp")
+	files, warns, err := rep.WriteFiles(dir, "udp")
+	if len(warns) > 0 {
+		t.Errorf("plots: %v", warns)
+	}
 	if err != nil || len(files) < 2 {
 		t.Fatalf("write files %v %v", files, err)
 	}
@@ -199,7 +202,10 @@ func TestDNSHarnessSmoke(t *testing.T) {
 		}
 	}
 	dir := t.TempDir()
-	files, _, err := rep.WriteFiles(dir, "dns")
+	files, warns, err := rep.WriteFiles(dir, "dns")
+	if len(warns) > 0 {
+		t.Errorf("plots: %v", warns)
+	}
 	if err != nil || len(files) < 2 {
 		t.Fatalf("write files %v %v", files, err)
 	}
@@ -313,7 +319,10 @@ func TestMCHarnessSmoke(t *testing.T) {
 		}
 	}
 	dir := t.TempDir()
-	files, _, err := rep.WriteFiles(dir, "memcached")
+	files, warns, err := rep.WriteFiles(dir, "memcached")
+	if len(warns) > 0 {
+		t.Errorf("plots: %v", warns)
+	}
 	if err != nil || len(files) < 2 {
 		t.Fatalf("write files %v %v", files, err)
 	}

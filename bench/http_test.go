@@ -144,9 +144,18 @@ func TestHTTPHarnessSmoke(t *testing.T) {
 		t.Errorf("santa-close-1: %d variants of wrk's request, want both header orders", len(v))
 	}
 	dir := t.TempDir()
-	files, _, err := rep.WriteFiles(dir, "http")
+	files, warns, err := rep.WriteFiles(dir, "http")
+	if len(warns) > 0 {
+		t.Errorf("plots: %v", warns)
+	}
 	if err != nil || len(files) < 2 {
 		t.Fatalf("write files %v %v", files, err)
+	}
+	// A run of one connection mode's cases plots that mode alone.
+	closeOnly := *rep
+	closeOnly.Cases = slices.DeleteFunc(slices.Clone(rep.Cases), func(c CaseResult) bool { return c.Name != "santa-close-1" })
+	if _, warns, err := closeOnly.WriteFiles(t.TempDir(), "http"); err != nil || len(warns) > 0 {
+		t.Errorf("plots of santa-close-1 alone: %v %v", warns, err)
 	}
 	md := rep.Markdown("http")
 	for _, s := range []string{"## HTTP", "### Keep-alive", "| 1 B |", "| santa-ka-1 |", "### The data path in the Santa cases", "`santa-close-1`: installed"} {

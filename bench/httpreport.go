@@ -114,20 +114,24 @@ func connLabel(c string) string {
 // Connection: close (right), one line per server.
 func (r *HTTPReport) plot(stem string) string {
 	var data strings.Builder
-	have := false
+	// measured[conn] lists the servers with points: a run of some cases
+	// plots only their lines (gnuplot fails on a line without points)
+	measured := map[string][]string{}
 	for _, conn := range HTTPConns {
 		for _, srv := range HTTPServers {
-			fmt.Fprintf(&data, "$%s << EOD\n", gpIdent(srv+"_"+conn))
+			var rows strings.Builder
 			for i, size := range r.Sizes {
 				if p, _ := r.point(srv, conn, size); p != nil {
-					fmt.Fprintf(&data, "%d %.0f %.3f \"%s\"\n", i, p.Median.RepliesPPS, p.Median.UsPerReply, sizeLabel(size))
-					have = true
+					fmt.Fprintf(&rows, "%d %.0f %.3f \"%s\"\n", i, p.Median.RepliesPPS, p.Median.UsPerReply, sizeLabel(size))
 				}
 			}
-			data.WriteString("EOD\n")
+			if rows.Len() > 0 {
+				fmt.Fprintf(&data, "$%s << EOD\n%sEOD\n", gpIdent(srv+"_"+conn), rows.String())
+				measured[conn] = append(measured[conn], srv)
+			}
 		}
 	}
-	if !have {
+	if len(measured) == 0 {
 		return ""
 	}
 	var tics []string
@@ -149,8 +153,12 @@ set yrange [0:*]
 `, stem, r.Reps, strings.Join(tics, ", "), float64(len(r.Sizes))-0.7)
 	styles := map[string]string{HTTPNginx: `linecolor rgb "#3070b0" pointtype 7`, HTTPNginxSendfile: `linecolor rgb "#60a060" pointtype 5`, HTTPSanta: `linecolor rgb "#c04040" pointtype 9`}
 	panel := func(conn, title, col, format string) {
+		if len(measured[conn]) == 0 {
+			b.WriteString("set multiplot next\n") // this connection mode was not measured
+			return
+		}
 		fmt.Fprintf(&b, "set title \"%s\"\nset format y \"%s\"\nplot ", title, format)
-		for i, srv := range HTTPServers {
+		for i, srv := range measured[conn] {
 			if i > 0 {
 				b.WriteString(", \\\n     ")
 			}
