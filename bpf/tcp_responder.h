@@ -189,7 +189,10 @@ static __always_inline int tcp_syn(struct xdp_md *ctx, struct pkt_info *req, str
 		COUNT(pass_bad_checksum);
 		return XDP_PASS;
 	}
-	bpf_map_delete_elem(&santa_tcp_flows, &req->tuple); /* a new connection on this 4-tuple */
+	/* a new connection on this 4-tuple: an old one's flow goes (looked up
+	 * first: a delete takes the bucket's lock even when nothing is there) */
+	if (bpf_map_lookup_elem(&santa_tcp_flows, &req->tuple))
+		bpf_map_delete_elem(&santa_tcp_flows, &req->tuple);
 	COUNT(tcp_syn_answered);
 	return tcp_send(ctx, req, &t, 0);
 }

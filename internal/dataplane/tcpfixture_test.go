@@ -201,6 +201,16 @@ func TestTCPFixtures(t *testing.T) {
 	if tsecr != 778 || !stampValid(t, e.d, client, addr, tsval, nowUnit(t)) {
 		t.Fatalf("reply timestamps %#x %d", tsval, tsecr)
 	}
+	// a new connection on the same 4-tuple drops the old one's flow
+	if n := flowCount(t, e.d); n != 1 {
+		t.Fatalf("%d flows after the answer, want 1", n)
+	}
+	if verdict, _ = e.run(tcpFrame(t, client, addr, syn, "")); verdict != xdpTx {
+		t.Fatalf("SYN again: verdict %d", verdict)
+	}
+	if n := flowCount(t, e.d); n != 0 {
+		t.Fatalf("%d flows after a SYN on the same 4-tuple, want 0", n)
+	}
 }
 
 // nowUnit is the current stamp unit.
