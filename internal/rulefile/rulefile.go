@@ -10,6 +10,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"reflect"
 	"strings"
 	"unicode/utf8"
 
@@ -167,7 +169,8 @@ var yamlPlaces = func() *strings.Replacer {
 }()
 
 // Parse reads a rule file in JSON or YAML (JSON is YAML too, but JSON is
-// parsed strictly as JSON when it starts with '{'). Unknown keys are errors.
+// parsed strictly as JSON when it starts with '{'). Unknown keys, keys given
+// twice and anything after the file's one object or document are errors.
 func Parse(data []byte) ([]api.Rule, error) {
 	var f File
 	t := bytes.TrimSpace(data)
@@ -175,26 +178,23 @@ func Parse(data []byte) ([]api.Rule, error) {
 		return nil, errors.New("the rule file is empty (one without rules is `rules: []`)")
 	}
 	if t[0] == '{' {
-		dec := json.NewDecoder(bytes.NewReader(data))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&f); err != nil {
-			// where: the error's own offset, else where the decoder stopped
-			off := dec.InputOffset()
-			var syntax *json.SyntaxError
-			var typ *json.UnmarshalTypeError
-			if errors.As(err, &syntax) {
-				off = syntax.Offset
-			} else if errors.As(err, &typ) {
-				off = typ.Offset
-			}
-			line := 1 + bytes.Count(data[:min(max(off, 0), int64(len(data)))], []byte("\n"))
-			return nil, fmt.Errorf("rule file (JSON), line %d: %w", line, err)
+		if err := parseJSON(data, &f); err != nil {
+			return nil, fmt.Errorf("rule file (JSON), %w", err)
 		}
 	} else {
 		dec := yaml.NewDecoder(bytes.NewReader(data))
 		dec.KnownFields(true)
 		if err := dec.Decode(&f); err != nil {
 			return nil, fmt.Errorf("rule file (YAML): %s", yamlPlaces.Replace(err.Error()))
+		}
+		// the decoder reads one document at a time: a second one would be dropped
+		var next yaml.Node
+		if err := dec.Decode(&next); err != io.EOF {
+			where := ""
+			if next.Line > 0 {
+				where = fmt.Sprintf(", line %d", next.Line)
+			}
+			return nil, fmt.Errorf("rule file (YAML)%s: a second document begins (after '---'): a rule file is one document, with all its rules under one rules: key", where)
 		}
 	}
 	out := make([]api.Rule, len(f.Rules))
@@ -206,6 +206,110 @@ func Parse(data []byte) ([]api.Rule, error) {
 		out[i] = ar
 	}
 	return out, nil
+}
+
+// parseJSON decodes a JSON rule file into f. encoding/json alone would
+// accept more than one object (reading the first), keys that match only when
+// case is ignored ("Rules"), and a key given twice (keeping the last).
+func parseJSON(data []byte, f *File) error {
+	lineAt := func(off int64) int {
+		return 1 + bytes.Count(data[:min(max(off, 0), int64(len(data)))], []byte("\n"))
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(f); err != nil {
+		// where: the error's own offset, else where the decoder stopped
+		off := dec.InputOffset()
+		var syntax *json.SyntaxError
+		var typ *json.UnmarshalTypeError
+		if errors.As(err, &syntax) {
+			off = syntax.Offset
+		} else if errors.As(err, &typ) {
+			off = typ.Offset
+		}
+		return fmt.Errorf("line %d: %w", lineAt(off), err)
+	}
+	end := dec.InputOffset()
+	if _, err := dec.Token(); err != io.EOF {
+		rest := end + int64(len(data[end:])-len(bytes.TrimLeft(data[end:], " \t\r\n")))
+		return fmt.Errorf("line %d: more follows the end of the rule file's object: a rule file is one object, with all its rules under one \"rules\" key", lineAt(rest))
+	}
+	return checkJSONKeys(json.NewDecoder(bytes.NewReader(data)), lineAt)
+}
+
+// jsonKeys is every key of a rule file, exactly as it must be written.
+var jsonKeys = func() map[string]bool {
+	keys := map[string]bool{}
+	seen := map[reflect.Type]bool{}
+	var walk func(t reflect.Type)
+	walk = func(t reflect.Type) {
+		for t.Kind() == reflect.Pointer || t.Kind() == reflect.Slice {
+			t = t.Elem()
+		}
+		if t.Kind() != reflect.Struct || seen[t] {
+			return
+		}
+		seen[t] = true
+		for i := range t.NumField() {
+			field := t.Field(i)
+			if name, _, _ := strings.Cut(field.Tag.Get("json"), ","); name != "" {
+				keys[name] = true
+			}
+			walk(field.Type)
+		}
+	}
+	walk(reflect.TypeFor[File]())
+	return keys
+}()
+
+// checkJSONKeys reads the JSON object dec holds, already decoded once, and
+// refuses a key that is not written exactly as the rule file's key it
+// stands for, or that its object already has. The decode has checked where
+// each key may be; this checks how it is written.
+func checkJSONKeys(dec *json.Decoder, lineAt func(int64) int) error {
+	type object struct {
+		keys    map[string]bool
+		wantKey bool
+	}
+	var open []*object // the objects (nil: an array) enclosing the token
+	for {
+		tok, err := dec.Token()
+		if err != nil {
+			return fmt.Errorf("line %d: %w", lineAt(dec.InputOffset()), err)
+		}
+		var inside *object
+		if len(open) > 0 {
+			inside = open[len(open)-1]
+		}
+		if key, ok := tok.(string); ok && inside != nil && inside.wantKey {
+			if !jsonKeys[key] {
+				return fmt.Errorf("line %d: unknown key %q (keys are case-sensitive)", lineAt(dec.InputOffset()), key)
+			}
+			if inside.keys[key] {
+				return fmt.Errorf("line %d: key %q given twice in one object", lineAt(dec.InputOffset()), key)
+			}
+			inside.keys[key] = true
+			inside.wantKey = false
+			continue
+		}
+		switch tok {
+		case json.Delim('{'):
+			open = append(open, &object{keys: map[string]bool{}, wantKey: true})
+			continue
+		case json.Delim('['):
+			open = append(open, nil)
+			continue
+		case json.Delim('}'), json.Delim(']'):
+			open = open[:len(open)-1]
+			if len(open) == 0 {
+				return nil
+			}
+			inside = open[len(open)-1]
+		}
+		if inside != nil { // a value done: its object's next key follows
+			inside.wantKey = true
+		}
+	}
 }
 
 func (r Rule) toAPI() (api.Rule, error) {

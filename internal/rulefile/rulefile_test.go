@@ -115,9 +115,34 @@ func TestParseErrors(t *testing.T) {
 		"{\"rules\": [\n {\"reply_len\": \"one\"}]}":                                   "line 2: json: cannot unmarshal string",
 		"{\"rules\": [\n\n {\"reply_len\" 1}]}":                                        "line 3: invalid character",
 		`{"rules": [{"conditions": [{"offset": 0, "base64": "!!"}], "reply_len": 1}]}`: "base64",
+		// what encoding/json or the YAML decoder alone would drop or take silently
+		"rules: [{reply_len: 1}]\n---\nrules: [{reply_len: 2}]\n":                                  "(YAML), line 2: a second document begins",
+		"rules: [{reply_len: 1}]\n---\n":                                                           "a second document begins",
+		"{\"rules\": [{\"reply_len\": 1}]}\n{\"rules\": [{\"reply_len\": 2}]}":                     "line 2: more follows the end of the rule file's object",
+		"{\"rules\": [{\"reply_len\": 1}]} xyz":                                                    "line 1: more follows the end",
+		"{\"rules\": [{\"conditions\": [{\"offset\": 0,\n \"text\": \"J2\", \"text\": \"J3\"}]}]}": `line 2: key "text" given twice in one object`,
+		"{\"rules\": [{\"reply_len\": 1, \"reply_len\": 2}]}":                                      `key "reply_len" given twice`,
+		"{\"Rules\": [{\"reply_len\": 1}]}":                                                        `line 1: unknown key "Rules" (keys are case-sensitive)`,
+		"rules: [{conditions: [{offset: 0, text: J2, text: J3}]}]\n":                               `mapping key "text" already defined`,
+		"Rules: []\n": "field Rules not found in the file",
 	} {
 		if _, err := Parse([]byte(file)); err == nil || !strings.Contains(err.Error(), wantErr) {
 			t.Errorf("%q: %v, want an error containing %q", file, err, wantErr)
+		}
+	}
+}
+
+// TestParseOneDocument checks that the checks for a second document and for
+// how keys are written let every form of one rule file through.
+func TestParseOneDocument(t *testing.T) {
+	for file, wantText := range map[string]string{
+		"---\nrules: [{conditions: [{offset: 0, text: a}]}]\n...\n":                                                       "a",
+		"{\n\t\"rules\": [\n\t\t{\"conditions\": [{\"offset\": 0, \"text\": \"a\\/\\u00e9\\ud83d\\ude00\"}]}\n\t]\n}\n\n": "a/é😀",
+		`{"rules": [{"conditions": [{"offset": 0, "text": "x"}, {"offset": 1, "text": "y"}]}]}`:                           "x",
+	} {
+		rules, err := Parse([]byte(file))
+		if err != nil || len(rules) != 1 || string(rules[0].Conditions[0].Pattern) != wantText {
+			t.Errorf("%q: %+v, %v; want one rule matching %q", file, rules, err, wantText)
 		}
 	}
 }
