@@ -129,12 +129,12 @@ func rulesCmd(e env, g *globals) *cobra.Command {
 		Use:   "ls",
 		Short: "List the sockets with rule sets, or with --socket that socket's rules",
 		Long: `Without --socket, list the rule sets you may see (all of them as root).
-With --socket, list that socket's rules with their hits (--tag: only those
-with that tag); --json prints a rule file that 'santa rules replace' takes
-back.`,
+With --socket, list that socket's rules with their hits (--tag T: only those
+tagged T; --tag "": only the untagged ones, which 'santa rules rm --tag ""'
+removes); --json prints a rule file that 'santa rules replace' takes back.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if cookie == 0 && lsTag != "" {
+			if cookie == 0 && cmd.Flags().Changed("tag") {
 				return fmt.Errorf("--tag lists the rules of one socket: give --socket too")
 			}
 			c, err := g.dial()
@@ -145,11 +145,20 @@ back.`,
 			if cookie == 0 {
 				return listSockets(e, g, c)
 			}
-			return listRules(e, g, c, cookie, lsTag)
+			var rules []api.Rule
+			if cmd.Flags().Changed("tag") {
+				rules, err = rulesTagged(c, cookie, lsTag)
+			} else {
+				rules, err = c.ListRules(santa.Cookie(cookie))
+			}
+			if err != nil {
+				return err
+			}
+			return listRules(e, g, c, cookie, rules)
 		},
 	}, g)
 	socketFlag(ls, &cookie, false)
-	ls.Flags().StringVar(&lsTag, "tag", "", "with --socket: list only the rules with this tag")
+	ls.Flags().StringVar(&lsTag, "tag", "", "with --socket: list only the rules with this tag (\"\": the untagged ones)")
 
 	add := ruleFileCmd(e, g, false, "add FILE", "Add the rules of a rule file (JSON or YAML; - for stdin), all or none",
 		func(c *santa.Client, t santa.Target, r []api.Rule) ([]uint64, error) { return c.Add(t, r) })
@@ -196,8 +205,12 @@ that is gone left behind) are removed.`,
 			switch {
 			case rmTag != "": // santad finds them: one request, however many
 				ids, err = c.DeleteTagged(santa.Cookie(rmCookie), rmTag)
-			case cmd.Flags().Changed("tag"): // the untagged ones
-				if ids, err = untaggedRules(c, rmCookie); err == nil && len(ids) > 0 {
+			case cmd.Flags().Changed("tag"): // the untagged ones: listed, then deleted by id
+				var untagged []api.Rule
+				if untagged, err = rulesTagged(c, rmCookie, ""); err == nil && len(untagged) > 0 {
+					for _, r := range untagged {
+						ids = append(ids, r.ID)
+					}
 					err = c.Delete(santa.Cookie(rmCookie), ids)
 				}
 			default:
@@ -220,19 +233,23 @@ that is gone left behind) are removed.`,
 	return rules
 }
 
-// untaggedRules returns the ids of the socket's rules without a tag.
-func untaggedRules(c *santa.Client, cookie uint64) ([]uint64, error) {
+// rulesTagged returns the socket's rules tagged tag; for "" those without
+// a tag, which list_rules cannot select (no tag there means every rule).
+func rulesTagged(c *santa.Client, cookie uint64, tag string) ([]api.Rule, error) {
+	if tag != "" {
+		return c.ListTagged(santa.Cookie(cookie), tag)
+	}
 	rules, err := c.ListRules(santa.Cookie(cookie))
 	if err != nil {
 		return nil, err
 	}
-	var ids []uint64
+	var untagged []api.Rule
 	for _, r := range rules {
 		if r.Tag == "" {
-			ids = append(ids, r.ID)
+			untagged = append(untagged, r)
 		}
 	}
-	return ids, nil
+	return untagged, nil
 }
 
 func parseIDs(args []string) ([]uint64, error) {
@@ -338,11 +355,7 @@ func listSockets(e env, g *globals, c *santa.Client) error {
 	return w.Flush()
 }
 
-func listRules(e env, g *globals, c *santa.Client, cookie uint64, tag string) error {
-	rules, err := c.ListTagged(santa.Cookie(cookie), tag)
-	if err != nil {
-		return err
-	}
+func listRules(e env, g *globals, c *santa.Client, cookie uint64, rules []api.Rule) error {
 	if g.json {
 		return printJSON(e.stdout, rulefile.FromAPI(rules))
 	}
