@@ -2,9 +2,12 @@ package rulefile
 
 import (
 	"encoding/json"
+	"os"
 	"reflect"
+	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/santa-offload/santa/api"
 	"gopkg.in/yaml.v3"
@@ -143,6 +146,33 @@ func TestParseOneDocument(t *testing.T) {
 		rules, err := Parse([]byte(file))
 		if err != nil || len(rules) != 1 || string(rules[0].Conditions[0].Pattern) != wantText {
 			t.Errorf("%q: %+v, %v; want one rule matching %q", file, rules, err, wantText)
+		}
+	}
+}
+
+// TestDocExamples parses the example rule files of docs/cli.md: each must
+// be one santad takes, so its expires must lie ahead (by a year, so that the
+// test fails before the example goes stale).
+func TestDocExamples(t *testing.T) {
+	doc, err := os.ReadFile("../../docs/cli.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	examples := regexp.MustCompile("(?s)```(?:yaml|json)\n(.*?)```").FindAllSubmatch(doc, -1)
+	if len(examples) == 0 {
+		t.Fatal("docs/cli.md has no yaml or json example")
+	}
+	soon := uint64(time.Now().AddDate(1, 0, 0).Unix())
+	for _, ex := range examples {
+		rules, err := Parse(ex[1])
+		if err != nil {
+			t.Errorf("docs/cli.md example %s: %v", ex[1], err)
+		}
+		for i, r := range rules {
+			if r.Expires != 0 && r.Expires < soon {
+				t.Errorf("docs/cli.md example, rule %d: expires %d (%s) has passed or will within a year",
+					i, r.Expires, time.Unix(int64(r.Expires), 0).UTC().Format(time.DateOnly))
+			}
 		}
 	}
 }
