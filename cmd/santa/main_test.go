@@ -2,18 +2,14 @@ package main
 
 import (
 	"bytes"
-	"encoding/json"
-	"net"
 	"os"
 	"path/filepath"
-	"reflect"
 	"strings"
 	"testing"
 
 	"github.com/spf13/cobra"
 
 	"github.com/santa-offload/santa/api"
-	"github.com/santa-offload/santa/internal/rulefile"
 )
 
 // TestHelp runs --help of every command: each must explain itself.
@@ -118,86 +114,5 @@ func TestMatches(t *testing.T) {
 		if got := matches(r); got != want {
 			t.Errorf("matches(%+v) = %s, want %s", r, got, want)
 		}
-	}
-}
-
-// fakeSantad answers list_rules, stats and delete about one rule set holding
-// rules, on a socket in a temporary directory whose path it returns. It
-// sends the ids each delete names on deletes.
-func fakeSantad(t *testing.T, rules []api.Rule, deletes chan<- []uint64) string {
-	path := filepath.Join(t.TempDir(), "santa.sock")
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			uc, err := ln.AcceptUnix()
-			if err != nil {
-				return
-			}
-			conn := api.NewConn(uc)
-			for {
-				req, _, err := conn.Recv()
-				if err != nil {
-					conn.Close()
-					break
-				}
-				resp := &api.Message{V: api.Version, Op: req.Op, Seq: req.Seq}
-				switch req.Op {
-				case api.OpListRules:
-					for _, r := range rules {
-						if req.Tag == "" || r.Tag == req.Tag {
-							resp.Rules = append(resp.Rules, r)
-						}
-					}
-				case api.OpDelete:
-					deletes <- req.IDs
-				case api.OpStats:
-				default:
-					resp.Status, resp.Error = api.StatusUnsupported, "not in the fake"
-				}
-				if err := conn.Send(resp, -1); err != nil {
-					t.Error(err)
-				}
-			}
-		}
-	}()
-	return path
-}
-
-// TestTagEmptyListsWhatRmRemoves checks that `ls --tag ""` lists the
-// untagged rules, those `rm --tag ""` removes, not every rule.
-func TestTagEmptyListsWhatRmRemoves(t *testing.T) {
-	rules := []api.Rule{{ID: 1, ReplyLen: 1}, {ID: 2, ReplyLen: 1, Tag: "santa-dns"}, {ID: 3, ReplyLen: 1}}
-	deletes := make(chan []uint64, 1)
-	path := fakeSantad(t, rules, deletes)
-	run := func(args ...string) string {
-		var out bytes.Buffer
-		root := newRoot(env{stdout: &out, stderr: &out, stdin: strings.NewReader("")})
-		root.SetArgs(append([]string{"--socket-path", path}, args...))
-		if err := root.Execute(); err != nil {
-			t.Fatalf("santa %s: %v", strings.Join(args, " "), err)
-		}
-		return out.String()
-	}
-	var listed rulefile.File
-	if err := json.Unmarshal([]byte(run("rules", "ls", "--socket", "1", "--tag", "", "--json")), &listed); err != nil {
-		t.Fatal(err)
-	}
-	var ids []uint64
-	for _, r := range listed.Rules {
-		ids = append(ids, r.ID)
-	}
-	if !reflect.DeepEqual(ids, []uint64{1, 3}) {
-		t.Errorf("ls --tag \"\" listed rules %v, want the untagged 1 and 3", ids)
-	}
-	run("rules", "rm", "--socket", "1", "--tag", "")
-	if deleted := <-deletes; !reflect.DeepEqual(deleted, ids) {
-		t.Errorf("rm --tag \"\" deleted %v, ls --tag \"\" listed %v", deleted, ids)
-	}
-	if out := run("rules", "ls", "--socket", "1"); !strings.Contains(out, "santa-dns") {
-		t.Errorf("ls without --tag should list every rule:\n%s", out)
 	}
 }

@@ -2,6 +2,7 @@ package daemon_test
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/santa-offload/santa/api"
 	santa "github.com/santa-offload/santa/clients/go/santa"
+	"github.com/santa-offload/santa/internal/rulefile"
 	"github.com/santa-offload/santa/internal/testbed"
 )
 
@@ -97,6 +99,37 @@ func TestListInPages(t *testing.T) {
 		t.Errorf("delete with ids and a tag: %+v %v, want invalid", m, err)
 	}
 	checkRules(t, c, target, 20)
+
+	// the CLI: ls --tag "" lists the untagged rules, those rm --tag "" removes
+	all, err := c.ListRules(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var untagged []uint64
+	for _, r := range all {
+		if r.Tag == "" {
+			untagged = append(untagged, r.ID)
+		}
+	}
+	out, err := sd.cli(0, "rules", "ls", "--socket", fmt.Sprint(cookie), "--tag", "", "--json")
+	var listedUntagged rulefile.File
+	if err != nil || json.Unmarshal([]byte(out), &listedUntagged) != nil {
+		t.Fatalf("santa rules ls --tag \"\": %v\n%s", err, out)
+	}
+	var cliIDs []uint64
+	for _, r := range listedUntagged.Rules {
+		cliIDs = append(cliIDs, r.ID)
+	}
+	if len(untagged) != 10 || !slices.Equal(cliIDs, untagged) {
+		t.Errorf("santa rules ls --tag \"\" listed %v, want the untagged %v", cliIDs, untagged)
+	}
+	if out, err := sd.cli(0, "rules", "rm", "--socket", fmt.Sprint(cookie), "--tag", ""); err != nil {
+		t.Fatalf("santa rules rm --tag \"\": %v\n%s", err, out)
+	}
+	left, err := c.ListRules(target)
+	if err != nil || len(left) != 10 || slices.ContainsFunc(left, func(r api.Rule) bool { return r.Tag != "a" }) {
+		t.Errorf("after rm --tag \"\": %d rules left (%v), want the 10 tagged a", len(left), err)
+	}
 }
 
 // TestListBeyondTheFrame: a rule set whose listing exceeds the protocol's
