@@ -215,10 +215,11 @@ func (d *Daemon) restore(prev *dataplane.Previous) error {
 	if err != nil {
 		return err
 	}
-	sets, err := replay(records)
+	sets, lastID, err := replay(records)
 	if err != nil {
 		return err
 	}
+	d.dp.SkipIDs(dataplane.RuleID(lastID))
 	t0 := time.Now()
 	var dropped, expired, rules int
 	cookies := make([]uint64, 0, len(sets))
@@ -281,10 +282,13 @@ func (d *Daemon) carryStats(prev *dataplane.Previous) {
 // also sees to for rules of any size.
 const compactBatch = 16384
 
-// compact rewrites the journal as one bind per rule set and its rules as
-// adds of up to compactBatch rules each.
+// compact rewrites the journal as the largest rule id given out, then one
+// bind per rule set and its rules as adds of up to compactBatch rules each.
 func (d *Daemon) compact() error {
 	var records []*api.Message
+	if last := d.dp.LastID(); last != 0 {
+		records = append(records, idMark(uint64(last)))
+	}
 	for cookie, rs := range d.sets {
 		records = append(records, &api.Message{Op: api.OpBind, Sockets: []api.SocketInfo{rs.info},
 			SampleBytes: uint32(rs.sample.Bytes), SampleRate: uint32(rs.sample.PerSecond)})

@@ -57,9 +57,12 @@ func TestJournalReplay(t *testing.T) {
 	if len(got) != len(records) {
 		t.Fatalf("read %d records, want %d (the torn tail dropped)", len(got), len(records))
 	}
-	sets, err := replay(got)
+	sets, lastID, err := replay(got)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if lastID != 5 {
+		t.Errorf("largest rule id replayed as %d, want 5", lastID)
 	}
 	if len(sets) != 2 {
 		t.Fatalf("%d rule sets replayed, want 2", len(sets))
@@ -86,8 +89,14 @@ func TestJournalReplay(t *testing.T) {
 		t.Errorf("socket info replayed as %+v", sets[7].info)
 	}
 
+	// a compacted journal keeps the largest id given out, whose rule may be gone
+	sets, lastID, err = replay([]*api.Message{idMark(9), records[0], records[1]})
+	if err != nil || lastID != 9 || len(sets) != 1 {
+		t.Errorf("journal with an id mark of 9: largest id %d, %d rule sets (%v), want 9 and 1", lastID, len(sets), err)
+	}
+
 	// a record for a socket never bound is corruption, not a torn tail
-	if _, err := replay([]*api.Message{{Op: api.OpAdd, Socket: 5}}); err == nil {
+	if _, _, err := replay([]*api.Message{{Op: api.OpAdd, Socket: 5}}); err == nil {
 		t.Error("replay accepted an add for an unbound socket")
 	}
 }

@@ -317,13 +317,36 @@ type replayed struct {
 	rules  map[uint64]api.Rule
 }
 
-// replay folds journal records into the rule sets they leave behind.
-func replay(records []*api.Message) (map[uint64]*replayed, error) {
-	sets := map[uint64]*replayed{}
+// idMark is the journal record of the largest rule id santad has given
+// out, which a compaction writes first: the rules that had the largest ids
+// may be gone (deleted, or their socket closed) and with them the records
+// that named them, yet a restarted santad must not give their ids out again
+// (a client may still hold one, and metrics series are named by them). It
+// is a bind of socket 0, a cookie no socket has, so that an older santad
+// reading the journal drops it as a socket closed meanwhile.
+func idMark(last uint64) *api.Message {
+	return &api.Message{Op: api.OpBind, Sockets: []api.SocketInfo{{}}, After: last}
+}
+
+func isIDMark(m *api.Message) bool {
+	return m.Op == api.OpBind && len(m.Sockets) == 1 && m.Sockets[0].Cookie == 0
+}
+
+// replay folds journal records into the rule sets they leave behind, and
+// returns the largest rule id they name, deleted rules' included.
+func replay(records []*api.Message) (sets map[uint64]*replayed, lastID uint64, err error) {
+	sets = map[uint64]*replayed{}
 	for i, m := range records {
+		if isIDMark(m) {
+			lastID = max(lastID, m.After)
+			continue
+		}
+		for _, r := range m.Rules {
+			lastID = max(lastID, r.ID)
+		}
 		if m.Op == api.OpBind {
 			if len(m.Sockets) != 1 {
-				return nil, fmt.Errorf("journal record %d: bind with %d sockets", i, len(m.Sockets))
+				return nil, 0, fmt.Errorf("journal record %d: bind with %d sockets", i, len(m.Sockets))
 			}
 			info := m.Sockets[0]
 			rs, ok := sets[info.Cookie]
@@ -336,7 +359,7 @@ func replay(records []*api.Message) (map[uint64]*replayed, error) {
 		}
 		rs, ok := sets[m.Socket]
 		if !ok {
-			return nil, fmt.Errorf("journal record %d: %s for socket %d, which was never bound", i, m.Op, m.Socket)
+			return nil, 0, fmt.Errorf("journal record %d: %s for socket %d, which was never bound", i, m.Op, m.Socket)
 		}
 		switch m.Op {
 		case api.OpReplace:
@@ -358,10 +381,10 @@ func replay(records []*api.Message) (map[uint64]*replayed, error) {
 		case api.OpUnbind:
 			delete(sets, m.Socket)
 		default:
-			return nil, fmt.Errorf("journal record %d: unexpected op %s", i, m.Op)
+			return nil, 0, fmt.Errorf("journal record %d: unexpected op %s", i, m.Op)
 		}
 	}
-	return sets, nil
+	return sets, lastID, nil
 }
 
 // ruleInfos returns the replayed rules in their order, but for those whose

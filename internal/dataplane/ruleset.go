@@ -209,6 +209,22 @@ func (d *Dataplane) RestoreRules(cookie uint64, rules []RuleInfo) error {
 	return nil
 }
 
+// LastID is the largest rule ID given out or restored so far.
+func (d *Dataplane) LastID() RuleID {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.lastID
+}
+
+// SkipIDs makes rules added later get IDs larger than last: a previous
+// instance gave out IDs up to last, also to rules since gone, and a client
+// or a metrics series may still name them.
+func (d *Dataplane) SkipIDs(last RuleID) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.lastID = max(d.lastID, last)
+}
+
 // CarryStats adds what a previous instance counted (see
 // Previous.RuleStats) to the installed rules with those IDs; other IDs are
 // ignored. A restart calls it once the previous program no longer runs, so
