@@ -211,9 +211,18 @@ func Start(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 
 // restore rebuilds the rule sets of the journal whose sockets are still open.
 func (d *Daemon) restore(prev *dataplane.Previous) error {
-	records, err := readJournal(d.cfg.journalPath())
+	records, torn, err := readJournal(d.cfg.journalPath())
+	if damaged := (*damagedJournal)(nil); errors.As(err, &damaged) {
+		d.log.Error("journal damaged: santad does not start, and leaves the journal as it is", "file", damaged.path,
+			"record", damaged.record, "offset", damaged.offset, "reason", damaged.reason,
+			"bytes_following", damaged.following, "intact_records_following", damaged.intactRecords)
+	}
 	if err != nil {
 		return err
+	}
+	if torn.bytes > 0 {
+		d.log.Warn("journal ends in an incomplete record, a change santad died writing and never acknowledged: dropped",
+			"file", d.cfg.journalPath(), "offset", torn.offset, "bytes", torn.bytes)
 	}
 	sets, lastID, err := replay(records)
 	if err != nil {

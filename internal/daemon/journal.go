@@ -18,7 +18,8 @@ import (
 // one. A record is a protocol message (bind, add, replace, modify, delete,
 // unbind) framed as length, CRC-32C and CBOR; a torn record at the end (a
 // crash mid-write) is dropped, and with it only a change that was never
-// acknowledged.
+// acknowledged. A bad record anywhere else is damage santad refuses to
+// start on (damagedJournal).
 type journal struct {
 	path     string
 	f        *os.File
@@ -44,44 +45,115 @@ func (j *journal) overgrown() bool { return j.superseding && j.appended > 2*j.ba
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
+// damagedJournal is a journal with a bad record that more data follows: not
+// a torn tail, which a crash leaves only at the end, but corruption, which
+// would silently lose every change recorded after it.
+type damagedJournal struct {
+	path          string
+	record        int    // the bad record's index
+	offset        int64  // where it starts
+	reason        string // what is wrong with it
+	following     int64  // bytes after its start
+	intactRecords int    // records after it that read intact (when its length is believable)
+}
+
+func (e *damagedJournal) Error() string {
+	return fmt.Sprintf("journal %s is damaged: record %d at byte %d: %s; %d bytes follow it, %d more records read intact: "+
+		"santad does not start, since it would lose the rule-set changes recorded there (the rules the last santad "+
+		"left keep answering meanwhile). Keep the damaged journal for a report and move it aside "+
+		"(mv %s %s.damaged); santad then starts with no rule sets, and the rules the last santad left stop "+
+		"answering until their owners add them again", e.path, e.record, e.offset, e.reason, e.following, e.intactRecords,
+		e.path, e.path)
+}
+
+// tornTail is where a journal's torn tail starts and how long it is.
+type tornTail struct{ offset, bytes int64 }
+
 // readJournal returns the records of the journal at path (none if it does
-// not exist).
-func readJournal(path string) ([]*api.Message, error) {
+// not exist) and the torn tail it dropped, if any: an incomplete last
+// record, or a last record that fails its checksum, which a crash in the
+// middle of writing it leaves behind (its change was never acknowledged).
+// A bad record that more data follows is a *damagedJournal error.
+func readJournal(path string) (records []*api.Message, torn tornTail, err error) {
 	f, err := os.Open(path)
 	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
+		return nil, tornTail{}, nil
 	}
 	if err != nil {
-		return nil, err
+		return nil, tornTail{}, err
 	}
 	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, tornTail{}, err
+	}
+	size := st.Size()
 	r := bufio.NewReaderSize(f, 1<<20)
-	var out []*api.Message
-	for {
+	var off int64
+	for off < size {
+		damaged := func(reason string, next int64) ([]*api.Message, tornTail, error) {
+			return nil, tornTail{}, &damagedJournal{path: path, record: len(records), offset: off, reason: reason,
+				following: size - off, intactRecords: intactRecords(r, next, size)}
+		}
 		var hdr [8]byte
+		if size-off < int64(len(hdr)) {
+			return records, tornTail{off, size - off}, nil // torn header
+		}
 		if _, err := io.ReadFull(r, hdr[:]); err != nil {
-			if err == io.EOF || err == io.ErrUnexpectedEOF {
-				return out, nil
-			}
-			return nil, fmt.Errorf("journal %s: %w", path, err)
+			return nil, tornTail{}, fmt.Errorf("journal %s: %w", path, err)
 		}
 		n := binary.LittleEndian.Uint32(hdr[:4])
+		end := off + int64(len(hdr)) + int64(n)
 		if n == 0 || n > api.MaxFrame {
-			return out, nil // torn header
+			return damaged(fmt.Sprintf("length %d, not 1 to %d", n, api.MaxFrame), -1)
+		}
+		if end > size {
+			return records, tornTail{off, size - off}, nil // torn body
 		}
 		body := make([]byte, n)
 		if _, err := io.ReadFull(r, body); err != nil {
-			return out, nil // torn body
+			return nil, tornTail{}, fmt.Errorf("journal %s: %w", path, err)
 		}
 		if crc32.Checksum(body, castagnoli) != binary.LittleEndian.Uint32(hdr[4:]) {
-			return out, nil
+			if end == size {
+				return records, tornTail{off, size - off}, nil // the last record, torn by a crash
+			}
+			return damaged("checksum mismatch", end)
 		}
 		m, err := api.Decode(body)
 		if err != nil {
-			return nil, fmt.Errorf("journal %s: record %d: %w", path, len(out), err)
+			return damaged(err.Error(), end)
 		}
-		out = append(out, m)
+		records = append(records, m)
+		off = end
 	}
+	return records, tornTail{}, nil
+}
+
+// intactRecords counts the records that read intact from r, which stands at
+// offset next (-1: unknown) of a journal of size bytes, up to the first
+// that does not: to tell an operator how much a damaged record cuts off.
+func intactRecords(r *bufio.Reader, next, size int64) int {
+	if next < 0 {
+		return 0
+	}
+	n := 0
+	for off := next; off < size; n++ {
+		var hdr [8]byte
+		if _, err := io.ReadFull(r, hdr[:]); err != nil {
+			break
+		}
+		length := binary.LittleEndian.Uint32(hdr[:4])
+		if length == 0 || length > api.MaxFrame || off+int64(len(hdr))+int64(length) > size {
+			break
+		}
+		body := make([]byte, length)
+		if _, err := io.ReadFull(r, body); err != nil || crc32.Checksum(body, castagnoli) != binary.LittleEndian.Uint32(hdr[4:]) {
+			break
+		}
+		off += int64(len(hdr)) + int64(length)
+	}
+	return n
 }
 
 // writeJournal atomically replaces the journal at path with records and
@@ -120,7 +192,7 @@ func (j *journal) write(m *api.Message) error {
 	if err != nil {
 		return err
 	}
-	if len(body) > api.MaxFrame { // readJournal would take it for a torn tail and drop all after it
+	if len(body) > api.MaxFrame { // readJournal would refuse it as damage
 		return fmt.Errorf("%s record of %d bytes exceeds the %d-byte frame limit", m.Op, len(body), api.MaxFrame)
 	}
 	var hdr [8]byte

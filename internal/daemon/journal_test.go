@@ -1,9 +1,12 @@
 package daemon
 
 import (
+	"encoding/binary"
+	"errors"
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -50,9 +53,12 @@ func TestJournalReplay(t *testing.T) {
 	f.Write([]byte{40, 0, 0, 0, 1, 2, 3, 4, 0xa1})
 	f.Close()
 
-	got, err := readJournal(path)
+	got, torn, err := readJournal(path)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if torn.bytes != 9 {
+		t.Errorf("torn tail of %d bytes dropped, want 9", torn.bytes)
 	}
 	if len(got) != len(records) {
 		t.Fatalf("read %d records, want %d (the torn tail dropped)", len(got), len(records))
@@ -98,6 +104,71 @@ func TestJournalReplay(t *testing.T) {
 	// a record for a socket never bound is corruption, not a torn tail
 	if _, _, err := replay([]*api.Message{{Op: api.OpAdd, Socket: 5}}); err == nil {
 		t.Error("replay accepted an add for an unbound socket")
+	}
+}
+
+// TestJournalDamage: a bad last record is a torn tail, dropped; a bad
+// record that more data follows is damage, refused with where it is and
+// what follows it.
+func TestJournalDamage(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "journal")
+	records := []*api.Message{
+		{Op: api.OpBind, Sockets: []api.SocketInfo{{Cookie: 7, Port: 53}}},
+		{Op: api.OpAdd, Socket: 7, Rules: []api.Rule{testRule(1, 1, "a")}},
+		{Op: api.OpAdd, Socket: 7, Rules: []api.Rule{testRule(2, 1, "b")}},
+		{Op: api.OpAdd, Socket: 7, Rules: []api.Rule{testRule(3, 1, "c")}},
+	}
+	j, err := writeJournal(path, records)
+	if err != nil {
+		t.Fatal(err)
+	}
+	j.close()
+	good, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// record offsets, from their length fields
+	var offsets []int64
+	for off := int64(0); off < int64(len(good)); off += 8 + int64(binary.LittleEndian.Uint32(good[off:])) {
+		offsets = append(offsets, off)
+	}
+	damage := func(at int64, b byte) {
+		t.Helper()
+		bad := slices.Clone(good)
+		bad[at] ^= b
+		if err := os.WriteFile(path, bad, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	damage(int64(len(good))-1, 0xff) // in the last record's body
+	got, torn, err := readJournal(path)
+	if err != nil || len(got) != 3 || torn.offset != offsets[3] {
+		t.Errorf("last record damaged: %d records, torn tail at %d (%v), want 3 and a torn tail at %d", len(got), torn.offset, err, offsets[3])
+	}
+
+	for name, tc := range map[string]struct {
+		at     int64
+		intact int
+	}{
+		"checksum": {offsets[1] + 12, 2}, // in the body: the length still finds the records after it
+		"length":   {offsets[1] + 3, 0},  // the length past the frame limit: nothing after it can be found
+	} {
+		damage(tc.at, 0x80)
+		_, _, err := readJournal(path)
+		var damaged *damagedJournal
+		if !errors.As(err, &damaged) {
+			t.Errorf("%s of record 1 damaged: %v, want a damaged journal", name, err)
+			continue
+		}
+		if damaged.record != 1 || damaged.offset != offsets[1] || damaged.following != int64(len(good))-offsets[1] ||
+			damaged.intactRecords != tc.intact {
+			t.Errorf("%s of record 1 damaged: %+v, want record 1 at %d, %d bytes and %d intact records following",
+				name, damaged, offsets[1], int64(len(good))-offsets[1], tc.intact)
+		}
+		if msg := err.Error(); !strings.Contains(msg, path) || !strings.Contains(msg, "mv ") {
+			t.Errorf("%s of record 1 damaged: %q names neither the file nor what to do", name, msg)
+		}
 	}
 }
 

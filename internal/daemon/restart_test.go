@@ -1,8 +1,15 @@
 package daemon_test
 
 import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"fmt"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"slices"
+	"strings"
 	"syscall"
 	"testing"
 
@@ -50,5 +57,63 @@ func TestRuleIDsNotReusedAfterRestart(t *testing.T) {
 	}
 	if ids := ruleIDs(t, c, target); !slices.IsSorted(ids) || len(ids) != 3 {
 		t.Fatalf("rules %v, want the first two and the last one added", ids)
+	}
+}
+
+// TestDamagedJournalRefused: a journal with a bad record that more records
+// follow makes santad refuse to start, saying where the damage is and what
+// to do, and leave the journal as it is (a santad that read up to the damage
+// would drop the rules recorded after it and compact the evidence away); the
+// rules keep answering, and with the journal moved aside santad starts.
+func TestDamagedJournalRefused(t *testing.T) {
+	tb := testbed.New(t)
+	sd := newSantad(t, tb)
+	sd.start()
+	server := netip.AddrPortFrom(tb.Server.IP4, 7951)
+	c := sd.client()
+	conn, cookie := boundEchoServer(t, tb, c, server)
+	defer conn.Close()
+	for i := range 3 { // a record each, after the bind's
+		if _, err := c.Add(santa.Cookie(cookie), []api.Rule{rule(fmt.Sprintf("ask %d", i), 0, fmt.Sprintf("answer %d", i))}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sd.stop(syscall.SIGTERM)
+
+	path := filepath.Join(sd.dir, "state", "journal")
+	journal, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	second := 8 + int(binary.LittleEndian.Uint32(journal)) // the first add, after the bind
+	journal[second+12] ^= 0x01
+	if err := os.WriteFile(path, journal, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	err = sd.Start(context.Background())
+	for _, want := range []string{"journal " + path + " is damaged", fmt.Sprintf("record 1 at byte %d", second),
+		fmt.Sprintf("%d bytes follow it, 2 more records read intact", len(journal)-second), "mv " + path} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Fatalf("santad with a damaged journal: %v, want a refusal to start saying %q", err, want)
+		}
+	}
+	if !strings.Contains(sd.Log(), "level=ERROR msg=\"journal damaged") {
+		t.Errorf("no error in santad's log:\n%s", sd.Log())
+	}
+	if after, err := os.ReadFile(path); err != nil || !bytes.Equal(after, journal) {
+		t.Fatalf("santad changed the damaged journal (%v): it must keep it for the operator", err)
+	}
+	for i := range 3 {
+		if got, want := exchange(t, tb, server, fmt.Sprintf("ask %d", i)), fmt.Sprintf("answer %d", i); got != want {
+			t.Fatalf("with no santad running: %q, want %q from the rule left by the first santad", got, want)
+		}
+	}
+
+	if err := os.Rename(path, path+".damaged"); err != nil {
+		t.Fatal(err)
+	}
+	sd.start()
+	if rules, err := sd.client().ListRules(santa.Cookie(cookie)); err == nil {
+		t.Fatalf("santad started without a journal still has socket %d's rule set: %d rules", cookie, len(rules))
 	}
 }
