@@ -247,6 +247,8 @@ type DaemonInfo struct {
 	QuotaBytes    uint64      `cbor:"12,keyasint,omitempty" json:"quota_bytes,omitempty"`
 	UsedRules     uint64      `cbor:"13,keyasint,omitempty" json:"used_rules,omitempty"`
 	UsedBytes     uint64      `cbor:"14,keyasint,omitempty" json:"used_bytes,omitempty"`
+	QuotaRulesets uint64      `cbor:"15,keyasint,omitempty" json:"quota_rulesets,omitempty"`
+	UsedRulesets  uint64      `cbor:"16,keyasint,omitempty" json:"used_rulesets,omitempty"`
 }
 
 // Interface is an interface the rule processor is attached to.

@@ -94,7 +94,8 @@ func statusCmd(e env, g *globals) *cobra.Command {
 				}
 				return fmt.Sprintf("%d of %d", used, limit)
 			}
-			fmt.Fprintf(w, "you (uid %d)\trules %s, bytes %s\n", info.UID, quota(info.UsedRules, info.QuotaRules), quota(info.UsedBytes, info.QuotaBytes))
+			fmt.Fprintf(w, "you (uid %d)\trules %s, bytes %s, rule sets %s\n", info.UID, quota(info.UsedRules, info.QuotaRules),
+				quota(info.UsedBytes, info.QuotaBytes), quota(info.UsedRulesets, info.QuotaRulesets))
 			names := make([]string, 0, len(counters))
 			for n := range counters {
 				names = append(names, n)

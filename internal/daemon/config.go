@@ -58,6 +58,9 @@ type Config struct {
 type Quota struct {
 	Rules         uint64 `yaml:"rules"`
 	TemplateBytes uint64 `yaml:"template_bytes"` // patterns, masks and reply templates
+	// Rulesets bounds the sockets a uid binds: without it one user could
+	// take all of dataplane.max_rulesets, root's binds included.
+	Rulesets uint64 `yaml:"rulesets"`
 }
 
 // DataplaneConfig mirrors dataplane.Config in the file.
@@ -84,7 +87,7 @@ func DefaultConfig() Config {
 		MetricsRuleLimit: 10000,
 		LogFormat:        "json",
 		LogLevel:         "info",
-		Quota:            Quota{Rules: 100000, TemplateBytes: 64 << 20},
+		Quota:            Quota{Rules: 100000, TemplateBytes: 64 << 20, Rulesets: 64},
 		Dataplane: DataplaneConfig{HashBits: d.HashBits, MaxRules: d.MaxRules, MaxRulesets: d.MaxRulesets,
 			DataMiB: d.DataMiB, SampleRingKiB: d.SampleRingKiB, TCPFlows: d.TCPFlows},
 	}

@@ -263,6 +263,7 @@ func (d *Daemon) restore(prev *dataplane.Previous) error {
 			restored[i].Tag = rs.rules[uint64(ri.ID)].Tag
 		}
 		set.addRules(u, restored)
+		u.rulesets++
 		d.sets[cookie] = set
 		d.scheduleExpiry(cookie, restored)
 		rules += len(infos)

@@ -278,10 +278,12 @@ func (s *session) health() (*api.Message, *subscriber, error) {
 	d.attsMu.Unlock()
 	if s.uid != 0 {
 		info.QuotaRules, info.QuotaBytes = d.cfg.Quota.Rules, d.cfg.Quota.TemplateBytes
+		info.QuotaRulesets = d.cfg.Quota.Rulesets
 	}
 	d.mu.Lock()
 	if use, ok := d.usage[s.uid]; ok {
 		info.UsedRules, info.UsedBytes = use.rules, use.bytes
+		info.UsedRulesets = use.rulesets
 	}
 	d.mu.Unlock()
 	return &api.Message{Daemon: info, Counters: dataplane.CounterNames(c)}, nil, nil

@@ -29,12 +29,17 @@ type ruleMeta struct {
 }
 
 // usage is what one uid holds, against its quota.
-type usage struct{ rules, bytes uint64 }
+type usage struct{ rules, bytes, rulesets uint64 }
 
 // The operations below change the data plane, then record the change in the
 // journal; santad acknowledges a change only once both are done. Callers hold d.mu.
 
 func (d *Daemon) bind(info api.SocketInfo, sample dataplane.SampleOptions) (*ruleSet, error) {
+	u := d.usageOf(info.Owner)
+	if q := d.cfg.Quota.Rulesets; info.Owner != 0 && q != 0 && u.rulesets >= q {
+		return nil, fail(api.StatusQuota, "uid %d would hold %d rule sets, over its quota of %d (santad config quota.rulesets): "+
+			"close or unbind sockets it no longer offloads", info.Owner, u.rulesets+1, q)
+	}
 	if err := d.dp.Bind(dataplaneSocket(info), sample); err != nil {
 		return nil, err
 	}
@@ -44,6 +49,7 @@ func (d *Daemon) bind(info api.SocketInfo, sample dataplane.SampleOptions) (*rul
 		return nil, err
 	}
 	d.sets[info.Cookie] = rs
+	u.rulesets++
 	return rs, nil
 }
 
@@ -81,6 +87,7 @@ func (d *Daemon) forget(rs *ruleSet) {
 	u := d.usageOf(rs.info.Owner)
 	u.rules -= uint64(len(rs.rules))
 	u.bytes -= rs.bytes
+	u.rulesets--
 	delete(d.sets, rs.info.Cookie)
 	d.closeSubscribers(rs.info.Cookie)
 }

@@ -1,0 +1,141 @@
+package daemon_test
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/santa-offload/santa/internal/testbed"
+)
+
+// quotaClient is a client of santad's run as a non-root uid with the Python
+// library: it owns UDP sockets, so that santad sees their fds come from
+// that uid. Commands:
+//
+//	bind ADDR N:      bind N sockets of ADDR (ephemeral ports) one by one
+//	add ADDR PORT N:  bind a socket to ADDR:PORT, print "listening", wait
+//	                  for a line on stdin, then add N rules with its fd, one
+//	                  request each
+//
+// Each request prints "ok" or "refused STATUS: MESSAGE"; then "done", and
+// the sockets stay open until stdin closes.
+const quotaClient = `
+import socket, sys, santa
+
+def udp(addr, port):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind((addr, port))
+    return s
+
+def outcome(call):
+    try:
+        call()
+        print("ok", flush=True)
+    except santa.Error as e:
+        print("refused %s: %s" % (e.status.name if hasattr(e.status, "name") else e.status, e), flush=True)
+
+c = santa.Client()
+socks = []
+if sys.argv[1] == "bind":
+    for _ in range(int(sys.argv[3])):
+        s = udp(sys.argv[2], 0)
+        socks.append(s)
+        outcome(lambda: c.bind(s))
+else:
+    s = udp(sys.argv[2], int(sys.argv[3]))
+    print("listening", flush=True)
+    sys.stdin.readline()
+    for i in range(int(sys.argv[4])):
+        rule = santa.Rule(conditions=[santa.Condition(0, b"q%d" % i)], processors=[santa.Put(0, b"a")], reply_len=1)
+        outcome(lambda: c.add(s, [rule]))
+print("done", flush=True)
+sys.stdin.read()
+`
+
+// runQuotaClient starts quotaClient as uid with args and returns its stdin
+// and a reader of its output lines.
+func runQuotaClient(t *testing.T, sd *santadProc, uid int, args ...string) (io.WriteCloser, *bufio.Scanner) {
+	t.Helper()
+	script := filepath.Join(sd.dir, "quota_client.py")
+	if err := os.WriteFile(script, []byte(quotaClient), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	argv := asUser(sd.tb, uid, append([]string{"/usr/bin/python3", script}, args...)...)
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Env = append(os.Environ(), "SANTA_SOCKET="+sd.Socket, "PYTHONPATH="+filepath.Join(work, "python"))
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		stdin.Close()
+		cmd.Process.Kill()
+		cmd.Wait()
+	})
+	return stdin, bufio.NewScanner(stdout)
+}
+
+// outcomes reads the client's lines up to "done".
+func outcomes(t *testing.T, out *bufio.Scanner) []string {
+	t.Helper()
+	var lines []string
+	for out.Scan() {
+		if out.Text() == "done" {
+			return lines
+		}
+		lines = append(lines, out.Text())
+	}
+	t.Fatalf("quota client ended before done (%v): %q", out.Err(), lines)
+	return nil
+}
+
+func quotaConfig(t *testing.T, content string) string {
+	t.Helper()
+	cfg := filepath.Join(work, fmt.Sprintf("quota-%s-%d.yaml", t.Name(), os.Getpid()))
+	if err := os.WriteFile(cfg, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Remove(cfg) })
+	return cfg
+}
+
+// TestRulesetQuota: a non-root uid binds at most quota.rulesets sockets, so
+// that it cannot take every rule set of the data plane from the others and
+// root; root has no such limit.
+func TestRulesetQuota(t *testing.T) {
+	tb := testbed.New(t)
+	sd := newSantad(t, tb, "--config", quotaConfig(t, "quota:\n  rulesets: 3\ndataplane:\n  max_rulesets: 5\n"))
+	sd.start()
+	stdin, out := runQuotaClient(t, sd, nobody, "bind", tb.Server.IP4.String(), "5")
+	got := outcomes(t, out)
+	for i, line := range got {
+		if i < 3 && line != "ok" {
+			t.Errorf("bind %d of nobody, within its quota of 3 rule sets: %s", i, line)
+		}
+		if i >= 3 && (!strings.HasPrefix(line, "refused QUOTA") || !strings.Contains(line, "quota of 3 (santad config quota.rulesets)")) {
+			t.Errorf("bind %d of nobody, past its quota of 3 rule sets: %s, want a quota refusal naming quota.rulesets", i, line)
+		}
+	}
+	if status, err := sd.cli(nobody, "status"); err != nil || !strings.Contains(status, "rule sets 3 of 3") {
+		t.Errorf("nobody's status: %v\n%s", err, status)
+	}
+	// the data plane has room for 5: root's binds get the other 2
+	root := sd.client()
+	for _, port := range []int{7960, 7961} {
+		testbed.Bind(t, root, listenUDP(t, tb, port))
+	}
+	stdin.Close()
+}
