@@ -256,14 +256,14 @@ func (d *Daemon) restore(prev *dataplane.Previous) error {
 			return fmt.Errorf("restore %d rules of socket %d: %w", len(infos), cookie, err)
 		}
 		set := &ruleSet{info: rs.info, sample: rs.sample, rules: map[uint64]ruleMeta{}}
-		u := d.usageOf(rs.info.Owner)
 		restored := make([]api.Rule, len(infos))
 		for i, ri := range infos {
 			restored[i] = fromDataplane(ri)
 			restored[i].Tag = rs.rules[uint64(ri.ID)].Tag
+			uid := rs.chargedUID(uint64(ri.ID))
+			set.addRules(d.usageOf(uid), uid, restored[i:i+1])
 		}
-		set.addRules(u, restored)
-		u.rulesets++
+		d.usageOf(rs.info.Owner).rulesets++
 		d.sets[cookie] = set
 		d.scheduleExpiry(cookie, restored)
 		rules += len(infos)
@@ -293,7 +293,8 @@ func (d *Daemon) carryStats(prev *dataplane.Previous) {
 const compactBatch = 16384
 
 // compact rewrites the journal as the largest rule id given out, then one
-// bind per rule set and its rules as adds of up to compactBatch rules each.
+// bind per rule set and its rules as adds of up to compactBatch rules each,
+// one per run of rules charged to the same uid.
 func (d *Daemon) compact() error {
 	var records []*api.Message
 	if last := d.dp.LastID(); last != 0 {
@@ -309,8 +310,16 @@ func (d *Daemon) compact() error {
 				return err
 			}
 			if len(rules) > 0 {
-				records = append(records, &api.Message{Op: api.OpAdd, Socket: cookie, Rules: rules})
 				page.After = rules[len(rules)-1].ID
+			}
+			for len(rules) > 0 { // an add record per run of rules charged to one uid
+				uid := rs.rules[rules[0].ID].charged
+				n := 1
+				for n < len(rules) && rs.rules[rules[n].ID].charged == uid {
+					n++
+				}
+				records = append(records, &api.Message{Op: api.OpAdd, Socket: cookie, Rules: rules[:n], Daemon: chargeRecord(rs, uid)})
+				rules = rules[n:]
 			}
 			if !more {
 				break

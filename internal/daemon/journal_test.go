@@ -101,6 +101,23 @@ func TestJournalReplay(t *testing.T) {
 		t.Errorf("journal with an id mark of 9: largest id %d, %d rule sets (%v), want 9 and 1", lastID, len(sets), err)
 	}
 
+	// rules a non-root caller added to a rule set root bound are charged to it
+	rootBound := api.SocketInfo{Cookie: 13, Port: 7030}
+	sets, _, err = replay([]*api.Message{
+		{Op: api.OpBind, Sockets: []api.SocketInfo{rootBound}},
+		{Op: api.OpAdd, Socket: 13, Rules: []api.Rule{testRule(6, 1, "f"), testRule(7, 1, "g")}, Daemon: &api.DaemonInfo{UID: 1000}},
+		{Op: api.OpAdd, Socket: 13, Rules: []api.Rule{testRule(8, 1, "h")}},
+		{Op: api.OpModify, Socket: 13, Rules: []api.Rule{testRule(7, 2, "G")}}, // by root: charged to no one now
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for id, want := range map[uint64]uint32{6: 1000, 7: 0, 8: 0} {
+		if got := sets[13].chargedUID(id); got != want {
+			t.Errorf("rule %d on a rule set root bound replayed as charged to uid %d, want %d", id, got, want)
+		}
+	}
+
 	// a record for a socket never bound is corruption, not a torn tail
 	if _, _, err := replay([]*api.Message{{Op: api.OpAdd, Socket: 5}}); err == nil {
 		t.Error("replay accepted an add for an unbound socket")

@@ -8,8 +8,11 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
+	"github.com/santa-offload/santa/api"
+	santa "github.com/santa-offload/santa/clients/go/santa"
 	"github.com/santa-offload/santa/internal/testbed"
 )
 
@@ -137,5 +140,57 @@ func TestRulesetQuota(t *testing.T) {
 	for _, port := range []int{7960, 7961} {
 		testbed.Bind(t, root, listenUDP(t, tb, port))
 	}
+	stdin.Close()
+}
+
+// TestQuotaOnRootBoundSocket: rules a non-root uid adds with its socket's fd
+// to a rule set root bound (santa attach) count against that uid's quota,
+// also after santad restarts; root's rules there count for no one.
+func TestQuotaOnRootBoundSocket(t *testing.T) {
+	tb := testbed.New(t)
+	sd := newSantad(t, tb, "--config", quotaConfig(t, "quota:\n  rules: 3\n  template_bytes: 40\n"))
+	sd.start()
+	stdin, out := runQuotaClient(t, sd, nobody, "add", tb.Server.IP4.String(), "7030", "50")
+	if !out.Scan() || out.Text() != "listening" {
+		t.Fatalf("quota client: %q (%v), want listening", out.Text(), out.Err())
+	}
+	root := sd.client()
+	socks, err := root.BindPort(7030) // santa attach --port 7030
+	if err != nil || len(socks) != 1 || socks[0].Owner != 0 {
+		t.Fatalf("root's bind of port 7030: %+v %v, want one rule set of root's", socks, err)
+	}
+	target := santa.Cookie(socks[0].Cookie)
+	if _, err := io.WriteString(stdin, "go\n"); err != nil {
+		t.Fatal(err)
+	}
+	for i, line := range outcomes(t, out) {
+		if i < 3 && line != "ok" {
+			t.Fatalf("nobody's rule %d, within its quota of 3: %s", i, line)
+		}
+		if i >= 3 && (!strings.HasPrefix(line, "refused QUOTA") || !strings.Contains(line, "quota.rules")) {
+			t.Fatalf("nobody's rule %d on root's rule set, past its quota of 3: %s, want a quota refusal", i, line)
+		}
+	}
+	if _, err := root.Add(target, []api.Rule{rule("root's", 0, "x")}); err != nil {
+		t.Fatal(err)
+	}
+	nobodyUses := func(want string) {
+		t.Helper()
+		if status, err := sd.cli(nobody, "status"); err != nil || !strings.Contains(status, "rules "+want+", ") {
+			t.Fatalf("nobody's status: %v, want rules %s:\n%s", err, want, status)
+		}
+	}
+	nobodyUses("3 of 3")
+	// the charge is journaled: once replayed from the records, once from the compacted journal
+	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL} {
+		sd.stop(sig)
+		sd.start()
+		nobodyUses("3 of 3")
+	}
+	// root's replace drops nobody's rules, and their charge
+	if _, err := sd.client().Replace(target, []api.Rule{rule("root's again", 0, "y")}); err != nil {
+		t.Fatal(err)
+	}
+	nobodyUses("0 of 3")
 	stdin.Close()
 }

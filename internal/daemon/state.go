@@ -24,6 +24,7 @@ type ruleSet struct {
 type ruleMeta struct {
 	cost    uint64
 	version uint32
+	charged uint32 // the uid whose quota the rule counts against (chargedUID)
 	expires uint64 // api.Rule.Expires
 	tag     string // api.Rule.Tag, interned: a million rules share a few tags
 }
@@ -84,29 +85,61 @@ func (d *Daemon) unbind(rs *ruleSet) error {
 
 // forget drops a rule set santad no longer has in the data plane.
 func (d *Daemon) forget(rs *ruleSet) {
-	u := d.usageOf(rs.info.Owner)
-	u.rules -= uint64(len(rs.rules))
-	u.bytes -= rs.bytes
-	u.rulesets--
+	for _, m := range rs.rules {
+		d.uncharge(m)
+	}
+	d.usageOf(rs.info.Owner).rulesets--
 	delete(d.sets, rs.info.Cookie)
 	d.closeSubscribers(rs.info.Cookie)
 }
 
-// checkQuota refuses a change that would take the owner past its quota.
-// root, as owner or as caller, has none.
-func (d *Daemon) checkQuota(caller uint32, rs *ruleSet, addRules, dropRules, addBytes, dropBytes uint64) error {
-	if rs.info.Owner == 0 || caller == 0 {
+// chargedUID is the uid whose quota the rules caller installs in rs count
+// against: the rule set's owner, whoever the caller; but on a rule set root
+// bound (santa attach), which a non-root uid may change by passing the
+// socket's fd, the caller, so that its rules count against its quota there
+// too. root's own rules there count for no one (uid 0 has no quota).
+func chargedUID(caller uint32, rs *ruleSet) uint32 {
+	if rs.info.Owner != 0 {
+		return rs.info.Owner
+	}
+	return caller
+}
+
+// chargeRecord is what a journal record of rules charged to uid says of
+// it: nothing for the owner, the usual case, else the uid, for a restart to
+// charge them to it again.
+func chargeRecord(rs *ruleSet, uid uint32) *api.DaemonInfo {
+	if uid == rs.info.Owner {
 		return nil
 	}
-	u := d.usageOf(rs.info.Owner)
+	return &api.DaemonInfo{UID: uid}
+}
+
+// checkQuota refuses a change by caller that would take the uid its rules
+// are charged to past its quota: adding rules and bytes, and dropping the
+// rules drop (replaced or modified), of which those charged to that uid
+// count. root, as owner or as caller, has none.
+func (d *Daemon) checkQuota(caller uint32, rs *ruleSet, addRules, addBytes uint64, drop []uint64) error {
+	uid := chargedUID(caller, rs)
+	if uid == 0 || caller == 0 {
+		return nil
+	}
+	var dropRules, dropBytes uint64
+	for _, id := range drop {
+		if m := rs.rules[id]; m.charged == uid {
+			dropRules++
+			dropBytes += m.cost
+		}
+	}
+	u := d.usageOf(uid)
 	q := d.cfg.Quota
 	if rules := u.rules + addRules - dropRules; q.Rules != 0 && rules > q.Rules {
 		return fail(api.StatusQuota, "uid %d would hold %d rules, over its quota of %d (santad config quota.rules)",
-			rs.info.Owner, rules, q.Rules)
+			uid, rules, q.Rules)
 	}
 	if bytes := u.bytes + addBytes - dropBytes; q.TemplateBytes != 0 && bytes > q.TemplateBytes {
 		return fail(api.StatusQuota, "uid %d would hold %d bytes of patterns and replies, over its quota of %d (santad config quota.template_bytes)",
-			rs.info.Owner, bytes, q.TemplateBytes)
+			uid, bytes, q.TemplateBytes)
 	}
 	return nil
 }
@@ -161,7 +194,7 @@ func (d *Daemon) add(caller uint32, rs *ruleSet, rules []api.Rule) ([]uint64, er
 	if err := checkRules(rs, rules); err != nil {
 		return nil, err
 	}
-	if err := d.checkQuota(caller, rs, uint64(len(rules)), 0, totalCost(rules), 0); err != nil {
+	if err := d.checkQuota(caller, rs, uint64(len(rules)), totalCost(rules), nil); err != nil {
 		return nil, err
 	}
 	ids, err := d.dp.AddRules(rs.info.Cookie, toDataplane(rules))
@@ -169,11 +202,12 @@ func (d *Daemon) add(caller uint32, rs *ruleSet, rules []api.Rule) ([]uint64, er
 		return nil, err
 	}
 	out, rec := newRules(rules, ids)
-	if err := d.record(&api.Message{Op: api.OpAdd, Socket: rs.info.Cookie, Rules: rec},
+	uid := chargedUID(caller, rs)
+	if err := d.record(&api.Message{Op: api.OpAdd, Socket: rs.info.Cookie, Rules: rec, Daemon: chargeRecord(rs, uid)},
 		func() { d.dp.DeleteRules(rs.info.Cookie, ids) }); err != nil {
 		return nil, err
 	}
-	rs.addRules(d.usageOf(rs.info.Owner), rec)
+	rs.addRules(d.usageOf(uid), uid, rec)
 	d.scheduleExpiry(rs.info.Cookie, rec)
 	return out, nil
 }
@@ -191,31 +225,39 @@ func newRules(rules []api.Rule, ids []dataplane.RuleID) ([]uint64, []api.Rule) {
 	return out, rec
 }
 
-func (rs *ruleSet) addRules(u *usage, rules []api.Rule) {
+// addRules adds rules charged to uid, whose usage u is.
+func (rs *ruleSet) addRules(u *usage, uid uint32, rules []api.Rule) {
 	for _, r := range rules {
 		c := cost(r)
-		rs.rules[r.ID] = ruleMeta{cost: c, version: r.Version, expires: r.Expires, tag: unique.Make(r.Tag).Value()}
+		rs.rules[r.ID] = ruleMeta{cost: c, version: r.Version, charged: uid, expires: r.Expires, tag: unique.Make(r.Tag).Value()}
 		rs.bytes += c
 		u.rules++
 		u.bytes += c
 	}
 }
 
-func (rs *ruleSet) dropRules(u *usage, ids []uint64) {
+func (d *Daemon) dropRules(rs *ruleSet, ids []uint64) {
 	for _, id := range ids {
 		m := rs.rules[id]
 		delete(rs.rules, id)
 		rs.bytes -= m.cost
-		u.rules--
-		u.bytes -= m.cost
+		d.uncharge(m)
 	}
+}
+
+// uncharge takes a rule that is gone off the usage of the uid it was charged to.
+func (d *Daemon) uncharge(m ruleMeta) {
+	u := d.usageOf(m.charged)
+	u.rules--
+	u.bytes -= m.cost
 }
 
 func (d *Daemon) replace(caller uint32, rs *ruleSet, rules []api.Rule) ([]uint64, error) {
 	if err := checkRules(rs, rules); err != nil {
 		return nil, err
 	}
-	if err := d.checkQuota(caller, rs, uint64(len(rules)), uint64(len(rs.rules)), totalCost(rules), rs.bytes); err != nil {
+	old := slices.Collect(maps.Keys(rs.rules))
+	if err := d.checkQuota(caller, rs, uint64(len(rules)), totalCost(rules), old); err != nil {
 		return nil, err
 	}
 	ids, err := d.dp.ReplaceRules(rs.info.Cookie, toDataplane(rules))
@@ -223,10 +265,11 @@ func (d *Daemon) replace(caller uint32, rs *ruleSet, rules []api.Rule) ([]uint64
 		return nil, err
 	}
 	out, rec := newRules(rules, ids)
+	uid := chargedUID(caller, rs)
 	// the old rules are gone from the data plane: there is nothing to roll back to
-	err = d.record(&api.Message{Op: api.OpReplace, Socket: rs.info.Cookie, Rules: rec}, nil)
-	rs.dropRules(d.usageOf(rs.info.Owner), slices.Collect(maps.Keys(rs.rules)))
-	rs.addRules(d.usageOf(rs.info.Owner), rec)
+	err = d.record(&api.Message{Op: api.OpReplace, Socket: rs.info.Cookie, Rules: rec, Daemon: chargeRecord(rs, uid)}, nil)
+	d.dropRules(rs, old)
+	rs.addRules(d.usageOf(uid), uid, rec)
 	d.scheduleExpiry(rs.info.Cookie, rec)
 	return out, err
 }
@@ -235,38 +278,38 @@ func (d *Daemon) modify(caller uint32, rs *ruleSet, rules []api.Rule) ([]uint64,
 	if err := checkRules(rs, rules); err != nil {
 		return nil, err
 	}
-	var addBytes, dropBytes uint64
+	var addBytes uint64
 	seen := map[uint64]bool{}
+	ids := make([]uint64, len(rules))
 	updates := make([]dataplane.RuleUpdate, len(rules))
 	for i, r := range rules {
-		m, ok := rs.rules[r.ID]
-		if !ok {
+		if _, ok := rs.rules[r.ID]; !ok {
 			return nil, fail(api.StatusNotFound, "rule %d: socket %d has no rule with id %d", i, rs.info.Cookie, r.ID)
 		}
 		if seen[r.ID] {
 			return nil, fail(api.StatusInvalid, "rule %d: id %d is modified twice in one request", i, r.ID)
 		}
 		seen[r.ID] = true
+		ids[i] = r.ID
 		addBytes += cost(r)
-		dropBytes += m.cost
 		updates[i] = dataplane.RuleUpdate{ID: dataplane.RuleID(r.ID), Rule: toDataplane(rules[i : i+1])[0]}
 	}
-	if err := d.checkQuota(caller, rs, 0, 0, addBytes, dropBytes); err != nil {
+	// a modified rule is charged anew, to chargedUID(caller, rs)
+	if err := d.checkQuota(caller, rs, uint64(len(rules)), addBytes, ids); err != nil {
 		return nil, err
 	}
 	if err := d.dp.ModifyRules(rs.info.Cookie, updates); err != nil {
 		return nil, err
 	}
 	rec := make([]api.Rule, len(rules))
-	ids := make([]uint64, len(rules))
 	for i, r := range rules {
 		rec[i] = r
 		rec[i].Version = rs.rules[r.ID].version + 1
-		ids[i] = r.ID
 	}
-	err := d.record(&api.Message{Op: api.OpModify, Socket: rs.info.Cookie, Rules: rec}, nil)
-	rs.dropRules(d.usageOf(rs.info.Owner), ids)
-	rs.addRules(d.usageOf(rs.info.Owner), rec)
+	uid := chargedUID(caller, rs)
+	err := d.record(&api.Message{Op: api.OpModify, Socket: rs.info.Cookie, Rules: rec, Daemon: chargeRecord(rs, uid)}, nil)
+	d.dropRules(rs, ids)
+	rs.addRules(d.usageOf(uid), uid, rec)
 	d.scheduleExpiry(rs.info.Cookie, rec)
 	return ids, err
 }
@@ -294,7 +337,7 @@ func (d *Daemon) deleteKnown(rs *ruleSet, ids []uint64) error {
 	if err := d.dp.DeleteRules(rs.info.Cookie, del); err != nil {
 		return err
 	}
-	rs.dropRules(d.usageOf(rs.info.Owner), ids)
+	d.dropRules(rs, ids)
 	return d.record(&api.Message{Op: api.OpDelete, Socket: rs.info.Cookie, IDs: ids}, nil)
 }
 
@@ -322,6 +365,27 @@ type replayed struct {
 	sample dataplane.SampleOptions
 	order  []uint64 // rule ids, oldest first, deleted ones included
 	rules  map[uint64]api.Rule
+	// charged holds the rules charged to another uid than the owner (chargeRecord)
+	charged map[uint64]uint32
+}
+
+// chargedUID is the uid rule id is charged to.
+func (rs *replayed) chargedUID(id uint64) uint32 {
+	if uid, ok := rs.charged[id]; ok {
+		return uid
+	}
+	return rs.info.Owner
+}
+
+// charge notes who the rules of record m are charged to.
+func (rs *replayed) charge(m *api.Message) {
+	for _, r := range m.Rules {
+		if m.Daemon != nil {
+			rs.charged[r.ID] = m.Daemon.UID
+		} else {
+			delete(rs.charged, r.ID)
+		}
+	}
 }
 
 // idMark is the journal record of the largest rule id santad has given
@@ -358,7 +422,7 @@ func replay(records []*api.Message) (sets map[uint64]*replayed, lastID uint64, e
 			info := m.Sockets[0]
 			rs, ok := sets[info.Cookie]
 			if !ok {
-				rs = &replayed{info: info, rules: map[uint64]api.Rule{}}
+				rs = &replayed{info: info, rules: map[uint64]api.Rule{}, charged: map[uint64]uint32{}}
 				sets[info.Cookie] = rs
 			}
 			rs.sample = dataplane.SampleOptions{Bytes: int(m.SampleBytes), PerSecond: int(m.SampleRate)}
@@ -370,20 +434,23 @@ func replay(records []*api.Message) (sets map[uint64]*replayed, lastID uint64, e
 		}
 		switch m.Op {
 		case api.OpReplace:
-			rs.order, rs.rules = nil, map[uint64]api.Rule{}
+			rs.order, rs.rules, rs.charged = nil, map[uint64]api.Rule{}, map[uint64]uint32{}
 			fallthrough
 		case api.OpAdd:
 			for _, r := range m.Rules {
 				rs.order = append(rs.order, r.ID)
 				rs.rules[r.ID] = r
 			}
+			rs.charge(m)
 		case api.OpModify:
 			for _, r := range m.Rules {
 				rs.rules[r.ID] = r
 			}
+			rs.charge(m)
 		case api.OpDelete:
 			for _, id := range m.IDs {
 				delete(rs.rules, id)
+				delete(rs.charged, id)
 			}
 		case api.OpUnbind:
 			delete(sets, m.Socket)
