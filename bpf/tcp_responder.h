@@ -337,21 +337,30 @@ __noinline int tcp_segment(struct xdp_md *ctx, struct pkt_info *req)
 		COUNT(tcp_fin_answered);
 		return tcp_send(ctx, req, t, 0);
 	}
-	if (req->payload_len <= 1 && age >= 1) {
-		/* after an idle unit: a keepalive probe (seq = the client's next - 1,
-		 * with no byte or one), which wants an ACK; the new stamp keeps the
-		 * connection valid */
-		if (!request_checksum_ok(req, s)) {
-			COUNT(pass_bad_checksum);
-			return XDP_PASS;
+	struct santa_tcp_flow *f = NULL;
+	if (req->payload_len <= 1) {
+		f = bpf_map_lookup_elem(&santa_tcp_flows, &req->tuple);
+		/* A keepalive probe (seq = the client's next - 1, with no byte or
+		 * one) wants an ACK; the new stamp keeps the connection valid.
+		 * The flow of the last request eBPF answered knows the client's
+		 * next byte, so every probe is answered, however often the
+		 * client probes; without one (no request answered yet, or the
+		 * flow swept) such a segment is taken for a probe after an idle
+		 * stamp unit. */
+		if (f ? seq + 1 == f->req_end : age >= 1) {
+			if (!request_checksum_ok(req, s)) {
+				COUNT(pass_bad_checksum);
+				return XDP_PASS;
+			}
+			if (f)
+				f->seen = unit; /* probed: not idle, the sweep keeps it */
+			t->ack = seq + 1;
+			t->tsval = reply_stamp(req, unit, fin, opts, o->tsecr);
+			COUNT(tcp_keepalive_answered);
+			return tcp_send(ctx, req, t, 0);
 		}
-		t->ack = seq + 1;
-		t->tsval = reply_stamp(req, unit, fin, opts, o->tsecr);
-		COUNT(tcp_keepalive_answered);
-		return tcp_send(ctx, req, t, 0);
 	}
 	if (req->payload_len == 0) {
-		struct santa_tcp_flow *f = bpf_map_lookup_elem(&santa_tcp_flows, &req->tuple);
 		if (f && fin && t->seq == f->reply_end + 1) {
 			/* the client acks the FIN eBPF sent with the ACK of its
 			 * own: the connection is over */
@@ -388,7 +397,8 @@ __noinline int tcp_segment(struct xdp_md *ctx, struct pkt_info *req)
 	/* The flow's last answer: while the client has not acked all of it
 	 * (in flight), only its request (retransmitted) may be answered, and
 	 * nothing may go to the kernel, whose sequence space would miss it. */
-	struct santa_tcp_flow *f = bpf_map_lookup_elem(&santa_tcp_flows, &req->tuple);
+	if (req->payload_len > 1) /* else looked up above */
+		f = bpf_map_lookup_elem(&santa_tcp_flows, &req->tuple);
 	int in_flight = f && (__s32)(t->seq - f->reply_end) < 0;
 	__u32 end = seq + req->payload_len;
 	int trimmed = 0;
