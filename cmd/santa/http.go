@@ -44,6 +44,9 @@ went away) stop answering within --lease, santad running or not. It must
 run in nginx's network namespace, next to santad. See docs/http.md.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := refuseZero(cmd, "max-rules", "min-samples", "sample-rate", "max-reply", "interval", "lease", "settle", "timeout", "tag"); err != nil {
+				return err
+			}
 			p, err := strconv.ParseUint(strings.TrimSuffix(port, "/tcp"), 10, 16)
 			if err != nil || p == 0 {
 				return fmt.Errorf("--port %q: want a number from 1 to 65535", port)

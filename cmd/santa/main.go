@@ -55,3 +55,18 @@ func readFlag(c *cobra.Command, g *globals) *cobra.Command {
 	c.Flags().BoolVar(&g.json, "json", false, "print JSON instead of a table")
 	return c
 }
+
+// refuseZero refuses the named flags when given as zero or empty: the
+// controllers read 0 as "the default", which is not what was asked for.
+func refuseZero(cmd *cobra.Command, names ...string) error {
+	for _, name := range names {
+		fl := cmd.Flags().Lookup(name)
+		if fl == nil || !fl.Changed {
+			continue
+		}
+		if v := fl.Value.String(); v == "" || v == "0" || v == "0s" {
+			return fmt.Errorf("--%s %q: must be more than 0 (default %s)", name, v, fl.DefValue)
+		}
+	}
+	return nil
+}

@@ -126,7 +126,7 @@ type Report struct {
 	FetchErrors uint64 `json:"fetch_errors"` // requests to nginx that failed
 	Samples     uint64 `json:"samples"`      // miss samples read
 	Ignored     uint64 `json:"ignored"`      // of those, not one complete GET or HEAD of an eligible path
-	Hits        uint64 `json:"hits"`         // replies the rules sent, at the last statistics read
+	Hits        uint64 `json:"hits"`         // replies the rules sent, those since removed included, as of the last statistics read
 }
 
 // ruleClient is what the controller asks of santad (a *santa.Client); the
@@ -238,6 +238,7 @@ type Controller struct {
 
 	idleChecked, reported time.Time
 	reportHits            uint64
+	ruleHits              map[uint64]uint64 // rule id -> its hits at the last statistics read
 
 	repMu sync.Mutex
 	rep   Report
@@ -1043,8 +1044,10 @@ func (c *Controller) revalidate(now time.Time) error {
 	return c.remove(gone)
 }
 
-// readHits reads the rules' hits from santad into the entries and the
-// report.
+// readHits reads the rules' hits from santad into the entries, and adds
+// what each rule answered since the last read to the report: the report
+// keeps counting what rules removed or replaced since had answered (the
+// hits between their last read and their removal aside).
 func (c *Controller) readHits() error {
 	hits := map[uint64]uint64{}
 	for cookie := range c.byCookie {
@@ -1056,16 +1059,19 @@ func (c *Controller) readHits() error {
 			hits[st.ID] = st.Hits
 		}
 	}
-	var total uint64
+	var added uint64
+	own := map[uint64]uint64{} // the controller's rules; others may share the sockets
 	for _, e := range c.entries {
 		var n uint64
 		for _, id := range e.ids {
 			n += hits[id]
+			own[id] = hits[id]
+			added += hits[id] - min(c.ruleHits[id], hits[id])
 		}
 		e.hits = n
-		total += n
 	}
-	c.count(func(r *Report) { r.Hits = total })
+	c.ruleHits = own
+	c.count(func(r *Report) { r.Hits += added })
 	return nil
 }
 
@@ -1100,11 +1106,11 @@ func (c *Controller) removeAll() {
 		all = append(all, e)
 	}
 	clear(c.pending)
-	c.count(func(r *Report) { r.Removed += uint64(len(all)) })
 	if err := c.deleteRules(all); err != nil {
 		// santad went away: the next controller with this tag deletes them
 		c.log.Warn("removing the rules on exit failed", "error", err)
 		return
 	}
+	c.count(func(r *Report) { r.Removed += uint64(len(all)) })
 	c.log.Info("removed the controller's rules", "rules", len(all))
 }

@@ -596,6 +596,17 @@ func TestIdle(t *testing.T) {
 	if rep := r.c.Report(); rep.Removed != 1 || rep.Hits != 4 {
 		t.Errorf("report %+v, want 1 removed, 4 hits", rep)
 	}
+	// idle in turn, /a.txt goes; its hits stay counted (the report's total
+	// fell to 0, and the status line's rate wrapped around)
+	if err := r.c.dropIdle(now.Add(80 * time.Second)); err != nil || len(r.c.entries) != 0 {
+		t.Fatalf("after /a.txt idled (%v): %d requests offloaded, want none", err, len(r.c.entries))
+	}
+	if err := r.c.readHits(); err != nil {
+		t.Fatal(err)
+	}
+	if rep := r.c.Report(); rep.Removed != 2 || rep.Hits != 4 {
+		t.Errorf("report %+v, want 2 removed, 4 hits", rep)
+	}
 }
 
 // fakeSanta is santad's rule store without a data plane.
