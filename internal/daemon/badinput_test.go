@@ -103,6 +103,7 @@ func TestBadInput(t *testing.T) {
 		"delete a known and an unknown id": {func() error { return c.Delete(target, []uint64{ids[0], 424242}) }, santa.ErrNotFound},
 		"delete an id twice":               {func() error { return c.Delete(target, []uint64{ids[0], ids[0]}) }, santa.ErrInvalid},
 		"stats of an unknown id":           {func() error { _, err := c.Stats(target, 424242); return err }, santa.ErrNotFound},
+		"stats of an id twice":             {func() error { _, err := c.Stats(target, ids[0], ids[0]); return err }, santa.ErrInvalid},
 		"rules of an unknown cookie":       {func() error { _, err := c.ListRules(santa.Cookie(1)); return err }, santa.ErrNotFound},
 	} {
 		if err := tc.do(); !errors.Is(err, tc.want) {

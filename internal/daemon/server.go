@@ -468,11 +468,16 @@ func (d *Daemon) stats(cookie uint64, ids []uint64) ([]api.RuleStats, error) {
 		slices.Sort(ids)
 	}
 	out := make([]api.RuleStats, len(ids))
+	seen := make(map[uint64]bool, len(ids))
 	for i, id := range ids {
 		st, ok := all[dataplane.RuleID(id)]
 		if !ok {
 			return nil, fail(api.StatusNotFound, "socket %d has no rule with id %d", cookie, id)
 		}
+		if seen[id] {
+			return nil, fail(api.StatusInvalid, "id %d is listed twice", id)
+		}
+		seen[id] = true
 		out[i] = api.RuleStats{ID: id, Hits: st.Hits, Bytes: st.Bytes}
 	}
 	return out, nil
