@@ -45,6 +45,12 @@ var opNames = map[Op]string{
 	OpStats: "stats", OpSubscribe: "subscribe", OpSample: "sample",
 }
 
+// Known says whether o is an op of this protocol version.
+func (o Op) Known() bool {
+	_, ok := opNames[o]
+	return ok
+}
+
 func (o Op) String() string {
 	if n, ok := opNames[o]; ok {
 		return n

@@ -405,6 +405,20 @@ func TestMetrics(t *testing.T) {
 		t.Fatalf("santa top --json: %v\n%s", err, out)
 	}
 	<-sent
+	// op numbers are the client's to choose: unknown ones share one series
+	conn, err := api.Dial(sd.Socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, op := range []api.Op{1000, 1400, 1499} {
+		if err := conn.Send(&api.Message{V: api.Version, Op: op, Seq: 1}, -1); err != nil {
+			t.Fatal(err)
+		}
+		if m, _, err := conn.Recv(); err != nil || m.Status != api.StatusUnsupported {
+			t.Fatalf("op %d: %+v %v, want unsupported", op, m, err)
+		}
+	}
+	conn.Close()
 	var body string
 	if err := tb.Server.Do(func() error {
 		// dial here: the connection must be made inside the server namespace
@@ -432,12 +446,16 @@ func TestMetrics(t *testing.T) {
 		`santa_dataplane_events_total{event="answered"} 6`,
 		`santa_dataplane_events_total{event="pass_no_match"} 1`,
 		`santa_api_errors_total{op="delete",status="not found"} 1`,
+		`santa_api_errors_total{op="unknown",status="unsupported"} 3`,
 		`santa_rules 1`,
 		`santa_sockets 1`,
 	} {
 		if !strings.Contains(body, want) {
 			t.Errorf("metrics lack %q", want)
 		}
+	}
+	if strings.Contains(body, `op="op`) {
+		t.Errorf("metrics have a series per unknown op number")
 	}
 	if t.Failed() {
 		t.Log(body)
