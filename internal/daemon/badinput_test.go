@@ -129,6 +129,16 @@ func TestBadInput(t *testing.T) {
 	if _, err := c.Add(v6, []api.Rule{big}); !errors.Is(err, santa.ErrInvalid) || !strings.Contains(err.Error(), "1452") {
 		t.Errorf("a 1460-byte reply for an IPv6 socket: %v, want invalid naming the 1452-byte limit", err)
 	}
+	// the limit named is the socket's, not the TCP one the data plane knows
+	zero := api.Rule{Conditions: good[0].Conditions, Processors: good[0].Processors}
+	for family, tc := range map[string]struct {
+		target santa.Target
+		limit  string
+	}{"IPv4": {target, "between 1 and 1472"}, "IPv6": {v6, "between 1 and 1452"}} {
+		if _, err := c.Add(tc.target, []api.Rule{zero}); !errors.Is(err, santa.ErrInvalid) || !strings.Contains(err.Error(), tc.limit) {
+			t.Errorf("a zero reply length on a UDP %s socket: %v, want invalid saying %s", family, err, tc.limit)
+		}
+	}
 
 	// sockets santad must refuse
 	r, w, err := os.Pipe()

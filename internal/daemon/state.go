@@ -164,15 +164,16 @@ func checkRules(rs *ruleSet, rules []api.Rule) error {
 // segments), and Close, which ends a TCP connection, on anything but a TCP
 // socket.
 func checkSocket(rs *ruleSet, rules []api.Rule) error {
+	udp := rs.info.Protocol != api.ProtocolTCP
+	limit, why := dataplane.MaxReply, "a UDP reply is one frame"
+	if rs.info.Family == 6 {
+		limit, why = dataplane.MaxReplyIPv6, "a UDP reply is one frame, and an IPv6 header is 20 bytes longer"
+	}
 	for i, r := range rules {
-		udp := rs.info.Protocol != api.ProtocolTCP
-		if udp && r.ReplyLen > uint32(dataplane.MaxReply) {
-			return fail(api.StatusInvalid, "rule %d: reply length %d: a UDP reply holds at most %d bytes (one frame)",
-				i, r.ReplyLen, dataplane.MaxReply)
-		}
-		if udp && rs.info.Family == 6 && r.ReplyLen > uint32(dataplane.MaxReplyIPv6) {
-			return fail(api.StatusInvalid, "rule %d: reply length %d: an IPv6 socket's replies hold at most %d bytes",
-				i, r.ReplyLen, dataplane.MaxReplyIPv6)
+		// checked here, not only by the data plane, which knows just the TCP limit
+		if udp && (r.ReplyLen < 1 || r.ReplyLen > uint32(limit)) {
+			return fail(api.StatusInvalid, "rule %d: reply length %d: must be between 1 and %d: %s",
+				i, r.ReplyLen, limit, why)
 		}
 		if r.Close && rs.info.Protocol != api.ProtocolTCP {
 			return fail(api.StatusInvalid, "rule %d: close ends a TCP connection, but socket %d is a UDP socket: "+
