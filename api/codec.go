@@ -5,6 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
+	"slices"
+	"strconv"
+	"strings"
 
 	"github.com/fxamacker/cbor/v2"
 )
@@ -78,7 +82,81 @@ func DecodeFromSantad(data []byte) (*Message, error) { return decodeWith(lenient
 func decodeWith(mode cbor.DecMode, data []byte) (*Message, error) {
 	var m Message
 	if err := mode.Unmarshal(data, &m); err != nil {
+		var unknown *cbor.UnknownFieldError
+		if errors.As(err, &unknown) {
+			// the library says only where the key sits in its map
+			if name := unknownKey(data, reflect.TypeFor[Message](), ""); name != "" {
+				return nil, fmt.Errorf("%w: %s", ErrMalformed, name)
+			}
+		}
 		return nil, fmt.Errorf("%w: %v", ErrMalformed, err)
 	}
 	return &m, nil
+}
+
+// unknownKey names the smallest key of the CBOR map data, or of a map
+// nested in it at path, that the struct type t does not have, e.g.
+// "unknown key 12 in rules[2]"; "" if it finds none.
+func unknownKey(data []byte, t reflect.Type, path string) string {
+	var entries map[any]cbor.RawMessage
+	if lenientDecMode.Unmarshal(data, &entries) != nil {
+		return ""
+	}
+	fields := map[uint64]reflect.StructField{}
+	for i := range t.NumField() {
+		f := t.Field(i)
+		key, _, _ := strings.Cut(f.Tag.Get("cbor"), ",")
+		if n, err := strconv.ParseUint(key, 10, 64); err == nil {
+			fields[n] = f
+		}
+	}
+	var unknown []string
+	var known []uint64
+	for k := range entries {
+		n, ok := k.(uint64)
+		switch {
+		case ok && fields[n].Name != "":
+			known = append(known, n)
+		case ok:
+			unknown = append(unknown, strconv.FormatUint(n, 10))
+		default:
+			unknown = append(unknown, fmt.Sprintf("%q", fmt.Sprint(k)))
+		}
+	}
+	if len(unknown) > 0 {
+		slices.Sort(unknown)
+		if path == "" {
+			return "unknown key " + unknown[0]
+		}
+		return "unknown key " + unknown[0] + " in " + path
+	}
+	slices.Sort(known)
+	for _, n := range known {
+		f := fields[n]
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if path != "" {
+			name = path + "." + name
+		}
+		ft := f.Type
+		if ft.Kind() == reflect.Pointer {
+			ft = ft.Elem()
+		}
+		switch {
+		case ft.Kind() == reflect.Struct:
+			if s := unknownKey(entries[n], ft, name); s != "" {
+				return s
+			}
+		case ft.Kind() == reflect.Slice && ft.Elem().Kind() == reflect.Struct:
+			var items []cbor.RawMessage
+			if lenientDecMode.Unmarshal(entries[n], &items) != nil {
+				continue
+			}
+			for i, item := range items {
+				if s := unknownKey(item, ft.Elem(), fmt.Sprintf("%s[%d]", name, i)); s != "" {
+					return s
+				}
+			}
+		}
+	}
+	return ""
 }

@@ -260,6 +260,10 @@ func TestMalformedRequests(t *testing.T) {
 			t.Errorf("%s: status %s %q, want %s with a message", name, m.Status, m.Error, tc.want)
 		}
 	}
+	// protocol.md: santad names the key it does not know
+	if m := raw([]byte{0xa2, 0x00, 0x01, 0x18, 0xff, 0x01}); !strings.Contains(m.Error, "unknown key 255") {
+		t.Errorf("a request with key 255: %q, want an error naming the key", m.Error)
+	}
 	if m := raw(mustEncode(t, &api.Message{V: 1, Op: api.OpHealth, Seq: 7})); m.Status != api.StatusOK || m.Seq != 7 || m.Daemon == nil {
 		t.Fatalf("health after bad requests: %+v", m)
 	}
