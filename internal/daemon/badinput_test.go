@@ -312,3 +312,31 @@ func TestQuota(t *testing.T) {
 		t.Fatalf("root adding over nobody's quota: %v", err)
 	}
 }
+
+// TestRuleSetsFull: binding more sockets than dataplane.max_rulesets is
+// refused as full, telling the operator what to raise, and binds nothing.
+func TestRuleSetsFull(t *testing.T) {
+	tb := testbed.New(t)
+	cfg := filepath.Join(work, fmt.Sprintf("rulesets-%d.yaml", os.Getpid()))
+	if err := os.WriteFile(cfg, []byte("dataplane:\n  max_rulesets: 2\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	sd := newSantad(t, tb, "--config", cfg)
+	sd.start()
+	c := sd.client()
+	for port := 7430; port < 7432; port++ {
+		if _, err := c.Bind(udpTarget(t, tb, port), santa.SampleOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	third := udpTarget(t, tb, 7432)
+	if _, err := c.Bind(third, santa.SampleOptions{}); !errors.Is(err, santa.ErrFull) || !strings.Contains(err.Error(), "dataplane.max_rulesets") {
+		t.Errorf("a third rule set of 2: %v, want full naming dataplane.max_rulesets", err)
+	}
+	if _, err := c.Add(third, []api.Rule{rule("a", 0, "b")}); !errors.Is(err, santa.ErrFull) {
+		t.Errorf("rules for a third socket of 2: %v, want full", err)
+	}
+	if socks, err := c.ListSockets(); err != nil || len(socks) != 2 {
+		t.Errorf("after refusals: %d rule sets (%v), want 2", len(socks), err)
+	}
+}

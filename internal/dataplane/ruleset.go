@@ -63,6 +63,10 @@ func (d *Dataplane) Bind(sock Socket, sample SampleOptions) error {
 	if _, ok := d.bySocket[cookie]; ok {
 		return fmt.Errorf("socket %#x already has a rule set", cookie)
 	}
+	// santa_sockets holds MaxRulesets entries; the id allocator has room for more
+	if len(d.bySocket) >= d.cfg.MaxRulesets {
+		return fmt.Errorf("%w: rule sets: all %d in use; raise santad's dataplane.max_rulesets", ErrFull, d.cfg.MaxRulesets)
+	}
 	rs := &ruleset{cookie: cookie, port: sock.Port, protocol: sock.Protocol, sample: sample}
 	id, buckets, err := d.writeRuleset(rs, nil, 0, 0)
 	if err != nil {
