@@ -164,6 +164,51 @@ func TestBadInput(t *testing.T) {
 	}
 }
 
+// TestRefusedAddBindsNothing: an add or replace with a passed fd binds the
+// socket only if it succeeds; refused as invalid, or (for a user) over
+// the quota, it leaves no rule set behind.
+func TestRefusedAddBindsNothing(t *testing.T) {
+	tb := testbed.New(t)
+	cfg := filepath.Join(work, fmt.Sprintf("refused-%d.yaml", os.Getpid()))
+	if err := os.WriteFile(cfg, []byte("quota:\n  rules: 1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	sd := newSantad(t, tb, "--config", cfg)
+	sd.start()
+	c := sd.client()
+	target := udpTarget(t, tb, 7420)
+	beyond := rule("ABCDE", 1470, "r") // past the bytes the matcher sees
+	if _, err := c.Add(target, []api.Rule{beyond}); !errors.Is(err, santa.ErrInvalid) {
+		t.Fatalf("an invalid add: %v, want invalid", err)
+	}
+	if _, err := c.Replace(target, []api.Rule{beyond}); !errors.Is(err, santa.ErrInvalid) {
+		t.Fatalf("an invalid replace: %v, want invalid", err)
+	}
+	if socks, err := c.ListSockets(); err != nil || len(socks) != 0 {
+		t.Fatalf("refused requests left rule sets: %+v %v", socks, err)
+	}
+	// as a user: refused as invalid, then over the quota, then accepted
+	prog := fmt.Sprintf(`import socket, santa
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind(("%s", 7421))
+c = santa.Client()
+def rule(p, at=0):
+    return santa.Rule(conditions=[santa.Condition(at, p)], processors=[santa.Put(0, b"r")], reply_len=1)
+for rules in ([rule(b"ABCDE", 1470)], [rule(b"a"), rule(b"b")]):
+    try:
+        c.add(s, rules)
+        print("added")
+    except santa.Error as e:
+        print(e.status.name, len(c.list_sockets()))
+c.add(s, [rule(b"a")])
+print("OK", len(c.list_sockets()))
+`, tb.Server.IP4)
+	out, err := runAs(tb, nobody, []string{"SANTA_SOCKET=" + sd.Socket, "PYTHONPATH=" + filepath.Join(work, "python")}, "/usr/bin/python3", "-c", prog)
+	if want := "INVALID 0\nQUOTA 0\nOK 1\n"; err != nil || out != want {
+		t.Fatalf("refused adds as uid %d: %v\n%s\nwant the status and no rule sets after each refusal:\n%s", nobody, err, out, want)
+	}
+}
+
 func listenUDP(t *testing.T, tb *testbed.Testbed, port int) *net.UDPConn {
 	t.Helper()
 	var conn *net.UDPConn

@@ -40,7 +40,7 @@ func (s *session) subscribe(req *api.Message, files []*os.File) (*subscriber, er
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	rs, err := s.target(req, files, false)
+	rs, _, err := s.target(req, files, false)
 	if err != nil {
 		return nil, err
 	}

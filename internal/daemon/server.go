@@ -168,7 +168,7 @@ func (s *session) dispatch(req *api.Message, files []*os.File) (*api.Message, *s
 		return nil, nil, fail(api.StatusUnsupported, "unknown op %d: santad %s knows ops 1 to %d", req.Op, Version, api.OpSample)
 	}
 	d.mu.Lock()
-	rs, err := s.target(req, files, rulesetOps[req.Op])
+	rs, bound, err := s.target(req, files, rulesetOps[req.Op])
 	if err == nil && req.Op == api.OpStats {
 		cookie := rs.info.Cookie
 		d.mu.Unlock() // the counters are read without santad's lock (addHits)
@@ -198,6 +198,12 @@ func (s *session) dispatch(req *api.Message, files []*os.File) (*api.Message, *s
 		resp.Rules, resp.More, err = d.listRules(rs, req)
 	}
 	if err != nil {
+		if bound {
+			// all or none: a refused request leaves no rule set behind either
+			if uerr := d.unbind(rs); uerr != nil {
+				d.log.Error("unbinding the socket a refused request bound", "socket", rs.info.Cookie, "error", uerr)
+			}
+		}
 		return nil, nil, err
 	}
 	return resp, nil, nil
@@ -211,39 +217,40 @@ var rulesetOps = map[api.Op]bool{
 }
 
 // target resolves the rule set a request is about and checks the caller may
-// touch it. Callers hold d.mu.
-func (s *session) target(req *api.Message, files []*os.File, autobind bool) (*ruleSet, error) {
+// touch it; bound says it bound the socket for this request. Callers hold d.mu.
+func (s *session) target(req *api.Message, files []*os.File, autobind bool) (*ruleSet, bool, error) {
 	d := s.d
 	if len(files) == 1 {
 		info, err := inspectSocket(int(files[0].Fd()))
 		if err != nil {
-			return nil, err
+			return nil, false, err
 		}
 		if req.Socket != 0 && req.Socket != info.Cookie {
-			return nil, fail(api.StatusInvalid, "the passed socket has cookie %d, the request names %d", info.Cookie, req.Socket)
+			return nil, false, fail(api.StatusInvalid, "the passed socket has cookie %d, the request names %d", info.Cookie, req.Socket)
 		}
 		// holding the socket proves the right to its rules, whoever bound it
 		if rs, ok := d.sets[info.Cookie]; ok {
-			return rs, nil
+			return rs, false, nil
 		}
 		if !autobind {
-			return nil, fail(api.StatusNotFound, "socket %d has no rule set: add rules or bind it first", info.Cookie)
+			return nil, false, fail(api.StatusNotFound, "socket %d has no rule set: add rules or bind it first", info.Cookie)
 		}
 		info.Owner, info.PID = s.uid, uint32(s.pid)
-		return d.bind(info, dataplane.SampleOptions{})
+		rs, err := d.bind(info, dataplane.SampleOptions{})
+		return rs, err == nil, err
 	}
 	if req.Socket == 0 {
-		return nil, fail(api.StatusInvalid, "no target socket: pass the socket's fd (SCM_RIGHTS) or name its cookie in 'socket'")
+		return nil, false, fail(api.StatusInvalid, "no target socket: pass the socket's fd (SCM_RIGHTS) or name its cookie in 'socket'")
 	}
 	rs, ok := d.sets[req.Socket]
 	if !ok {
-		return nil, fail(api.StatusNotFound, "no rule set for socket %d (closed, or never bound: pass its fd to bind it)", req.Socket)
+		return nil, false, fail(api.StatusNotFound, "no rule set for socket %d (closed, or never bound: pass its fd to bind it)", req.Socket)
 	}
 	if s.uid != 0 && rs.info.Owner != s.uid {
-		return nil, fail(api.StatusPermission, "socket %d belongs to uid %d, not to you (uid %d): pass the socket's fd to prove it is yours",
+		return nil, false, fail(api.StatusPermission, "socket %d belongs to uid %d, not to you (uid %d): pass the socket's fd to prove it is yours",
 			req.Socket, rs.info.Owner, s.uid)
 	}
-	return rs, nil
+	return rs, false, nil
 }
 
 func (s *session) health() (*api.Message, *subscriber, error) {
