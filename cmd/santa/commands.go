@@ -489,12 +489,16 @@ socket listening on it. Needs root: santad takes the sockets with pidfd_getfd.`,
 				return err
 			}
 			defer c.Close()
+			if sample.Bytes == 0 {
+				sample = santa.SampleOptions{} // --sample-rate alone leaves the sampling as it is
+			}
+			// the sampling goes in the bind request: santad binds all or none
 			var socks []api.SocketInfo
 			if byPort {
-				socks, err = c.BindPortProtocol(p, proto)
+				socks, err = c.BindPortProtocol(p, proto, sample)
 			} else {
 				var s api.SocketInfo
-				s, err = c.BindPID(pid, fd)
+				s, err = c.BindPID(pid, fd, sample)
 				socks = []api.SocketInfo{s}
 			}
 			if err != nil {
@@ -502,13 +506,6 @@ socket listening on it. Needs root: santad takes the sockets with pidfd_getfd.`,
 			}
 			if api.LoopbackOnly(socks) {
 				fmt.Fprintln(e.stderr, "santa: warning: "+api.LoopbackWarning)
-			}
-			if sample.Bytes != 0 {
-				for _, s := range socks {
-					if _, err := c.Bind(santa.Cookie(s.Cookie), sample); err != nil {
-						return err
-					}
-				}
 			}
 			if g.json {
 				return printJSON(e.stdout, socketsJSON(socks))

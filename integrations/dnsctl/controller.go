@@ -328,7 +328,7 @@ func (c *Controller) attach() error {
 		}
 		socks = s
 	} else {
-		s, err := c.client.BindPID(c.cfg.PID, c.cfg.FD)
+		s, err := c.client.BindPID(c.cfg.PID, c.cfg.FD, santa.SampleOptions{})
 		if err != nil {
 			return fmt.Errorf("attach to fd %d of pid %d: %w", c.cfg.FD, c.cfg.PID, err)
 		}

@@ -12,7 +12,7 @@ import (
 // returns them. It is the controller's only call that depends on santad's
 // TCP support.
 func bindListeners(c *santa.Client, port uint16) ([]api.SocketInfo, error) {
-	socks, err := c.BindPortProtocol(port, api.ProtocolTCP)
+	socks, err := c.BindPortProtocol(port, api.ProtocolTCP, santa.SampleOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("attach to the TCP listeners of port %d: %w", port, err)
 	}

@@ -536,6 +536,69 @@ func TestAttachUnmodifiedServer(t *testing.T) {
 	waitGone(t, sd, cookie)
 }
 
+// TestAttachWithSampling: attach --sample-bytes binds with the sampling in
+// the bind request itself, by pid and fd and by port, so the sockets sample
+// their misses at once; a sample size santad refuses leaves no socket bound.
+func TestAttachWithSampling(t *testing.T) {
+	tb := testbed.New(t)
+	sd := newSantad(t, tb)
+	sd.start()
+	server := netip.AddrPortFrom(tb.Server.IP4, 7820)
+	prog := fmt.Sprintf("import socket,time\ns=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\ns.bind(('%s',%d))\n"+
+		"print('ready cookie=0 rule=%%d' %% s.fileno(),flush=True)\ntime.sleep(120)\n", server.Addr(), server.Port())
+	a := startApp(t, tb, nobody, nil, "/usr/bin/python3", "-c", prog)
+	byPID := []string{"--pid", fmt.Sprint(a.cmd.Process.Pid), "--fd", fmt.Sprint(a.Rule)} // the fd, in place of a rule id
+	byPort := []string{"--port", "7820/udp"}
+	c := sd.client()
+	for _, how := range [][]string{byPID, byPort} {
+		out, err := sd.cli(0, append([]string{"attach", "--sample-bytes", "2000"}, how...)...)
+		if err == nil || !strings.Contains(out, "at most 1472") {
+			t.Errorf("attach %v --sample-bytes 2000: %v %q, want an error naming the 1472-byte limit", how, err, out)
+		}
+		if socks, err := c.ListSockets(); err != nil || len(socks) != 0 {
+			t.Fatalf("a refused attach %v left rule sets: %+v %v", how, socks, err)
+		}
+	}
+	for _, how := range [][]string{byPID, byPort} {
+		out, err := sd.cli(0, append([]string{"attach", "--sample-bytes", "64", "--sample-rate", "100", "--json"}, how...)...)
+		if err != nil {
+			t.Fatalf("attach %v --sample-bytes 64: %v", how, err)
+		}
+		var socks []api.SocketInfo
+		if err := json.Unmarshal([]byte(out), &socks); err != nil || len(socks) != 1 || !socks[0].Created {
+			t.Fatalf("attach %v: %v %s", how, err, out)
+		}
+		waitSampled(t, c, tb, server)
+		if err := c.Unbind(santa.Cookie(socks[0].Cookie)); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// waitSampled sends requests no rule answers to server until the rule
+// processor counts one more miss sampled.
+func waitSampled(t *testing.T, c *santa.Client, tb *testbed.Testbed, server netip.AddrPort) {
+	t.Helper()
+	_, before, err := c.Health()
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := tb.DialUDP(server)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		if _, err := conn.Write([]byte("no rule for this")); err != nil {
+			t.Fatal(err)
+		}
+		if _, now, err := c.Health(); err == nil && now["miss_sampled"] > before["miss_sampled"] {
+			return
+		}
+	}
+	t.Fatalf("no miss sampled in 5 s: the attach did not set the socket's sampling")
+}
+
 // TestAttachLoopbackWarns: a server bound only to loopback is attached to,
 // with a warning that its rules will never answer (its requests travel over
 // lo, which santad does not attach to).

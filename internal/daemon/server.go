@@ -298,6 +298,10 @@ func (s *session) health() (*api.Message, *subscriber, error) {
 
 func (s *session) bind(req *api.Message, files []*os.File) (*api.Message, *subscriber, error) {
 	d := s.d
+	if req.SampleBytes > uint32(dataplane.MaxSample) {
+		return nil, nil, fail(api.StatusInvalid, "sample_bytes %d: at most %d (a whole request the matcher sees)",
+			req.SampleBytes, dataplane.MaxSample)
+	}
 	sample := dataplane.SampleOptions{Bytes: int(req.SampleBytes), PerSecond: int(req.SampleRate)}
 	var found []api.SocketInfo
 	if req.Protocol != 0 && req.Port == 0 {
@@ -355,21 +359,34 @@ func (s *session) bind(req *api.Message, files []*os.File) (*api.Message, *subsc
 }
 
 // bindFound binds the sockets that have no rule set yet, sets the sampling
-// of the others if setSample, and describes them all.
+// of the others if setSample, and describes them all. All or none: if one
+// fails, the rule sets it created are unbound and the sampling it changed
+// is restored.
 func (d *Daemon) bindFound(found []api.SocketInfo, sample dataplane.SampleOptions, setSample bool) ([]api.SocketInfo, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	var undo []func() error
 	out := make([]api.SocketInfo, 0, len(found))
 	for _, info := range found {
 		rs, ok := d.sets[info.Cookie]
 		var err error
 		switch {
 		case !ok:
-			rs, err = d.bind(info, sample)
+			if rs, err = d.bind(info, sample); err == nil {
+				undo = append(undo, func() error { return d.unbind(rs) })
+			}
 		case setSample:
-			err = d.setSampling(rs, sample)
+			old := rs.sample
+			if err = d.setSampling(rs, sample); err == nil {
+				undo = append(undo, func() error { return d.setSampling(rs, old) })
+			}
 		}
 		if err != nil {
+			for _, u := range slices.Backward(undo) {
+				if uerr := u(); uerr != nil {
+					d.log.Error("undoing part of a refused bind", "error", uerr)
+				}
+			}
 			return nil, err
 		}
 		si := d.socketInfo(rs)

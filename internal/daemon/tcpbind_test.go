@@ -294,13 +294,13 @@ func TestAttachTCPServer(t *testing.T) {
 	}
 	// the Go client's bind by port
 	c := sd.client()
-	if byPort, err := c.BindPortProtocol(7910, api.ProtocolTCP); err != nil || len(byPort) != 1 || byPort[0].Cookie != cookie {
+	if byPort, err := c.BindPortProtocol(7910, api.ProtocolTCP, santa.SampleOptions{}); err != nil || len(byPort) != 1 || byPort[0].Cookie != cookie {
 		t.Errorf("BindPortProtocol(7910, TCP): %+v, %v", byPort, err)
 	}
 	if _, err := c.BindPort(7910); !errors.Is(err, santa.ErrNotFound) {
 		t.Errorf("BindPort(7910) with only TCP sockets on it: %v, want not found", err)
 	}
-	if _, err := c.BindPortProtocol(7910, 132); !errors.Is(err, santa.ErrInvalid) {
+	if _, err := c.BindPortProtocol(7910, 132, santa.SampleOptions{}); !errors.Is(err, santa.ErrInvalid) {
 		t.Errorf("bind by port with protocol 132: %v, want invalid", err)
 	}
 	if out, err := sd.cli(0, "attach", "--port", "7911/tcp"); err == nil || !strings.Contains(out, "TCP socket listening on") {
@@ -311,7 +311,7 @@ func TestAttachTCPServer(t *testing.T) {
 	if _, err := sd.cli(0, "rules", "add", "--socket", fmt.Sprint(cookie), closing); err != nil {
 		t.Fatalf("a rule with close for the attached TCP listener: %v", err)
 	}
-	if again, err := c.BindPID(a.cmd.Process.Pid, int(fd)); err != nil || again.Cookie != cookie || again.Protocol != api.ProtocolTCP {
+	if again, err := c.BindPID(a.cmd.Process.Pid, int(fd), santa.SampleOptions{}); err != nil || again.Cookie != cookie || again.Protocol != api.ProtocolTCP {
 		t.Errorf("BindPID of the listener: %+v, %v", again, err)
 	}
 	a.cmd.Process.Kill()

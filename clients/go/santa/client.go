@@ -171,9 +171,10 @@ func (c *Client) Bind(t Target, s SampleOptions) (api.SocketInfo, error) {
 	return resp.Sockets[0], nil
 }
 
-// BindPID (root) binds the socket that process pid holds as fd.
-func (c *Client) BindPID(pid, fd int) (api.SocketInfo, error) {
-	resp, err := c.call(&api.Message{Op: api.OpBind, PID: uint32(pid), FD: uint32(fd)}, nil)
+// BindPID (root) binds the socket that process pid holds as fd, with the
+// miss sampling s (the zero SampleOptions: none, or leave it as it is).
+func (c *Client) BindPID(pid, fd int, s SampleOptions) (api.SocketInfo, error) {
+	resp, err := c.call(&api.Message{Op: api.OpBind, PID: uint32(pid), FD: uint32(fd), SampleBytes: s.Bytes, SampleRate: s.Rate}, nil)
 	if err != nil {
 		return api.SocketInfo{}, err
 	}
@@ -185,14 +186,16 @@ func (c *Client) BindPID(pid, fd int) (api.SocketInfo, error) {
 
 // BindPort (root) binds every UDP socket bound to port, in every process.
 func (c *Client) BindPort(port uint16) ([]api.SocketInfo, error) {
-	return c.BindPortProtocol(port, api.ProtocolUDP)
+	return c.BindPortProtocol(port, api.ProtocolUDP, SampleOptions{})
 }
 
 // BindPortProtocol (root) binds every socket of the IP protocol bound to
 // port, in every process: the UDP sockets (api.ProtocolUDP) or the listening
-// TCP sockets (api.ProtocolTCP).
-func (c *Client) BindPortProtocol(port uint16, protocol uint32) ([]api.SocketInfo, error) {
-	req := &api.Message{Op: api.OpBind, Port: port, Protocol: protocol}
+// TCP sockets (api.ProtocolTCP), each with the miss sampling s (the zero
+// SampleOptions: none, or leave it as it is). All or none: if one socket
+// cannot be bound, none is.
+func (c *Client) BindPortProtocol(port uint16, protocol uint32, s SampleOptions) ([]api.SocketInfo, error) {
+	req := &api.Message{Op: api.OpBind, Port: port, Protocol: protocol, SampleBytes: s.Bytes, SampleRate: s.Rate}
 	if protocol == api.ProtocolUDP {
 		req.Protocol = 0 // the default, which santads before TCP support take too
 	}
