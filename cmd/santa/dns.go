@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
+	"reflect"
 	"strings"
 	"syscall"
 	"time"
@@ -228,9 +229,10 @@ type controller[R any] interface {
 // duration (0: no limit); with follow it builds and runs a new one each
 // time the server or santad went away and came back (package follow); the
 // new one takes over the rules the last one could not delete, by their tag
-// (follow.Inherited). After each run it
-// prints done's line about the report. A bad option fails before any
-// waiting: newCtl is called once first to check it.
+// (follow.Inherited). After each run that did anything (or ended without
+// an error) it prints done's line about the report: a controller that could
+// not start has nothing to report but its error. A bad option fails before
+// any waiting: newCtl is called once first to check it.
 func runController[R any, C controller[R]](e env, newCtl func() (C, error), duration time.Duration,
 	opts followpkg.Options, done func(R) string) error {
 	if _, err := newCtl(); err != nil {
@@ -245,7 +247,9 @@ func runController[R any, C controller[R]](e env, newCtl func() (C, error), dura
 			return err
 		}
 		err = ctl.Run(ctx)
-		fmt.Fprintln(e.stdout, done(ctl.Report()))
+		if r := ctl.Report(); err == nil || !reflect.ValueOf(r).IsZero() {
+			fmt.Fprintln(e.stdout, done(r))
+		}
 		return err
 	})
 }

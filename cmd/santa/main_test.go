@@ -62,6 +62,10 @@ func TestErrorsSayWhatToDo(t *testing.T) {
 		"rules add --socket 1 NORULES":              "NORULES holds no rules",
 		"rules modify --socket 1 NORULES":           "NORULES holds no rules",
 		"status --socket-path /nonexistent/santa.s": "is santad running?",
+		"http --root /tmp --max-rules 0":            `--max-rules "0": must be more than 0`,
+		"http --root /tmp --settle 0s":              `--settle "0s": must be more than 0`,
+		"memcached adaptive --idle 0":               `--idle "0s": must be more than 0`,
+		"memcached top --keys - --count 0":          `--count "0": must be more than 0`,
 	} {
 		var out bytes.Buffer
 		root := newRoot(env{stdout: &out, stderr: &out, stdin: strings.NewReader("")})
@@ -114,5 +118,19 @@ func TestMatches(t *testing.T) {
 		if got := matches(r); got != want {
 			t.Errorf("matches(%+v) = %s, want %s", r, got, want)
 		}
+	}
+}
+
+// TestControllerThatNeverStarted: a controller that cannot reach santad
+// fails saying so, and prints no done line (it has nothing to report).
+func TestControllerThatNeverStarted(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	root := newRoot(env{stdout: &stdout, stderr: &stderr, stdin: strings.NewReader("")})
+	root.SetArgs([]string{"http", "--root", t.TempDir(), "--socket-path", "/nonexistent/santa.s", "--duration", "1s"})
+	if err := root.Execute(); err == nil || !strings.Contains(err.Error(), "is santad running?") {
+		t.Errorf("santa http without santad: %v", err)
+	}
+	if strings.Contains(stdout.String(), "done:") {
+		t.Errorf("a done line from a controller that never started:\n%s", stdout.String())
 	}
 }
