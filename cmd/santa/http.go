@@ -47,6 +47,9 @@ run in nginx's network namespace, next to santad. See docs/http.md.`,
 			if err := refuseZero(cmd, "max-rules", "min-samples", "sample-rate", "max-reply", "interval", "lease", "settle", "timeout", "tag"); err != nil {
 				return err
 			}
+			if strings.Contains(port, "/") && !strings.HasSuffix(port, "/tcp") {
+				return fmt.Errorf("--port %q: nginx's HTTP is TCP: give the port alone or as PORT/tcp", port)
+			}
 			p, err := strconv.ParseUint(strings.TrimSuffix(port, "/tcp"), 10, 16)
 			if err != nil || p == 0 {
 				return fmt.Errorf("--port %q: want a number from 1 to 65535", port)

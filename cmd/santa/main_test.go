@@ -62,6 +62,8 @@ func TestErrorsSayWhatToDo(t *testing.T) {
 		"rules add --socket 1 NORULES":              "NORULES holds no rules",
 		"rules modify --socket 1 NORULES":           "NORULES holds no rules",
 		"status --socket-path /nonexistent/santa.s": "is santad running?",
+		"http --root /tmp --port 80/udp":            "nginx's HTTP is TCP",
+		"http --root /etc/hostname":                 "not a directory",
 		"http --root /tmp --max-rules 0":            `--max-rules "0": must be more than 0`,
 		"http --root /tmp --settle 0s":              `--settle "0s": must be more than 0`,
 		"memcached adaptive --idle 0":               `--idle "0s": must be more than 0`,

@@ -290,6 +290,9 @@ func New(cfg Config) (*Controller, error) {
 	if err != nil {
 		return nil, fmt.Errorf("document root: %w", err)
 	}
+	if st, err := os.Stat(root); err != nil || !st.IsDir() {
+		return nil, fmt.Errorf("document root %s: not a directory (nginx's root directive names one)", cfg.Root)
+	}
 	cfg.Root = root
 	switch {
 	case cfg.MaxRules < 1:
