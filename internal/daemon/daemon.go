@@ -50,6 +50,7 @@ type Daemon struct {
 	stopping bool
 
 	mu         sync.Mutex // serializes rule-set changes and journal writes
+	closed     bool       // under mu: Close closed the journal and (then) the data plane
 	j          *journal
 	sets       map[uint64]*ruleSet
 	usage      map[uint32]*usage
@@ -513,6 +514,7 @@ func (d *Daemon) Close() error {
 	}
 	d.release.Close() // its pin keeps it attached
 	d.mu.Lock()
+	d.closed = true // sample streams that end later leave the data plane alone
 	err := d.j.close()
 	d.mu.Unlock()
 	d.dp.Close()

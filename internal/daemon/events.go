@@ -104,7 +104,9 @@ func (s *session) stream(sub *subscriber) {
 }
 
 // unsubscribe narrows the socket's sampling to what the remaining
-// subscribers ask for, or restores the socket's own after the last.
+// subscribers ask for, or restores the socket's own after the last. After
+// santad stopped (a stream ends when Close ends its subscription) the data
+// plane is closed: the next santad binds each socket with its own sampling.
 func (d *Daemon) unsubscribe(sub *subscriber) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -113,6 +115,7 @@ func (d *Daemon) unsubscribe(sub *subscriber) {
 	delete(d.subs[sub.cookie], sub)
 	rs, ok := d.sets[sub.cookie]
 	switch {
+	case d.closed:
 	case len(d.subs[sub.cookie]) == 0:
 		delete(d.subs, sub.cookie)
 		if ok {

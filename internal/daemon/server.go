@@ -90,7 +90,7 @@ func (s *session) serve() {
 		}
 		if err != nil {
 			if stream != nil {
-				stream.close()
+				s.d.unsubscribe(stream) // the subscription never began: it widens no sampling
 			}
 			return
 		}

@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -92,5 +93,31 @@ func TestSubscribersWidestSampling(t *testing.T) {
 		if n != 1 {
 			t.Errorf("the watcher alone got a %d-byte sample, want 1", n)
 		}
+	}
+
+	// santad stops cleanly while a subscriber streams (its stream, ended
+	// by the stop, used to restore the sampling in the closed data plane:
+	// a panic and exit status 2)
+	subscribe(santa.SampleOptions{Bytes: 64, Rate: 1000})
+	miss(watcher, 1, "with a second subscriber")
+	stopped := make(chan struct{})
+	misses := make(chan struct{})
+	go func() { // misses while santad stops: samples stream as it does
+		defer close(misses)
+		for i := 0; i < 20000; i++ {
+			select {
+			case <-stopped:
+				return
+			default:
+			}
+			exchangeOnce(tb, server, fmt.Sprintf("late miss %d", i))
+		}
+	}()
+	time.Sleep(100 * time.Millisecond)
+	sd.stop(syscall.SIGTERM)
+	close(stopped)
+	<-misses
+	if strings.Contains(sd.Log(), "panic") {
+		t.Errorf("santad panicked on SIGTERM:\n%s", sd.Log())
 	}
 }
