@@ -66,6 +66,10 @@ func TestBadInput(t *testing.T) {
 		"65 processors":                {Conditions: good[0].Conditions, Processors: slices.Repeat(good[0].Processors, 65), ReplyLen: 1},
 		"tag of 65 bytes":              {Conditions: good[0].Conditions, Processors: good[0].Processors, ReplyLen: 1, Tag: strings.Repeat("t", 65)},
 		"tag with a newline":           {Conditions: good[0].Conditions, Processors: good[0].Processors, ReplyLen: 1, Tag: "santa\ndns"},
+		"put with a length": {Conditions: good[0].Conditions, ReplyLen: 1,
+			Processors: []api.Processor{{Kind: api.KindPut, Template: api.Bytes("x"), SrcOffset: 3, Length: 1}}},
+		"copy with a template": {Conditions: good[0].Conditions, ReplyLen: 1,
+			Processors: []api.Processor{{Kind: api.KindCopy, Length: 1, Template: api.Bytes("x")}}},
 	}
 	for name, r := range invalid {
 		// the invalid rule comes last in a batch of valid ones: none may stay

@@ -144,8 +144,8 @@ func (d *Daemon) checkQuota(caller uint32, rs *ruleSet, addRules, addBytes uint6
 	return nil
 }
 
-// checkRules refuses rules the socket cannot carry, rules already expired
-// and bad tags.
+// checkRules refuses rules the socket cannot carry, rules already expired,
+// bad tags and processors with another kind's fields.
 func checkRules(rs *ruleSet, rules []api.Rule) error {
 	if err := checkSocket(rs, rules); err != nil {
 		return err
@@ -154,8 +154,27 @@ func checkRules(rs *ruleSet, rules []api.Rule) error {
 		if err := api.CheckTag(r.Tag); err != nil {
 			return fail(api.StatusInvalid, "rule %d: %v", i, err)
 		}
+		if err := checkProcessorFields(r.Processors); err != nil {
+			return fail(api.StatusInvalid, "rule %d: %v", i, err)
+		}
 	}
 	return checkExpires(rules, time.Now())
+}
+
+// checkProcessorFields refuses a field of the other kind of processor in a
+// put or a copy, which the data plane would ignore: the sender meant
+// something else. (New requests only: rules restored from the journal are
+// not checked again.)
+func checkProcessorFields(ps []api.Processor) error {
+	for i, p := range ps {
+		switch {
+		case p.Kind == api.KindPut && (p.SrcOffset != 0 || p.Length != 0 || len(p.Mask) > 0):
+			return fmt.Errorf("processor %d (put): a put takes a template and a reply offset; a source offset, length or mask are a copy's", i)
+		case p.Kind == api.KindCopy && len(p.Template) > 0:
+			return fmt.Errorf("processor %d (copy): a copy takes request bytes, not a template (a put's)", i)
+		}
+	}
+	return nil
 }
 
 // checkSocket refuses rules the rule set's socket cannot carry: UDP replies
