@@ -147,6 +147,9 @@ func (c Config) Validate() error {
 	if c.Socket == "" || c.BPFFS == "" || c.StateDir == "" {
 		return errors.New("socket, bpffs and state_dir must not be empty")
 	}
+	if c.MetricsRuleLimit < 0 {
+		return fmt.Errorf("metrics_rule_limit %d: must be 0 (no per-rule series) or more", c.MetricsRuleLimit)
+	}
 	return nil
 }
 

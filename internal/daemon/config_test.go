@@ -40,3 +40,24 @@ func TestConfigUnknownKey(t *testing.T) {
 		}
 	}
 }
+
+// Validate refuses values that cannot mean anything, naming the key.
+func TestConfigValidate(t *testing.T) {
+	for name, tc := range map[string]struct {
+		change func(*Config)
+		want   string
+	}{
+		"xdp mode":            {func(c *Config) { c.XDPMode = "fast" }, `xdp_mode "fast"`},
+		"log format":          {func(c *Config) { c.LogFormat = "xml" }, `log_format "xml"`},
+		"negative rule limit": {func(c *Config) { c.MetricsRuleLimit = -5 }, "metrics_rule_limit -5: must be 0"},
+	} {
+		c := DefaultConfig()
+		tc.change(&c)
+		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want an error saying %q", name, err, tc.want)
+		}
+	}
+	if err := DefaultConfig().Validate(); err != nil {
+		t.Errorf("the defaults: %v", err)
+	}
+}

@@ -204,6 +204,9 @@ func Start(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 	if metricsListener != nil {
 		d.metrics.serve(metricsListener)
 	}
+	if len(cfg.Interfaces) == 0 {
+		log.Warn("no interfaces configured: the rule processor answers nothing until santad runs with --interface or the config's interfaces")
+	}
 	u := d.dp.Usage()
 	log.Info("santad started", "version", Version, "generation", next, "interfaces", cfg.Interfaces,
 		"sockets", u.Rulesets, "rules", u.Rules, "socket", cfg.Socket, "metrics", cfg.Metrics)
@@ -421,9 +424,11 @@ func (d *Daemon) watchInterfaces(updates <-chan netlink.LinkUpdate) {
 			if j := slices.IndexFunc(d.atts, func(a *dataplane.Attachment) bool {
 				return a.Ifindex() == index && a.Interface != name && !a.Closed()
 			}); j >= 0 {
-				err := d.atts[j].Detach()
-				d.log.Warn("interface renamed: rule processor detached from it; its requests go to the applications until an interface of its old name appears",
-					"interface", d.atts[j].Interface, "new_name", name, "error", err)
+				args := []any{"interface", d.atts[j].Interface, "new_name", name}
+				if err := d.atts[j].Detach(); err != nil {
+					args = append(args, "detach_error", err)
+				}
+				d.log.Warn("interface renamed: rule processor detached from it; its requests go to the applications until an interface of its old name appears", args...)
 			}
 		}
 		d.attsMu.Unlock()
