@@ -491,6 +491,15 @@ func TestClientLibrariesAgainstSantad(t *testing.T) {
 	}
 }
 
+// startUnmodifiedServer runs, as nobody, a UDP server bound to server that
+// knows nothing of Santa; it prints its socket's fd in place of a rule id
+// (app.Rule).
+func startUnmodifiedServer(t *testing.T, tb *testbed.Testbed, server netip.AddrPort) *app {
+	prog := fmt.Sprintf("import socket,time\ns=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\ns.bind(('%s',%d))\n"+
+		"print('ready cookie=0 rule=%%d' %% s.fileno(),flush=True)\ntime.sleep(120)\n", server.Addr(), server.Port())
+	return startApp(t, tb, nobody, nil, "/usr/bin/python3", "-c", prog)
+}
+
 // TestAttachUnmodifiedServer has root take over the socket of a server that
 // knows nothing of Santa, by port and by pid and fd, through the CLI.
 func TestAttachUnmodifiedServer(t *testing.T) {
@@ -498,10 +507,8 @@ func TestAttachUnmodifiedServer(t *testing.T) {
 	sd := newSantad(t, tb)
 	sd.start()
 	server := netip.AddrPortFrom(tb.Server.IP4, 7800)
-	prog := fmt.Sprintf("import socket,time\ns=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\ns.bind(('%s',%d))\n"+
-		"print('ready cookie=0 rule=%%d' %% s.fileno(),flush=True)\ntime.sleep(120)\n", server.Addr(), server.Port())
-	a := startApp(t, tb, nobody, nil, "/usr/bin/python3", "-c", prog)
-	fd := a.Rule // the example prints its socket's fd in place of a rule id
+	a := startUnmodifiedServer(t, tb, server)
+	fd := a.Rule
 
 	out, err := sd.cli(0, "attach", "--port", "7800/udp", "--json")
 	if err != nil {
@@ -544,9 +551,7 @@ func TestAttachWithSampling(t *testing.T) {
 	sd := newSantad(t, tb)
 	sd.start()
 	server := netip.AddrPortFrom(tb.Server.IP4, 7820)
-	prog := fmt.Sprintf("import socket,time\ns=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\ns.bind(('%s',%d))\n"+
-		"print('ready cookie=0 rule=%%d' %% s.fileno(),flush=True)\ntime.sleep(120)\n", server.Addr(), server.Port())
-	a := startApp(t, tb, nobody, nil, "/usr/bin/python3", "-c", prog)
+	a := startUnmodifiedServer(t, tb, server)
 	byPID := []string{"--pid", fmt.Sprint(a.cmd.Process.Pid), "--fd", fmt.Sprint(a.Rule)} // the fd, in place of a rule id
 	byPort := []string{"--port", "7820/udp"}
 	c := sd.client()
