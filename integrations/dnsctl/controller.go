@@ -266,6 +266,15 @@ func (c *Controller) count(f func(r *Report)) {
 // Run attaches, installs the initial rules and keeps them fresh until ctx
 // ends; then it deletes every rule it installed.
 func (c *Controller) Run(ctx context.Context) error {
+	// a bad NOTIFY address fails before anything is attached or installed
+	notified := make(chan string, 16)
+	if c.cfg.Notify != "" {
+		stop, err := listenNotify(c.cfg.Notify, notified, c.log)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
 	client, err := santa.Dial(c.cfg.Socket)
 	if err != nil {
 		return err
@@ -306,14 +315,6 @@ func (c *Controller) Run(ctx context.Context) error {
 	gone, err := c.watch(subCtx)
 	if err != nil {
 		return err
-	}
-	notified := make(chan string, 16)
-	if c.cfg.Notify != "" {
-		stop, err := listenNotify(c.cfg.Notify, notified, c.log)
-		if err != nil {
-			return err
-		}
-		defer stop()
 	}
 	return c.loop(ctx, notified, gone)
 }
