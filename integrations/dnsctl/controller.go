@@ -793,9 +793,9 @@ func (h *expiryHeap) Pop() any {
 
 // zonesFor finds the zone of each new entry's name (asking the server for
 // the SOA of names outside the configured zones) and learns new zones'
-// serials.
+// serials. Polling and NOTIFY both need them.
 func (c *Controller) zonesFor(ep *endpoint, fresh []*entry) error {
-	if c.cfg.Poll == 0 {
+	if c.cfg.Poll == 0 && c.cfg.Notify == "" {
 		return nil
 	}
 	var unknown []string

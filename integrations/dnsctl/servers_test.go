@@ -649,25 +649,7 @@ func TestZoneChange(t *testing.T) {
 	if got, kernel := r.dig(www, "A"); got != testbed.ExampleWWW4.String() || !kernel {
 		t.Fatalf("before the change: %q, from the rule processor %v", got, kernel)
 	}
-	proc := r.srv.Proc()
-	zone := proc.Zone
-	zone.Records = nil
-	for _, rec := range proc.Zone.Records {
-		rec = strings.Replace(rec, "2024010101", "2024010102", 1)
-		rec = strings.Replace(rec, "198.18.255.10", "198.18.255.99", 1)
-		zone.Records = append(zone.Records, rec)
-	}
-	f, err := os.Create(proc.ZoneFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := zone.WriteTo(f); err != nil {
-		t.Fatal(err)
-	}
-	f.Close()
-	if err := syscall.Kill(proc.PID(), syscall.SIGHUP); err != nil {
-		t.Fatal(err)
-	}
+	r.serveChangedZone("2024010102", func(rec string) string { return strings.Replace(rec, "198.18.255.10", "198.18.255.99", 1) })
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		got, kernel := r.dig(www, "A")

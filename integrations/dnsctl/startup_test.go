@@ -2,9 +2,12 @@ package dnsctl_test
 
 import (
 	"context"
+	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -41,6 +44,75 @@ func TestBadNotifyAddress(t *testing.T) {
 	for _, never := range []string{"ready:", "msg=attached", "msg=installed"} {
 		if strings.Contains(out, never) {
 			t.Errorf("with --notify garbage the controller printed %q before it failed:\n%s", never, out)
+		}
+	}
+}
+
+// serveChangedZone has the server load its zone again with serial and
+// every record passed through edit (NSD: SIGHUP; Knot: knotc zone-reload).
+func (r *rig) serveChangedZone(serial string, edit func(record string) string) {
+	r.t.Helper()
+	proc := r.srv.Proc()
+	zone := proc.Zone
+	zone.Records = nil
+	for _, rec := range proc.Zone.Records {
+		zone.Records = append(zone.Records, edit(strings.Replace(rec, "2024010101", serial, 1)))
+	}
+	f, err := os.Create(proc.ZoneFile)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	if _, err := zone.WriteTo(f); err != nil {
+		r.t.Fatal(err)
+	}
+	f.Close()
+	switch r.srv.Name() {
+	case testbed.KindNSD:
+		err = syscall.Kill(proc.PID(), syscall.SIGHUP)
+	case testbed.KindKnot:
+		var out []byte
+		out, err = exec.Command(testbed.KnotcPath, "-c", proc.Conf, "zone-reload", r.zone.Origin).CombinedOutput()
+		if err != nil {
+			err = fmt.Errorf("knotc zone-reload: %v: %s", err, out)
+		}
+	default:
+		err = fmt.Errorf("no zone reload for %s", r.srv.Name())
+	}
+	if err != nil {
+		r.t.Fatal(err)
+	}
+}
+
+// TestNotifyWithoutPolling: with --poll 0 and --notify, a NOTIFY for the
+// zone makes the controller check it at once: the changed answer reaches
+// the rule.
+func TestNotifyWithoutPolling(t *testing.T) {
+	r := newRig(t, testbed.KindNSD, 0)
+	www := "www." + r.zone.Origin
+	const notifyAt = "127.0.0.1:5354"
+	ctl := r.startController("static", "--port", "53/udp", "--names", r.namesFile([]string{www}, []uint16{dns.TypeA}),
+		"--shape", "rd,ad,edns", "--learn-shapes=false", "--poll", "0", "--notify", notifyAt)
+	if got, kernel := r.dig(www, "A"); got != testbed.ExampleWWW4.String() || !kernel {
+		t.Fatalf("before the change: %q, from the rule processor %v", got, kernel)
+	}
+	r.serveChangedZone("2024010102", func(rec string) string { return strings.Replace(rec, "198.18.255.10", "198.18.255.99", 1) })
+	notify := new(dns.Msg)
+	notify.SetNotify(r.zone.Origin)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		// as a server does, NOTIFY until the new serial is seen: NSD may
+		// not have loaded the zone at the first one
+		err := r.tb.Server.Do(func() error { _, err := dns.Exchange(notify, notifyAt); return err })
+		if err != nil {
+			t.Fatalf("NOTIFY: %v", err)
+		}
+		time.Sleep(300 * time.Millisecond)
+		got, kernel := r.dig(www, "A")
+		if got == "198.18.255.99" && kernel {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("10 s of NOTIFY after the zone change: %q, from the rule processor %v; controller output:\n%s", got, kernel, ctl.Output())
 		}
 	}
 }
