@@ -170,9 +170,10 @@ type entry struct {
 }
 
 type zone struct {
-	apex   string
-	serial uint32
-	known  bool
+	apex    string
+	serial  uint32
+	known   bool
+	failing bool // the last SOA poll got no serial (warned once)
 }
 
 type sampleEvent struct {
@@ -296,6 +297,9 @@ func (c *Controller) Run(ctx context.Context) error {
 	defer stopExpire()
 	go c.expireLoop(expireCtx)
 
+	if err := c.checkZones(); err != nil {
+		return err
+	}
 	if c.cfg.Mode != Adaptive {
 		if err := c.installInitial(ctx); err != nil {
 			return err

@@ -116,3 +116,30 @@ func TestNotifyWithoutPolling(t *testing.T) {
 		}
 	}
 }
+
+// TestWrongZone: a --zone the server does not answer the SOA of (a parent
+// it does not serve, a name inside its zone) fails the start with a
+// message naming the zone and the server's answer, instead of being polled
+// in vain (a change of the real zone would never be noticed).
+func TestWrongZone(t *testing.T) {
+	r := newRig(t, testbed.KindNSD, 0)
+	www := "www." + r.zone.Origin
+	names := r.namesFile([]string{www}, []uint16{dns.TypeA})
+	for _, c := range []struct {
+		zone string
+		want []string
+	}{
+		{"com", []string{"zone com.", "REFUSED", "--zone"}},
+		{www, []string{"zone " + www, "SOA of " + r.zone.Origin, "--zone"}},
+	} {
+		out, err := r.runUntilExit("static", "--port", "53/udp", "--names", names, "--zone", c.zone)
+		if err == nil || strings.Contains(out, "ready:") {
+			t.Errorf("--zone %s: the controller started (%v):\n%s", c.zone, err, out)
+		}
+		for _, want := range c.want {
+			if !strings.Contains(out, want) {
+				t.Errorf("--zone %s: the error does not say %q:\n%s", c.zone, want, out)
+			}
+		}
+	}
+}

@@ -1,6 +1,7 @@
 package dnsctl
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -33,6 +34,61 @@ func soaOf(reply []byte) (string, uint32, error) {
 	return "", 0, fmt.Errorf("no SOA record in the reply")
 }
 
+// checkZones makes sure the server answers the SOA of every zone given
+// with Zones (when polling or NOTIFY uses them): a wrong one (a zone it
+// does not serve, a parent like "com", a name inside a zone) fails the
+// start instead of being polled in vain. A server that answers SERVFAIL
+// (still loading its zones, say) or not at all only gets a warning:
+// polling asks again.
+func (c *Controller) checkZones() error {
+	if c.cfg.Poll == 0 && c.cfg.Notify == "" {
+		return nil
+	}
+	ep := c.eps[0] // polls ask here too
+	for _, z := range c.cfg.Zones {
+		apex := canonical(z)
+		wire, err := Shape{}.Query(0, apex, soaType)
+		if err != nil {
+			return fmt.Errorf("zone %q: %w", z, err)
+		}
+		reply, err := c.ask(ep, wire)
+		var m dns.Msg
+		if err == nil {
+			err = m.Unpack(reply)
+		}
+		if err == nil && m.Rcode == dns.RcodeServerFailure {
+			err = errors.New("SOA query answered SERVFAIL")
+		}
+		if err != nil {
+			c.log.Warn("cannot check the zone now: polling asks again", "zone", apex, "server", ep.addr, "error", err)
+			continue
+		}
+		if err := zoneServed(apex, &m); err != nil {
+			return fmt.Errorf("zone %s: the server at %v %w (check --zone)", apex, ep.addr, err)
+		}
+	}
+	return nil
+}
+
+// zoneServed returns why m, a reply to an SOA query for apex, shows that
+// apex is not a zone the server serves, or nil.
+func zoneServed(apex string, m *dns.Msg) error {
+	if m.Rcode != dns.RcodeSuccess {
+		return fmt.Errorf("answers its SOA query %s: it does not serve that zone", dns.RcodeToString[m.Rcode])
+	}
+	for _, rr := range m.Answer {
+		if soa, ok := rr.(*dns.SOA); ok && canonical(soa.Hdr.Name) == apex {
+			return nil
+		}
+	}
+	for _, rr := range m.Ns {
+		if soa, ok := rr.(*dns.SOA); ok {
+			return fmt.Errorf("answers its SOA query with the SOA of %s: it is a name inside that zone, not a zone apex", canonical(soa.Hdr.Name))
+		}
+	}
+	return errors.New("answers its SOA query without the zone's SOA record (a delegation?): it does not serve that zone")
+}
+
 // pollAll checks the serial of every zone a rule is in.
 func (c *Controller) pollAll() error {
 	for _, z := range c.zones {
@@ -60,10 +116,23 @@ func (c *Controller) pollZone(ep *endpoint, z *zone) (changed bool) {
 				c.log.Info("zone changed", "zone", z.apex, "serial", serial, "was", z.serial)
 			}
 			z.serial, z.known = serial, true
+			if z.failing {
+				z.failing = false
+				c.log.Info("the server answers the zone's SOA again", "zone", z.apex, "server", ep.addr)
+			}
 			return changed
 		}
+		if err == nil {
+			err = fmt.Errorf("the SOA in the reply is of %s", apex)
+		}
 	}
-	c.log.Debug("SOA poll failed", "zone", z.apex, "server", ep.addr, "error", err)
+	// once per outage: every poll would flood the log
+	if !z.failing {
+		z.failing = true
+		c.log.Warn("SOA poll failed: changes of the zone go unnoticed until the server answers it", "zone", z.apex, "server", ep.addr, "error", err)
+	} else {
+		c.log.Debug("SOA poll failed", "zone", z.apex, "server", ep.addr, "error", err)
+	}
 	return false
 }
 
