@@ -153,6 +153,9 @@ type endpoint struct {
 	sketch  *sketch.Sketch    // Adaptive: hot form keys
 	// samplesOf is a recent sample of each form key the sketch counts.
 	samplesOf map[string]*Query
+	// removed are the queries whose rules were removed while running
+	// (Static, Top), by their bytes after the ID: asked again (askagain.go)
+	removed map[string]*removedQuery
 }
 
 // entry is one installed rule (on every socket of its endpoint).
@@ -366,7 +369,8 @@ func (c *Controller) attach() error {
 			}
 			ep = &endpoint{family: int(s.Family), addr: ask, asker: asker,
 				entries: map[string]*entry{}, pending: map[string]bool{}, samplesOf: map[string]*Query{},
-				sketch: sketch.New(4 * min(c.cfg.MaxRules, 16384))}
+				removed: map[string]*removedQuery{},
+				sketch:  sketch.New(4 * min(c.cfg.MaxRules, 16384))}
 			byAddr[bound] = ep
 			c.eps = append(c.eps, ep)
 		}
@@ -592,29 +596,53 @@ func (c *Controller) dropShuffled(ep *endpoint, answers []Answer, errs []error) 
 }
 
 // install asks the server for every query, makes rules of the answers and
-// adds those not installed yet.
+// adds those not installed yet. The questions it does not offload are
+// counted (Report.Skipped).
 func (c *Controller) install(ep *endpoint, queries []*Query, questions []Question) error {
-	answers := make([]Answer, len(queries))
-	errs := make([]error, len(queries))
+	answers, errs, asked, err := c.askChecked(ep, queries)
+	if err != nil {
+		return err
+	}
+	for _, err := range errs {
+		if err != nil {
+			c.skip(err)
+		}
+	}
+	left, err := c.installAnswers(ep, queries, questions, answers, errs, asked)
+	if left > 0 {
+		c.count(func(r *Report) { r.Skipped[noRoomReason] += left })
+	}
+	return err
+}
+
+// askChecked asks ep's server every query and checks each reply: errs[i]
+// says why answers[i] cannot be offloaded, if it cannot. The answers' TTLs
+// run from asked.
+func (c *Controller) askChecked(ep *endpoint, queries []*Query) (answers []Answer, errs []error, asked time.Time, err error) {
+	answers = make([]Answer, len(queries))
+	errs = make([]error, len(queries))
 	wires := make([][]byte, len(queries))
 	for i, q := range queries {
 		wires[i] = q.Wire
 	}
-	asked := time.Now()
+	asked = time.Now()
 	c.askAll(ep, wires, func(i int, reply []byte, err error) {
 		if err == nil {
 			answers[i], err = c.checkReply(ep, queries[i], reply)
 		}
 		errs[i] = err
 	})
-	if err := c.dropShuffled(ep, answers, errs); err != nil {
-		return err
-	}
+	return answers, errs, asked, c.dropShuffled(ep, answers, errs)
+}
+
+// installAnswers adds the rule of every answer without an error whose rule
+// is not installed yet. When santad has no room for them all it returns
+// errNoRoom and how many it left to the server.
+func (c *Controller) installAnswers(ep *endpoint, queries []*Query, questions []Question, answers []Answer, errs []error, asked time.Time) (left int, err error) {
 	fresh := make([]*entry, 0, len(queries))
 	rules := make([]api.Rule, 0, len(queries))
 	for i, q := range queries {
 		if errs[i] != nil {
-			c.skip(errs[i])
 			continue
 		}
 		r := Rule(q, answers[i], ep.b)
@@ -629,23 +657,21 @@ func (c *Controller) install(ep *endpoint, queries []*Query, questions []Questio
 		rules = append(rules, r)
 	}
 	if err := c.zonesFor(ep, fresh); err != nil {
-		return err
+		return 0, err
 	}
 	for i := 0; i < len(rules); i += c.cfg.Batch {
 		j := min(i+c.cfg.Batch, len(rules))
 		added, full, err := c.add(ep, fresh[i:j], rules[i:j])
 		if err != nil {
-			return err
+			return 0, err
 		}
 		if full { // the rest of fresh stays with the server
-			left := 0
 			for _, e := range fresh[i:] {
 				if e.ids == nil && !e.dead {
 					e.dead = true
 					left++
 				}
 			}
-			c.count(func(r *Report) { r.Skipped[noRoomReason] += left })
 			j = len(rules)
 		}
 		for _, e := range fresh[i:j] {
@@ -657,10 +683,10 @@ func (c *Controller) install(ep *endpoint, queries []*Query, questions []Questio
 		}
 		c.count(func(r *Report) { r.Installed += uint64(added * len(ep.cookies)) })
 		if full {
-			return errNoRoom
+			return left, errNoRoom
 		}
 	}
-	return nil
+	return 0, nil
 }
 
 // errNoRoom says santad had no room for a rule install added: the rest of
@@ -883,6 +909,9 @@ func (c *Controller) loop(ctx context.Context, notified <-chan string, gone <-ch
 			if err := c.refreshDue(now); err != nil {
 				return err
 			}
+			if err := c.askAgainDue(now); err != nil {
+				return err
+			}
 		case <-poll:
 			if err := c.pollAll(); err != nil {
 				return err
@@ -948,20 +977,12 @@ func (c *Controller) refreshEndpoint(ep *endpoint, es []*entry) error {
 	if len(es) == 0 {
 		return nil
 	}
-	wires := make([][]byte, len(es))
+	queries := make([]*Query, len(es))
 	for i, e := range es {
-		wires[i] = e.query.Wire
+		queries[i] = e.query
 	}
-	answers := make([]Answer, len(es))
-	errs := make([]error, len(es))
-	asked := time.Now()
-	c.askAll(ep, wires, func(i int, reply []byte, err error) {
-		if err == nil {
-			answers[i], err = c.checkReply(ep, es[i].query, reply)
-		}
-		errs[i] = err
-	})
-	if err := c.dropShuffled(ep, answers, errs); err != nil {
+	answers, errs, asked, err := c.askChecked(ep, queries)
+	if err != nil {
 		return err
 	}
 	var changed, gone []*entry
@@ -1037,6 +1058,7 @@ func (c *Controller) remove(ep *endpoint, es []*entry) error {
 			delete(ep.entries, e.key)
 			// a later miss of this form may install it again
 			delete(ep.pending, formKey(e.query, ep.b))
+			c.askAgainLater(ep, e)
 		}
 		c.count(func(r *Report) { r.Removed += uint64(len(batch) * len(ep.cookies)) })
 	}

@@ -137,7 +137,7 @@ func (c *Controller) pollZone(ep *endpoint, z *zone) (changed bool) {
 }
 
 // checkZone polls z and, if its serial changed, asks again for the answer
-// of every rule in it.
+// of every rule in it, and of every query in it whose rule was removed.
 func (c *Controller) checkZone(z *zone) error {
 	if len(c.eps) == 0 || !c.pollZone(c.eps[0], z) {
 		return nil
@@ -149,6 +149,11 @@ func (c *Controller) checkZone(z *zone) error {
 				stale = append(stale, e)
 			}
 		}
+	}
+	// first the queries removed before the change: those refresh removes
+	// now were just asked
+	if err := c.askAgainInZone(z.apex); err != nil {
+		return err
 	}
 	return c.refresh(stale)
 }
