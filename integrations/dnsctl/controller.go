@@ -985,8 +985,9 @@ func (c *Controller) refreshEndpoint(ep *endpoint, es []*entry) error {
 	if err != nil {
 		return err
 	}
-	var changed, gone []*entry
+	var changed, gone []*entry // changed: refreshed, their rules modified (a new expiry at least)
 	var rules []api.Rule
+	differ := 0 // of changed, those whose reply changed
 	for i, e := range es {
 		switch {
 		case e.dead:
@@ -1009,6 +1010,7 @@ func (c *Controller) refreshEndpoint(ep *endpoint, es []*entry) error {
 			continue
 		}
 		if string(answers[i].Reply[2:]) != string(e.answer.Reply[2:]) {
+			differ++
 			c.count(func(r *Report) { r.Changed += uint64(len(ep.cookies)) })
 		}
 		// the same reply too: the rule's expiry moves with the new TTL
@@ -1034,8 +1036,11 @@ func (c *Controller) refreshEndpoint(ep *endpoint, es []*entry) error {
 			}
 		}
 	}
+	if differ > 0 {
+		c.log.Info("answers changed", "server", ep.addr, "rules", differ)
+	}
 	if len(changed) > 0 {
-		c.log.Info("answers changed", "server", ep.addr, "rules", len(changed))
+		c.log.Debug("answers refreshed", "server", ep.addr, "rules", len(changed))
 	}
 	return c.remove(ep, gone)
 }
