@@ -199,8 +199,11 @@ struct santa_reasons {
 	__u64 pass_fragment;     /* IPv4 fragment */
 	__u64 pass_malformed;    /* truncated frame, inconsistent lengths, bad header or header checksum */
 	__u64 pass_bad_address;  /* source or destination no unicast host has (loopback, multicast, ...) */
-	__u64 pass_not_local;    /* source is an address of this host, or a wildcard-bound socket but
-				  * the destination is none of its addresses: the kernel would not deliver */
+	__u64 pass_not_local;    /* source is an address of this host, or the destination is none of its
+				  * addresses (a wildcard-bound socket, or one bound with IP_FREEBIND or to an
+				  * address since removed): the kernel would not deliver */
+	__u64 pass_other_host;   /* unicast frame to another MAC than the interface's (promiscuous
+				  * interface, bridge port, flooding switch): the kernel drops it */
 	__u64 pass_port_unbound; /* no socket bound to the destination port has a rule set (santa_ports):
 				  * passed without a socket lookup */
 	__u64 pass_no_socket;    /* no socket would receive the packet */

@@ -35,11 +35,11 @@ static __always_inline int count_parse_result(int err)
  * read-only BTF cast of the socket gives the same value. */
 extern void *bpf_rdonly_cast(const void *obj, __u32 btf_id) __ksym;
 
-/* The cookie of the socket this request would be delivered to, 0 if none.
- * A socket's cookie is made when first asked for (SO_COOKIE): santad asks
- * before binding rules, so a socket without one has no rules. */
-static __always_inline __u64 receiving_socket(struct xdp_md *ctx, struct pkt_info *req,
-					      int *wildcard)
+/* The cookie of the socket this request would be delivered to; *found
+ * says there is one. A socket's cookie is made when first asked for
+ * (SO_COOKIE): santad asks before binding rules, so a socket without one
+ * (cookie 0) has no rules. */
+static __always_inline __u64 receiving_socket(struct xdp_md *ctx, struct pkt_info *req, int *found)
 {
 	__u32 tuple_len = req->family == 4 ? sizeof(req->tuple.ipv4) : sizeof(req->tuple.ipv6);
 	struct bpf_sock *sk = bpf_sk_lookup_udp(ctx, &req->tuple, tuple_len, BPF_F_CURRENT_NETNS, 0);
@@ -47,8 +47,7 @@ static __always_inline __u64 receiving_socket(struct xdp_md *ctx, struct pkt_inf
 		return 0;
 	struct sock *ksk = bpf_rdonly_cast(sk, bpf_core_type_id_kernel(struct sock));
 	__u64 cookie = ksk->__sk_common.skc_cookie.counter;
-	*wildcard = sk->src_ip4 == 0 &&
-		    (sk->src_ip6[0] | sk->src_ip6[1] | sk->src_ip6[2] | sk->src_ip6[3]) == 0;
+	*found = 1;
 	bpf_sk_release(sk);
 	return cookie;
 }
@@ -102,17 +101,46 @@ static __always_inline __u8 local_addr_kind(struct xdp_md *ctx, struct santa_scr
 	return c->kind;
 }
 
-/* The kernel would deliver the request: its source is no address of this
- * host nor a broadcast address (a martian), and, since the socket lookup does
- * no routing, a wildcard-bound socket only gets requests for this host. */
-static __always_inline int kernel_would_deliver(struct xdp_md *ctx, struct santa_scratch *s,
-						struct pkt_info *req, int wildcard)
+/* The frame is addressed to the interface's MAC: the kernel drops a unicast
+ * frame for another host (PACKET_OTHERHOST), which a promiscuous interface,
+ * a bridge port or a flooding switch hands it. (On the loopback device,
+ * where BPF_PROG_RUN runs by default, there is no MAC to compare.) */
+static __always_inline int frame_for_interface(struct xdp_md *ctx)
 {
+	const struct ethhdr *eth = (void *)(long)ctx->data;
+	if ((void *)(eth + 1) > (void *)(long)ctx->data_end)
+		return 0;
+	struct net_device *dev = ((struct xdp_buff *)bpf_cast_to_kern_ctx(ctx))->rxq->dev;
+	if (dev->flags & IFF_LOOPBACK)
+		return 1;
+	__u8 mac[8] = {};
+	if (bpf_probe_read_kernel(mac, 6, dev->dev_addr))
+		return 0;
+	return *(__u32 *)mac == *(const __u32 *)eth->h_dest &&
+	       *(__u16 *)(mac + 4) == *(const __u16 *)(eth->h_dest + 4);
+}
+
+/* The kernel would deliver the request to the socket the lookup found
+ * (counted if not): the frame is for this interface, its source is no
+ * address of this host nor a broadcast address (a martian), and its
+ * destination is an address of this host, since the socket lookup does no
+ * routing (a wildcard-bound socket, or one bound with IP_FREEBIND or to an
+ * address since removed, matches any). */
+static __always_inline int kernel_would_deliver(struct xdp_md *ctx, struct santa_scratch *s,
+						struct pkt_info *req)
+{
+	if (!frame_for_interface(ctx)) {
+		COUNT(pass_other_host);
+		return 0;
+	}
 	const void *src = req->family == 4 ? (void *)&req->tuple.ipv4.saddr : (void *)req->tuple.ipv6.saddr;
 	const void *dst = req->family == 4 ? (void *)&req->tuple.ipv4.daddr : (void *)req->tuple.ipv6.daddr;
-	if (local_addr_kind(ctx, s, req->family, src))
+	if (local_addr_kind(ctx, s, req->family, src) ||
+	    local_addr_kind(ctx, s, req->family, dst) != SANTA_ADDR_LOCAL) {
+		COUNT(pass_not_local);
 		return 0;
-	return !wildcard || local_addr_kind(ctx, s, req->family, dst) == SANTA_ADDR_LOCAL;
+	}
+	return 1;
 }
 
 /* Copy the first bytes of an unmatched request to the miss-sample ring,
@@ -440,20 +468,17 @@ static __always_inline const struct santa_page *rule_page(const struct santa_rul
 	return page;
 }
 
-/* The MTU of the interface the request came in on (the reply leaves by
- * it), 0 if unknown. */
+/* The MTU of the interface the request came in on (the reply leaves by it). */
 static __always_inline __u32 interface_mtu(struct xdp_md *ctx)
 {
-	__u32 mtu = 0; /* 0 in: the helper only reports the MTU */
-	return bpf_check_mtu(ctx, 0, &mtu, 0, 0) < 0 ? 0 : mtu;
+	return ((struct xdp_buff *)bpf_cast_to_kern_ctx(ctx))->rxq->dev->mtu;
 }
 
-/* An IP packet of ip_len bytes fits that MTU. Up to 1280 bytes (IPv6's
- * minimum MTU) is taken to fit without asking: the helper call is saved for
- * the common short reply. */
+/* An IP packet of ip_len bytes fits that MTU (read every time: an IPv4
+ * link's MTU may be below IPv6's minimum of 1280). */
 static __always_inline int fits_mtu(struct xdp_md *ctx, __u32 ip_len)
 {
-	return ip_len <= 1280 || ip_len <= interface_mtu(ctx);
+	return ip_len <= interface_mtu(ctx);
 }
 
 /* Turn the UDP request into rule r's reply, in place. */
@@ -566,10 +591,14 @@ __noinline int udp_request(struct xdp_md *ctx, struct pkt_info *req)
 {
 	if (!req)
 		return XDP_PASS;
-	int wildcard = 0;
-	__u64 cookie = receiving_socket(ctx, req, &wildcard);
-	if (!cookie) {
+	int found = 0;
+	__u64 cookie = receiving_socket(ctx, req, &found);
+	if (!found) {
 		COUNT(pass_no_socket);
+		return XDP_PASS;
+	}
+	if (!cookie) {
+		COUNT(pass_no_ruleset);
 		return XDP_PASS;
 	}
 	struct santa_scratch *s = scratch();
@@ -588,10 +617,8 @@ __noinline int udp_request(struct xdp_md *ctx, struct pkt_info *req)
 		COUNT(pass_bad_checksum);
 		return XDP_PASS;
 	}
-	if (!kernel_would_deliver(ctx, s, req, wildcard)) {
-		COUNT(pass_not_local);
+	if (!kernel_would_deliver(ctx, s, req))
 		return XDP_PASS;
-	}
 	return answer_udp(ctx, req, s, r, st);
 }
 

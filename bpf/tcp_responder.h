@@ -10,9 +10,11 @@
  * connection to the kernel with that segment. */
 #pragma once
 
-/* The cookie of the listener a segment reaches, 0 if none. *kernel_sock says
- * the kernel has a socket of its own for the 4-tuple (then 0 is returned). */
-static __always_inline __u64 tcp_listener(struct xdp_md *ctx, struct pkt_info *req, int *wildcard,
+/* The cookie of the listener a segment reaches (0 for a listener whose
+ * cookie was never asked for, which has no rules); *listener says there is
+ * one. *kernel_sock says the kernel has a socket of its own for the 4-tuple
+ * (then 0 is returned). */
+static __always_inline __u64 tcp_listener(struct xdp_md *ctx, struct pkt_info *req, int *listener,
 					  int *kernel_sock)
 {
 	__u32 tuple_len = req->family == 4 ? sizeof(req->tuple.ipv4) : sizeof(req->tuple.ipv6);
@@ -23,8 +25,7 @@ static __always_inline __u64 tcp_listener(struct xdp_md *ctx, struct pkt_info *r
 	if (sk->state == BPF_TCP_LISTEN) {
 		struct sock *ksk = bpf_rdonly_cast(sk, bpf_core_type_id_kernel(struct sock));
 		cookie = ksk->__sk_common.skc_cookie.counter;
-		*wildcard = sk->src_ip4 == 0 &&
-			    (sk->src_ip6[0] | sk->src_ip6[1] | sk->src_ip6[2] | sk->src_ip6[3]) == 0;
+		*listener = 1;
 	} else {
 		*kernel_sock = 1;
 	}
@@ -216,8 +217,8 @@ static __always_inline void sample_kernel_data(struct xdp_md *ctx, struct pkt_in
 		__builtin_memset(req->tuple.ipv6.saddr, 0, sizeof(req->tuple.ipv6.saddr));
 		req->tuple.ipv6.sport = 0;
 	}
-	int wildcard = 0, kernel_sock = 0;
-	__u64 cookie = tcp_listener(ctx, req, &wildcard, &kernel_sock);
+	int listener = 0, kernel_sock = 0;
+	__u64 cookie = tcp_listener(ctx, req, &listener, &kernel_sock);
 	struct santa_scratch *s = scratch();
 	__u32 id = cookie && s ? socket_ruleset_id(s, cookie) : 0;
 	const struct santa_ruleset *rs = id ? bpf_map_lookup_elem(&santa_rulesets, &id) : NULL;
@@ -233,15 +234,19 @@ __noinline int tcp_segment(struct xdp_md *ctx, struct pkt_info *req)
 {
 	if (!req)
 		return XDP_PASS;
-	int wildcard = 0, kernel_sock = 0;
-	__u64 cookie = tcp_listener(ctx, req, &wildcard, &kernel_sock);
+	int listener = 0, kernel_sock = 0;
+	__u64 cookie = tcp_listener(ctx, req, &listener, &kernel_sock);
 	if (kernel_sock) {
 		COUNT(tcp_pass_kernel_socket);
 		sample_kernel_data(ctx, req);
 		return XDP_PASS;
 	}
-	if (!cookie) {
+	if (!listener) {
 		COUNT(pass_no_socket);
+		return XDP_PASS;
+	}
+	if (!cookie) {
+		COUNT(pass_no_ruleset);
 		return XDP_PASS;
 	}
 	struct santa_scratch *s = scratch();
@@ -251,10 +256,8 @@ __noinline int tcp_segment(struct xdp_md *ctx, struct pkt_info *req)
 	const struct santa_ruleset *rs = socket_ruleset(s, cookie, &id);
 	if (!rs)
 		return XDP_PASS;
-	if (!kernel_would_deliver(ctx, s, req, wildcard)) {
-		COUNT(pass_not_local);
+	if (!kernel_would_deliver(ctx, s, req))
 		return XDP_PASS;
-	}
 	if (load_l4_header(ctx, req, s)) {
 		COUNT(pass_error);
 		return XDP_PASS;

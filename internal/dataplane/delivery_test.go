@@ -172,6 +172,117 @@ func TestAnswersOnlyWhatTheKernelWouldDeliver(t *testing.T) {
 		}
 	})
 
+	// A socket bound to one address is found for that address whether or
+	// not it is one of this host's (IP_FREEBIND, or an address removed since
+	// the bind: a failover address moved to another host); the kernel
+	// delivers nothing to it then.
+	t.Run("specific-socket-address-removed", func(t *testing.T) {
+		x := netip.AddrFrom4(other4)
+		a := &netlink.Addr{IPNet: &net.IPNet{IP: x.AsSlice(), Mask: net.CIDRMask(32, 32)}}
+		addrOp := func(op func(netlink.Link, *netlink.Addr) error) {
+			t.Helper()
+			if err := e.tb.Server.Do(func() error {
+				link, err := netlink.LinkByName(e.tb.Server.Dev)
+				if err != nil {
+					return err
+				}
+				return op(link, a)
+			}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		addrOp(netlink.AddrAdd)
+		bound := netip.AddrPortFrom(x, port+1)
+		e.bindRules(e.socket(bound, false), reply("Hello", "BOUND"))
+		req := request(c4, bound, "Hello")
+		waitVerdict := func(want uint32, what string) {
+			t.Helper()
+			for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+				if got, _ := e.run(req.build(t)); got == want {
+					return
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("%s: verdict still not %d after 5 s", what, want)
+				}
+			}
+		}
+		waitVerdict(xdpTx, "bound to an address of this host")
+		addrOp(netlink.AddrDel)
+		waitVerdict(xdpPass, "its address removed")
+		e.expect("bound to an address removed", req.build(t), xdpPass, nil, "pass_not_local")
+	})
+
+	// A unicast frame for another MAC (a promiscuous interface, a bridge
+	// port, a switch flooding) is dropped by the kernel (PACKET_OTHERHOST).
+	// BPF_PROG_RUN on the server veth, not the loopback, to have a MAC.
+	t.Run("other-host-mac", func(t *testing.T) {
+		var stop func()
+		if err := e.tb.Server.Do(func() (err error) {
+			stop, err = e.d.WatchLocalAddresses(e.tb.Server.Ifindex)
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		defer stop()
+		onVeth := func(dstMAC net.HardwareAddr) (uint32, []byte) {
+			req := request(c4, s4, "Hello")
+			req.srcMAC, req.dstMAC = e.tb.Client.MAC, dstMAC
+			frame := req.build(t)
+			var ret uint32
+			out := make([]byte, len(frame)+4096)
+			if err := e.tb.Server.Do(func() (err error) {
+				opts := ebpf.RunOptions{Data: frame, DataOut: out, Repeat: 1,
+					Context: xdpMd{DataEnd: uint32(len(frame)), IngressIfindex: uint32(e.tb.Server.Ifindex)}}
+				ret, err = e.d.Program().Run(&opts)
+				out = opts.DataOut
+				return err
+			}); err != nil {
+				t.Fatal(err)
+			}
+			return ret, out
+		}
+		before := e.counters()
+		if got, _ := onVeth(e.tb.Server.MAC); got != xdpTx {
+			after := e.counters()
+			for name, n := range after {
+				if n != before[name] {
+					t.Logf("%s +%d", name, n-before[name])
+				}
+			}
+			t.Fatalf("to the veth's MAC %s: verdict %d, want XDP_TX", e.tb.Server.MAC, got)
+		}
+		before = e.counters()
+		other := net.HardwareAddr{0x02, 0, 0, 0, 0xbb, 0xbb}
+		if got, out := onVeth(other); got != xdpPass {
+			t.Errorf("to another host's MAC %s: verdict %d, want XDP_PASS; sent:\n%s", other, got, hex.EncodeToString(out))
+		}
+		if n := e.counters()["pass_other_host"] - before["pass_other_host"]; n != 1 {
+			t.Errorf("pass_other_host +%d, want +1", n)
+		}
+	})
+
+	// A socket whose cookie was never asked for has no rule set: the
+	// request is the socket's (pass_no_ruleset), not nobody's.
+	t.Run("socket-without-cookie", func(t *testing.T) {
+		const other = port + 2
+		e.bindRules(e.socket(netip.AddrPortFrom(netip.IPv4Unspecified(), other), true), reply("Hello", "COMSYS"))
+		var fd int
+		if err := e.tb.Server.Do(func() (err error) {
+			if fd, err = unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0); err != nil {
+				return err
+			}
+			if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEPORT, 1); err != nil {
+				return err
+			}
+			return unix.Bind(fd, &unix.SockaddrInet4{Port: other, Addr: s4.Addr().As4()}) // more specific than the wildcard
+		}); err != nil {
+			t.Fatal(err)
+		}
+		defer unix.Close(fd)
+		e.expect("to a socket without a cookie", request(c4, netip.AddrPortFrom(s4.Addr(), other), "Hello").build(t),
+			xdpPass, nil, "pass_no_ruleset")
+	})
+
 	// The kernel drops an IPv4 packet whose header checksum is wrong
 	// (ip_rcv_core). With the UDP checksum absent (0, allowed over IPv4)
 	// nothing else protects the addresses: a corrupted source address gets
@@ -188,4 +299,9 @@ func TestAnswersOnlyWhatTheKernelWouldDeliver(t *testing.T) {
 			})
 		}
 	})
+}
+
+// xdpMd is struct xdp_md, BPF_PROG_RUN's context for XDP.
+type xdpMd struct {
+	Data, DataEnd, DataMeta, IngressIfindex, RxQueueIndex, EgressIfindex uint32
 }

@@ -162,8 +162,16 @@ func newEnv(t testing.TB, cfg Config) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { d.Close() })
-	// BPF_PROG_RUN delivers on the namespace's loopback (ifindex 1)
-	err = tb.Server.Do(func() error {
+	watchLoopbackAddresses(t, tb, d)
+	return &env{t, tb, d, map[uint64]Socket{}}
+}
+
+// watchLoopbackAddresses keeps d's local addresses for the server
+// namespace's loopback (ifindex 1), where BPF_PROG_RUN delivers: an answer
+// needs its destination to be one.
+func watchLoopbackAddresses(t testing.TB, tb *testbed.Testbed, d *Dataplane) {
+	t.Helper()
+	err := tb.Server.Do(func() error {
 		stop, err := d.WatchLocalAddresses(1)
 		if err == nil {
 			t.Cleanup(stop)
@@ -173,7 +181,6 @@ func newEnv(t testing.TB, cfg Config) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &env{t, tb, d, map[uint64]Socket{}}
 }
 
 // socket binds a UDP socket in the server namespace and returns its cookie.

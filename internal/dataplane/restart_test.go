@@ -95,6 +95,7 @@ func TestRestartTakesOver(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer b.Close()
+	watchLoopbackAddresses(t, e.tb, b)
 	prev, err := OpenPrevious(gen)
 	if err != nil {
 		t.Fatal(err)

@@ -141,6 +141,7 @@ type santaSantaReasons struct {
 	PassMalformed        uint64
 	PassBadAddress       uint64
 	PassNotLocal         uint64
+	PassOtherHost        uint64
 	PassPortUnbound      uint64
 	PassNoSocket         uint64
 	PassNoRuleset        uint64

@@ -267,4 +267,14 @@ func TestInterfaceMTU(t *testing.T) {
 		e.expect("reply of the MTU", req.build(t), xdpTx, req.answer([]byte(fits)).build(t), "answered")
 		e.expect("reply over the MTU", request(c, s, "long").build(t), xdpPass, nil, "pass_reply_too_big")
 	}
+	// an IPv4 link's MTU may be below IPv6's minimum of 1280
+	if out, err := e.tb.Server.Run("ip", "link", "set", "lo", "mtu", "600"); err != nil {
+		t.Fatalf("lower the MTU to 600: %v: %s", err, out)
+	}
+	c, s := fixtureAddrs(e, false, 7601)
+	fits, tooBig := strings.Repeat("c", 600-28), strings.Repeat("d", 600-28+1)
+	e.bindRules(e.socket(s, false), reply("fits", fits), reply("long", tooBig))
+	req := request(c, s, "fits")
+	e.expect("reply of a 600-byte MTU", req.build(t), xdpTx, req.answer([]byte(fits)).build(t), "answered")
+	e.expect("reply over a 600-byte MTU", request(c, s, "long").build(t), xdpPass, nil, "pass_reply_too_big")
 }

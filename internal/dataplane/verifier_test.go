@@ -27,6 +27,7 @@ func TestLoadExtremeConfigs(t *testing.T) {
 				t.Fatalf("load %+v: %v", cfg, err)
 			}
 			defer d.Close()
+			watchLoopbackAddresses(t, e.tb, d)
 			if err := d.Bind(e.sock(sock), SampleOptions{}); err != nil {
 				t.Fatal(err)
 			}
