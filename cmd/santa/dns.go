@@ -24,6 +24,7 @@ import (
 type dnsFlags struct {
 	port     string
 	pid, fd  int
+	fdGiven  bool // --fd was given: fd 0 is a number too
 	server   string
 	shapes   []string
 	zones    []string
@@ -50,6 +51,10 @@ Modes:
   static    the questions of a names file or a zone file
   top       the N most popular questions of a query list (a priori top-N)
   adaptive  the questions that miss most often, learned from miss samples`,
+	}
+	cmd.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error {
+		f.fdGiven = cmd.Flags().Changed("fd")
+		return refuseZero(cmd, "parallel", "timeout")
 	}
 	pf := cmd.PersistentFlags()
 	pf.StringVar(&f.port, "port", "", "attach to every UDP socket bound to this port, e.g. 53/udp")
@@ -80,7 +85,10 @@ Modes:
 offloads every name and type in a zone file (except RRSIG, NSEC, NSEC3).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if (namesFile == "") == (zoneFile == "") {
+			if namesFile != "" && zoneFile != "" {
+				return errors.New("give --names FILE or --zone-file FILE, not both")
+			}
+			if namesFile == "" && zoneFile == "" {
 				return errors.New("give --names FILE or --zone-file FILE")
 			}
 			defTypes, err := parseTypes(types)
@@ -165,6 +173,9 @@ func (f *dnsFlags) run(e env, g *globals, mode dnsctl.Mode, qs []dnsctl.Question
 		}
 		cfg.Port = p
 	case f.port == "" && f.pid != 0 && !f.follow:
+		if !f.fdGiven {
+			return errors.New("--pid needs --fd: the number of the server's socket in that process (ls -l /proc/PID/fd)")
+		}
 		cfg.PID, cfg.FD = f.pid, f.fd
 	case f.port == "" && f.pid != 0:
 		return errors.New("--follow needs --port: a restarted server has a new pid")
@@ -235,6 +246,9 @@ type controller[R any] interface {
 // any waiting: newCtl is called once first to check it.
 func runController[R any, C controller[R]](e env, newCtl func() (C, error), duration time.Duration,
 	opts followpkg.Options, done func(R) string) error {
+	if duration < 0 {
+		return fmt.Errorf("--duration %v: must be 0 (run until SIGINT or SIGTERM) or more", duration)
+	}
 	if _, err := newCtl(); err != nil {
 		return err
 	}
