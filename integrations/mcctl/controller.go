@@ -102,7 +102,10 @@ type Report struct {
 	Removed   uint64 `json:"removed"`   // keys whose rules were deleted (key gone, expired, too big, idle)
 	Settled   uint64 `json:"settled"`   // slots bumped again after a write without a reply settled
 	Skipped   uint64 `json:"skipped"`   // keys not offloadable (missing, too big, invalid)
-	Waiting   int    `json:"waiting"`   // keys the last install did not get to for want of room in santad
+	// keys not offloaded, or whose rules were removed, while a delayed
+	// flush_all was pending (FlushHold)
+	HeldForFlush uint64 `json:"held_for_flush"`
+	Waiting      int    `json:"waiting"` // keys the last install did not get to for want of room in santad
 	// Tracker holds the write tracker's counters (bpf/tracker.h).
 	Tracker map[string]uint64 `json:"tracker"`
 }
@@ -137,10 +140,11 @@ type Controller struct {
 	// Adaptive: when idle rules were last looked for
 	idleChecked time.Time
 	settling    settling
-	epochSeen   uint64    // the epoch's version at the last scan
-	swept       []uint64  // every slot's version when sweep last looked
-	sweepAt     uint32    // where sweep goes on
-	sweptAt     time.Time // when sweep last looked
+	epochSeen   uint64        // the epoch's version at the last scan
+	holdLogged  time.Duration // the last delayed flush's hold that was logged
+	swept       []uint64      // every slot's version when sweep last looked
+	sweepAt     uint32        // where sweep goes on
+	sweptAt     time.Time     // when sweep last looked
 
 	// rulesLeft: on exit santad did not confirm that every rule is gone
 	// (it went away): the write tracker stays attached to guard them.
@@ -473,30 +477,67 @@ type fetched struct {
 	v                        value
 	keyVersion, epochVersion uint64
 	at                       time.Time
+	// held: a delayed flush_all may be applied after the versions were
+	// read: the value (not fetched) must not be offloaded
+	held bool
 }
 
 // fetchAll reads the versions, then fetches the values of keys, in batches.
+// A delayed flush_all the tracker saw (FlushHold) empties memcached later,
+// with no bump when it does: a batch whose versions were read before it is
+// surely applied is held, whether the flush came before the read (then
+// nothing is fetched) or during the fetch.
 func (c *Controller) fetchAll(keys []string, each func(batch []fetched) error) error {
 	for i := 0; i < len(keys); i += c.cfg.Batch {
 		batch := keys[i:min(i+c.cfg.Batch, len(keys))]
 		out := make([]fetched, len(batch))
+		readAt := monotonicNow() // before the versions: the tracker sets the hold before its bumps
 		epoch := c.guards.version(epochSlot)
 		for k, key := range batch {
 			out[k] = fetched{key: key, keyVersion: c.guards.version(KeySlot(key)), epochVersion: epoch}
 		}
-		at := time.Now()
-		vals, err := c.fetch.fetch(batch)
+		held, err := c.flushHeld(readAt)
 		if err != nil {
 			return err
 		}
+		if !held {
+			at := time.Now()
+			vals, err := c.fetch.fetch(batch)
+			if err != nil {
+				return err
+			}
+			if held, err = c.flushHeld(readAt); err != nil {
+				return err
+			}
+			for k := range out {
+				out[k].v, out[k].at = vals[k], at
+			}
+		}
 		for k := range out {
-			out[k].v, out[k].at = vals[k], at
+			out[k].held = held
 		}
 		if err := each(out); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// flushHeld reports whether a delayed flush_all the tracker saw may be
+// applied after the monotonic time t; it logs each new hold once.
+func (c *Controller) flushHeld(t time.Duration) (bool, error) {
+	hold, err := c.tracker.FlushHold()
+	if err != nil {
+		return false, fmt.Errorf("read the write tracker's flush hold: %w", err)
+	}
+	if hold > c.holdLogged {
+		c.holdLogged = hold
+		if left := hold - monotonicNow(); left > 0 {
+			c.log.Info("a delayed flush_all is pending: no key is offloaded until memcached has surely applied it",
+				"for", left.Round(time.Millisecond))
+		}
+	}
+	return hold > t, nil
 }
 
 // progressEvery is how often a long install logs its progress.
@@ -585,6 +626,10 @@ func (c *Controller) waitForRoom(n int, err error) {
 
 // build makes f's rule and entry; ok is false if the value is not offloadable.
 func (c *Controller) build(f fetched) (api.Rule, *entry, bool) {
+	if f.held { // fetched again once the flush is applied, like a missing key
+		c.count(func(r *Report) { r.HeldForFlush++ })
+		return api.Rule{}, nil, false
+	}
 	r, err := getRule(f.key, f.v, f.keyVersion, f.epochVersion)
 	// the rule stops answering at the last whole second before the value
 	// expires, also if this controller is gone or late (santad then removes

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"os"
 	"path/filepath"
@@ -15,6 +16,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"github.com/cilium/ebpf/ringbuf"
+	"golang.org/x/sys/unix"
 )
 
 // Guard slots the tracker and the controller agree on (bpf/tracker.h).
@@ -87,6 +89,10 @@ func LoadTracker(cfg TrackerConfig) (*Tracker, error) {
 		if err := spec.Variables[name].Set(htons(port)); err != nil {
 			return nil, err
 		}
+	}
+	realtimeMinusMonotonic := time.Now().Unix() - int64(monotonicNow()/time.Second)
+	if err := spec.Variables["realtime_minus_monotonic"].Set(realtimeMinusMonotonic); err != nil {
+		return nil, err
 	}
 	t := &Tracker{}
 	opts := &ebpf.CollectionOptions{MapReplacements: map[string]*ebpf.Map{"santa_guards": cfg.Guards}}
@@ -182,6 +188,28 @@ func (t *Tracker) DrainBumps(each func(slot uint32, unacked bool)) (lost bool, e
 	}
 	lost, t.unreported = n != t.unreported, n
 	return lost, nil
+}
+
+// FlushHold is the CLOCK_MONOTONIC time (monotonicNow) until which a
+// delayed flush the tracker saw may not have been applied by memcached yet;
+// 0 if it saw none.
+func (t *Tracker) FlushHold() (time.Duration, error) {
+	var per []uint64
+	if err := t.objs.McFlushHold.Lookup(uint32(0), &per); err != nil {
+		return 0, err
+	}
+	var hold uint64
+	for _, h := range per {
+		hold = max(hold, h)
+	}
+	return time.Duration(min(hold, math.MaxInt64)), nil
+}
+
+// monotonicNow is CLOCK_MONOTONIC, bpf_ktime_get_ns's clock.
+func monotonicNow() time.Duration {
+	var ts unix.Timespec
+	unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts) // cannot fail for this clock
+	return time.Duration(ts.Nano())
 }
 
 // snake turns bpf2go's field names back into the C names (EpochWrites -> epoch_writes).

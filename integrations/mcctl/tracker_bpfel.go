@@ -29,6 +29,7 @@ type trackerMcCounters struct {
 	NotParsed         uint64
 	BumpsUnreported   uint64
 	UnackedBumps      uint64
+	DelayedFlushes    uint64
 }
 
 type trackerMcFlow struct {
@@ -75,19 +76,21 @@ type trackerMcFlowKey struct {
 type trackerMcLimit uint32
 
 const (
-	trackerMcLimitMC_GUARD_SLOTS    trackerMcLimit = 1048576
-	trackerMcLimitMC_EPOCH_SLOT     trackerMcLimit = 1
-	trackerMcLimitMC_FIRST_KEY_SLOT trackerMcLimit = 2
-	trackerMcLimitMC_HEAD           trackerMcLimit = 512
-	trackerMcLimitMC_QUEUE          trackerMcLimit = 16
-	trackerMcLimitMC_STICKY         trackerMcLimit = 8
-	trackerMcLimitMC_MAX_KEY        trackerMcLimit = 250
-	trackerMcLimitMC_FNV_BASIS      trackerMcLimit = 2166136261
-	trackerMcLimitMC_FNV_PRIME      trackerMcLimit = 16777619
-	trackerMcLimitMC_FLOW_SYNACK    trackerMcLimit = 1
-	trackerMcLimitMC_FLOW_UNCOUNTED trackerMcLimit = 2
-	trackerMcLimitMC_FLOW_LOST      trackerMcLimit = 4
-	trackerMcLimitMC_REPORT_UNACKED trackerMcLimit = 1073741824
+	trackerMcLimitMC_GUARD_SLOTS        trackerMcLimit = 1048576
+	trackerMcLimitMC_EPOCH_SLOT         trackerMcLimit = 1
+	trackerMcLimitMC_FIRST_KEY_SLOT     trackerMcLimit = 2
+	trackerMcLimitMC_HEAD               trackerMcLimit = 512
+	trackerMcLimitMC_QUEUE              trackerMcLimit = 16
+	trackerMcLimitMC_STICKY             trackerMcLimit = 8
+	trackerMcLimitMC_MAX_KEY            trackerMcLimit = 250
+	trackerMcLimitMC_FNV_BASIS          trackerMcLimit = 2166136261
+	trackerMcLimitMC_FNV_PRIME          trackerMcLimit = 16777619
+	trackerMcLimitMC_FLUSH_RELATIVE_MAX trackerMcLimit = 2592000
+	trackerMcLimitMC_FLUSH_SLACK        trackerMcLimit = 2
+	trackerMcLimitMC_FLOW_SYNACK        trackerMcLimit = 1
+	trackerMcLimitMC_FLOW_UNCOUNTED     trackerMcLimit = 2
+	trackerMcLimitMC_FLOW_LOST          trackerMcLimit = 4
+	trackerMcLimitMC_REPORT_UNACKED     trackerMcLimit = 1073741824
 )
 
 type trackerMcUdpKey struct {
@@ -104,17 +107,19 @@ type trackerMcUdpKey struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	trackerMapMcBumped      = "mc_bumped"
-	trackerMapMcEvents      = "mc_events"
-	trackerMapMcFlows       = "mc_flows"
-	trackerMapMcScratch     = "mc_scratch"
-	trackerMapMcUdpWrites   = "mc_udp_writes"
-	trackerMapSantaGuards   = "santa_guards"
-	trackerProgMcEgress     = "mc_egress"
-	trackerProgMcIngress    = "mc_ingress"
-	trackerVarMcLimitLayout = "mc_limit_layout"
-	trackerVarTcpPort       = "tcp_port"
-	trackerVarUdpPort       = "udp_port"
+	trackerMapMcBumped               = "mc_bumped"
+	trackerMapMcEvents               = "mc_events"
+	trackerMapMcFlows                = "mc_flows"
+	trackerMapMcFlushHold            = "mc_flush_hold"
+	trackerMapMcScratch              = "mc_scratch"
+	trackerMapMcUdpWrites            = "mc_udp_writes"
+	trackerMapSantaGuards            = "santa_guards"
+	trackerProgMcEgress              = "mc_egress"
+	trackerProgMcIngress             = "mc_ingress"
+	trackerVarMcLimitLayout          = "mc_limit_layout"
+	trackerVarRealtimeMinusMonotonic = "realtime_minus_monotonic"
+	trackerVarTcpPort                = "tcp_port"
+	trackerVarUdpPort                = "udp_port"
 )
 
 // loadTracker returns the embedded CollectionSpec for tracker.
@@ -170,6 +175,7 @@ type trackerMapSpecs struct {
 	McBumped    *ebpf.MapSpec `ebpf:"mc_bumped"`
 	McEvents    *ebpf.MapSpec `ebpf:"mc_events"`
 	McFlows     *ebpf.MapSpec `ebpf:"mc_flows"`
+	McFlushHold *ebpf.MapSpec `ebpf:"mc_flush_hold"`
 	McScratch   *ebpf.MapSpec `ebpf:"mc_scratch"`
 	McUdpWrites *ebpf.MapSpec `ebpf:"mc_udp_writes"`
 	SantaGuards *ebpf.MapSpec `ebpf:"santa_guards"`
@@ -179,9 +185,10 @@ type trackerMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type trackerVariableSpecs struct {
-	McLimitLayout *ebpf.VariableSpec `ebpf:"mc_limit_layout"`
-	TcpPort       *ebpf.VariableSpec `ebpf:"tcp_port"`
-	UdpPort       *ebpf.VariableSpec `ebpf:"udp_port"`
+	McLimitLayout          *ebpf.VariableSpec `ebpf:"mc_limit_layout"`
+	RealtimeMinusMonotonic *ebpf.VariableSpec `ebpf:"realtime_minus_monotonic"`
+	TcpPort                *ebpf.VariableSpec `ebpf:"tcp_port"`
+	UdpPort                *ebpf.VariableSpec `ebpf:"udp_port"`
 }
 
 // trackerObjects contains all objects after they have been loaded into the kernel.
@@ -207,6 +214,7 @@ type trackerMaps struct {
 	McBumped    *ebpf.Map `ebpf:"mc_bumped"`
 	McEvents    *ebpf.Map `ebpf:"mc_events"`
 	McFlows     *ebpf.Map `ebpf:"mc_flows"`
+	McFlushHold *ebpf.Map `ebpf:"mc_flush_hold"`
 	McScratch   *ebpf.Map `ebpf:"mc_scratch"`
 	McUdpWrites *ebpf.Map `ebpf:"mc_udp_writes"`
 	SantaGuards *ebpf.Map `ebpf:"santa_guards"`
@@ -217,6 +225,7 @@ func (m *trackerMaps) Close() error {
 		m.McBumped,
 		m.McEvents,
 		m.McFlows,
+		m.McFlushHold,
 		m.McScratch,
 		m.McUdpWrites,
 		m.SantaGuards,
@@ -227,9 +236,10 @@ func (m *trackerMaps) Close() error {
 //
 // It can be passed to loadTrackerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type trackerVariables struct {
-	McLimitLayout *ebpf.Variable `ebpf:"mc_limit_layout"`
-	TcpPort       *ebpf.Variable `ebpf:"tcp_port"`
-	UdpPort       *ebpf.Variable `ebpf:"udp_port"`
+	McLimitLayout          *ebpf.Variable `ebpf:"mc_limit_layout"`
+	RealtimeMinusMonotonic *ebpf.Variable `ebpf:"realtime_minus_monotonic"`
+	TcpPort                *ebpf.Variable `ebpf:"tcp_port"`
+	UdpPort                *ebpf.Variable `ebpf:"udp_port"`
 }
 
 // trackerPrograms contains all programs after they have been loaded into the kernel.

@@ -31,6 +31,10 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 /* Set by user space before loading (network byte order). */
 volatile const __u16 tcp_port = 0;
 volatile const __u16 udp_port = 0;
+/* CLOCK_REALTIME minus CLOCK_MONOTONIC in seconds at load: turns a flush's
+ * unix time into the clock of bpf_ktime_get_ns, as memcached itself does
+ * once, at its start. */
+volatile const __s64 realtime_minus_monotonic = 0;
 
 /* Guard slot -> version: santad's pinned santa_guards, replaced at load. */
 struct {
@@ -56,6 +60,16 @@ struct {
 	__type(value, __u32);
 	__uint(max_entries, 65536);
 } mc_udp_writes SEC(".maps");
+
+/* Per CPU: the monotonic time (ns) until which a delayed flush seen may not
+ * have been applied yet; the controller installs no rule built from a value
+ * fetched before it. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(max_entries, 1);
+} mc_flush_hold SEC(".maps");
 
 /* A zeroed connection to initialise new entries from, and per-CPU room to
  * parse a UDP request in. */
@@ -114,6 +128,27 @@ static __always_inline void bump(__u32 slot)
 static __always_inline void bump_unacked(__u32 slot)
 {
 	report_bump(slot, MC_REPORT_UNACKED);
+}
+
+/* A flush_all with a delay (seconds, or a unix time above
+ * MC_FLUSH_RELATIVE_MAX; -1: one the tracker cannot read) empties memcached
+ * later, with no packet to show when: the epoch bumps of its request and
+ * reply come too early. Record when it has surely been applied, before
+ * those bumps, so that the controller keeps every rule away until then. */
+static __always_inline void hold_for_flush(__s64 delay)
+{
+	__u64 until = ~0ull; /* unreadable: hold until the controller restarts */
+	if (delay > MC_FLUSH_RELATIVE_MAX) {
+		__s64 at = delay - realtime_minus_monotonic + MC_FLUSH_SLACK;
+		until = at > 0 ? (__u64)at * 1000000000ull : 0;
+	} else if (delay >= 0) {
+		until = bpf_ktime_get_ns() + (__u64)(delay + MC_FLUSH_SLACK) * 1000000000ull;
+	}
+	COUNT(delayed_flushes);
+	__u32 zero = 0;
+	__u64 *hold = bpf_map_lookup_elem(&mc_flush_hold, &zero);
+	if (hold && *hold < until) /* per CPU, with migration off: no race */
+		*hold = until;
 }
 
 /* ---- packets ---- */
@@ -409,7 +444,16 @@ struct verdict {
 	__u32 slot;
 	__u32 skip;   /* value bytes that follow the head */
 	__u32 noreply;
+	__s64 flush_delay; /* a flush's delay argument, 0 if none; -1: unreadable */
 };
+
+/* A binary flush's expiration extra (big-endian seconds), 0 without one. */
+static __always_inline __s64 binary_flush_delay(const struct mc_stream *s, __u32 extlen)
+{
+	if (extlen != 4)
+		return 0;
+	return (__u32)s->head[24] << 24 | (__u32)s->head[25] << 16 | (__u32)s->head[26] << 8 | s->head[27];
+}
 
 static __always_inline void binary_request(const struct mc_stream *s, struct verdict *v)
 {
@@ -437,6 +481,7 @@ static __always_inline void binary_request(const struct mc_stream *s, struct ver
 	case 0x08: /* flush */
 		v->kind = MC_WRITE;
 		v->slot = MC_EPOCH_SLOT;
+		v->flush_delay = binary_flush_delay(s, extlen);
 		break;
 	case 0x11: case 0x12: case 0x13: case 0x14: case 0x15: case 0x16: /* quiet writes */
 	case 0x19: case 0x1a: case 0x1e: case 0x24:
@@ -446,6 +491,7 @@ static __always_inline void binary_request(const struct mc_stream *s, struct ver
 	case 0x18: /* flushq */
 		v->kind = MC_QUIET;
 		v->slot = MC_EPOCH_SLOT;
+		v->flush_delay = binary_flush_delay(s, extlen);
 		break;
 	default:
 		v->kind = MC_UNKNOWN;
@@ -523,10 +569,12 @@ __noinline int mc_classify(const struct mc_stream *s, struct verdict *v)
 		/* gat <exptime> <key>*: changes the expiry of every key */
 		v->kind = MC_WRITE;
 		v->slot = t->n == 3 ? key_slot(s, t->start[2], t->len[2]) : MC_EPOCH_SLOT;
-	} else if (IS(0, "flush_all")) {
+	} else if (IS(0, "flush_all")) { /* flush_all [delay] [noreply] */
 		v->kind = MC_WRITE;
 		v->slot = MC_EPOCH_SLOT;
 		v->noreply = last_noreply;
+		if (t->n > 1 && !IS(1, "noreply"))
+			v->flush_delay = token_num(s, t, 1);
 	} else if (IS(0, "verbosity")) {
 		v->kind = MC_READ;
 		v->noreply = last_noreply;
@@ -682,6 +730,8 @@ __noinline int mc_request(struct mc_flow *f)
 		return 0;
 	struct verdict v = {};
 	mc_classify(&f->in, &v);
+	if (v.flush_delay)
+		hold_for_flush(v.flush_delay);
 	switch (v.kind) {
 	case MC_READ:
 		COUNT(reads);
@@ -951,6 +1001,8 @@ static __always_inline int udp_request(struct __sk_buff *skb, const struct packe
 	}
 	struct verdict v = {};
 	mc_classify(s, &v);
+	if (v.flush_delay)
+		hold_for_flush(v.flush_delay);
 	int single = start + taken + v.skip >= end;
 	if (single && (v.kind == MC_READ || v.kind == MC_UNKNOWN || (v.kind == MC_QUIET && !v.slot))) {
 		COUNT(reads);

@@ -12,6 +12,8 @@ enum mc_limit {
 	MC_MAX_KEY = 250,         /* memcached's key length limit */
 	MC_FNV_BASIS = 2166136261u,
 	MC_FNV_PRIME = 16777619u,
+	MC_FLUSH_RELATIVE_MAX = 60 * 60 * 24 * 30, /* memcached: a flush delay above this is a unix time */
+	MC_FLUSH_SLACK = 2,       /* seconds past a delayed flush's time by which memcached has applied it */
 	/* struct mc_flow.flags */
 	MC_FLOW_SYNACK = 1,       /* out.seq is known */
 	MC_FLOW_UNCOUNTED = 2,    /* replies cannot be counted: every reply bumps the sticky keys */
@@ -83,4 +85,5 @@ struct mc_counters {
 	__u64 not_parsed;        /* memcached-port packets whose headers could not be parsed: epoch bumped */
 	__u64 bumps_unreported;  /* bumps not reported in mc_bumped (full): the controller checks every rule */
 	__u64 unacked_bumps;     /* bumps for writes no reply may follow (noreply, quiet, reset, unparsed, untracked): the controller repeats them later */
+	__u64 delayed_flushes;   /* flush_all with a delay (text or binary): no rule is installed until it applies (mc_flush_hold) */
 };
