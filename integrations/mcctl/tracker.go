@@ -67,6 +67,10 @@ type TrackerConfig struct {
 	// a connection pushed out is treated as untracked (every segment
 	// retires every rule).
 	Flows int
+	// UDPWrites is how many UDP request ids with recent writes are kept
+	// (0: 65536); a write that finds no room is bumped as one without a
+	// reply (settled by the controller).
+	UDPWrites int
 }
 
 // LoadTracker loads the tracker; Attach puts it on interfaces.
@@ -85,6 +89,12 @@ func LoadTracker(cfg TrackerConfig) (*Tracker, error) {
 		return nil, err
 	}
 	spec.Maps["mc_flows"].MaxEntries = uint32(cfg.Flows)
+	if cfg.UDPWrites < 0 || cfg.UDPWrites > flowsMaxLimit {
+		return nil, fmt.Errorf("tracker: %d UDP writes: must be between 1 and %d", cfg.UDPWrites, flowsMaxLimit)
+	}
+	if cfg.UDPWrites > 0 {
+		spec.Maps["mc_udp_writes"].MaxEntries = uint32(cfg.UDPWrites)
+	}
 	for name, port := range map[string]uint16{"tcp_port": cfg.TCPPort, "udp_port": cfg.UDPPort} {
 		if err := spec.Variables[name].Set(htons(port)); err != nil {
 			return nil, err

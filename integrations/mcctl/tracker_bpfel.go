@@ -26,6 +26,7 @@ type trackerMcCounters struct {
 	DroppedOutOfOrder uint64
 	UdpWrites         uint64
 	UdpRepliesBumped  uint64
+	UdpWritesUnpaired uint64
 	NotParsed         uint64
 	BumpsUnreported   uint64
 	UnackedBumps      uint64
@@ -87,6 +88,8 @@ const (
 	trackerMcLimitMC_FNV_PRIME          trackerMcLimit = 16777619
 	trackerMcLimitMC_FLUSH_RELATIVE_MAX trackerMcLimit = 2592000
 	trackerMcLimitMC_FLUSH_SLACK        trackerMcLimit = 2
+	trackerMcLimitMC_UDP_SLOTS          trackerMcLimit = 4
+	trackerMcLimitMC_UDP_GIVE_UP_MS     trackerMcLimit = 1000
 	trackerMcLimitMC_FLOW_SYNACK        trackerMcLimit = 1
 	trackerMcLimitMC_FLOW_UNCOUNTED     trackerMcLimit = 2
 	trackerMcLimitMC_FLOW_LOST          trackerMcLimit = 4
@@ -101,6 +104,17 @@ type trackerMcUdpKey struct {
 	RequestId  uint16
 	Pad2       uint16
 	Client     [4]uint32
+}
+
+type trackerMcUdpWrite struct {
+	_    structs.HostLayout
+	Lock struct {
+		_   structs.HostLayout
+		Val uint32
+	}
+	Nslots uint32
+	Since  uint64
+	Slots  [4]uint32
 }
 
 // Names of all BPF objects in the ELF.
@@ -119,6 +133,7 @@ const (
 	trackerVarMcLimitLayout          = "mc_limit_layout"
 	trackerVarRealtimeMinusMonotonic = "realtime_minus_monotonic"
 	trackerVarTcpPort                = "tcp_port"
+	trackerVarUdpClearedAt           = "udp_cleared_at"
 	trackerVarUdpPort                = "udp_port"
 )
 
@@ -188,6 +203,7 @@ type trackerVariableSpecs struct {
 	McLimitLayout          *ebpf.VariableSpec `ebpf:"mc_limit_layout"`
 	RealtimeMinusMonotonic *ebpf.VariableSpec `ebpf:"realtime_minus_monotonic"`
 	TcpPort                *ebpf.VariableSpec `ebpf:"tcp_port"`
+	UdpClearedAt           *ebpf.VariableSpec `ebpf:"udp_cleared_at"`
 	UdpPort                *ebpf.VariableSpec `ebpf:"udp_port"`
 }
 
@@ -239,6 +255,7 @@ type trackerVariables struct {
 	McLimitLayout          *ebpf.Variable `ebpf:"mc_limit_layout"`
 	RealtimeMinusMonotonic *ebpf.Variable `ebpf:"realtime_minus_monotonic"`
 	TcpPort                *ebpf.Variable `ebpf:"tcp_port"`
+	UdpClearedAt           *ebpf.Variable `ebpf:"udp_cleared_at"`
 	UdpPort                *ebpf.Variable `ebpf:"udp_port"`
 }
 

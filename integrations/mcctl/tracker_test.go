@@ -17,6 +17,11 @@ import (
 // newTrackerRig is memcached with a write tracker of its own (no santad)
 // on the server veth; the test's cleanup closes the tracker.
 func newTrackerRig(t *testing.T) (*rig, *mcctl.Tracker) {
+	return newTrackerRigWith(t, mcctl.TrackerConfig{})
+}
+
+// newTrackerRigWith is newTrackerRig with the tracker's sizes of cfg.
+func newTrackerRigWith(t *testing.T, cfg mcctl.TrackerConfig) (*rig, *mcctl.Tracker) {
 	tb := testbed.New(t)
 	mc, err := tb.StartMemcached(testbed.MemcachedOptions{})
 	if err != nil {
@@ -28,7 +33,8 @@ func newTrackerRig(t *testing.T) (*rig, *mcctl.Tracker) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { guards.Close() })
-	tr, err := mcctl.LoadTracker(mcctl.TrackerConfig{TCPPort: mc.Addr4.Port(), UDPPort: mc.Addr4.Port(), Guards: guards})
+	cfg.TCPPort, cfg.UDPPort, cfg.Guards = mc.Addr4.Port(), mc.Addr4.Port(), guards
+	tr, err := mcctl.LoadTracker(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

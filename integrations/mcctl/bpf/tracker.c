@@ -53,13 +53,29 @@ struct {
 	__uint(max_entries, 16384); /* set by user space */
 } mc_flows SEC(".maps");
 
-/* UDP write awaiting its reply -> the slot to bump when the reply leaves. */
+/* The UDP writes of one client and request id. Requests may share an id,
+ * and a reply cannot tell which of them it answers, so every reply of the
+ * id bumps the slots of all of them, and the entry stays until it is given
+ * up (udp_give_up): a reply never finds its write's slots gone. */
+struct mc_udp_write {
+	struct bpf_spin_lock lock;
+	__u32 nslots;
+	__u64 since; /* bpf_ktime_get_ns of its first write */
+	__u32 slots[MC_UDP_SLOTS]; /* the last one becomes the epoch when more come */
+};
+
+/* UDP client and request id -> its recent writes, whose slots its replies
+ * bump. Not an LRU: an entry pushed out unseen would lose its replies'
+ * bumps; entries are given up, bumped unacked, once MC_UDP_GIVE_UP_MS old. */
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(type, BPF_MAP_TYPE_HASH);
 	__type(key, struct mc_udp_key);
-	__type(value, __u32);
+	__type(value, struct mc_udp_write);
 	__uint(max_entries, 65536);
 } mc_udp_writes SEC(".maps");
+
+/* When the full mc_udp_writes was last cleared of the entries given up. */
+__u64 udp_cleared_at = 0;
 
 /* Per CPU: the monotonic time (ns) until which a delayed flush seen may not
  * have been applied yet; the controller installs no rule built from a value
@@ -982,6 +998,74 @@ static __always_inline void udp_key(struct mc_udp_key *k, const struct packet *p
 	__builtin_memcpy(k->client, egress ? p->dst : p->src, 16);
 }
 
+#define MC_UDP_GIVE_UP_NS (MC_UDP_GIVE_UP_MS * 1000000ull)
+
+/* Give up an entry: a reply of its writes may still come, and would find
+ * nothing, so they are bumped unacked (the controller bumps them again once
+ * they have settled). Only entries older than MC_UDP_GIVE_UP_NS / 2 are
+ * given up, and only younger ones are joined, so no write joins one that
+ * is going. */
+static __always_inline void udp_give_up(struct mc_udp_key *k, struct mc_udp_write *w)
+{
+	__u32 slots[MC_UDP_SLOTS];
+	__builtin_memcpy(slots, w->slots, sizeof(slots));
+	__u32 n = w->nslots;
+	if (bpf_map_delete_elem(&mc_udp_writes, k))
+		return; /* another CPU gave it up */
+	for (__u32 i = 0; i < MC_UDP_SLOTS; i++) {
+		if (i >= n)
+			break;
+		report_bump(slots[i], MC_REPORT_UNACKED);
+		COUNT(udp_writes_unpaired);
+	}
+}
+
+static long udp_give_up_old(struct bpf_map *map, struct mc_udp_key *k, struct mc_udp_write *w, __u64 *now)
+{
+	if (*now - w->since > MC_UDP_GIVE_UP_NS)
+		udp_give_up(k, w);
+	return 0;
+}
+
+/* Record a write of slot so that the replies of its request id bump it.
+ * If it cannot be recorded (the map is full of recent writes), it is
+ * bumped unacked instead. */
+__noinline int mc_udp_await(struct mc_udp_key *k, __u32 slot)
+{
+	if (!k)
+		return 0;
+	__u64 now = bpf_ktime_get_ns();
+	for (int try = 0; try < 3; try++) {
+		struct mc_udp_write *w = bpf_map_lookup_elem(&mc_udp_writes, k);
+		if (w && now - w->since > MC_UDP_GIVE_UP_NS / 2) {
+			udp_give_up(k, w);
+			continue;
+		}
+		if (w) {
+			bpf_spin_lock(&w->lock);
+			if (w->nslots < MC_UDP_SLOTS)
+				w->slots[w->nslots++ & (MC_UDP_SLOTS - 1)] = slot;
+			else /* full: the epoch covers them all */
+				w->slots[MC_UDP_SLOTS - 1] = MC_EPOCH_SLOT;
+			bpf_spin_unlock(&w->lock);
+			return 0;
+		}
+		struct mc_udp_write fresh = {.nslots = 1, .since = now, .slots = {slot}};
+		int err = bpf_map_update_elem(&mc_udp_writes, k, &fresh, BPF_NOEXIST);
+		if (!err)
+			return 0;
+		if (err == -17 /* EEXIST */)
+			continue; /* another CPU added it meanwhile: join it */
+		if (now - udp_cleared_at < MC_UDP_GIVE_UP_NS)
+			break; /* full, and cleared less than MC_UDP_GIVE_UP_NS ago */
+		udp_cleared_at = now;
+		bpf_for_each_map_elem(&mc_udp_writes, udp_give_up_old, &now, 0);
+	}
+	report_bump(slot, MC_REPORT_UNACKED);
+	COUNT(udp_writes_unpaired);
+	return 0;
+}
+
 static __always_inline int udp_request(struct __sk_buff *skb, const struct packet *p)
 {
 	__u16 id;
@@ -1017,9 +1101,11 @@ static __always_inline int udp_request(struct __sk_buff *skb, const struct packe
 	else
 		COUNT(writes);
 	COUNT(udp_writes);
+	if (single && v.noreply)
+		return TCX_NEXT; /* no reply comes: bumped unacked */
 	struct mc_udp_key k = {};
 	udp_key(&k, p, 0, id);
-	bpf_map_update_elem(&mc_udp_writes, &k, &slot, BPF_ANY);
+	mc_udp_await(&k, slot);
 	return TCX_NEXT;
 }
 
@@ -1030,15 +1116,20 @@ static __always_inline int udp_reply(struct __sk_buff *skb, const struct packet 
 		return TCX_NEXT;
 	struct mc_udp_key k = {};
 	udp_key(&k, p, 1, id);
-	__u32 *slot = bpf_map_lookup_elem(&mc_udp_writes, &k);
-	if (slot) {
-		bump(*slot);
-		COUNT(udp_replies_bumped);
-		/* a datagram of several commands gets a reply per command, each
-		 * after its command: the epoch entry stays for all of them */
-		if (*slot != MC_EPOCH_SLOT)
-			bpf_map_delete_elem(&mc_udp_writes, &k);
+	struct mc_udp_write *w = bpf_map_lookup_elem(&mc_udp_writes, &k);
+	if (!w)
+		return TCX_NEXT;
+	__u32 slots[MC_UDP_SLOTS], n;
+	bpf_spin_lock(&w->lock);
+	__builtin_memcpy(slots, w->slots, sizeof(slots));
+	n = w->nslots;
+	bpf_spin_unlock(&w->lock);
+	for (__u32 i = 0; i < MC_UDP_SLOTS; i++) {
+		if (i >= n)
+			break;
+		bump(slots[i]);
 	}
+	COUNT(udp_replies_bumped);
 	return TCX_NEXT;
 }
 

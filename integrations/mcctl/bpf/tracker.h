@@ -14,6 +14,8 @@ enum mc_limit {
 	MC_FNV_PRIME = 16777619u,
 	MC_FLUSH_RELATIVE_MAX = 60 * 60 * 24 * 30, /* memcached: a flush delay above this is a unix time */
 	MC_FLUSH_SLACK = 2,       /* seconds past a delayed flush's time by which memcached has applied it */
+	MC_UDP_SLOTS = 4,         /* slots the pending UDP writes of one request id keep; more: the epoch */
+	MC_UDP_GIVE_UP_MS = 1000, /* a UDP request id's writes are forgotten this long after the first (bumped unacked) */
 	/* struct mc_flow.flags */
 	MC_FLOW_SYNACK = 1,       /* out.seq is known */
 	MC_FLOW_UNCOUNTED = 2,    /* replies cannot be counted: every reply bumps the sticky keys */
@@ -82,6 +84,7 @@ struct mc_counters {
 	__u64 dropped_out_of_order; /* request segments past a gap, dropped so the client resends them in order */
 	__u64 udp_writes;        /* of writes: over UDP */
 	__u64 udp_replies_bumped; /* UDP replies to writes */
+	__u64 udp_writes_unpaired; /* UDP writes whose reply cannot be awaited (mc_udp_writes full of recent ones) or whose request id was forgotten (MC_UDP_GIVE_UP_MS): bumped unacked instead */
 	__u64 not_parsed;        /* memcached-port packets whose headers could not be parsed: epoch bumped */
 	__u64 bumps_unreported;  /* bumps not reported in mc_bumped (full): the controller checks every rule */
 	__u64 unacked_bumps;     /* bumps for writes no reply may follow (noreply, quiet, reset, unparsed, untracked): the controller repeats them later */
