@@ -22,6 +22,7 @@ import (
 	"log/slog"
 	"maps"
 	"net/netip"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -346,8 +347,16 @@ func (c *Controller) startTracker() error {
 	return nil
 }
 
+// pinDir is where the tracker's links are pinned: one directory per port
+// and tag, so that controllers with different tags on one port do not
+// replace, or on exit unpin, each other's tracker. The default tag keeps the
+// directory of before, which its predecessors pinned.
 func (c *Controller) pinDir() string {
-	return filepath.Join(filepath.Dir(c.cfg.GuardsPin), "memcached-"+strconv.Itoa(int(c.cfg.Port)))
+	name := "memcached-" + strconv.Itoa(int(c.cfg.Port))
+	if c.cfg.Tag != DefaultConfig.Tag {
+		name += "-" + url.PathEscape(c.cfg.Tag)
+	}
+	return filepath.Join(filepath.Dir(c.cfg.GuardsPin), name)
 }
 
 func (c *Controller) stopTracker() {

@@ -856,3 +856,36 @@ func TestFollowSantadRestart(t *testing.T) {
 	// the rule of the first run, restored by santad, was superseded
 	r.santad.ExpectPredecessorTakenOver(t, ctl)
 }
+
+// Two controllers with different tags on one port each keep their own
+// write tracker: the first one's exit does not remove the second's, so
+// after the second is killed its rules are still retired by writes. The
+// tracker's pins used to depend on the port alone: the second replaced the
+// first's, the first's exit unpinned them, and the killed second's rule
+// answered the value from before a write.
+func TestTwoTagsOnOnePort(t *testing.T) {
+	r := newRig(t)
+	const key = "tags:key"
+	conns, first, get := r.offloadOld(key, "--tag", "first")
+	file := filepath.Join(t.TempDir(), "keys")
+	writeKeys(t, file, []string{key})
+	second := r.startController("static", "--keys", file, "--tag", "second")
+	if err := first.Stop(20 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	r.waitAnswered(func() { get() }, r.counters()["answered"]) // the second's rule
+	if err := syscall.Kill(second.PID(), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if exited, _ := second.Wait(10 * time.Second); !exited {
+		t.Fatal("the controller outlived SIGKILL")
+	}
+	if err := conns["text"].Set(key, []byte("new"), 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	if v := get(); v != "new" {
+		t.Fatalf("after a set, with the second controller killed: GET gave %q, want new", v)
+	}
+	// the next controller with the tag takes over the rules and the tracker
+	r.startController("static", "--keys", file, "--tag", "second")
+}
