@@ -318,7 +318,14 @@ func (c *Controller) Run(ctx context.Context) (err error) {
 // so that rules a killed controller leaves behind stay guarded; a
 // predecessor's are replaced.
 func (c *Controller) startTracker() error {
-	t, err := LoadTracker(TrackerConfig{TCPPort: c.cfg.TCPPort, UDPPort: c.cfg.Port, Guards: c.guards.m})
+	hold, err := LoadFlushHold(c.pinDir())
+	if err != nil {
+		return err
+	}
+	t, err := LoadTracker(TrackerConfig{TCPPort: c.cfg.TCPPort, UDPPort: c.cfg.Port, Guards: c.guards.m, FlushHold: hold})
+	if hold != nil {
+		hold.Close() // the tracker holds its own reference
+	}
 	if err != nil {
 		return err
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"path/filepath"
 	"regexp"
 	"testing"
 	"time"
@@ -24,10 +25,10 @@ func TestDelayedFlushApplies(t *testing.T) {
 	binary.BigEndian.PutUint32(binaryFlush[8:], 4)                 // body: the extras
 	binary.BigEndian.PutUint32(binaryFlush[24:], 2)                // expiration: 2 s
 	for _, c := range []struct {
-		name         string
-		request      []byte
-		replyLen     int
-		replyIsEmpty func([]byte) bool
+		name      string
+		request   []byte
+		replyLen  int
+		replyIsOK func([]byte) bool
 	}{
 		{"text", []byte("flush_all 2\r\n"), 4, func(b []byte) bool { return string(b) == "OK\r\n" }},
 		{"binary", binaryFlush, 24, func(b []byte) bool { return b[0] == 0x81 && b[1] == 0x08 && b[6] == 0 && b[7] == 0 }},
@@ -52,32 +53,11 @@ func TestDelayedFlushApplies(t *testing.T) {
 			}
 			reply := make([]byte, c.replyLen)
 			raw.SetReadDeadline(time.Now().Add(2 * time.Second))
-			if _, err := io.ReadFull(raw, reply); err != nil || !c.replyIsEmpty(reply) {
+			if _, err := io.ReadFull(raw, reply); err != nil || !c.replyIsOK(reply) {
 				t.Fatalf("delayed flush: reply %q, %v", reply, err)
 			}
 			flushed := time.Now()
-			// memcached's own answer (over TCP) first, then the GET over UDP:
-			// once memcached has applied the flush, the GET must miss too
-			var applied time.Duration
-			for time.Since(flushed) < 5*time.Second {
-				_, err := conns["text"].Gets(key)
-				gone := errors.Is(err, mcproto.ErrCacheMiss)
-				if err != nil && !gone {
-					t.Fatal(err)
-				}
-				if gone && applied == 0 {
-					applied = time.Since(flushed)
-				}
-				if v := get(); gone && v == "old" {
-					t.Fatalf("%v after the delayed flush, memcached applied it, and a GET gave the value from before (counters %v)",
-						time.Since(flushed).Round(time.Millisecond), r.counters())
-				}
-				time.Sleep(20 * time.Millisecond)
-			}
-			if applied == 0 {
-				t.Fatal("memcached did not apply the delayed flush within 5 s")
-			}
-			t.Logf("memcached applied the flush %v after its reply", applied.Round(time.Millisecond))
+			expectFlushApplied(t, r, conns, get, flushed, 5*time.Second)
 			// written after the flush applied: offloaded again
 			if err := conns["text"].Set(key, []byte("new"), 0, 0); err != nil {
 				t.Fatal(err)
@@ -96,4 +76,71 @@ func TestDelayedFlushApplies(t *testing.T) {
 			}
 		})
 	}
+}
+
+// expectFlushApplied polls, until within after flushed, memcached over TCP
+// and then the rule processor over UDP: once memcached no longer holds the
+// key, a GET must not give the value from before the flush ("old"); and
+// memcached must have applied the flush by then.
+func expectFlushApplied(t *testing.T, r *rig, conns map[string]mcproto.Conn, get func() string, flushed time.Time, within time.Duration) {
+	t.Helper()
+	const key = "flush:key"
+	var applied time.Duration
+	for time.Since(flushed) < within {
+		_, err := conns["text"].Gets(key)
+		gone := errors.Is(err, mcproto.ErrCacheMiss)
+		if err != nil && !gone {
+			t.Fatal(err)
+		}
+		if gone && applied == 0 {
+			applied = time.Since(flushed)
+		}
+		if v := get(); gone && v == "old" {
+			t.Fatalf("%v after the delayed flush, memcached applied it, and a GET gave the value from before (counters %v)",
+				time.Since(flushed).Round(time.Millisecond), r.counters())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if applied == 0 {
+		t.Fatalf("memcached did not apply the delayed flush within %v", within)
+	}
+	t.Logf("memcached applied the flush %v after its reply", applied.Round(time.Millisecond))
+}
+
+// A delayed flush seen by one controller's tracker still holds for the
+// next controller: the hold is pinned with the tracker and outlives a
+// clean exit while the flush is pending. The next controller used to start
+// with an empty hold and offload the values the flush was about to empty.
+func TestDelayedFlushAcrossRestart(t *testing.T) {
+	r := newRig(t)
+	const key = "flush:key"
+	_, first, get := r.offloadOld(key)
+	var raw net.Conn
+	if err := r.tb.Client.Do(func() (err error) {
+		raw, err = net.Dial("tcp", r.mc.Addr4.String())
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	if _, err := raw.Write([]byte("flush_all 4\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	reply := make([]byte, 4)
+	raw.SetReadDeadline(time.Now().Add(2 * time.Second))
+	if _, err := io.ReadFull(raw, reply); err != nil || string(reply) != "OK\r\n" {
+		t.Fatalf("flush_all 4: reply %q, %v", reply, err)
+	}
+	flushed := time.Now()
+	if err := first.Stop(20 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(t.TempDir(), "keys")
+	writeKeys(t, file, []string{key})
+	r.startController("static", "--keys", file)
+	if time.Since(flushed) > 3*time.Second {
+		t.Fatalf("the restart took %v: the flush may have applied before it", time.Since(flushed))
+	}
+	_, conns := r.clients(false) // seen open by the new tracker: they do not bump the epoch
+	expectFlushApplied(t, r, conns, get, flushed, 7*time.Second)
 }

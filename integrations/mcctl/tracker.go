@@ -71,6 +71,25 @@ type TrackerConfig struct {
 	// (0: 65536); a write that finds no room is bumped as one without a
 	// reply (settled by the controller).
 	UDPWrites int
+	// FlushHold, if set, is a predecessor's mc_flush_hold (pinned by Pin):
+	// a delayed flush it saw may still be pending.
+	FlushHold *ebpf.Map
+}
+
+// flushHoldPin is mc_flush_hold's pin in Pin's directory.
+const flushHoldPin = "flush-hold"
+
+// LoadFlushHold opens the mc_flush_hold a predecessor pinned in dir (for
+// TrackerConfig.FlushHold); nil if there is none.
+func LoadFlushHold(dir string) (*ebpf.Map, error) {
+	m, err := ebpf.LoadPinnedMap(filepath.Join(dir, flushHoldPin), nil)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("open the write tracker's flush hold: %w", err)
+	}
+	return m, nil
 }
 
 // LoadTracker loads the tracker; Attach puts it on interfaces.
@@ -106,6 +125,9 @@ func LoadTracker(cfg TrackerConfig) (*Tracker, error) {
 	}
 	t := &Tracker{}
 	opts := &ebpf.CollectionOptions{MapReplacements: map[string]*ebpf.Map{"santa_guards": cfg.Guards}}
+	if cfg.FlushHold != nil {
+		opts.MapReplacements["mc_flush_hold"] = cfg.FlushHold
+	}
 	if err := spec.LoadAndAssign(&t.objs, opts); err != nil {
 		var ve *ebpf.VerifierError
 		if errors.As(err, &ve) {
@@ -260,6 +282,15 @@ func (t *Tracker) Pin(dir string) error {
 	}
 	pinPath := func(i int) string { return filepath.Join(dir, fmt.Sprintf("link-%d", i)) }
 	first := t.pinned == 0
+	if first {
+		// a controller started after this one exits must see a delayed
+		// flush still pending: the predecessor's pin is this map or older
+		holdPath := filepath.Join(dir, flushHoldPin)
+		os.Remove(holdPath)
+		if err := t.objs.McFlushHold.Pin(holdPath); err != nil {
+			return fmt.Errorf("pin memcached tracker's flush hold: %w", err)
+		}
+	}
 	for ; t.pinned < len(t.links); t.pinned++ {
 		path := pinPath(t.pinned)
 		if old, err := link.LoadPinnedLink(path, nil); err == nil {
@@ -278,7 +309,8 @@ func (t *Tracker) Pin(dir string) error {
 	return nil
 }
 
-// Unpin removes the pins of Pin: the links go with Close.
+// Unpin removes the pins of Pin: the links go with Close. The flush hold
+// stays pinned while a delayed flush is pending.
 func (t *Tracker) Unpin() error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -287,5 +319,9 @@ func (t *Tracker) Unpin() error {
 		errs = append(errs, l.Unpin())
 	}
 	t.pinned = 0
+	// a delayed flush still pending stays for the next controller
+	if hold, err := t.FlushHold(); err != nil || hold <= monotonicNow() {
+		errs = append(errs, t.objs.McFlushHold.Unpin())
+	}
 	return errors.Join(errs...)
 }
