@@ -207,3 +207,53 @@ func TestTrackerClassifiesGets(t *testing.T) {
 	ask("get "+over+"\r\n", "CLIENT_ERROR")
 	expect("a TCP get of a key over the limit", map[string]uint64{"reads": 6, "lost_flows": 1, "epoch_writes": 1})
 }
+
+// The tracker reads flush_all's delay as memcached does (an optional sign,
+// leading zeros): a delayed flush sets the hold to its delay plus 2 s, one
+// at once sets none, and a negative one that memcached cuts to 32 bits
+// holds for good.
+func TestTrackerReadsFlushDelays(t *testing.T) {
+	r, tr := newTrackerRig(t)
+	var tcp net.Conn
+	if err := r.tb.Client.Do(func() (err error) {
+		tcp, err = net.Dial("tcp", r.mc.Addr4.String())
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer tcp.Close()
+	reply := bufio.NewReader(tcp)
+	flush := func(arg string) time.Duration {
+		t.Helper()
+		tcp.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := tcp.Write([]byte("flush_all " + arg + "\r\n")); err != nil {
+			t.Fatal(err)
+		}
+		if line, err := reply.ReadString('\n'); err != nil || line != "OK\r\n" {
+			t.Fatalf("flush_all %s: reply %q, %v", arg, line, err)
+		}
+		hold, err := tr.FlushHold()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var now unix.Timespec
+		unix.ClockGettime(unix.CLOCK_MONOTONIC, &now)
+		return hold - time.Duration(now.Nano())
+	}
+	for _, arg := range []string{"0", "-5", "+0"} {
+		if left := flush(arg); left > 0 {
+			t.Fatalf("flush_all %s (at once): held for %v", arg, left)
+		}
+	}
+	for _, c := range []struct {
+		arg  string
+		want time.Duration // delay plus 2 s
+	}{{"+3", 5 * time.Second}, {"000000000007", 9 * time.Second}} {
+		if left := flush(c.arg); left > c.want || left < c.want-time.Second {
+			t.Fatalf("flush_all %s: held for %v, want about %v", c.arg, left, c.want)
+		}
+	}
+	if left := flush("-5000000000"); left < 100*365*24*time.Hour {
+		t.Fatalf("flush_all -5000000000: held for %v, want for good", left)
+	}
+}

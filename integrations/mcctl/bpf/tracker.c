@@ -147,13 +147,13 @@ static __always_inline void bump_unacked(__u32 slot)
 }
 
 /* A flush_all with a delay (seconds, or a unix time above
- * MC_FLUSH_RELATIVE_MAX; -1: one the tracker cannot read) empties memcached
+ * MC_FLUSH_RELATIVE_MAX; -1: one memcached cuts to 32 bits) empties memcached
  * later, with no packet to show when: the epoch bumps of its request and
  * reply come too early. Record when it has surely been applied, before
  * those bumps, so that the controller keeps every rule away until then. */
 static __always_inline void hold_for_flush(__s64 delay)
 {
-	__u64 until = ~0ull; /* unreadable: hold until the controller restarts */
+	__u64 until = ~0ull; /* unforeseeable: hold for good */
 	if (delay > MC_FLUSH_RELATIVE_MAX) {
 		__s64 at = delay - realtime_minus_monotonic + MC_FLUSH_SLACK;
 		until = at > 0 ? (__u64)at * 1000000000ull : 0;
@@ -430,6 +430,53 @@ __noinline __s64 mc_token_num(const struct mc_stream *s, const struct tokens *t,
 }
 #define token_num mc_token_num
 
+struct digits_walk {
+	const struct mc_stream *s;
+	__u32 at, len;
+	__u32 digits; /* significant ones */
+	__u32 bad;    /* not a digit */
+	__s64 v;      /* of the first 10 significant digits */
+};
+
+static long digits_step(__u32 i, struct digits_walk *w)
+{
+	if (i >= w->len)
+		return 1;
+	__u8 c = w->s->head[(w->at + i) & (MC_HEAD - 1)];
+	if (c < '0' || c > '9') {
+		w->bad = 1;
+		return 1;
+	}
+	if (w->v || c != '0')
+		w->digits++;
+	if (w->digits <= 10)
+		w->v = w->v * 10 + (c - '0');
+	return 0;
+}
+
+/* flush_all's delay, token 1, as memcached reads it (safe_strtol: a sign,
+ * then decimal digits, at most INT_MAX): 0 if it flushes at once (0 or
+ * negative) or refuses the command (no flush); -1 for a negative number
+ * below INT_MIN, which memcached cuts to 32 bits, an unforeseeable delay. */
+__noinline __s64 mc_flush_delay(const struct mc_stream *s, const struct tokens *t)
+{
+	if (!s || !t || t->n < 2)
+		return 0;
+	struct digits_walk w = {.s = s, .at = t->start[1], .len = t->len[1]};
+	__u8 sign = s->head[w.at & (MC_HEAD - 1)];
+	if (sign == '+' || sign == '-')
+		w.at++, w.len--;
+	if (w.len == 0)
+		return 0;
+	bpf_loop(MC_HEAD, digits_step, &w, 0);
+	if (w.bad)
+		return 0;
+	if (sign == '-') /* over 18 digits: out of a long's range, refused */
+		return w.digits > 18 ? 0 : w.digits > 10 || w.v > 0x80000000ll ? -1 : 0;
+	return w.digits > 10 || w.v > 0x7fffffff ? 0 : w.v;
+}
+#define flush_delay mc_flush_delay
+
 /* The guard slot of the key at head[at, at + len): mcctl.KeySlot is the twin. */
 __noinline __u32 mc_key_slot(const struct mc_stream *s, __u32 at, __u32 len)
 {
@@ -460,7 +507,7 @@ struct verdict {
 	__u32 slot;
 	__u32 skip;   /* value bytes that follow the head */
 	__u32 noreply;
-	__s64 flush_delay; /* a flush's delay argument, 0 if none; -1: unreadable */
+	__s64 flush_delay; /* a flush's delay argument, 0 if none; -1: unforeseeable */
 };
 
 /* A binary flush's expiration extra (big-endian seconds), 0 without one. */
@@ -590,7 +637,7 @@ __noinline int mc_classify(const struct mc_stream *s, struct verdict *v)
 		v->slot = MC_EPOCH_SLOT;
 		v->noreply = last_noreply;
 		if (t->n > 1 && !IS(1, "noreply"))
-			v->flush_delay = token_num(s, t, 1);
+			v->flush_delay = flush_delay(s, t);
 	} else if (IS(0, "verbosity")) {
 		v->kind = MC_READ;
 		v->noreply = last_noreply;
