@@ -225,7 +225,7 @@ func (f *memcachedFlags) run(e env, g *globals, mode mcctl.Mode, keys []string) 
 					seen = append(seen, fmt.Sprintf("%s=%d", k, r.Tracker[k]))
 				}
 			}
-			return fmt.Sprintf("done: %d keys offloaded, %d rebuilt, %d removed; %d slots bumped again after writes without a reply; tracker: %s",
-				r.Installed, r.Refreshed, r.Removed, r.Settled, strings.Join(seen, " "))
+			return fmt.Sprintf("done: %d keys offloaded, %d rebuilt, %d removed; %d slots bumped again after writes without a reply; %d held for a delayed flush; tracker: %s",
+				r.Installed, r.Refreshed, r.Removed, r.Settled, r.HeldForFlush, strings.Join(seen, " "))
 		})
 }
