@@ -538,6 +538,7 @@ func parsePort(s string) (uint16, error) {
 // parsePortProto reads N/udp, N/tcp or N (udp) as attach --port takes it.
 func parsePortProto(s string) (uint16, uint32, error) {
 	num, name, found := strings.Cut(s, "/")
+	name = strings.ToLower(name) // 53/UDP too
 	proto := uint32(api.ProtocolUDP)
 	switch {
 	case !found || name == "udp":

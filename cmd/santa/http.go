@@ -47,6 +47,7 @@ run in nginx's network namespace, next to santad. See docs/http.md.`,
 			if err := refuseZero(cmd, "max-rules", "min-samples", "sample-rate", "max-reply", "interval", "lease", "settle", "timeout", "tag"); err != nil {
 				return err
 			}
+			port = strings.ToLower(port) // 80/TCP too
 			if strings.Contains(port, "/") && !strings.HasSuffix(port, "/tcp") {
 				return fmt.Errorf("--port %q: nginx's HTTP is TCP: give the port alone or as PORT/tcp", port)
 			}

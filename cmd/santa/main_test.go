@@ -89,7 +89,7 @@ func TestParsePort(t *testing.T) {
 	for in, want := range map[string]struct {
 		port  uint16
 		proto uint32
-	}{"53": {53, api.ProtocolUDP}, "53/udp": {53, api.ProtocolUDP}, "80/tcp": {80, api.ProtocolTCP}, "65535/tcp": {65535, api.ProtocolTCP}} {
+	}{"53": {53, api.ProtocolUDP}, "53/udp": {53, api.ProtocolUDP}, "53/UDP": {53, api.ProtocolUDP}, "80/tcp": {80, api.ProtocolTCP}, "65535/tcp": {65535, api.ProtocolTCP}} {
 		if p, proto, err := parsePortProto(in); err != nil || p != want.port || proto != want.proto {
 			t.Errorf("parsePortProto(%q) = %d, %d, %v; want %d, %d", in, p, proto, err, want.port, want.proto)
 		}

@@ -149,7 +149,7 @@ func htons(v uint16) uint16 { return v<<8 | v>>8 }
 func (t *Tracker) Attach(ifname string) error {
 	ifc, err := net.InterfaceByName(ifname)
 	if err != nil {
-		return err
+		return fmt.Errorf("interface %s: %w", ifname, err)
 	}
 	return t.AttachIndex(ifc.Index, ifname)
 }
