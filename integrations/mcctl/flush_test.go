@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"io"
-	"net"
 	"path/filepath"
 	"regexp"
 	"testing"
@@ -40,14 +39,7 @@ func TestDelayedFlushApplies(t *testing.T) {
 			// opened after the tracker: those before bump the epoch with every
 			// segment, which would keep retiring the stale rule
 			_, conns := r.clients(false)
-			var raw net.Conn
-			if err := r.tb.Client.Do(func() (err error) {
-				raw, err = net.Dial("tcp", r.mc.Addr4.String())
-				return err
-			}); err != nil {
-				t.Fatal(err)
-			}
-			defer raw.Close()
+			raw := r.dialTCP(t)
 			if _, err := raw.Write(c.request); err != nil {
 				t.Fatal(err)
 			}
@@ -115,14 +107,7 @@ func TestDelayedFlushAcrossRestart(t *testing.T) {
 	r := newRig(t)
 	const key = "flush:key"
 	_, first, get := r.offloadOld(key)
-	var raw net.Conn
-	if err := r.tb.Client.Do(func() (err error) {
-		raw, err = net.Dial("tcp", r.mc.Addr4.String())
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	defer raw.Close()
+	raw := r.dialTCP(t)
 	if _, err := raw.Write([]byte("flush_all 4\r\n")); err != nil {
 		t.Fatal(err)
 	}

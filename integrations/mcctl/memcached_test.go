@@ -47,6 +47,21 @@ type rig struct {
 }
 
 // newRig starts memcached, and santad with more flags (e.g. --config).
+// dialTCP connects to memcached's TCP port from the client namespace; the
+// connection stays open until the test ends.
+func (r *rig) dialTCP(t *testing.T) net.Conn {
+	t.Helper()
+	var c net.Conn
+	if err := r.tb.Client.Do(func() (err error) {
+		c, err = net.Dial("tcp", r.mc.Addr4.String())
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
 func newRig(t *testing.T, santadFlags ...string) *rig {
 	return newRigWith(t, testbed.MemcachedOptions{}, santadFlags...)
 }
@@ -382,14 +397,7 @@ func TestWriteWithoutReplySettles(t *testing.T) {
 	r := newRig(t)
 	const key = "settle:key"
 	_, ctl, get := r.offloadOld(key, "--settle", "2s")
-	var raw net.Conn
-	if err := r.tb.Client.Do(func() (err error) {
-		raw, err = net.Dial("tcp", r.mc.Addr4.String())
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	defer raw.Close() // open until the end: memcached's FIN would bump the slot
+	raw := r.dialTCP(t) // open until the end: memcached's FIN would bump the slot
 	if _, err := raw.Write([]byte("set " + key + " 0 0 3 noreply\r\n")); err != nil {
 		t.Fatal(err)
 	}

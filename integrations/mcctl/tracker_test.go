@@ -214,14 +214,7 @@ func TestTrackerClassifiesGets(t *testing.T) {
 // holds for good.
 func TestTrackerReadsFlushDelays(t *testing.T) {
 	r, tr := newTrackerRig(t)
-	var tcp net.Conn
-	if err := r.tb.Client.Do(func() (err error) {
-		tcp, err = net.Dial("tcp", r.mc.Addr4.String())
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	defer tcp.Close()
+	tcp := r.dialTCP(t)
 	reply := bufio.NewReader(tcp)
 	flush := func(arg string) time.Duration {
 		t.Helper()
