@@ -445,7 +445,11 @@ func (p *httpPart) measure(f func() error) (g httpGet, err error) {
 	}
 	if l := p.accessLog(); len(l) > logBefore {
 		for _, line := range l[logBefore:] {
-			g.nginx = append(g.nginx, logged(line))
+			// the client's requests only: the controller's own fetches
+			// (from the server's side) may fall in the same window
+			if remote, _, _ := strings.Cut(line, " "); remote == p.tb.Client.IP4.String() || remote == p.tb.Client.IP6.String() {
+				g.nginx = append(g.nginx, logged(line))
+			}
 		}
 	}
 	var ids []uint64
