@@ -9,6 +9,7 @@
 #define ETH_P_IP 0x0800
 #define ETH_P_IPV6 0x86DD
 #define ETH_P_8021Q 0x8100
+#define VLAN_VID_MASK 0x0fff
 #define IP_MF 0x2000
 #define IP_OFFSET 0x1FFF
 #define NEXTHDR_UDP 17
@@ -44,6 +45,7 @@ enum parse_result {
 	PARSE_FRAGMENT,
 	PARSE_MALFORMED,
 	PARSE_BAD_ADDRESS,
+	PARSE_VLAN,
 };
 
 /* IPv4 addresses no unicast host has: 0/8, 127/8, 224/4 and above
@@ -114,6 +116,11 @@ static __always_inline int parse_eth(struct cursor *c, __u16 *proto, __u32 *l2_l
 		struct vlan_hdr *vlan = c->pos;
 		if ((void *)(vlan + 1) > c->end)
 			return PARSE_MALFORMED;
+		/* the kernel hands a frame of VLAN n > 0 to the host's device for
+		 * that VLAN, if any, which may have other sockets, or sit in another
+		 * namespace; VLAN 0 only carries a priority */
+		if (vlan->h_vlan_TCI & bpf_htons(VLAN_VID_MASK))
+			return PARSE_VLAN;
 		c->pos = vlan + 1;
 		*proto = vlan->h_vlan_encapsulated_proto;
 		*l2_len += sizeof(*vlan);

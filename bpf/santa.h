@@ -193,6 +193,7 @@ struct santa_reasons {
 	__u64 answered;          /* a rule matched and the reply was sent with XDP_TX */
 	__u64 pass_not_ip;       /* not IPv4/IPv6 (ARP, LLDP, ...) */
 	__u64 pass_not_unicast;  /* Ethernet multicast/broadcast: never answered */
+	__u64 pass_vlan;         /* 802.1Q tag of a VLAN (not 0): the kernel's VLAN device, if any, receives it */
 	__u64 pass_not_udp;      /* another transport protocol than UDP and TCP */
 	__u64 pass_ip_options;   /* IPv4 header with options */
 	__u64 pass_ipv6_ext;     /* IPv6 extension header */

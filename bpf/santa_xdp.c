@@ -26,6 +26,7 @@ static __always_inline int count_parse_result(int err)
 	case PARSE_IPV6_EXT: COUNT(pass_ipv6_ext); break;
 	case PARSE_FRAGMENT: COUNT(pass_fragment); break;
 	case PARSE_BAD_ADDRESS: COUNT(pass_bad_address); break;
+	case PARSE_VLAN: COUNT(pass_vlan); break;
 	default: COUNT(pass_malformed); break;
 	}
 	return XDP_PASS;

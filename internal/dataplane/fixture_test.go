@@ -33,7 +33,8 @@ type udpPacket struct {
 	src, dst   netip.AddrPort
 	srcMAC     net.HardwareAddr
 	dstMAC     net.HardwareAddr
-	vlan       uint16 // 0: untagged
+	tagged     bool   // an 802.1Q tag of VLAN vlan (0: a priority tag)
+	vlan       uint16
 	payload    []byte
 	reply      bool // header fields as the rule processor writes them
 	ipv4Opts   bool // add an IPv4 option
@@ -60,7 +61,7 @@ func (p udpPacket) build(t testing.TB) []byte {
 	if p.src.Addr().Is6() {
 		etherType = layers.EthernetTypeIPv6
 	}
-	if p.vlan != 0 {
+	if p.tagged {
 		eth.EthernetType = layers.EthernetTypeDot1Q
 		stack = append(stack, &layers.Dot1Q{VLANIdentifier: p.vlan, Type: etherType})
 	} else {
@@ -105,7 +106,7 @@ func (p udpPacket) build(t testing.TB) []byte {
 	b := buf.Bytes()
 	// drop gopacket's padding to the 60-byte Ethernet minimum: the frame ends with the payload
 	l4 := 14 + 20
-	if p.vlan != 0 {
+	if p.tagged {
 		l4 += 4
 	}
 	if p.src.Addr().Is6() {

@@ -853,8 +853,11 @@ func (fx *fzFixture) genPacket(r, ext *fzReader, rules []*fzRule) fzPacket {
 	v6 := r.chance(40)
 	var vlan uint16
 	var prio uint8
-	if r.chance(25) {
-		vlan = uint16(1 + r.intn(4094))
+	tagged := r.chance(25)
+	if tagged {
+		if r.chance(50) {
+			vlan = uint16(1 + r.intn(4094))
+		}
 		prio = uint8(r.intn(8))
 	}
 	// destination port: the target's socket mostly
@@ -963,11 +966,11 @@ func (fx *fzFixture) genPacket(r, ext *fzReader, rules []*fzRule) fzPacket {
 	}
 
 	frame := fzBuildFrame(fzFrameSpec{
-		srcMAC: fx.tb.Client.MAC, dstMAC: fx.tb.Server.MAC, vlan: vlan, prio: prio,
+		srcMAC: fx.tb.Client.MAC, dstMAC: fx.tb.Server.MAC, tagged: tagged, vlan: vlan, prio: prio,
 		src: netip.AddrPortFrom(src, srcPort), dst: netip.AddrPortFrom(dst, port), payload: payload,
 	})
 	l3 := 14
-	if vlan != 0 {
+	if tagged {
 		l3 = 18
 	}
 	l4 := l3 + 20
@@ -983,7 +986,7 @@ func (fx *fzFixture) genPacket(r, ext *fzReader, rules []*fzRule) fzPacket {
 	// the UDP checksum last: valid, partial, absent or wrong
 	csum := r.intn(16)
 	frame = fzSetChecksum(frame, csum, arg)
-	desc := fmt.Sprintf("v6=%v vlan=%d dst=%s(%s):%d src=%s(%s):%d mut=%d csum=%d payload=%q", v6, vlan, dst, dstKind, port,
+	desc := fmt.Sprintf("v6=%v tagged=%v vlan=%d dst=%s(%s):%d src=%s(%s):%d mut=%d csum=%d payload=%q", v6, tagged, vlan, dst, dstKind, port,
 		src, srcKind, srcPort, mut, csum, payload)
 	return fzPacket{frame: frame, desc: desc}
 }
@@ -1039,6 +1042,7 @@ func (fx *fzFixture) oddAddr(kind string, v6 bool) netip.Addr {
 
 type fzFrameSpec struct {
 	srcMAC, dstMAC net.HardwareAddr
+	tagged         bool // an 802.1Q tag of VLAN vlan (0: a priority tag)
 	vlan           uint16
 	prio           uint8
 	src, dst       netip.AddrPort
@@ -1057,7 +1061,7 @@ func fzBuildFrame(s fzFrameSpec) []byte {
 		etherType = layers.EthernetTypeIPv6
 		hdr += 20
 	}
-	if s.vlan != 0 {
+	if s.tagged {
 		eth.EthernetType = layers.EthernetTypeDot1Q
 		stack = append(stack, &layers.Dot1Q{Priority: s.prio, VLANIdentifier: s.vlan, Type: etherType})
 		hdr += 4
@@ -1261,6 +1265,9 @@ func fzParse(f []byte) (*fzParsed, string) {
 		}
 		p.vlan = true
 		p.tci = binary.BigEndian.Uint16(f[14:])
+		if p.tci&0x0fff != 0 {
+			return nil, "a VLAN's frame (not VLAN 0)"
+		}
 		et = binary.BigEndian.Uint16(f[16:])
 		p.l3 = 18
 	}
@@ -1474,9 +1481,7 @@ func fzBadAddr(a netip.Addr) bool {
 func fzReplyFrame(p *fzParsed, payload []byte) []byte {
 	s := fzFrameSpec{srcMAC: p.dstMAC, dstMAC: p.srcMAC, src: netip.AddrPortFrom(p.dst, p.dport),
 		dst: netip.AddrPortFrom(p.src, p.sport), payload: payload, reply: true}
-	if p.vlan {
-		s.vlan = 1 // a placeholder: the request's tag (PCP, DEI, VLAN 0 too) is kept as is
-	}
+	s.tagged = p.vlan // the request's tag (PCP, DEI) is kept as is
 	f := fzBuildFrame(s)
 	if p.vlan {
 		binary.BigEndian.PutUint16(f[14:], p.tci)

@@ -37,26 +37,35 @@ func request(c, s netip.AddrPort, payload string) udpPacket {
 }
 
 func (p udpPacket) answer(payload []byte) udpPacket {
-	return udpPacket{src: p.dst, dst: p.src, vlan: p.vlan, payload: payload, reply: true}
+	return udpPacket{src: p.dst, dst: p.src, tagged: p.tagged, vlan: p.vlan, payload: payload, reply: true}
 }
 
-func TestPaperExampleOverFamiliesAndVLAN(t *testing.T) {
+func TestPaperExampleOverFamiliesAndTags(t *testing.T) {
 	e := newEnv(t, Config{})
 	for _, v6 := range []bool{false, true} {
 		c, s := fixtureAddrs(e, v6, 7000)
 		e.bindRules(e.socket(s, false), reply("Hello", "COMSYS"))
-		for _, vlan := range []uint16{0, 42} {
-			name := fmt.Sprintf("v6=%v vlan=%d", v6, vlan)
+		// untagged, and with a priority tag (VLAN 0: the kernel delivers it
+		// as untagged; the reply keeps the tag)
+		for _, tagged := range []bool{false, true} {
+			name := fmt.Sprintf("v6=%v tagged=%v", v6, tagged)
 			req := request(c, s, "Hello")
-			req.vlan = vlan
+			req.tagged = tagged
 			e.expect(name+" match", req.build(t), xdpTx, req.answer([]byte("COMSYS")).build(t), "answered")
 			miss := request(c, s, "Hellx")
-			miss.vlan = vlan
+			miss.tagged = tagged
 			e.expect(name+" miss", miss.build(t), xdpPass, nil, "pass_no_match")
 			// a longer request still matches: conditions look at their bytes only
 			long := request(c, s, "Hello, world")
-			long.vlan = vlan
+			long.tagged = tagged
 			e.expect(name+" longer", long.build(t), xdpTx, long.answer([]byte("COMSYS")).build(t), "answered")
+		}
+		// a VLAN's frame is the kernel's: its device for that VLAN, if any,
+		// may have other sockets or sit in another namespace
+		for _, vlan := range []uint16{1, 42, 4095} {
+			req := request(c, s, "Hello")
+			req.tagged, req.vlan = true, vlan
+			e.expect(fmt.Sprintf("v6=%v vlan=%d", v6, vlan), req.build(t), xdpPass, nil, "pass_vlan")
 		}
 	}
 }

@@ -134,6 +134,7 @@ type santaSantaReasons struct {
 	Answered             uint64
 	PassNotIp            uint64
 	PassNotUnicast       uint64
+	PassVlan             uint64
 	PassNotUdp           uint64
 	PassIpOptions        uint64
 	PassIpv6Ext          uint64
