@@ -1,14 +1,11 @@
 package daemon_test
 
 import (
-	"bufio"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
-	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -419,28 +416,7 @@ func TestMetrics(t *testing.T) {
 		}
 	}
 	conn.Close()
-	var body string
-	if err := tb.Server.Do(func() error {
-		// dial here: the connection must be made inside the server namespace
-		conn, err := net.Dial("tcp", sd.Metrics)
-		if err != nil {
-			return err
-		}
-		defer conn.Close()
-		if _, err := conn.Write([]byte("GET /metrics HTTP/1.0\r\n\r\n")); err != nil {
-			return err
-		}
-		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
-		if err != nil {
-			return err
-		}
-		defer resp.Body.Close()
-		b, err := io.ReadAll(resp.Body)
-		body = string(b)
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
+	body := sd.scrape()
 	for _, want := range []string{
 		fmt.Sprintf(`santa_rule_hits_total{rule="%d",socket="%d"} 6`, a.Rule, a.Cookie),
 		`santa_dataplane_events_total{event="answered"} 6`,

@@ -5,6 +5,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -250,4 +253,32 @@ func addPingPong(t *testing.T, c *santa.Client, target santa.Target) {
 	}}); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// scrape reads santad's Prometheus endpoint from inside the server namespace.
+func (s *santadProc) scrape() string {
+	s.t.Helper()
+	var body string
+	if err := s.tb.Server.Do(func() error {
+		// dial here: the connection must be made inside the server namespace
+		conn, err := net.Dial("tcp", s.Metrics)
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		if _, err := conn.Write([]byte("GET /metrics HTTP/1.0\r\n\r\n")); err != nil {
+			return err
+		}
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		body = string(b)
+		return err
+	}); err != nil {
+		s.t.Fatal(err)
+	}
+	return body
 }
