@@ -114,11 +114,11 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	}
 	d.mu.Unlock()
 	for _, s := range socks {
-		stats, err := d.dp.RuleStats(s.cookie)
+		stats, gone, err := d.dp.SocketStats(s.cookie)
 		if err != nil {
 			continue // unbound meanwhile
 		}
-		var hits uint64
+		hits := gone.Hits // a counter: the hits of rules since gone stay in
 		for id, st := range stats {
 			hits += st.Hits
 			if perRule {

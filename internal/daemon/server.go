@@ -404,12 +404,14 @@ func (d *Daemon) socketInfo(rs *ruleSet) api.SocketInfo {
 	return si
 }
 
-// addHits counts the hits of each socket's rules, without santad's lock:
-// reading the counters of a million rules takes about 0.4 s, which would
-// hold up every request.
+// addHits counts the hits of each socket's rules, those since gone
+// included (they only grow while the socket is bound), without santad's
+// lock: reading the counters of a million rules takes about 0.4 s, which
+// would hold up every request.
 func (d *Daemon) addHits(socks []api.SocketInfo) {
 	for i := range socks {
-		if stats, err := d.dp.RuleStats(socks[i].Cookie); err == nil {
+		if stats, gone, err := d.dp.SocketStats(socks[i].Cookie); err == nil {
+			socks[i].Hits = gone.Hits
 			for _, st := range stats {
 				socks[i].Hits += st.Hits
 			}

@@ -17,8 +17,9 @@ type retiring struct {
 	at             time.Time
 }
 
-// retire hands each old rule's counts to its successor and unlinks it after
-// the grace period. Callers hold d.mu.
+// retire hands each old rule's counts to its successor, or to its rule
+// set's total of rules gone if it has none (a replace), and unlinks it
+// after the grace period. Callers hold d.mu.
 func (d *Dataplane) retire(olds []*installed, successors map[RuleID]*installed) {
 	now := time.Now()
 	start := len(d.retiring)
@@ -26,37 +27,30 @@ func (d *Dataplane) retire(olds []*installed, successors map[RuleID]*installed) 
 		d.retiring = append(d.retiring, retiring{old: o, successor: successors[o.id], at: now})
 	}
 	handing := d.retiring[start:]
-	counts := d.oldCounts(handing, func(r *retiring) bool { return r.successor != nil })
+	counts := d.countsOf(oldRules(handing))
 	for i := range handing {
-		if r := &handing[i]; r.successor != nil {
-			r.handed = baseOf(d.bases, r.old.slot).add(counts[i])
-			d.setBase(r.successor.slot, r.handed)
-		}
+		r := &handing[i]
+		r.handed = baseOf(d.bases, r.old.slot).add(counts[i])
+		d.handOn(r, r.handed)
 	}
 	time.AfterFunc(retireGrace, d.reapRetired)
 }
 
-// oldCounts reads the per-CPU counters of the old rules of rs for which
-// wanted holds (zero for the others), batched when there are many: a
-// rebuild retires every rule of its set. Callers hold d.mu.
-func (d *Dataplane) oldCounts(rs []retiring, wanted func(*retiring) bool) []RuleStats {
-	var slots []uint32
-	var at []int
-	var highest uint32
+// handOn adds counts of r's old rule to its successor, or, if that is gone
+// too (or there is none), to the rule set's total of rules gone: either way
+// the socket's totals keep them. Callers hold d.mu.
+func (d *Dataplane) handOn(r *retiring, counts RuleStats) {
+	if s := r.successor; s != nil && d.byID[s.id] == s {
+		d.setBase(s.slot, baseOf(d.bases, s.slot).add(counts))
+	} else {
+		r.old.owner.gone = r.old.owner.gone.add(counts)
+	}
+}
+
+func oldRules(rs []retiring) []*installed {
+	out := make([]*installed, len(rs))
 	for i := range rs {
-		if wanted(&rs[i]) {
-			slots = append(slots, rs[i].old.slot)
-			at = append(at, i)
-			highest = max(highest, rs[i].old.slot)
-		}
-	}
-	counts, err := d.countersOf(slots, highest)
-	if err != nil { // as slotCounters: unreadable counters count nothing
-		counts = make([]RuleStats, len(slots))
-	}
-	out := make([]RuleStats, len(rs))
-	for j, i := range at {
-		out[i] = counts[j]
+		out[i] = rs[i].old
 	}
 	return out
 }
@@ -75,32 +69,38 @@ func (d *Dataplane) reapDue() {
 	for due < len(d.retiring) && time.Since(d.retiring[due].at) >= retireGrace {
 		due++
 	}
-	live := func(r *retiring) bool { return r.successor != nil && d.byID[r.successor.id] == r.successor }
-	counts := d.oldCounts(d.retiring[:due], live)
-	for i := range d.retiring[:due] {
-		r := &d.retiring[i]
-		if live(r) {
-			late := baseOf(d.bases, r.old.slot).add(counts[i])
-			s := r.successor
-			d.setBase(s.slot, baseOf(d.bases, s.slot).add(RuleStats{late.Hits - r.handed.Hits, late.Bytes - r.handed.Bytes}))
-		}
-		d.uninstall(r.old)
-	}
+	d.reap(d.retiring[:due])
 	d.retiring = d.retiring[due:]
 }
 
+// reap hands on the counts retired rules made since they were retired and
+// unlinks them. Callers hold d.mu.
+func (d *Dataplane) reap(rs []retiring) {
+	counts := d.countsOf(oldRules(rs))
+	for i := range rs {
+		r := &rs[i]
+		late := baseOf(d.bases, r.old.slot).add(counts[i])
+		d.handOn(r, RuleStats{late.Hits - r.handed.Hits, late.Bytes - r.handed.Bytes})
+		d.uninstall(r.old)
+	}
+}
+
 // unlinkRetired unlinks at once the old versions of rules being deleted:
-// a deleted rule must not answer, not even in an older version. Callers hold d.mu.
+// a deleted rule must not answer, not even in an older version. Callers
+// hold d.mu, and have uninstalled the deleted rules (so the old versions'
+// last counts go to their rule set's total of rules gone).
 func (d *Dataplane) unlinkRetired(gone map[RuleID]bool) {
+	var now []retiring
 	kept := d.retiring[:0]
 	for _, r := range d.retiring {
 		if gone[r.old.id] {
-			d.uninstall(r.old)
+			now = append(now, r)
 		} else {
 			kept = append(kept, r)
 		}
 	}
 	d.retiring = kept
+	d.reap(now)
 }
 
 // drainRetired waits out the grace period of every retired rule and unlinks

@@ -32,6 +32,7 @@ type ruleset struct {
 	generation uint32
 	rules      []*installed // in insertion order
 	sample     SampleOptions
+	gone       RuleStats // what rules no longer in the set counted (SocketStats)
 }
 
 type installed struct {
@@ -333,12 +334,17 @@ func (d *Dataplane) DeleteRules(cookie uint64, del []RuleID) error {
 	if !ok {
 		return fmt.Errorf("rule %d is not a rule of socket %#x", missing, cookie)
 	}
-	d.unlinkRetired(gone)
 	removed := make([]*compiledRule, len(at))
+	leaving := make([]*installed, len(at))
 	for k, i := range at {
 		d.uninstall(rs.rules[i])
-		removed[k] = rs.rules[i].rule
+		removed[k], leaving[k] = rs.rules[i].rule, rs.rules[i]
 	}
+	// read once unlinked: their slots keep their counters within the quarantine
+	for k, c := range d.countsOf(leaving) {
+		rs.gone = rs.gone.add(baseOf(d.bases, leaving[k].slot)).add(c)
+	}
+	d.unlinkRetired(gone)
 	rs.rules = removeAt(rs.rules, at)
 	if rs.disjoint != nil {
 		rs.disjoint.removeRules(removed)

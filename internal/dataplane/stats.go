@@ -72,13 +72,22 @@ func (d *Dataplane) resetSlotStats(slots []uint32) error {
 	return nil
 }
 
-// RuleStats returns the statistics of the socket's rules. It holds the data
+// RuleStats returns the statistics of the socket's rules (see SocketStats).
+func (d *Dataplane) RuleStats(cookie uint64) (map[RuleID]RuleStats, error) {
+	rules, _, err := d.SocketStats(cookie)
+	return rules, err
+}
+
+// SocketStats returns the statistics of the socket's rules, and what its
+// rules since gone counted (deleted, replaced, old versions): with these
+// the socket's totals only grow while it stays bound. Both are noted
+// together, so a rule going meanwhile counts once. It holds the data
 // plane's lock only to note the rules' slots: reading the counters of a
 // million rules takes about 0.4 s, which would hold up every change (and
 // santad's Prometheus scrapes read them all). A rule deleted meanwhile is
 // still reported: its slot is not reused, nor its counters reset, within
 // the quarantine.
-func (d *Dataplane) RuleStats(cookie uint64) (map[RuleID]RuleStats, error) {
+func (d *Dataplane) SocketStats(cookie uint64) (rules map[RuleID]RuleStats, gone RuleStats, err error) {
 	type counted struct {
 		id   RuleID
 		slot uint32
@@ -88,29 +97,71 @@ func (d *Dataplane) RuleStats(cookie uint64) (map[RuleID]RuleStats, error) {
 	rs, ok := d.bySocket[cookie]
 	if !ok {
 		d.mu.Unlock()
-		return nil, fmt.Errorf("%w: %#x", ErrNotBound, cookie)
+		return nil, RuleStats{}, fmt.Errorf("%w: %#x", ErrNotBound, cookie)
 	}
-	rules := make([]counted, len(rs.rules))
+	noted := make([]counted, len(rs.rules))
 	var highest uint32
 	for i, r := range rs.rules {
-		rules[i] = counted{r.id, r.slot, baseOf(d.bases, r.slot)}
+		noted[i] = counted{r.id, r.slot, baseOf(d.bases, r.slot)}
 		highest = max(highest, r.slot)
 	}
+	gone = rs.gone
 	d.mu.Unlock()
 
-	slots := make([]uint32, len(rules))
-	for i, r := range rules {
+	slots := make([]uint32, len(noted))
+	for i, r := range noted {
 		slots[i] = r.slot
 	}
 	counts, err := d.countersOf(slots, highest)
 	if err != nil {
-		return nil, err
+		return nil, RuleStats{}, err
 	}
-	out := make(map[RuleID]RuleStats, len(rules))
+	rules = make(map[RuleID]RuleStats, len(noted))
+	for i, r := range noted {
+		rules[r.id] = r.base.add(counts[i])
+	}
+	return rules, gone, nil
+}
+
+// GoneStats is what the socket's rules since gone counted (SocketStats).
+func (d *Dataplane) GoneStats(cookie uint64) (RuleStats, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	rs, ok := d.bySocket[cookie]
+	if !ok {
+		return RuleStats{}, fmt.Errorf("%w: %#x", ErrNotBound, cookie)
+	}
+	return rs.gone, nil
+}
+
+// CarryGoneStats adds to the socket's total of rules gone what a previous
+// instance's rules gone counted (see CarryStats).
+func (d *Dataplane) CarryGoneStats(cookie uint64, s RuleStats) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	rs, ok := d.bySocket[cookie]
+	if !ok {
+		return fmt.Errorf("%w: %#x", ErrNotBound, cookie)
+	}
+	rs.gone = rs.gone.add(s)
+	return nil
+}
+
+// countsOf reads the per-CPU counters of rules (zero if unreadable, as
+// slotCounters), batched when there are many: a rebuild retires every rule
+// of its set. Callers hold d.mu.
+func (d *Dataplane) countsOf(rules []*installed) []RuleStats {
+	slots := make([]uint32, len(rules))
+	var highest uint32
 	for i, r := range rules {
-		out[r.id] = r.base.add(counts[i])
+		slots[i] = r.slot
+		highest = max(highest, r.slot)
 	}
-	return out, nil
+	counts, err := d.countersOf(slots, highest)
+	if err != nil {
+		return make([]RuleStats, len(rules))
+	}
+	return counts
 }
 
 // countersOf reads the per-CPU counters of slots (none above highest),
