@@ -164,14 +164,15 @@ func Start(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 	if d.release, err = d.dp.AttachReleaseHook(cgroup); err != nil {
 		return nil, err
 	}
-	if err := d.restore(prev); err != nil {
+	expired, err := d.restore(prev)
+	if err != nil {
 		return nil, err
 	}
 	if err := d.attach(); err != nil {
 		return nil, err
 	}
 	if prev != nil && len(d.sets) > 0 {
-		d.carryStats(prev)
+		d.carryStats(prev, expired)
 	}
 	next := 1
 	if len(gens) > 0 {
@@ -213,8 +214,10 @@ func Start(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 	return d, nil
 }
 
-// restore rebuilds the rule sets of the journal whose sockets are still open.
-func (d *Daemon) restore(prev *dataplane.Previous) error {
+// restore rebuilds the rule sets of the journal whose sockets are still
+// open, and returns the ids of the rules it left out because their time
+// came while no santad ran, by socket.
+func (d *Daemon) restore(prev *dataplane.Previous) (expiredRules map[uint64][]dataplane.RuleID, _ error) {
 	records, torn, err := readJournal(d.cfg.journalPath())
 	if damaged := (*damagedJournal)(nil); errors.As(err, &damaged) {
 		d.log.Error("journal damaged: santad does not start, and leaves the journal as it is", "file", damaged.path,
@@ -222,7 +225,7 @@ func (d *Daemon) restore(prev *dataplane.Previous) error {
 			"bytes_following", damaged.following, "intact_records_following", damaged.intactRecords)
 	}
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if torn.bytes > 0 {
 		d.log.Warn("journal ends in an incomplete record, a change santad died writing and never acknowledged: dropped",
@@ -230,11 +233,12 @@ func (d *Daemon) restore(prev *dataplane.Previous) error {
 	}
 	sets, lastID, err := replay(records)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	d.dp.SkipIDs(dataplane.RuleID(lastID))
 	t0 := time.Now()
 	var dropped, expired, rules int
+	expiredRules = map[uint64][]dataplane.RuleID{}
 	cookies := make([]uint64, 0, len(sets))
 	for c := range sets {
 		cookies = append(cookies, c)
@@ -247,7 +251,7 @@ func (d *Daemon) restore(prev *dataplane.Previous) error {
 			continue
 		}
 		if err := d.dp.Bind(dataplaneSocket(rs.info), rs.sample); err != nil {
-			return fmt.Errorf("restore socket %d: %w", cookie, err)
+			return nil, fmt.Errorf("restore socket %d: %w", cookie, err)
 		}
 		if !prev.Alive(cookie) { // closed between the check and the bind: the old hook saw it
 			d.dp.Unbind(cookie)
@@ -255,9 +259,13 @@ func (d *Daemon) restore(prev *dataplane.Previous) error {
 			continue
 		}
 		infos, gone := rs.ruleInfos(time.Now())
-		expired += gone
+		expired += len(gone)
+		expiredRules[cookie] = gone
 		if err := d.dp.RestoreRules(cookie, infos); err != nil {
-			return fmt.Errorf("restore %d rules of socket %d: %w", len(infos), cookie, err)
+			return nil, fmt.Errorf("restore %d rules of socket %d: %w", len(infos), cookie, err)
+		}
+		if err := d.dp.CarryGoneStats(cookie, rs.gone); err != nil {
+			return nil, err
 		}
 		set := &ruleSet{info: rs.info, sample: rs.sample, rules: map[uint64]ruleMeta{}}
 		restored := make([]api.Rule, len(infos))
@@ -276,12 +284,14 @@ func (d *Daemon) restore(prev *dataplane.Previous) error {
 		d.log.Info("rule sets restored from the journal", "sockets", len(d.sets), "rules", rules,
 			"dropped_closed_sockets", dropped, "dropped_expired_rules", expired, "took", time.Since(t0).String())
 	}
-	return d.compact()
+	return expiredRules, d.compact()
 }
 
 // carryStats adds the counts of the previous instance, read once its
 // program is swapped out and its last runs (microseconds each) are over.
-func (d *Daemon) carryStats(prev *dataplane.Previous) {
+// The counts of expiredRules, left out by restore, go to their sockets'
+// totals of rules gone, and to the journal.
+func (d *Daemon) carryStats(prev *dataplane.Previous, expiredRules map[uint64][]dataplane.RuleID) {
 	time.Sleep(10 * time.Millisecond)
 	base, err := prev.RuleStats()
 	if err != nil {
@@ -289,6 +299,32 @@ func (d *Daemon) carryStats(prev *dataplane.Previous) {
 		return
 	}
 	d.dp.CarryStats(base)
+	for cookie, ids := range expiredRules {
+		var counted dataplane.RuleStats
+		for _, id := range ids {
+			counted.Hits += base[id].Hits
+			counted.Bytes += base[id].Bytes
+		}
+		rs, ok := d.sets[cookie]
+		if !ok || counted == (dataplane.RuleStats{}) {
+			continue
+		}
+		if err := d.dp.CarryGoneStats(cookie, counted); err != nil {
+			d.log.Warn("could not keep the counts of expired rules in their socket's totals", "socket", cookie, "error", err)
+			continue
+		}
+		if err := d.record(bindRecord(rs, d.goneRecord(rs)), nil); err != nil {
+			d.log.Warn("could not journal the counts of expired rules: a restart drops them from their socket's totals",
+				"socket", cookie, "error", err)
+		}
+	}
+}
+
+// bindRecord is the journal record of rs's binding, with the total of its
+// rules gone (goneRecord).
+func bindRecord(rs *ruleSet, gone []api.RuleStats) *api.Message {
+	return &api.Message{Op: api.OpBind, Sockets: []api.SocketInfo{rs.info},
+		SampleBytes: uint32(rs.sample.Bytes), SampleRate: uint32(rs.sample.PerSecond), Stats: gone}
 }
 
 // compactBatch is how many rules one add record of a compacted journal
@@ -305,8 +341,7 @@ func (d *Daemon) compact() error {
 		records = append(records, idMark(uint64(last)))
 	}
 	for cookie, rs := range d.sets {
-		records = append(records, &api.Message{Op: api.OpBind, Sockets: []api.SocketInfo{rs.info},
-			SampleBytes: uint32(rs.sample.Bytes), SampleRate: uint32(rs.sample.PerSecond)})
+		records = append(records, bindRecord(rs, d.goneRecord(rs)))
 		page := &api.Message{Limit: compactBatch}
 		for {
 			rules, more, err := d.listRules(rs, page)

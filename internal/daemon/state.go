@@ -287,7 +287,8 @@ func (d *Daemon) replace(caller uint32, rs *ruleSet, rules []api.Rule) ([]uint64
 	out, rec := newRules(rules, ids)
 	uid := chargedUID(caller, rs)
 	// the old rules are gone from the data plane: there is nothing to roll back to
-	err = d.record(&api.Message{Op: api.OpReplace, Socket: rs.info.Cookie, Rules: rec, Daemon: chargeRecord(rs, uid)}, nil)
+	err = d.record(&api.Message{Op: api.OpReplace, Socket: rs.info.Cookie, Rules: rec, Daemon: chargeRecord(rs, uid),
+		Stats: d.goneRecord(rs)}, nil)
 	d.dropRules(rs, old)
 	rs.addRules(d.usageOf(uid), uid, rec)
 	d.scheduleExpiry(rs.info.Cookie, rec)
@@ -358,7 +359,20 @@ func (d *Daemon) deleteKnown(rs *ruleSet, ids []uint64) error {
 		return err
 	}
 	d.dropRules(rs, ids)
-	return d.record(&api.Message{Op: api.OpDelete, Socket: rs.info.Cookie, IDs: ids}, nil)
+	return d.record(&api.Message{Op: api.OpDelete, Socket: rs.info.Cookie, IDs: ids, Stats: d.goneRecord(rs)}, nil)
+}
+
+// goneRecord is what a journal record says of the rules a socket no longer
+// has: what they counted in all (one api.RuleStats, no id), for a restart
+// to keep in the socket's totals. Records that remove rules carry it, and
+// the binds of a compacted journal; a santad that knows nothing of it
+// ignores it. Callers hold d.mu.
+func (d *Daemon) goneRecord(rs *ruleSet) []api.RuleStats {
+	s, err := d.dp.GoneStats(rs.info.Cookie)
+	if err != nil || s == (dataplane.RuleStats{}) {
+		return nil
+	}
+	return []api.RuleStats{{Hits: s.Hits, Bytes: s.Bytes}}
 }
 
 // record appends a change to the journal. If that fails, undo (if any)
@@ -385,6 +399,7 @@ type replayed struct {
 	sample dataplane.SampleOptions
 	order  []uint64 // rule ids, oldest first, deleted ones included
 	rules  map[uint64]api.Rule
+	gone   dataplane.RuleStats // what its rules since gone counted (goneRecord)
 	// charged holds the rules charged to another uid than the owner (chargeRecord)
 	charged map[uint64]uint32
 }
@@ -423,6 +438,14 @@ func isIDMark(m *api.Message) bool {
 	return m.Op == api.OpBind && len(m.Sockets) == 1 && m.Sockets[0].Cookie == 0
 }
 
+// noteGone takes the total of rules gone a record carries (goneRecord);
+// a record without one leaves it as it was.
+func (rs *replayed) noteGone(m *api.Message) {
+	if len(m.Stats) == 1 {
+		rs.gone = dataplane.RuleStats{Hits: m.Stats[0].Hits, Bytes: m.Stats[0].Bytes}
+	}
+}
+
 // replay folds journal records into the rule sets they leave behind, and
 // returns the largest rule id they name, deleted rules' included.
 func replay(records []*api.Message) (sets map[uint64]*replayed, lastID uint64, err error) {
@@ -446,12 +469,14 @@ func replay(records []*api.Message) (sets map[uint64]*replayed, lastID uint64, e
 				sets[info.Cookie] = rs
 			}
 			rs.sample = dataplane.SampleOptions{Bytes: int(m.SampleBytes), PerSecond: int(m.SampleRate)}
+			rs.noteGone(m)
 			continue
 		}
 		rs, ok := sets[m.Socket]
 		if !ok {
 			return nil, 0, fmt.Errorf("journal record %d: %s for socket %d, which was never bound", i, m.Op, m.Socket)
 		}
+		rs.noteGone(m)
 		switch m.Op {
 		case api.OpReplace:
 			rs.order, rs.rules, rs.charged = nil, map[uint64]api.Rule{}, map[uint64]uint32{}
@@ -482,8 +507,8 @@ func replay(records []*api.Message) (sets map[uint64]*replayed, lastID uint64, e
 }
 
 // ruleInfos returns the replayed rules in their order, but for those whose
-// Expires time has come by now (counted in expired).
-func (rs *replayed) ruleInfos(now time.Time) (infos []dataplane.RuleInfo, expired int) {
+// Expires time has come by now (their ids in expired).
+func (rs *replayed) ruleInfos(now time.Time) (infos []dataplane.RuleInfo, expired []dataplane.RuleID) {
 	infos = make([]dataplane.RuleInfo, 0, len(rs.rules))
 	for _, id := range rs.order {
 		r, ok := rs.rules[id]
@@ -491,7 +516,7 @@ func (rs *replayed) ruleInfos(now time.Time) (infos []dataplane.RuleInfo, expire
 			continue
 		}
 		if r.Expires != 0 && int64(r.Expires) <= now.Unix() {
-			expired++
+			expired = append(expired, dataplane.RuleID(id))
 			continue
 		}
 		infos = append(infos, dataplane.RuleInfo{ID: dataplane.RuleID(id), Version: r.Version, Rule: toDataplane([]api.Rule{r})[0]})

@@ -1,0 +1,139 @@
+package daemon_test
+
+import (
+	"fmt"
+	"net/netip"
+	"regexp"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/santa-offload/santa/api"
+	santa "github.com/santa-offload/santa/clients/go/santa"
+	"github.com/santa-offload/santa/internal/testbed"
+)
+
+// TestSocketHitsNeverFall: a socket's answered requests, as
+// santa_socket_hits_total and list_sockets give them, only grow while it is
+// bound, however its rules go (delete, delete by tag, modify, expiry,
+// replace, expiry while no santad runs) and across santad restarts; an
+// unbind starts them anew.
+func TestSocketHitsNeverFall(t *testing.T) {
+	tb := testbed.New(t)
+	sd := newSantad(t, tb)
+	sd.start()
+	c := sd.client()
+	server := netip.AddrPortFrom(tb.Server.IP4, 7950)
+	conn, cookie := boundEchoServer(t, tb, c, server)
+	defer conn.Close()
+	target := santa.Cookie(cookie)
+	rule := func(ask, answer, tag string) api.Rule {
+		return api.Rule{Conditions: []api.Condition{santa.Match(0, []byte(ask))},
+			Processors: []api.Processor{santa.Put(0, []byte(answer))}, ReplyLen: uint32(len(answer)), Tag: tag}
+	}
+	answered := 0
+	ask := func(req, want string) {
+		t.Helper()
+		if got := exchange(t, tb, server, req); got != want {
+			t.Fatalf("%s: got %q, want %q", req, got, want)
+		}
+		if req != want { // not the echo server's
+			answered++
+		}
+	}
+	// the socket's hits, as the metric and list_sockets give them, are all
+	// the requests answered so far
+	check := func(after string) {
+		t.Helper()
+		re := regexp.MustCompile(fmt.Sprintf(`(?m)^santa_socket_hits_total\{[^}]*socket="%d"\} (\d+)$`, cookie))
+		m := re.FindStringSubmatch(sd.scrape())
+		if m == nil {
+			t.Fatalf("after %s: no santa_socket_hits_total of socket %d", after, cookie)
+		}
+		if hits, _ := strconv.Atoi(m[1]); hits != answered {
+			t.Errorf("after %s: santa_socket_hits_total %d, want %d", after, hits, answered)
+		}
+		socks, err := sd.client().ListSockets()
+		if err != nil || len(socks) != 1 {
+			t.Fatalf("after %s: list sockets: %+v %v", after, socks, err)
+		}
+		if socks[0].Hits != uint64(answered) {
+			t.Errorf("after %s: list_sockets hits %d, want %d", after, socks[0].Hits, answered)
+		}
+	}
+
+	expiring := rule("Brief", "B", "")
+	expiring.Expires = uint64(time.Now().Add(2 * time.Second).Unix())
+	ids, err := c.Add(target, []api.Rule{rule("One", "1", ""), rule("Two", "2", ""), rule("Tagged", "T", "gone"), expiring})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, req := range []string{"One", "Two", "Two", "Tagged", "Brief"} {
+		ask(req, map[string]string{"One": "1", "Two": "2", "Tagged": "T", "Brief": "B"}[req])
+	}
+	check("answers")
+	if err := c.Delete(target, ids[:1]); err != nil {
+		t.Fatal(err)
+	}
+	check("a delete")
+	if _, err := c.DeleteTagged(target, "gone"); err != nil {
+		t.Fatal(err)
+	}
+	check("a delete by tag")
+	changed := rule("Two", "II", "")
+	changed.ID = ids[1]
+	if err := c.Modify(target, []api.Rule{changed}); err != nil {
+		t.Fatal(err)
+	}
+	ask("Two", "II")
+	check("a modify")
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if rules, err := c.ListRules(target); err != nil || len(rules) == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the expiring rule is still there 5 s after its time")
+		}
+	}
+	check("an expiry")
+	if _, err := c.Replace(target, []api.Rule{rule("Three", "3", "")}); err != nil {
+		t.Fatal(err)
+	}
+	check("a replace")
+	ask("Three", "3")
+	check("an answer of the replacing rule")
+	if _, err := c.Replace(target, []api.Rule{rule("Four", "4", "")}); err != nil {
+		t.Fatal(err)
+	}
+	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL} {
+		sd.stop(sig)
+		sd.start()
+		check(fmt.Sprintf("a restart after %v", sig))
+		ask("Four", "4")
+	}
+	check("answers after the restarts")
+	// a rule whose time comes while no santad runs
+	c = sd.client()
+	brief := rule("Short", "S", "")
+	brief.Expires = uint64(time.Now().Add(2 * time.Second).Unix())
+	if _, err := c.Add(target, []api.Rule{brief}); err != nil {
+		t.Fatal(err)
+	}
+	ask("Short", "S")
+	sd.stop(syscall.SIGKILL)
+	time.Sleep(time.Until(time.Unix(int64(brief.Expires), 0).Add(50 * time.Millisecond)))
+	sd.start()
+	check("a rule expired while no santad ran")
+	sd.stop(syscall.SIGTERM)
+	sd.start()
+	check("one more restart")
+
+	c = sd.client()
+	if err := c.Unbind(target); err != nil {
+		t.Fatal(err)
+	}
+	testbed.Bind(t, c, conn)
+	answered = 0
+	check("an unbind and a bind")
+}
