@@ -28,7 +28,8 @@ func TestJournalReplay(t *testing.T) {
 		{Op: api.OpBind, Sockets: []api.SocketInfo{sock}},
 		{Op: api.OpAdd, Socket: 7, Rules: []api.Rule{testRule(1, 1, "a"), testRule(2, 1, "b"), testRule(3, 1, "c")}},
 		{Op: api.OpModify, Socket: 7, Rules: []api.Rule{testRule(2, 2, "B")}},
-		{Op: api.OpDelete, Socket: 7, IDs: []uint64{1}},
+		{Op: api.OpDelete, Socket: 7, IDs: []uint64{1}, Stats: []api.RuleStats{{Hits: 3, Bytes: 30}}},
+		{Op: api.OpBind, Sockets: []api.SocketInfo{sock}}, // a bind without the total of rules gone keeps it
 		{Op: api.OpBind, Sockets: []api.SocketInfo{other}, SampleBytes: 64, SampleRate: 10},
 		{Op: api.OpAdd, Socket: 9, Rules: []api.Rule{testRule(4, 1, "d")}},
 		{Op: api.OpReplace, Socket: 9, Rules: []api.Rule{testRule(5, 1, "e")}},
@@ -87,6 +88,9 @@ func TestJournalReplay(t *testing.T) {
 	infos, _ := sets[7].ruleInfos(time.Now())
 	if r := infos[0]; r.Version != 2 || string(r.Rule.Conditions[0].Pattern) != "B" {
 		t.Errorf("modified rule replayed as version %d %q", r.Version, r.Rule.Conditions[0].Pattern)
+	}
+	if g := sets[7].gone; g.Hits != 3 || g.Bytes != 30 {
+		t.Errorf("hits and bytes of socket 7's rules gone replayed as %+v, want 3 and 30", g)
 	}
 	if s := sets[9].sample; s.Bytes != 64 || s.PerSecond != 10 {
 		t.Errorf("sampling replayed as %+v", s)
