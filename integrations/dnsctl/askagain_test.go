@@ -41,6 +41,14 @@ func (r *rig) waitNoRules(timeout time.Duration, ctl *testbed.Controller) {
 	}
 }
 
+// longTXT is TXT data of about 1450 bytes: more than the EDNS size of the
+// tests' shape (1232), so the server truncates its answer.
+var longTXT = strings.TrimSpace(strings.Repeat(`"`+strings.Repeat("x", 240)+`" `, 6))
+
+// answeredAgain is what the controller logs when questions it could not
+// offload are offloaded after all.
+const answeredAgain = "the server answers questions that were not offloaded in a way that can be"
+
 // TestRemovedQuestionBackAfterZoneFix: a given question whose answer
 // becomes too long for its shape (Knot truncates it) loses its rule; once
 // the zone is fixed (a new serial, knotc zone-reload) the controller asks
@@ -52,10 +60,8 @@ func TestRemovedQuestionBackAfterZoneFix(t *testing.T) {
 		"--shape", "rd,ad,edns", "--learn-shapes=false", "--poll", "200ms")
 	r.waitKernelAnswer(txt, "TXT", "hello", 0, ctl)
 
-	// about 1450 bytes: more than the shape's EDNS size (1232), so Knot truncates
-	long := strings.TrimSpace(strings.Repeat(`"`+strings.Repeat("x", 240)+`" `, 6))
 	r.serveChangedZone("2024010102", func(rec string) string {
-		return strings.Replace(rec, `"hello from the testbed"`, long, 1)
+		return strings.Replace(rec, `"hello from the testbed"`, longTXT, 1)
 	})
 	r.waitNoRules(10*time.Second, ctl)
 	if !strings.Contains(ctl.Output(), "truncated") {
@@ -67,7 +73,7 @@ func TestRemovedQuestionBackAfterZoneFix(t *testing.T) {
 	if n := r.rules(); n != 2 { // one shape, on the IPv4 and the IPv6 socket
 		t.Errorf("%d rules once the zone is fixed, want 2", n)
 	}
-	if !strings.Contains(ctl.Output(), "the server answers removed questions again") {
+	if !strings.Contains(ctl.Output(), answeredAgain) {
 		t.Errorf("the controller does not say the question is back:\n%s", ctl.Output())
 	}
 }
@@ -106,9 +112,65 @@ func TestRemovedQuestionBackAfterServerStall(t *testing.T) {
 	}
 	resume()
 	r.waitKernelAnswer(short, "A", "198.18.255.77", 15*time.Second, ctl)
-	for _, want := range []string{"answers not refreshed in time", "the server answers removed questions again"} {
+	for _, want := range []string{"answers not refreshed in time", answeredAgain} {
 		if !strings.Contains(ctl.Output(), want) {
 			t.Errorf("the controller does not say %q:\n%s", want, ctl.Output())
 		}
 	}
+}
+
+// TestRefusedAtStartBackOnZoneChange: a given question whose answer cannot
+// be offloaded when the controller starts (Knot truncates it) is asked
+// again, and at once when its zone changes: long before its backoff would
+// ask.
+func TestRefusedAtStartBackOnZoneChange(t *testing.T) {
+	r := newRig(t, testbed.KindKnot, 0, "long IN TXT "+longTXT)
+	long := "long." + r.zone.Origin
+	ctl := r.startController("static", "--port", "53/udp", "--names", r.namesFile([]string{long}, []uint16{dns.TypeTXT}),
+		"--shape", "rd,ad,edns", "--learn-shapes=false", "--poll", "200ms", "--verbose")
+	if want := "(2 questions not offloaded)"; !strings.Contains(ctl.Ready(), want) { // on the IPv4 and the IPv6 socket
+		t.Errorf("ready line %q, want %q", ctl.Ready(), want)
+	}
+	// asked again after 1, 2 and 4 s: the next ask is 8 s away
+	if err := ctl.WaitOutput("next_ask_in=8s", 15*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	r.serveChangedZone("2024010102", func(rec string) string { return strings.Replace(rec, longTXT, `"short now"`, 1) })
+	r.waitKernelAnswer(long, "TXT", "short now", 4*time.Second, ctl)
+	if n := r.rules(); n != 2 {
+		t.Errorf("%d rules once the answer fits, want 2", n)
+	}
+}
+
+// TestRefusedAfterFollowRestartBackLater: with --follow, a given question
+// that the restarted server answers in a way that cannot be offloaded (NSD
+// truncates it) is asked again, without polling or NOTIFY after 1, 2, 4,
+// ... s, and offloaded once its answer fits.
+func TestRefusedAfterFollowRestartBackLater(t *testing.T) {
+	r := newRig(t, testbed.KindNSD, 0)
+	txt := "txt." + r.zone.Origin
+	ctl := r.startController("static", "--port", "53/udp", "--names", r.namesFile([]string{txt}, []uint16{dns.TypeTXT}),
+		"--shape", "rd,ad,edns", "--learn-shapes=false", "--poll", "0", "--follow")
+	r.waitKernelAnswer(txt, "TXT", "hello", 0, ctl)
+
+	zone := r.srv.Proc().Zone
+	if err := r.srv.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	var records []string
+	for _, rec := range zone.Records {
+		records = append(records, strings.Replace(rec, `"hello from the testbed"`, longTXT, 1))
+	}
+	zone.Records = records
+	srv, err := r.tb.StartDNSServer(testbed.KindNSD, testbed.DNSServerOptions{Zone: &zone})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.srv = srv
+	// the second ready line: both sockets' queries refused
+	if err := ctl.WaitOutput("(2 questions not offloaded)", 15*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	r.serveChangedZone("2024010102", func(rec string) string { return strings.Replace(rec, longTXT, `"hello again"`, 1) })
+	r.waitKernelAnswer(txt, "TXT", "hello again", 10*time.Second, ctl)
 }

@@ -101,7 +101,7 @@ type Report struct {
 	Refreshed uint64         // answers asked again before their TTL ran out
 	Changed   uint64         // rules modified after their answer changed
 	Removed   uint64         // rules deleted (answer no longer offloadable, expired, evicted)
-	Skipped   map[string]int // questions not offloaded, by reason
+	Skipped   map[string]int // questions not offloaded when first asked, by reason
 }
 
 // Controller runs one DNS offload.
@@ -153,9 +153,9 @@ type endpoint struct {
 	sketch  *sketch.Sketch    // Adaptive: hot form keys
 	// samplesOf is a recent sample of each form key the sketch counts.
 	samplesOf map[string]*Query
-	// removed are the queries whose rules were removed while running
-	// (Static, Top), by their bytes after the ID: asked again (askagain.go)
-	removed map[string]*removedQuery
+	// waiting are the queries not offloaded for now (Static, Top), by their
+	// bytes after the ID: asked again (askagain.go)
+	waiting map[string]*waitingQuery
 }
 
 // entry is one installed rule (on every socket of its endpoint).
@@ -369,7 +369,7 @@ func (c *Controller) attach() error {
 			}
 			ep = &endpoint{family: int(s.Family), addr: ask, asker: asker,
 				entries: map[string]*entry{}, pending: map[string]bool{}, samplesOf: map[string]*Query{},
-				removed: map[string]*removedQuery{},
+				waiting: map[string]*waitingQuery{},
 				sketch:  sketch.New(4 * min(c.cfg.MaxRules, 16384))}
 			byAddr[bound] = ep
 			c.eps = append(c.eps, ep)
@@ -597,22 +597,32 @@ func (c *Controller) dropShuffled(ep *endpoint, answers []Answer, errs []error) 
 
 // install asks the server for every query, makes rules of the answers and
 // adds those not installed yet. The questions it does not offload are
-// counted (Report.Skipped).
+// counted (Report.Skipped) and, in Static and Top mode, asked again later
+// (askagain.go).
 func (c *Controller) install(ep *endpoint, queries []*Query, questions []Question) error {
 	answers, errs, asked, err := c.askChecked(ep, queries)
 	if err != nil {
 		return err
 	}
-	for _, err := range errs {
-		if err != nil {
-			c.skip(err)
-		}
-	}
-	left, err := c.installAnswers(ep, queries, questions, answers, errs, asked)
+	left, installErr := c.installAnswers(ep, queries, questions, answers, errs, asked)
 	if left > 0 {
 		c.count(func(r *Report) { r.Skipped[noRoomReason] += left })
 	}
-	return err
+	var waiting []string
+	for i, err := range errs {
+		if err == nil {
+			continue
+		}
+		c.skip(err)
+		if c.askAgainLater(ep, queries[i], questions[i]) {
+			waiting = append(waiting, questions[i].Name)
+		}
+	}
+	// a change of their zone asks them again at once
+	if err := c.zonesFor(ep, waiting); err != nil {
+		return err
+	}
+	return installErr
 }
 
 // askChecked asks ep's server every query and checks each reply: errs[i]
@@ -636,11 +646,13 @@ func (c *Controller) askChecked(ep *endpoint, queries []*Query) (answers []Answe
 }
 
 // installAnswers adds the rule of every answer without an error whose rule
-// is not installed yet. When santad has no room for them all it returns
-// errNoRoom and how many it left to the server.
+// is not installed yet; a rule santad refuses gets santad's reason in errs.
+// When santad has no room for them all it returns errNoRoom and how many
+// it left to the server.
 func (c *Controller) installAnswers(ep *endpoint, queries []*Query, questions []Question, answers []Answer, errs []error, asked time.Time) (left int, err error) {
 	fresh := make([]*entry, 0, len(queries))
 	rules := make([]api.Rule, 0, len(queries))
+	queryOf := make([]int, 0, len(queries)) // fresh[k]'s index in queries
 	for i, q := range queries {
 		if errs[i] != nil {
 			continue
@@ -655,13 +667,18 @@ func (c *Controller) installAnswers(ep *endpoint, queries []*Query, questions []
 		ep.entries[key] = e
 		fresh = append(fresh, e)
 		rules = append(rules, r)
+		queryOf = append(queryOf, i)
 	}
-	if err := c.zonesFor(ep, fresh); err != nil {
+	names := make([]string, len(fresh))
+	for k, e := range fresh {
+		names[k] = e.question.Name
+	}
+	if err := c.zonesFor(ep, names); err != nil {
 		return 0, err
 	}
 	for i := 0; i < len(rules); i += c.cfg.Batch {
 		j := min(i+c.cfg.Batch, len(rules))
-		added, full, err := c.add(ep, fresh[i:j], rules[i:j])
+		added, full, err := c.add(ep, fresh[i:j], rules[i:j], func(k int, err error) { errs[queryOf[i+k]] = err })
 		if err != nil {
 			return 0, err
 		}
@@ -696,13 +713,13 @@ var errNoRoom = errors.New("santad has no room for more rules")
 // add installs rules (one per entry) on every socket of ep, as far as
 // santad takes them (follow.AddFitting), and returns how many it added. A
 // rule santad refuses (e.g. more rules share the bytes the matcher hashes
-// than a bucket chain takes) is left to the server, counted and logged, and
-// its entry marked dead. It stops at the first santad has no room for, and
-// says so (full).
-func (c *Controller) add(ep *endpoint, es []*entry, rules []api.Rule) (added int, full bool, err error) {
+// than a bucket chain takes) is left to the server, logged, its entry
+// marked dead, and passed to refused with santad's reason. It stops at the
+// first santad has no room for, and says so (full).
+func (c *Controller) add(ep *endpoint, es []*entry, rules []api.Rule, refused func(k int, err error)) (added int, full bool, err error) {
 	ids, err := follow.AddFitting(c.client, ep.cookies, rules, c.inherited, func(k int, err error) {
 		es[k].dead = true
-		c.skip(fmt.Errorf("%w: santad refused the rule: %v", ErrNotOffloadable, err))
+		refused(k, fmt.Errorf("%w: santad refused the rule: %v", ErrNotOffloadable, err))
 		c.log.Debug("santad refused a rule", "question", es[k].query, "error", err)
 	})
 	for k, e := range es {
@@ -821,17 +838,17 @@ func (h *expiryHeap) Pop() any {
 	return it
 }
 
-// zonesFor finds the zone of each new entry's name (asking the server for
-// the SOA of names outside the configured zones) and learns new zones'
-// serials. Polling and NOTIFY both need them.
-func (c *Controller) zonesFor(ep *endpoint, fresh []*entry) error {
+// zonesFor finds the zone of each name of a new entry or waiting query
+// (asking the server for the SOA of names outside the configured zones)
+// and learns new zones' serials. Polling and NOTIFY both need them.
+func (c *Controller) zonesFor(ep *endpoint, names []string) error {
 	if c.cfg.Poll == 0 && c.cfg.Notify == "" {
 		return nil
 	}
 	var unknown []string
 	seen := map[string]bool{}
-	for _, e := range fresh {
-		name := canonical(e.question.Name)
+	for _, n := range names {
+		name := canonical(n)
 		if _, ok := c.zoneOf[name]; ok || seen[name] {
 			continue
 		}
@@ -1063,7 +1080,7 @@ func (c *Controller) remove(ep *endpoint, es []*entry) error {
 			delete(ep.entries, e.key)
 			// a later miss of this form may install it again
 			delete(ep.pending, formKey(e.query, ep.b))
-			c.askAgainLater(ep, e)
+			c.askAgainLater(ep, e.query, e.question)
 		}
 		c.count(func(r *Report) { r.Removed += uint64(len(batch) * len(ep.cookies)) })
 	}
