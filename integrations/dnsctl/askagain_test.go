@@ -140,6 +140,12 @@ func TestRefusedAtStartBackOnZoneChange(t *testing.T) {
 	if n := r.rules(); n != 2 {
 		t.Errorf("%d rules once the answer fits, want 2", n)
 	}
+	if err := ctl.Stop(20 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if want := "done: installed 2, refreshed 0, changed 0, removed 2 rules; 0 questions not offloaded yet, asked again"; !strings.Contains(ctl.Output(), want) {
+		t.Errorf("the controller does not say %q:\n%s", want, ctl.Output())
+	}
 }
 
 // TestRefusedAfterFollowRestartBackLater: with --follow, a given question

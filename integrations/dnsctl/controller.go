@@ -102,6 +102,7 @@ type Report struct {
 	Changed   uint64         // rules modified after their answer changed
 	Removed   uint64         // rules deleted (answer no longer offloadable, expired, evicted)
 	Skipped   map[string]int // questions not offloaded when first asked, by reason
+	Waiting   int            // questions not offloaded for now, asked again (Static, Top)
 }
 
 // Controller runs one DNS offload.
@@ -254,9 +255,10 @@ func (c *Controller) Report() Report {
 	for k, v := range c.rep.Skipped {
 		r.Skipped[k] = v
 	}
-	r.Rules = 0
+	r.Rules, r.Waiting = 0, 0
 	for _, ep := range c.eps {
 		r.Rules += len(ep.entries) * len(ep.cookies)
+		r.Waiting += len(ep.waiting)
 	}
 	return r
 }
