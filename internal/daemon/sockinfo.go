@@ -2,9 +2,7 @@ package daemon
 
 import (
 	"fmt"
-	"os"
 	"os/user"
-	"path/filepath"
 	"strconv"
 
 	"github.com/santa-offload/santa/api"
@@ -94,25 +92,13 @@ func socketsOnPort(port uint16, proto uint32) ([]api.SocketInfo, error) {
 	if proto == api.ProtocolTCP {
 		find, what = sockets.FindTCPListeners, "a TCP socket listening on port %d (MPTCP listeners cannot be bound)"
 	}
-	procs, err := os.ReadDir("/proc")
-	if err != nil {
-		return nil, err
-	}
-	self := os.Getpid()
-	ourNS, err := os.Stat("/proc/self/ns/net")
+	pids, err := sockets.PeersInNamespace()
 	if err != nil {
 		return nil, err
 	}
 	seen := map[uint64]bool{}
 	var out []api.SocketInfo
-	for _, p := range procs {
-		pid, err := strconv.Atoi(p.Name())
-		if err != nil || pid == self {
-			continue
-		}
-		if ns, err := os.Stat(filepath.Join("/proc", p.Name(), "ns", "net")); err != nil || !os.SameFile(ns, ourNS) {
-			continue
-		}
+	for _, pid := range pids {
 		found, err := find(pid, port)
 		if err != nil {
 			continue // exited meanwhile, or a kernel thread

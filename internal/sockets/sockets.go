@@ -104,35 +104,9 @@ func find(pid int, port uint16, tab table) ([]Socket, error) {
 		return nil, nil
 	}
 
-	fdDir := filepath.Join(proc, "fd")
-	ents, err := os.ReadDir(fdDir)
+	cands, err := heldSockets(pid, bound)
 	if err != nil {
 		return nil, fmt.Errorf("find %s of pid %d: %w", tab.name, pid, err)
-	}
-	type cand struct {
-		fd    int
-		inode uint64
-	}
-	var cands []cand
-	seen := map[uint64]bool{}
-	for _, e := range ents {
-		fd, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		link, err := os.Readlink(filepath.Join(fdDir, e.Name()))
-		if err != nil {
-			continue // closed meanwhile
-		}
-		ino, ok := socketInode(link)
-		if !ok || seen[ino] {
-			continue
-		}
-		if _, ok := bound[ino]; !ok {
-			continue
-		}
-		seen[ino] = true
-		cands = append(cands, cand{fd, ino})
 	}
 	if len(cands) == 0 {
 		return nil, nil
@@ -186,6 +160,110 @@ func find(pid int, port uint16, tab table) ([]Socket, error) {
 		return cmp.Compare(a.Cookie, b.Cookie)
 	})
 	return out, nil
+}
+
+// heldSocket is an fd of a process that holds a socket.
+type heldSocket struct {
+	fd    int
+	inode uint64
+}
+
+// heldSockets lists the fds of process pid that hold a socket whose inode
+// is in bound, each socket once.
+func heldSockets[V any](pid int, bound map[uint64]V) ([]heldSocket, error) {
+	fdDir := filepath.Join("/proc", strconv.Itoa(pid), "fd")
+	ents, err := os.ReadDir(fdDir)
+	if err != nil {
+		return nil, err
+	}
+	var held []heldSocket
+	seen := map[uint64]bool{}
+	for _, e := range ents {
+		fd, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		link, err := os.Readlink(filepath.Join(fdDir, e.Name()))
+		if err != nil {
+			continue // closed meanwhile
+		}
+		ino, ok := socketInode(link)
+		if !ok || seen[ino] {
+			continue
+		}
+		if _, ok := bound[ino]; !ok {
+			continue
+		}
+		seen[ino] = true
+		held = append(held, heldSocket{fd, ino})
+	}
+	return held, nil
+}
+
+// Listener is a socket a process serves on: an unconnected UDP socket or a
+// listening TCP socket.
+type Listener struct {
+	Protocol int // unix.IPPROTO_UDP or unix.IPPROTO_TCP
+	Local    netip.AddrPort
+}
+
+// ListenersInNamespace returns the listeners of each process in the
+// caller's network namespace (the caller left out), by pid, on any port.
+// Unlike FindUDPSockets it duplicates no socket: it reads the namespace's
+// socket tables once and the processes' fd links.
+func ListenersInNamespace() (map[int][]Listener, error) {
+	listeners := map[uint64]Listener{}
+	for _, tab := range []table{udpTables, tcpTables} {
+		bound := map[uint64]netip.AddrPort{}
+		for _, f := range tab.files {
+			if err := readTable(filepath.Join("/proc/self", f), 0, tab.want, bound); err != nil {
+				return nil, fmt.Errorf("list the %s of this network namespace: %w", tab.name, err)
+			}
+		}
+		for ino, local := range bound {
+			listeners[ino] = Listener{Protocol: tab.proto, Local: local}
+		}
+	}
+	pids, err := PeersInNamespace()
+	if err != nil {
+		return nil, err
+	}
+	out := map[int][]Listener{}
+	for _, pid := range pids {
+		held, err := heldSockets(pid, listeners)
+		if err != nil {
+			continue // exited meanwhile, or a kernel thread
+		}
+		for _, h := range held {
+			out[pid] = append(out[pid], listeners[h.inode])
+		}
+	}
+	return out, nil
+}
+
+// PeersInNamespace returns the processes in the caller's network namespace,
+// the caller left out.
+func PeersInNamespace() ([]int, error) {
+	procs, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, err
+	}
+	ourNS, err := os.Stat("/proc/self/ns/net")
+	if err != nil {
+		return nil, err
+	}
+	self := os.Getpid()
+	var pids []int
+	for _, p := range procs {
+		pid, err := strconv.Atoi(p.Name())
+		if err != nil || pid == self {
+			continue
+		}
+		if ns, err := os.Stat(filepath.Join("/proc", p.Name(), "ns", "net")); err == nil && os.SameFile(ns, ourNS) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids, nil
 }
 
 // socketInode parses a /proc/PID/fd link of the form socket:[12345].
