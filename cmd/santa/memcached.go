@@ -59,7 +59,7 @@ Modes:
 	}
 	pf := cmd.PersistentFlags()
 	pf.StringVar(&f.port, "port", "11211/udp", "memcached's UDP port (its -U): attach to every socket bound to it")
-	pf.StringVar(&f.tcpPort, "tcp-port", "", "memcached's TCP port (its -p), tracked for writes and used to fetch values (default: the UDP port)")
+	pf.StringVar(&f.tcpPort, "tcp-port", "", "memcached's TCP port (its -p), to fetch values from (default: the UDP port)")
 	pf.StringVar(&f.server, "server", "", "fetch values from this TCP address (default: the UDP sockets' bound address, loopback for a wildcard, with the TCP port)")
 	pf.StringVar(&f.cfg.GuardsPin, "guards", f.cfg.GuardsPin, "santad's guard map (<santad --bpffs>/guards)")
 	pf.StringSliceVar(&f.cfg.Interfaces, "interface", nil, "put the write tracker on these interfaces (default: every interface of the namespace)")

@@ -24,6 +24,10 @@ import (
 // went with it.
 var ErrServerGone = errors.New("the server closed a socket the controller attached to (it stopped or restarted); its rules are gone")
 
+// ErrNoServer is why a controller cannot start: no process serves the
+// server's port (yet).
+var ErrNoServer = errors.New("no server on the port")
+
 // WatchOnly are the sample options of a controller that does not learn
 // from misses: the least santad takes, one byte once a second and CPU,
 // enough to be told when the socket goes.
@@ -75,9 +79,10 @@ func Watch(ctx context.Context, socketPath string, cookies []uint64, opts santa.
 }
 
 // Gone reports whether a controller stopped because its server went away:
-// ErrServerGone, or santad's "not found" for a socket closed under a call.
+// ErrServerGone, ErrNoServer, or santad's "not found" for a socket closed
+// under a call.
 func Gone(err error) bool {
-	return errors.Is(err, ErrServerGone) || errors.Is(err, santa.ErrNotFound)
+	return errors.Is(err, ErrServerGone) || errors.Is(err, ErrNoServer) || errors.Is(err, santa.ErrNotFound)
 }
 
 // Options are what Run needs to wait for the server and santad.

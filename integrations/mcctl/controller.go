@@ -54,7 +54,7 @@ func (m Mode) String() string {
 type Config struct {
 	Socket     string         // santad's control socket ("": $SANTA_SOCKET, else api.DefaultSocket)
 	Port       uint16         // memcached's UDP port (-U): its sockets get the rules
-	TCPPort    uint16         // memcached's TCP port (-p), tracked and fetched from; 0: Port
+	TCPPort    uint16         // memcached's TCP port (-p) to fetch from; 0: Port
 	Server     netip.AddrPort // where to fetch values over TCP; zero: fetchAddress of the UDP sockets, TCPPort
 	GuardsPin  string         // santad's guard map (daemon.Config.GuardsPin)
 	Interfaces []string       // where the write tracker goes; nil: every interface of the namespace
@@ -312,17 +312,22 @@ func (c *Controller) Run(ctx context.Context) (err error) {
 	return c.loop(ctx, gone)
 }
 
-// startTracker loads the write tracker and attaches it everywhere before
+// startTracker loads the write tracker, watching every port memcached
+// serves on (memcachedPorts), and attaches it everywhere before
 // any value is fetched; without given interfaces it follows the namespace's
 // new ones too (linkFollower). Its links are pinned beside the guard map,
 // so that rules a killed controller leaves behind stay guarded; a
 // predecessor's are replaced.
 func (c *Controller) startTracker() error {
+	tcpPorts, udpPorts, err := memcachedPorts(c.cfg.Port)
+	if err != nil {
+		return err
+	}
 	hold, err := LoadFlushHold(c.pinDir())
 	if err != nil {
 		return err
 	}
-	t, err := LoadTracker(TrackerConfig{TCPPort: c.cfg.TCPPort, UDPPort: c.cfg.Port, Guards: c.guards.m, FlushHold: hold})
+	t, err := LoadTracker(TrackerConfig{TCPPorts: tcpPorts, UDPPorts: udpPorts, Guards: c.guards.m, FlushHold: hold})
 	if hold != nil {
 		hold.Close() // the tracker holds its own reference
 	}
@@ -350,7 +355,7 @@ func (c *Controller) startTracker() error {
 		return err
 	}
 	c.tracker = t
-	c.log.Info("write tracker attached", "interfaces", ifnames, "tcp_port", c.cfg.TCPPort, "udp_port", c.cfg.Port)
+	c.log.Info("write tracker attached", "interfaces", ifnames, "tcp_ports", tcpPorts, "udp_ports", udpPorts)
 	return nil
 }
 

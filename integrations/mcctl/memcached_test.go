@@ -11,6 +11,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -124,10 +125,15 @@ func (r *rig) health() (*api.DaemonInfo, map[string]uint64) {
 // client namespace; the test's cleanup closes them.
 func (r *rig) clients(v6 bool) (*mcproto.UDPClient, map[string]mcproto.Conn) {
 	r.t.Helper()
-	addr := r.mc.Addr4
 	if v6 {
-		addr = r.mc.Addr6
+		return r.clientsAt(r.mc.Addr6)
 	}
+	return r.clientsAt(r.mc.Addr4)
+}
+
+// clientsAt is clients of memcached's listener at addr.
+func (r *rig) clientsAt(addr netip.AddrPort) (*mcproto.UDPClient, map[string]mcproto.Conn) {
+	r.t.Helper()
 	var udp *mcproto.UDPClient
 	conns := map[string]mcproto.Conn{}
 	err := r.tb.Client.Do(func() (err error) {

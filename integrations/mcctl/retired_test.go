@@ -189,7 +189,7 @@ func retiredRig(t *testing.T) *Controller {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.guards.close() })
-	if c.tracker, err = LoadTracker(TrackerConfig{TCPPort: 11211, UDPPort: 11211, Guards: c.guards.m}); err != nil {
+	if c.tracker, err = LoadTracker(TrackerConfig{TCPPorts: []uint16{11211}, UDPPorts: []uint16{11211}, Guards: c.guards.m}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.tracker.Close() })

@@ -60,7 +60,9 @@ type Tracker struct {
 
 // TrackerConfig says what to track.
 type TrackerConfig struct {
-	TCPPort, UDPPort uint16
+	// TCPPorts and UDPPorts are every port memcached serves on: a write
+	// through a port not listed goes unseen.
+	TCPPorts, UDPPorts []uint16
 	// Guards is santad's guard map (its pin: daemon.Config.GuardsPin).
 	Guards *ebpf.Map
 	// Flows is how many TCP connections are tracked at once (0: 16384);
@@ -114,8 +116,12 @@ func LoadTracker(cfg TrackerConfig) (*Tracker, error) {
 	if cfg.UDPWrites > 0 {
 		spec.Maps["mc_udp_writes"].MaxEntries = uint32(cfg.UDPWrites)
 	}
-	for name, port := range map[string]uint16{"tcp_port": cfg.TCPPort, "udp_port": cfg.UDPPort} {
-		if err := spec.Variables[name].Set(htons(port)); err != nil {
+	for name, ports := range map[string][]uint16{"tcp_ports": cfg.TCPPorts, "udp_ports": cfg.UDPPorts} {
+		var bits [65536 / 64]uint64
+		for _, p := range ports {
+			bits[p/64] |= 1 << (p % 64)
+		}
+		if err := spec.Variables[name].Set(bits); err != nil {
 			return nil, err
 		}
 	}
@@ -141,8 +147,6 @@ func LoadTracker(cfg TrackerConfig) (*Tracker, error) {
 	}
 	return t, nil
 }
-
-func htons(v uint16) uint16 { return v<<8 | v>>8 }
 
 // Attach puts the tracker at TC ingress and egress of the interface (in
 // the caller's network namespace), ahead of other TCX programs.

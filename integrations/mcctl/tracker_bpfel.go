@@ -132,9 +132,9 @@ const (
 	trackerProgMcIngress             = "mc_ingress"
 	trackerVarMcLimitLayout          = "mc_limit_layout"
 	trackerVarRealtimeMinusMonotonic = "realtime_minus_monotonic"
-	trackerVarTcpPort                = "tcp_port"
+	trackerVarTcpPorts               = "tcp_ports"
 	trackerVarUdpClearedAt           = "udp_cleared_at"
-	trackerVarUdpPort                = "udp_port"
+	trackerVarUdpPorts               = "udp_ports"
 )
 
 // loadTracker returns the embedded CollectionSpec for tracker.
@@ -202,9 +202,9 @@ type trackerMapSpecs struct {
 type trackerVariableSpecs struct {
 	McLimitLayout          *ebpf.VariableSpec `ebpf:"mc_limit_layout"`
 	RealtimeMinusMonotonic *ebpf.VariableSpec `ebpf:"realtime_minus_monotonic"`
-	TcpPort                *ebpf.VariableSpec `ebpf:"tcp_port"`
+	TcpPorts               *ebpf.VariableSpec `ebpf:"tcp_ports"`
 	UdpClearedAt           *ebpf.VariableSpec `ebpf:"udp_cleared_at"`
-	UdpPort                *ebpf.VariableSpec `ebpf:"udp_port"`
+	UdpPorts               *ebpf.VariableSpec `ebpf:"udp_ports"`
 }
 
 // trackerObjects contains all objects after they have been loaded into the kernel.
@@ -254,9 +254,9 @@ func (m *trackerMaps) Close() error {
 type trackerVariables struct {
 	McLimitLayout          *ebpf.Variable `ebpf:"mc_limit_layout"`
 	RealtimeMinusMonotonic *ebpf.Variable `ebpf:"realtime_minus_monotonic"`
-	TcpPort                *ebpf.Variable `ebpf:"tcp_port"`
+	TcpPorts               *ebpf.Variable `ebpf:"tcp_ports"`
 	UdpClearedAt           *ebpf.Variable `ebpf:"udp_cleared_at"`
-	UdpPort                *ebpf.Variable `ebpf:"udp_port"`
+	UdpPorts               *ebpf.Variable `ebpf:"udp_ports"`
 }
 
 // trackerPrograms contains all programs after they have been loaded into the kernel.

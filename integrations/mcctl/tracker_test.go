@@ -33,7 +33,7 @@ func newTrackerRigWith(t *testing.T, cfg mcctl.TrackerConfig) (*rig, *mcctl.Trac
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { guards.Close() })
-	cfg.TCPPort, cfg.UDPPort, cfg.Guards = mc.Addr4.Port(), mc.Addr4.Port(), guards
+	cfg.TCPPorts, cfg.UDPPorts, cfg.Guards = []uint16{mc.Addr4.Port()}, []uint16{mc.Addr4.Port()}, guards
 	tr, err := mcctl.LoadTracker(cfg)
 	if err != nil {
 		t.Fatal(err)

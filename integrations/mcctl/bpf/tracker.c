@@ -28,9 +28,11 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 #define TCX_DROP 2
 #define NONZERO(n, mask) ((((n) - 1) & (mask)) + 1)
 
-/* Set by user space before loading (network byte order). */
-volatile const __u16 tcp_port = 0;
-volatile const __u16 udp_port = 0;
+/* Set by user space before loading: bit p (host order) is set for each port
+ * p memcached serves on. Every listener must be watched: a write through any
+ * of them changes what the rules answer. */
+volatile const __u64 tcp_ports[65536 / 64] = {};
+volatile const __u64 udp_ports[65536 / 64] = {};
 /* CLOCK_REALTIME minus CLOCK_MONOTONIC in seconds at load: turns a flush's
  * unix time into the clock of bpf_ktime_get_ns, as memcached itself does
  * once, at its start. */
@@ -1180,15 +1182,22 @@ static __always_inline int udp_reply(struct __sk_buff *skb, const struct packet 
 	return TCX_NEXT;
 }
 
+/* Whether memcached serves on port (network order) of ports. */
+static __always_inline int served(const volatile __u64 *ports, __u16 port)
+{
+	port = bpf_ntohs(port);
+	return ports[port / 64] >> (port % 64) & 1;
+}
+
 SEC("tc")
 int mc_ingress(struct __sk_buff *skb)
 {
 	struct packet p = {};
 	if (parse_packet(skb, &p))
 		return TCX_NEXT;
-	if (p.proto == IPPROTO_TCP && p.dport == tcp_port)
+	if (p.proto == IPPROTO_TCP && served(tcp_ports, p.dport))
 		return tcp_request(skb, &p);
-	if (p.proto == IPPROTO_UDP && p.dport == udp_port)
+	if (p.proto == IPPROTO_UDP && served(udp_ports, p.dport))
 		return udp_request(skb, &p);
 	return TCX_NEXT;
 }
@@ -1199,9 +1208,9 @@ int mc_egress(struct __sk_buff *skb)
 	struct packet p = {};
 	if (parse_packet(skb, &p))
 		return TCX_NEXT;
-	if (p.proto == IPPROTO_TCP && p.sport == tcp_port)
+	if (p.proto == IPPROTO_TCP && served(tcp_ports, p.sport))
 		return tcp_reply(skb, &p);
-	if (p.proto == IPPROTO_UDP && p.sport == udp_port)
+	if (p.proto == IPPROTO_UDP && served(udp_ports, p.sport))
 		return udp_reply(skb, &p);
 	return TCX_NEXT;
 }
