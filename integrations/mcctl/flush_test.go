@@ -13,41 +13,54 @@ import (
 )
 
 // A delayed flush_all (text `flush_all 2`, binary FLUSH with an expiration
-// extra) empties memcached two seconds after its OK: from then on no GET is
-// answered with the value from before, and the key is offloaded again once
-// it is written after the flush. The tracker used to bump the epoch only as
-// the request and its reply passed, the controller fetched every value again
-// at once, and the kernel answered the old values for good.
+// extra, and a UDP datagram whose second command is `flush_all 2`) empties
+// memcached two seconds after its OK: from then on no GET is answered with
+// the value from before, and the key is offloaded again once it is written
+// after the flush. The tracker used to bump the epoch only as the request
+// and its reply passed, the controller fetched every value again at once,
+// and the kernel answered the old values for good; it then saw the delay
+// only in the first command of a UDP datagram.
 func TestDelayedFlushApplies(t *testing.T) {
 	binaryFlush := make([]byte, 24+4)
 	binaryFlush[0], binaryFlush[1], binaryFlush[4] = 0x80, 0x08, 4 // FLUSH, 4 bytes of extras
 	binary.BigEndian.PutUint32(binaryFlush[8:], 4)                 // body: the extras
 	binary.BigEndian.PutUint32(binaryFlush[24:], 2)                // expiration: 2 s
+	overTCP := func(request []byte, replyLen int, replyIsOK func([]byte) bool) func(*testing.T, *rig) {
+		return func(t *testing.T, r *rig) {
+			// opened after the tracker: those before bump the epoch with
+			// every segment, which would keep retiring the stale rule
+			raw := r.dialTCP(t)
+			if _, err := raw.Write(request); err != nil {
+				t.Fatal(err)
+			}
+			reply := make([]byte, replyLen)
+			raw.SetReadDeadline(time.Now().Add(2 * time.Second))
+			if _, err := io.ReadFull(raw, reply); err != nil || !replyIsOK(reply) {
+				t.Fatalf("delayed flush: reply %q, %v", reply, err)
+			}
+		}
+	}
 	for _, c := range []struct {
-		name      string
-		request   []byte
-		replyLen  int
-		replyIsOK func([]byte) bool
+		name  string
+		flush func(*testing.T, *rig)
 	}{
-		{"text", []byte("flush_all 2\r\n"), 4, func(b []byte) bool { return string(b) == "OK\r\n" }},
-		{"binary", binaryFlush, 24, func(b []byte) bool { return b[0] == 0x81 && b[1] == 0x08 && b[6] == 0 && b[7] == 0 }},
+		{"text", overTCP([]byte("flush_all 2\r\n"), 4, func(b []byte) bool { return string(b) == "OK\r\n" })},
+		{"binary", overTCP(binaryFlush, 24, func(b []byte) bool { return b[0] == 0x81 && b[1] == 0x08 && b[6] == 0 && b[7] == 0 })},
+		{"udp second command", func(t *testing.T, r *rig) {
+			udp, _ := r.clients(false)
+			// the first command asks for no reply: the datagram's one reply is the flush's
+			reply, err := udp.Do([]byte("verbosity 0 noreply\r\nflush_all 2\r\n"), 2*time.Second)
+			if err != nil || string(reply) != "OK\r\n" {
+				t.Fatalf("delayed flush: reply %q, %v", reply, err)
+			}
+		}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			r := newRig(t)
 			const key = "flush:key"
 			_, ctl, get := r.offloadOld(key)
-			// opened after the tracker: those before bump the epoch with every
-			// segment, which would keep retiring the stale rule
 			_, conns := r.clients(false)
-			raw := r.dialTCP(t)
-			if _, err := raw.Write(c.request); err != nil {
-				t.Fatal(err)
-			}
-			reply := make([]byte, c.replyLen)
-			raw.SetReadDeadline(time.Now().Add(2 * time.Second))
-			if _, err := io.ReadFull(raw, reply); err != nil || !c.replyIsOK(reply) {
-				t.Fatalf("delayed flush: reply %q, %v", reply, err)
-			}
+			c.flush(t, r)
 			flushed := time.Now()
 			expectFlushApplied(t, r, conns, get, flushed, 5*time.Second)
 			// written after the flush applied: offloaded again

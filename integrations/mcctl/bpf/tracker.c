@@ -1115,6 +1115,33 @@ __noinline int mc_udp_await(struct mc_udp_key *k, __u32 slot)
 	return 0;
 }
 
+struct udp_walk {
+	struct __sk_buff *skb;
+	struct mc_stream *s;
+	__u32 pos;
+	__u32 end;
+};
+
+/* One command of a datagram past its first: only a delayed flush matters
+ * there (the datagram bumps the epoch anyway). After a command memcached
+ * refuses the walk goes on at the next line, which memcached may read as a
+ * command too: a flush seen there holds at worst for nothing. */
+static long udp_walk_step(__u32 i, struct udp_walk *w)
+{
+	if (w->pos >= w->end)
+		return 1;
+	w->s->head_len = 0;
+	int taken = mc_take_head(w->skb, w->s, w->pos, w->end);
+	if (taken <= 0 || !w->s->complete)
+		return 1;
+	struct verdict v = {};
+	mc_classify(w->s, &v);
+	if (v.flush_delay)
+		hold_for_flush(v.flush_delay);
+	w->pos += taken + v.skip;
+	return 0;
+}
+
 static __always_inline int udp_request(struct __sk_buff *skb, const struct packet *p)
 {
 	__u16 id;
@@ -1137,6 +1164,10 @@ static __always_inline int udp_request(struct __sk_buff *skb, const struct packe
 	if (v.flush_delay)
 		hold_for_flush(v.flush_delay);
 	int single = start + taken + v.skip >= end;
+	if (!single) {
+		struct udp_walk w = {.skb = skb, .s = s, .pos = start + taken + v.skip, .end = end};
+		bpf_loop(1 << 16, udp_walk_step, &w, 0);
+	}
 	if (single && (v.kind == MC_READ || v.kind == MC_UNKNOWN || (v.kind == MC_QUIET && !v.slot))) {
 		COUNT(reads);
 		return TCX_NEXT;
