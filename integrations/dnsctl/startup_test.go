@@ -13,6 +13,7 @@ import (
 
 	"github.com/miekg/dns"
 
+	"github.com/santa-offload/santa/integrations/dnsctl"
 	"github.com/santa-offload/santa/internal/testbed"
 )
 
@@ -141,5 +142,32 @@ func TestWrongZone(t *testing.T) {
 				t.Errorf("--zone %s: the error does not say %q:\n%s", c.zone, want, out)
 			}
 		}
+	}
+}
+
+// TestSerialLearnedLate: a zone's serial learned only after its answers were
+// asked for (the start's SOA poll got no reply in time, as on a loaded
+// host) counts as a change when it is learned, so the NOTIFY or poll that
+// learns it refreshes the answers, which may be older than that serial. It
+// was taken as the zone's first serial: a change made before it went
+// unnoticed until the next one (TestNotifyWithoutPolling failed so once).
+func TestSerialLearnedLate(t *testing.T) {
+	r := newRig(t, testbed.KindNSD, 0)
+	v4, _ := r.srv.Addrs()
+	var asker *dnsctl.Asker
+	err := r.tb.Server.Do(func() (err error) {
+		asker, err = dnsctl.NewAsker(v4, 1, time.Second, 2)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer asker.Close()
+	first, second := dnsctl.PollNewZone(asker, r.zone.Origin)
+	if !first {
+		t.Errorf("the zone's serial learned after its answers was not taken as a change")
+	}
+	if second {
+		t.Errorf("the same serial polled again was taken as a change")
 	}
 }

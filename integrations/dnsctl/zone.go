@@ -100,7 +100,7 @@ func (c *Controller) pollAll() error {
 }
 
 // pollZone asks for z's serial; it reports whether the serial changed
-// since the last poll that got an answer.
+// since the last poll that got an answer, or is the first one learned.
 func (c *Controller) pollZone(ep *endpoint, z *zone) (changed bool) {
 	wire, err := Shape{}.Query(0, z.apex, soaType)
 	if err != nil {
@@ -111,7 +111,9 @@ func (c *Controller) pollZone(ep *endpoint, z *zone) (changed bool) {
 		var apex string
 		var serial uint32
 		if apex, serial, err = soaOf(reply); err == nil && apex == z.apex {
-			changed = z.known && serial != z.serial
+			// a serial learned only now (the start's poll failed) may be
+			// newer than the answers asked for before: take it as a change
+			changed = !z.known || serial != z.serial
 			if changed {
 				c.log.Info("zone changed", "zone", z.apex, "serial", serial, "was", z.serial)
 			}
