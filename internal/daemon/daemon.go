@@ -442,36 +442,32 @@ func (d *Daemon) subscribeInterfaces() (<-chan netlink.LinkUpdate, error) {
 // unplugged), santad detaches it from one renamed, and an interface that
 // takes the name again (created anew, or renamed back) gets the rule
 // processor back. Meanwhile their requests reach the applications, as
-// without Santa.
+// without Santa. An event may be older than the interface it names (renamed
+// again since), so santad acts on the names the interfaces have now.
 func (d *Daemon) watchInterfaces(updates <-chan netlink.LinkUpdate) {
 	defer d.wg.Done()
+	d.attsMu.Lock()
+	d.letGoOfRenamedLocked() // renamed between attach and the subscription
+	d.attsMu.Unlock()
 	for u := range updates { // closed when d.stop is
 		name, index := u.Link.Attrs().Name, u.Link.Attrs().Index
 		d.attsMu.Lock()
+		if u.Header.Type == unix.RTM_NEWLINK {
+			d.letGoOfRenamedLocked()
+		}
 		i := slices.IndexFunc(d.atts, func(a *dataplane.Attachment) bool { return a.Interface == name })
 		var old *dataplane.Attachment
+		var removed, back bool
 		if i >= 0 {
 			old = d.atts[i]
-		}
-		if u.Header.Type == unix.RTM_NEWLINK {
-			// an attached interface renamed: santad attaches by name, so
-			// it lets go of it (under attsMu: health asks Closed)
-			if j := slices.IndexFunc(d.atts, func(a *dataplane.Attachment) bool {
-				return a.Ifindex() == index && a.Interface != name && !a.Closed()
-			}); j >= 0 {
-				args := []any{"interface", d.atts[j].Interface, "new_name", name}
-				if err := d.atts[j].Detach(); err != nil {
-					args = append(args, "detach_error", err)
-				}
-				d.log.Warn("interface renamed: rule processor detached from it; its requests go to the applications until an interface of its old name appears", args...)
-			}
+			removed = u.Header.Type == unix.RTM_DELLINK && index == old.Ifindex()
+			back = u.Header.Type == unix.RTM_NEWLINK && (index != old.Ifindex() || old.Closed()) && interfaceNamed(index, name)
 		}
 		d.attsMu.Unlock()
 		switch {
-		case old == nil:
-		case u.Header.Type == unix.RTM_DELLINK && index == old.Ifindex():
+		case removed:
 			d.log.Warn("interface removed: its requests go to the applications until it is back", "interface", name)
-		case u.Header.Type == unix.RTM_NEWLINK && (index != old.Ifindex() || old.Closed()):
+		case back:
 			att, err := d.dp.AttachPinned(name, d.cfg.xdpMode(), d.cfg.linkPin(name))
 			if err != nil {
 				d.log.Error("interface is back, but the rule processor could not be attached to it", "interface", name, "error", err)
@@ -485,6 +481,28 @@ func (d *Daemon) watchInterfaces(updates <-chan netlink.LinkUpdate) {
 			}
 			d.log.Info("interface is back: rule processor attached again", "interface", name, "native", att.Native)
 		}
+	}
+}
+
+// letGoOfRenamedLocked detaches the rule processor from every interface
+// renamed since it was attached: santad attaches by name. The watcher calls
+// it on link events and health before it reports, so that status never
+// calls removed an interface that the rule processor still answers on while
+// the watcher is busy. Called with attsMu held.
+func (d *Daemon) letGoOfRenamedLocked() {
+	for _, a := range d.atts {
+		if a.Closed() {
+			continue
+		}
+		iface, err := net.InterfaceByIndex(a.Ifindex())
+		if err != nil || iface.Name == a.Interface {
+			continue // removed (the kernel detached XDP with it), or still so named
+		}
+		args := []any{"interface", a.Interface, "new_name", iface.Name}
+		if err := a.Detach(); err != nil {
+			args = append(args, "detach_error", err)
+		}
+		d.log.Warn("interface renamed: rule processor detached from it; its requests go to the applications until an interface of its old name appears", args...)
 	}
 }
 

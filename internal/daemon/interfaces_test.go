@@ -176,3 +176,87 @@ func TestInterfaceRenamed(t *testing.T) {
 		}
 	}
 }
+
+// TestInterfaceRenamedWhileBusy: santad's interface watcher may be busy
+// (here attaching to santa-va, created again) when another interface it
+// attached to is renamed. Status must not call that interface removed while
+// the renamed one still carries the rule processor: santad lets go of it
+// before it answers (TestInterfaceRenamed checked the XDP program right
+// after status said removed, and failed once in CI).
+func TestInterfaceRenamedWhileBusy(t *testing.T) {
+	tb := testbed.New(t)
+	const other = "santa-va"
+	addOther := func() error {
+		v := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: other}, PeerName: "santa-vb"}
+		if err := netlink.LinkAdd(v); err != nil {
+			return err
+		}
+		return netlink.LinkSetUp(v)
+	}
+	if err := tb.Server.Do(addOther); err != nil {
+		t.Fatal(err)
+	}
+	sd := newSantad(t, tb, "--interface", other)
+	sd.start()
+	c := sd.client()
+	mode := func() string {
+		t.Helper()
+		info, _, err := c.Health()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, i := range info.Interfaces {
+			if i.Name == tb.Server.Dev {
+				return i.Mode
+			}
+		}
+		t.Fatalf("%s is not among santad's interfaces %v", tb.Server.Dev, info.Interfaces)
+		return ""
+	}
+	if m := mode(); m != "native" {
+		t.Fatalf("at start: mode %q, want native", m)
+	}
+
+	// the server's interface is renamed while santad attaches to santa-va,
+	// created again, which takes it tens of milliseconds (taking the
+	// interface down first, the slow part of a rename, narrows the rename
+	// to less than that)
+	if err := tb.Server.Do(func() error {
+		server, err := netlink.LinkByName(tb.Server.Dev)
+		if err != nil {
+			return err
+		}
+		if err := netlink.LinkSetDown(server); err != nil {
+			return err
+		}
+		va, err := netlink.LinkByName(other)
+		if err != nil {
+			return err
+		}
+		if err := netlink.LinkDel(va); err != nil {
+			return err
+		}
+		if err := addOther(); err != nil {
+			return err
+		}
+		return errors.Join(netlink.LinkSetName(server, "santa-vx"), netlink.LinkSetUp(server))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	m := mode()
+	x, err := tb.ServerXDP()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m == "removed" && x.Attached != 0 {
+		t.Errorf("status says %s is removed, but the interface renamed from it still has XDP %+v", tb.Server.Dev, x)
+	}
+	for deadline := time.Now().Add(5 * time.Second); mode() != "removed"; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("5 s after the rename: mode %q, want removed", mode())
+		}
+	}
+	if x, err := tb.ServerXDP(); err != nil || x.Attached != 0 {
+		t.Errorf("renamed interface has XDP %+v (%v), want none", x, err)
+	}
+}
