@@ -295,6 +295,21 @@ func (c *Controller) Run(ctx context.Context) error {
 			ep.asker.Close()
 		}
 	}()
+	// claimed once attached: --pid and --fd name a socket whose port only
+	// santad's answer tells
+	claim, err := follow.ClaimTag(c.cfg.Socket, api.ProtocolUDP, c.eps[0].addr.Port(), c.cfg.Tag)
+	if err != nil {
+		follow.UnbindEmpty(c.client, c.created, c.log)
+		return err
+	}
+	defer claim.Release()
+	var cookies []uint64
+	for _, ep := range c.eps {
+		cookies = append(cookies, ep.cookies...)
+	}
+	if c.inherited, err = follow.Inherit(c.cfg.Socket, c.cfg.Tag, cookies, c.log); err != nil {
+		return err
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	defer c.removeAll()
@@ -386,14 +401,10 @@ func (c *Controller) attach() error {
 	}
 	sort.Slice(c.eps, func(i, j int) bool { return c.eps[i].addr.String() < c.eps[j].addr.String() })
 	c.count(func(r *Report) { r.Sockets = len(socks) })
-	var cookies []uint64
 	for _, ep := range c.eps {
 		c.log.Info("attached", "server", ep.addr, "family", ep.family, "sockets", len(ep.cookies))
-		cookies = append(cookies, ep.cookies...)
 	}
-	in, err := follow.Inherit(c.cfg.Socket, c.cfg.Tag, cookies, c.log)
-	c.inherited = in
-	return err
+	return nil
 }
 
 // probe finds out the endpoint's behaviour from the first questions.

@@ -347,6 +347,11 @@ func (c *Controller) count(f func(r *Report)) {
 // document root, learns and offloads hot requests and keeps their replies
 // current until ctx ends; then it deletes its rules.
 func (c *Controller) Run(ctx context.Context) error {
+	claim, err := follow.ClaimTag(c.cfg.Socket, api.ProtocolTCP, c.cfg.Port, c.cfg.Tag)
+	if err != nil {
+		return err
+	}
+	defer claim.Release()
 	client, err := santa.Dial(c.cfg.Socket)
 	if err != nil {
 		return err

@@ -269,6 +269,13 @@ func (c *Controller) count(f func(r *Report)) {
 // installs the first rules and keeps them consistent until ctx ends; then it
 // deletes its rules and only then stops the tracker.
 func (c *Controller) Run(ctx context.Context) (err error) {
+	// before the tracker: a refused controller must not replace the pins
+	// of the running one's
+	claim, err := follow.ClaimTag(c.cfg.Socket, api.ProtocolUDP, c.cfg.Port, c.cfg.Tag)
+	if err != nil {
+		return err
+	}
+	defer claim.Release()
 	if c.guards, err = openGuards(c.cfg.GuardsPin); err != nil {
 		return err
 	}

@@ -1,0 +1,72 @@
+package follow
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/santa-offload/santa/api"
+	"github.com/santa-offload/santa/clients/go/santa"
+)
+
+// ErrTagClaimed is why a controller refuses to start: another one runs
+// with its tag on its port. Both would take the rules of the tag as their
+// own (Inherit), and each would delete the other's.
+var ErrTagClaimed = errors.New("two controllers on one port need different tags (--tag)")
+
+// Claim is a running controller's hold on its tag on its port: an
+// exclusive flock, as santad holds its own lock, on a file in santad's run
+// directory (that of its control socket). The kernel drops it when the
+// controller exits, however it ends, so a controller killed with SIGKILL
+// leaves nothing that keeps the next one from starting and taking over
+// the rules it left.
+type Claim struct{ file *os.File }
+
+// ClaimTag claims tag on port (api.ProtocolUDP or api.ProtocolTCP) of
+// santad at socketPath ("": santa.SocketPath()) for this controller, until
+// Release. It fails with ErrTagClaimed, naming the holder's pid, while
+// another controller holds the claim.
+func ClaimTag(socketPath string, protocol uint32, port uint16, tag string) (*Claim, error) {
+	if socketPath == "" {
+		socketPath = santa.SocketPath()
+	}
+	proto := "UDP"
+	if protocol == api.ProtocolTCP {
+		proto = "TCP"
+	}
+	dir := filepath.Join(filepath.Dir(socketPath), "controllers")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("claim tag %q: %w", tag, err)
+	}
+	path := filepath.Join(dir, fmt.Sprintf("%s-%d-%s", strings.ToLower(proto), port, url.PathEscape(tag)))
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("claim tag %q: %w", tag, err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		holder := "pid unknown"
+		if b, rerr := os.ReadFile(path); rerr == nil && len(b) > 0 {
+			holder = "pid " + strings.TrimSpace(string(b))
+		}
+		f.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, fmt.Errorf("another controller (%s) runs with tag %q on %s port %d (%s): %w",
+				holder, tag, proto, port, path, ErrTagClaimed)
+		}
+		return nil, fmt.Errorf("claim tag %q: lock %s: %w", tag, path, err)
+	}
+	// the pid only names the holder in the message of a controller refused
+	f.Truncate(0)
+	f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
+	return &Claim{file: f}, nil
+}
+
+// Release gives the claim up: the controller has deleted its rules, or
+// leaves them for the next one with its tag to take over.
+func (c *Claim) Release() { c.file.Close() }
