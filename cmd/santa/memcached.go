@@ -62,7 +62,7 @@ Modes:
 	pf.StringVar(&f.tcpPort, "tcp-port", "", "memcached's TCP port (its -p), to fetch values from (default: the UDP port)")
 	pf.StringVar(&f.server, "server", "", "fetch values from this TCP address (default: the UDP sockets' bound address, loopback for a wildcard, with the TCP port)")
 	pf.StringVar(&f.cfg.GuardsPin, "guards", f.cfg.GuardsPin, "santad's guard map (<santad --bpffs>/guards)")
-	pf.StringSliceVar(&f.cfg.Interfaces, "interface", nil, "put the write tracker on these interfaces (default: every interface of the namespace)")
+	pf.StringSliceVar(&f.cfg.Interfaces, "interface", nil, "put the write tracker on these interfaces, and on lo, which writes from this host take (default: every interface of the namespace)")
 	pf.DurationVar(&f.cfg.Interval, "refresh", f.cfg.Interval, "how often to look for rules a write retired, and rebuild them, while writes come (after a quiet spell: within 200 ms)")
 	pf.DurationVar(&f.cfg.Settle, "settle", f.cfg.Settle, "retire a key's rules once more this long after a write of it that gets no reply (noreply, quiet, reset connection): memcached has applied it by then")
 	pf.IntVar(&f.cfg.Batch, "batch", f.cfg.Batch, "keys per fetch and per request to santad")

@@ -57,7 +57,7 @@ type Config struct {
 	TCPPort    uint16         // memcached's TCP port (-p) to fetch from; 0: Port
 	Server     netip.AddrPort // where to fetch values over TCP; zero: fetchAddress of the UDP sockets, TCPPort
 	GuardsPin  string         // santad's guard map (daemon.Config.GuardsPin)
-	Interfaces []string       // where the write tracker goes; nil: every interface of the namespace
+	Interfaces []string       // where the write tracker goes, and on lo; nil: every interface of the namespace
 	Mode       Mode
 	Keys       []string // Static and Top
 	MaxRules   int      // Top: keys offloaded; Adaptive: rules at most
@@ -347,11 +347,18 @@ func (c *Controller) startTracker() error {
 			t.Close()
 			return err
 		}
-	}
-	for _, name := range c.cfg.Interfaces {
-		if err := t.Attach(name); err != nil {
-			t.Close()
-			return err
+	} else {
+		if !slices.Contains(ifnames, loopback) {
+			// writes from memcached's own host come over lo, whatever
+			// address they are sent to (the controller's fetches do):
+			// unseen, they would leave the old values offloaded
+			ifnames = append(slices.Clone(ifnames), loopback)
+		}
+		for _, name := range ifnames {
+			if err := t.Attach(name); err != nil {
+				t.Close()
+				return err
+			}
 		}
 	}
 	if err := t.Pin(c.pinDir()); err != nil {
@@ -365,6 +372,9 @@ func (c *Controller) startTracker() error {
 	c.log.Info("write tracker attached", "interfaces", ifnames, "tcp_ports", tcpPorts, "udp_ports", udpPorts)
 	return nil
 }
+
+// loopback is the loopback interface of every network namespace.
+const loopback = "lo"
 
 // pinDir is where the tracker's links are pinned: one directory per port
 // and tag, so that controllers with different tags on one port do not
