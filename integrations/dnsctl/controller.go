@@ -69,8 +69,9 @@ type Config struct {
 	Timeout    time.Duration // per question
 	Batch      int           // rules per santad request
 	// Tag tags every rule the controller installs. It takes over the rules
-	// with its tag that its sockets hold when it starts (follow.Inherited):
-	// two controllers on one socket need different tags.
+	// with its tag that its sockets hold when it starts (follow.Inherited);
+	// Run fails with follow.ErrTagClaimed while another controller runs
+	// with it on the port.
 	Tag string
 
 	Log *slog.Logger

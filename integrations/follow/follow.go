@@ -3,7 +3,8 @@
 // sockets the controller attached to and says at once when the server
 // closes one: santad ends a socket's subscriptions when its rule set goes
 // with the socket. Run starts the controller again once the server, or
-// santad, is back (the --follow option).
+// santad, is back (the --follow option). ClaimTag keeps two controllers
+// from running with one tag on one port.
 package follow
 
 import (

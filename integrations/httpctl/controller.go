@@ -85,8 +85,9 @@ type Config struct {
 	// Tag tags every rule the controller installs. It takes over the
 	// rules with its tag that its sockets hold when it starts, which a
 	// predecessor left (follow.Inherited): their requests are fetched
-	// again and offloaded with new rules in their place (relearn). Two
-	// controllers on one socket need different tags.
+	// again and offloaded with new rules in their place (relearn). Run
+	// fails with follow.ErrTagClaimed while another controller runs with
+	// it on the port.
 	Tag string
 	Log *slog.Logger
 	// Ready, if set, is called once the controller is attached, watching

@@ -72,7 +72,9 @@ type Config struct {
 	// built from a value fetched before is rebuilt.
 	Settle time.Duration
 	// Tag tags every rule the controller installs. It takes over the rules
-	// with its tag that its sockets hold when it starts (follow.Inherited).
+	// with its tag that its sockets hold when it starts (follow.Inherited);
+	// Run fails with follow.ErrTagClaimed while another controller runs
+	// with it on the port.
 	Tag string
 	Log *slog.Logger
 	// Ready, if set, is called once the first rules are installed.
