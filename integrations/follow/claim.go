@@ -50,16 +50,16 @@ func ClaimTag(socketPath string, protocol uint32, port uint16, tag string) (*Cla
 		return nil, fmt.Errorf("claim tag %q: %w", tag, err)
 	}
 	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		holder := "pid unknown"
-		if b, rerr := os.ReadFile(path); rerr == nil && len(b) > 0 {
+		f.Close()
+		if !errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, fmt.Errorf("claim tag %q: lock %s: %w", tag, path, err)
+		}
+		holder := "pid unknown" // the holder has not written it yet
+		if b, err := os.ReadFile(path); err == nil && len(b) > 0 {
 			holder = "pid " + strings.TrimSpace(string(b))
 		}
-		f.Close()
-		if errors.Is(err, unix.EWOULDBLOCK) {
-			return nil, fmt.Errorf("another controller (%s) runs with tag %q on %s port %d (%s): %w",
-				holder, tag, proto, port, path, ErrTagClaimed)
-		}
-		return nil, fmt.Errorf("claim tag %q: lock %s: %w", tag, path, err)
+		return nil, fmt.Errorf("another controller (%s) runs with tag %q on %s port %d (%s): %w",
+			holder, tag, proto, port, path, ErrTagClaimed)
 	}
 	// the pid only names the holder in the message of a controller refused
 	f.Truncate(0)
