@@ -900,7 +900,7 @@ func TestFollowServerRestart(t *testing.T) {
 	args := []string{"static", "--port", "53/udp", "--names", r.namesFile([]string{www}, []uint16{dns.TypeA}),
 		"--shape", "rd,ad,edns", "--learn-shapes=false"}
 	once := r.startController(args...)
-	following := r.startController(append(args, "--follow")...)
+	following := r.startController(append(args, "--follow", "--tag", "santa-dns-follow")...) // one tag per controller on a port
 	if got, kernel := r.dig(www, "A"); got != testbed.ExampleWWW4.String() || !kernel {
 		t.Fatalf("before the restart: %q, from the rule processor %v", got, kernel)
 	}
