@@ -8,7 +8,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -442,67 +441,75 @@ func (d *Daemon) subscribeInterfaces() (<-chan netlink.LinkUpdate, error) {
 // unplugged), santad detaches it from one renamed, and an interface that
 // takes the name again (created anew, or renamed back) gets the rule
 // processor back. Meanwhile their requests reach the applications, as
-// without Santa. An event may be older than the interface it names (renamed
-// again since), so santad acts on the names the interfaces have now.
+// without Santa.
 func (d *Daemon) watchInterfaces(updates <-chan netlink.LinkUpdate) {
 	defer d.wg.Done()
-	d.attsMu.Lock()
-	d.letGoOfRenamedLocked() // renamed between attach and the subscription
-	d.attsMu.Unlock()
+	d.followInterfaces("")   // changed between attach and the subscription
 	for u := range updates { // closed when d.stop is
-		name, index := u.Link.Attrs().Name, u.Link.Attrs().Index
-		d.attsMu.Lock()
-		if u.Header.Type == unix.RTM_NEWLINK {
-			d.letGoOfRenamedLocked()
-		}
-		i := slices.IndexFunc(d.atts, func(a *dataplane.Attachment) bool { return a.Interface == name })
-		var old *dataplane.Attachment
-		var removed, back bool
-		if i >= 0 {
-			old = d.atts[i]
-			removed = u.Header.Type == unix.RTM_DELLINK && index == old.Ifindex()
-			back = u.Header.Type == unix.RTM_NEWLINK && (index != old.Ifindex() || old.Closed()) && interfaceNamed(index, name)
-		}
-		d.attsMu.Unlock()
-		switch {
-		case removed:
-			d.log.Warn("interface removed: its requests go to the applications until it is back", "interface", name)
-		case back:
-			att, err := d.dp.AttachPinned(name, d.cfg.xdpMode(), d.cfg.linkPin(name))
-			if err != nil {
-				d.log.Error("interface is back, but the rule processor could not be attached to it", "interface", name, "error", err)
-				continue
-			}
-			d.attsMu.Lock()
-			d.atts[i] = att
-			d.attsMu.Unlock()
-			if err := old.Close(); err != nil { // its links died with the old interface
-				d.log.Debug("closing the old interface's attachment", "interface", name, "error", err)
-			}
-			d.log.Info("interface is back: rule processor attached again", "interface", name, "native", att.Native)
-		}
+		d.followInterfaces(u.Link.Attrs().Name)
 	}
 }
 
-// letGoOfRenamedLocked detaches the rule processor from every interface
-// renamed since it was attached: santad attaches by name. The watcher calls
-// it on link events and health before it reports, so that status never
-// calls removed an interface that the rule processor still answers on while
-// the watcher is busy. Called with attsMu held.
-func (d *Daemon) letGoOfRenamedLocked() {
-	for _, a := range d.atts {
-		if a.Closed() {
+// followInterfaces brings the attachments in line with the interfaces as
+// they are now (an event may be older than the interface it names, renamed
+// again since): it lets go of those whose interface is gone or renamed, and
+// attaches the rule processor again to the configured interface named
+// changed ("": every one) if an interface has that name now.
+func (d *Daemon) followInterfaces(changed string) {
+	d.attsMu.Lock()
+	d.letGoOfLostLocked()
+	var back []int
+	for i, a := range d.atts {
+		if a.Closed() && (changed == "" || changed == a.Interface) {
+			back = append(back, i)
+		}
+	}
+	d.attsMu.Unlock()
+	for _, i := range back {
+		name := d.atts[i].Interface // the watcher alone replaces entries
+		if _, err := net.InterfaceByName(name); err != nil {
+			continue // not back yet
+		}
+		att, err := d.dp.AttachPinned(name, d.cfg.xdpMode(), d.cfg.linkPin(name))
+		if err != nil {
+			d.log.Error("interface is back, but the rule processor could not be attached to it", "interface", name, "error", err)
 			continue
 		}
-		iface, err := net.InterfaceByIndex(a.Ifindex())
-		if err != nil || iface.Name == a.Interface {
-			continue // removed (the kernel detached XDP with it), or still so named
+		d.attsMu.Lock()
+		d.atts[i] = att
+		d.attsMu.Unlock()
+		d.log.Info("interface is back: rule processor attached again", "interface", name, "native", att.Native)
+	}
+}
+
+// letGoOfLostLocked closes every attachment whose interface was removed
+// (the kernel detached XDP with it; another interface may have its index
+// now) and detaches the rule processor from every interface renamed since
+// it was attached: santad attaches by name. The watcher calls it on link
+// events and health before it reports, so that status never calls removed
+// an interface that the rule processor still answers on, nor attached one
+// it no longer is on, while the watcher is busy. Called with attsMu held.
+func (d *Daemon) letGoOfLostLocked() {
+	for _, a := range d.atts {
+		switch {
+		case a.Closed():
+		case a.InterfaceGone():
+			args := []any{"interface", a.Interface}
+			if err := a.Close(); err != nil {
+				args = append(args, "close_error", err)
+			}
+			d.log.Warn("interface removed: its requests go to the applications until it is back", args...)
+		default:
+			iface, err := net.InterfaceByIndex(a.Ifindex())
+			if err != nil || iface.Name == a.Interface {
+				continue // still so named, or not found here (removed just now, or moved to another namespace)
+			}
+			args := []any{"interface", a.Interface, "new_name", iface.Name}
+			if err := a.Detach(); err != nil {
+				args = append(args, "detach_error", err)
+			}
+			d.log.Warn("interface renamed: rule processor detached from it; its requests go to the applications until an interface of its old name appears", args...)
 		}
-		args := []any{"interface", a.Interface, "new_name", iface.Name}
-		if err := a.Detach(); err != nil {
-			args = append(args, "detach_error", err)
-		}
-		d.log.Warn("interface renamed: rule processor detached from it; its requests go to the applications until an interface of its old name appears", args...)
 	}
 }
 

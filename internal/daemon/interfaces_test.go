@@ -13,86 +13,140 @@ import (
 	"github.com/santa-offload/santa/internal/testbed"
 )
 
+// A veth pair tests create beside the testbed's, in the server namespace.
+const vethA, vethB = "santa-va", "santa-vb"
+
+// createVeth creates vethA (with ifindex index; 0: any) and its peer vethB,
+// up, in the calling thread's network namespace.
+func createVeth(index int) error {
+	v := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: vethA, Index: index}, PeerName: vethB}
+	if err := netlink.LinkAdd(v); err != nil {
+		return err
+	}
+	return netlink.LinkSetUp(v)
+}
+
+// removeVeth removes vethA, and vethB with it.
+func removeVeth() error {
+	return netlink.LinkDel(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: vethA}})
+}
+
+// inServer runs f in the server namespace, failing t if it fails.
+func inServer(t *testing.T, tb *testbed.Testbed, f func() error) {
+	t.Helper()
+	if err := tb.Server.Do(f); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// vethXDP says which XDP programs vethA and vethB have (0: none).
+func vethXDP(t *testing.T, tb *testbed.Testbed) (a, b uint32) {
+	t.Helper()
+	ids := [2]uint32{}
+	for i, name := range []string{vethA, vethB} {
+		inServer(t, tb, func() error {
+			l, err := netlink.LinkByName(name)
+			if err == nil && l.Attrs().Xdp != nil && l.Attrs().Xdp.Attached {
+				ids[i] = l.Attrs().Xdp.ProgId
+			}
+			return err
+		})
+	}
+	return ids[0], ids[1]
+}
+
+// interfaceMode is what santad's status says of interface name.
+func interfaceMode(t *testing.T, c *santa.Client, name string) string {
+	t.Helper()
+	info, _, err := c.Health()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, i := range info.Interfaces {
+		if i.Name == name {
+			return i.Mode
+		}
+	}
+	t.Fatalf("%s is not among santad's interfaces %v", name, info.Interfaces)
+	return ""
+}
+
+// waitVethAttached waits up to 5 s after what for status to say vethA is
+// attached in native mode and for vethA and vethB to carry XDP programs.
+// Status must never say so before vethA carries one.
+func waitVethAttached(t *testing.T, tb *testbed.Testbed, c *santa.Client, what string) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		m := interfaceMode(t, c, vethA)
+		a, b := vethXDP(t, tb)
+		if m == "native" && a == 0 {
+			t.Fatalf("%s: status says %s is attached (native), but it has no XDP program", what, vethA)
+		}
+		if m == "native" && b != 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("5 s after %s: mode %q, XDP programs %d (%s) and %d (its peer); want native and both", what, m, a, vethA, b)
+		}
+	}
+}
+
 // TestInterfaceRemovedAndBack: the kernel detaches XDP from an interface
 // that is removed. santad says so (status mode "removed", a warning) and,
 // when an interface of that name is created again, attaches the rule
 // processor to it (and the program to its veth peer) by itself.
 func TestInterfaceRemovedAndBack(t *testing.T) {
 	tb := testbed.New(t)
-	veth := func(op string) {
-		t.Helper()
-		if err := tb.Server.Do(func() error {
-			v := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "santa-va"}, PeerName: "santa-vb"}
-			if op == "del" {
-				return netlink.LinkDel(v)
-			}
-			if err := netlink.LinkAdd(v); err != nil {
-				return err
-			}
-			return netlink.LinkSetUp(v)
-		}); err != nil {
-			t.Fatalf("%s veth: %v", op, err)
-		}
-	}
-	// xdp says which XDP programs santa-va and santa-vb have (0: none)
-	xdp := func() (a, b uint32) {
-		t.Helper()
-		ids := [2]uint32{}
-		for i, name := range []string{"santa-va", "santa-vb"} {
-			if err := tb.Server.Do(func() error {
-				l, err := netlink.LinkByName(name)
-				if err == nil && l.Attrs().Xdp != nil && l.Attrs().Xdp.Attached {
-					ids[i] = l.Attrs().Xdp.ProgId
-				}
-				return err
-			}); err != nil {
-				t.Fatal(err)
-			}
-		}
-		return ids[0], ids[1]
-	}
-	veth("add")
-	sd := newSantad(t, tb, "--interface", "santa-va")
+	inServer(t, tb, func() error { return createVeth(0) })
+	sd := newSantad(t, tb, "--interface", vethA)
 	sd.start()
 	c := sd.client()
-	mode := func() string {
-		t.Helper()
-		info, _, err := c.Health()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, i := range info.Interfaces {
-			if i.Name == "santa-va" {
-				return i.Mode
-			}
-		}
-		t.Fatalf("santa-va is not among santad's interfaces %v", info.Interfaces)
-		return ""
+	waitVethAttached(t, tb, c, "start")
+	inServer(t, tb, removeVeth)
+	if m := interfaceMode(t, c, vethA); m != "removed" {
+		t.Errorf("after %s was removed: mode %q, want removed", vethA, m)
 	}
-	if a, b := xdp(); mode() != "native" || a == 0 || b == 0 {
-		t.Fatalf("at start: mode %q, XDP programs %d (santa-va) and %d (its peer); want native and both", mode(), a, b)
-	}
-	veth("del")
-	if m := mode(); m != "removed" {
-		t.Errorf("after santa-va was removed: mode %q, want removed", m)
-	}
-	veth("add")
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		a, b := xdp()
-		if m := mode(); m == "native" && a != 0 && b != 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("5 s after santa-va was created again: mode %q, XDP programs %d and %d; want native and both", mode(), a, b)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	inServer(t, tb, func() error { return createVeth(0) })
+	waitVethAttached(t, tb, c, vethA+" was created again")
 	for _, want := range []string{"interface removed", "interface is back"} {
 		if !strings.Contains(sd.Log(), want) {
 			t.Errorf("santad's log does not say %q", want)
 		}
 	}
+}
+
+// TestInterfaceRecreatedSameIndex: an interface removed and created again
+// may get its old ifindex (`ip link add ... index N`, or the kernel handing
+// out a freed index again). It is still another interface, without the rule
+// processor: status says removed once the old one is gone, and santad
+// attaches to the new one, whether it saw the removal before the new
+// interface appeared or not.
+func TestInterfaceRecreatedSameIndex(t *testing.T) {
+	tb := testbed.New(t)
+	inServer(t, tb, func() error { return createVeth(0) })
+	var index int
+	inServer(t, tb, func() error {
+		l, err := netlink.LinkByName(vethA)
+		if err == nil {
+			index = l.Attrs().Index
+		}
+		return err
+	})
+	recreate := func() error { return createVeth(index) }
+	sd := newSantad(t, tb, "--interface", vethA)
+	sd.start()
+	c := sd.client()
+	waitVethAttached(t, tb, c, "start")
+
+	inServer(t, tb, removeVeth)
+	if m := interfaceMode(t, c, vethA); m != "removed" {
+		t.Errorf("after %s was removed: mode %q, want removed", vethA, m)
+	}
+	inServer(t, tb, recreate)
+	waitVethAttached(t, tb, c, vethA+" was created again with its ifindex")
+
+	inServer(t, tb, func() error { return errors.Join(removeVeth(), recreate()) })
+	waitVethAttached(t, tb, c, vethA+" was removed and at once created again with its ifindex")
 }
 
 // TestInterfaceRenamed: santad attaches by name, so an interface renamed
@@ -185,34 +239,11 @@ func TestInterfaceRenamed(t *testing.T) {
 // after status said removed, and failed once in CI).
 func TestInterfaceRenamedWhileBusy(t *testing.T) {
 	tb := testbed.New(t)
-	const other = "santa-va"
-	addOther := func() error {
-		v := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: other}, PeerName: "santa-vb"}
-		if err := netlink.LinkAdd(v); err != nil {
-			return err
-		}
-		return netlink.LinkSetUp(v)
-	}
-	if err := tb.Server.Do(addOther); err != nil {
-		t.Fatal(err)
-	}
-	sd := newSantad(t, tb, "--interface", other)
+	inServer(t, tb, func() error { return createVeth(0) })
+	sd := newSantad(t, tb, "--interface", vethA)
 	sd.start()
 	c := sd.client()
-	mode := func() string {
-		t.Helper()
-		info, _, err := c.Health()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, i := range info.Interfaces {
-			if i.Name == tb.Server.Dev {
-				return i.Mode
-			}
-		}
-		t.Fatalf("%s is not among santad's interfaces %v", tb.Server.Dev, info.Interfaces)
-		return ""
-	}
+	mode := func() string { return interfaceMode(t, c, tb.Server.Dev) }
 	if m := mode(); m != "native" {
 		t.Fatalf("at start: mode %q, want native", m)
 	}
@@ -229,14 +260,7 @@ func TestInterfaceRenamedWhileBusy(t *testing.T) {
 		if err := netlink.LinkSetDown(server); err != nil {
 			return err
 		}
-		va, err := netlink.LinkByName(other)
-		if err != nil {
-			return err
-		}
-		if err := netlink.LinkDel(va); err != nil {
-			return err
-		}
-		if err := addOther(); err != nil {
+		if err := errors.Join(removeVeth(), createVeth(0)); err != nil {
 			return err
 		}
 		return errors.Join(netlink.LinkSetName(server, "santa-vx"), netlink.LinkSetUp(server))

@@ -267,7 +267,7 @@ func (s *session) health() (*api.Message, *subscriber, error) {
 		DataBytes: uint64(u.DataBytes), MaxDataBytes: uint64(u.MaxDataBytes), UID: s.uid,
 	}
 	d.attsMu.Lock()
-	d.letGoOfRenamedLocked()
+	d.letGoOfLostLocked()
 	for _, a := range d.atts {
 		mode := "generic"
 		if a.Native {

@@ -169,8 +169,18 @@ func (d *Dataplane) linkHandover(att *Attachment, ifindex int) error {
 }
 
 // Ifindex is the index the interface had when the rule processor was
-// attached to it; one removed and created again has another.
+// attached to it. One removed and created again may have the same index:
+// InterfaceGone tells them apart.
 func (a *Attachment) Ifindex() int { return a.ifindex }
+
+// InterfaceGone says whether the interface a (not closed) was attached to
+// has been removed: the kernel then detaches the XDP link, whatever index
+// a later interface gets. If the link cannot be asked, it is taken to be
+// there still.
+func (a *Attachment) InterfaceGone() bool {
+	info, err := a.link.Info()
+	return err == nil && info.XDP() != nil && info.XDP().Ifindex == 0
+}
 
 // Pins are the paths of att's pinned links (none if it is not pinned).
 func (a *Attachment) Pins() []string {
@@ -283,6 +293,8 @@ func (a *Attachment) Close() error {
 	if a.closed {
 		return nil
 	}
+	// a removed veth took its peer with it, and its index may be another's now
+	peerLeft := a.Native && !a.InterfaceGone()
 	a.closed = true
 	var err error
 	for _, l := range []link.Link{a.link, a.handover} {
@@ -294,7 +306,7 @@ func (a *Attachment) Close() error {
 		}
 		err = errors.Join(err, l.Close())
 	}
-	if a.Native {
+	if peerLeft {
 		err = errors.Join(err, removePeerPass(a.local.ns, a.ifindex))
 	}
 	a.local.stop()
