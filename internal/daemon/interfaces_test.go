@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net/netip"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -282,5 +283,58 @@ func TestInterfaceRenamedWhileBusy(t *testing.T) {
 	}
 	if x, err := tb.ServerXDP(); err != nil || x.Attached != 0 {
 		t.Errorf("renamed interface has XDP %+v (%v), want none", x, err)
+	}
+}
+
+// TestInterfaceUpdatesOverflow: santad learns of interface changes through
+// a netlink subscription, which ends when more link events come than its
+// socket holds (ENOBUFS). santad subscribes again, catches up with the
+// changes it missed and follows the later ones. Here santad is stopped
+// (SIGSTOP) through a burst of link events, so that its socket overflows
+// for certain; vethA is removed and created again after the burst, so
+// santad can only learn of that by looking.
+func TestInterfaceUpdatesOverflow(t *testing.T) {
+	tb := testbed.New(t)
+	inServer(t, tb, func() error { return createVeth(0) })
+	sd := newSantad(t, tb, "--interface", vethA)
+	sd.start()
+	c := sd.client()
+	waitVethAttached(t, tb, c, "start")
+
+	pid := sd.PID()
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	resume := func() { syscall.Kill(pid, syscall.SIGCONT) }
+	t.Cleanup(resume)
+	// Each MTU change is a link event of about a kilobyte: 2000 of them
+	// are several times what a subscription's socket holds by default.
+	const burst = 2000
+	inServer(t, tb, func() error {
+		busy := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "santa-bx"}, PeerName: "santa-by"}
+		if err := netlink.LinkAdd(busy); err != nil {
+			return err
+		}
+		defer netlink.LinkDel(busy)
+		deadline := time.Now().Add(10 * time.Second)
+		for i := 0; i < burst && time.Now().Before(deadline); i++ {
+			if err := netlink.LinkSetMTU(busy, 1280+i%2); err != nil {
+				return err
+			}
+		}
+		return errors.Join(removeVeth(), createVeth(0))
+	})
+	resume()
+	for deadline := time.Now().Add(5 * time.Second); !strings.Contains(sd.Log(), "no buffer space available"); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d link events did not overflow santad's subscription (no ENOBUFS in its log)", burst)
+		}
+	}
+	waitVethAttached(t, tb, c, vethA+" was removed and created again while santad's subscription overflowed")
+
+	inServer(t, tb, func() error { return errors.Join(removeVeth(), createVeth(0)) })
+	waitVethAttached(t, tb, c, vethA+" was removed and created again after the overflow")
+	if !strings.Contains(sd.Log(), "subscribing again") {
+		t.Errorf("santad's log does not say it is subscribing again")
 	}
 }
