@@ -72,6 +72,18 @@ func interfaceMode(t *testing.T, c *santa.Client, name string) string {
 	return ""
 }
 
+// santadOnVethA creates vethA and its peer, and starts santad on vethA
+// with the rule processor attached.
+func santadOnVethA(t *testing.T, tb *testbed.Testbed) (*santadProc, *santa.Client) {
+	t.Helper()
+	inServer(t, tb, func() error { return createVeth(0) })
+	sd := newSantad(t, tb, "--interface", vethA)
+	sd.start()
+	c := sd.client()
+	waitVethAttached(t, tb, c, "start")
+	return sd, c
+}
+
 // waitVethAttached waits up to 5 s after what for status to say vethA is
 // attached in native mode and for vethA and vethB to carry XDP programs.
 // Status must never say so before vethA carries one.
@@ -98,11 +110,7 @@ func waitVethAttached(t *testing.T, tb *testbed.Testbed, c *santa.Client, what s
 // processor to it (and the program to its veth peer) by itself.
 func TestInterfaceRemovedAndBack(t *testing.T) {
 	tb := testbed.New(t)
-	inServer(t, tb, func() error { return createVeth(0) })
-	sd := newSantad(t, tb, "--interface", vethA)
-	sd.start()
-	c := sd.client()
-	waitVethAttached(t, tb, c, "start")
+	sd, c := santadOnVethA(t, tb)
 	inServer(t, tb, removeVeth)
 	if m := interfaceMode(t, c, vethA); m != "removed" {
 		t.Errorf("after %s was removed: mode %q, want removed", vethA, m)
@@ -295,11 +303,7 @@ func TestInterfaceRenamedWhileBusy(t *testing.T) {
 // santad can only learn of that by looking.
 func TestInterfaceUpdatesOverflow(t *testing.T) {
 	tb := testbed.New(t)
-	inServer(t, tb, func() error { return createVeth(0) })
-	sd := newSantad(t, tb, "--interface", vethA)
-	sd.start()
-	c := sd.client()
-	waitVethAttached(t, tb, c, "start")
+	sd, c := santadOnVethA(t, tb)
 
 	pid := sd.PID()
 	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
