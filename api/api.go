@@ -7,6 +7,8 @@ package api
 import (
 	"fmt"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"strings"
 	"unicode"
 	"unicode/utf8"
@@ -17,6 +19,25 @@ const Version = 1
 
 // DefaultSocket is where santad listens unless told otherwise.
 const DefaultSocket = "/run/santa/santa.sock"
+
+// ClaimsDir is where the controllers of the santad listening at socket
+// claim their tags (integrations/follow.ClaimTag): beside the socket,
+// writable by every user (sticky, as /tmp), since any user may run a
+// controller for a server of theirs.
+func ClaimsDir(socket string) string { return filepath.Join(filepath.Dir(socket), "controllers") }
+
+// MakeClaimsDir makes ClaimsDir(socket) if it is not there: santad when it
+// starts, else the first controller.
+func MakeClaimsDir(socket string) error {
+	dir := ClaimsDir(socket)
+	if _, err := os.Stat(dir); err == nil {
+		return nil
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	return os.Chmod(dir, os.ModeSticky|0o777)
+}
 
 // MaxFrame is the largest message either side accepts, in bytes.
 const MaxFrame = 256 << 20

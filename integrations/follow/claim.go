@@ -40,11 +40,13 @@ func ClaimTag(socketPath string, protocol uint32, port uint16, tag string) (*Cla
 	if protocol == api.ProtocolTCP {
 		proto = "TCP"
 	}
-	dir := filepath.Join(filepath.Dir(socketPath), "controllers")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := api.MakeClaimsDir(socketPath); err != nil {
 		return nil, fmt.Errorf("claim tag %q: %w", tag, err)
 	}
-	path := filepath.Join(dir, fmt.Sprintf("%s-%d-%s", strings.ToLower(proto), port, url.PathEscape(tag)))
+	// a claim per user: a user's controller sees only the rules that user
+	// may manage, and must not be able to block another user's tag
+	name := fmt.Sprintf("%s-%d-uid%d-%s", strings.ToLower(proto), port, os.Geteuid(), url.PathEscape(tag))
+	path := filepath.Join(api.ClaimsDir(socketPath), name)
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("claim tag %q: %w", tag, err)

@@ -18,6 +18,9 @@ import (
 var bin string // santad and santa, built by TestMain
 
 func TestMain(m *testing.M) {
+	if socket := os.Getenv(holdClaimEnv); socket != "" {
+		os.Exit(holdClaim(socket))
+	}
 	os.Exit(testbed.MainWithSanta(m, "../..", "XDP, namespaces", &bin))
 }
 

@@ -590,6 +590,9 @@ func (d *Daemon) listen() error {
 	}
 	l.SetUnlinkOnClose(false) // a successor may already listen on the path
 	d.listener = l
+	if err := api.MakeClaimsDir(path); err != nil {
+		return fmt.Errorf("controllers' directory: %w", err)
+	}
 	mode, _ := d.cfg.socketMode()
 	if err := os.Chmod(path, mode); err != nil {
 		return err

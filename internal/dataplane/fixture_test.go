@@ -33,7 +33,7 @@ type udpPacket struct {
 	src, dst   netip.AddrPort
 	srcMAC     net.HardwareAddr
 	dstMAC     net.HardwareAddr
-	tagged     bool   // an 802.1Q tag of VLAN vlan (0: a priority tag)
+	tagged     bool // an 802.1Q tag of VLAN vlan (0: a priority tag)
 	vlan       uint16
 	payload    []byte
 	reply      bool // header fields as the rule processor writes them
