@@ -8,6 +8,7 @@ package mcctl_test
 
 import (
 	"bytes"
+	"errors"
 	"context"
 	"fmt"
 	"net"
@@ -902,4 +903,38 @@ func TestTwoTagsOnOnePort(t *testing.T) {
 	}
 	// the next controller with the tag takes over the rules and the tracker
 	r.startController("static", "--keys", file, "--tag", "second")
+}
+
+// TestRepliesOfOneDatagram: memcached sends a UDP reply of more than 1400
+// bytes, its frame header included, as two datagrams; a rule answers with
+// one, so only replies of up to 1400 bytes are offloaded. Rules took
+// replies of up to 1452 bytes (what an IPv6 datagram of a 1500-byte MTU
+// carries): where the frame has room for it (not on this testbed's veth),
+// a reply of 1401 bytes came from the kernel in one datagram.
+func TestRepliesOfOneDatagram(t *testing.T) {
+	r := newRig(t)
+	udp, conns := r.clients(false)
+	fits, over := "dgram:a", "dgram:b"
+	// besides the value: frame header, "VALUE dgram:x 0 NNNN\r\n", "\r\nEND\r\n"
+	const around = 8 + 22 + 7
+	for key, n := range map[string]int{fits: 1400 - around, over: 1401 - around} {
+		if err := conns["text"].Set(key, bytes.Repeat([]byte("v"), n), 0, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if it, _, err := udp.Get(fits, time.Second); err != nil || len(it.Value) != 1400-around {
+		t.Fatalf("memcached's reply to GET %s: %d bytes of value, %v: not one datagram of 1400 bytes", fits, len(it.Value), err)
+	}
+	if _, _, err := udp.Get(over, time.Second); !errors.Is(err, mcproto.ErrMultiDatagram) {
+		t.Fatalf("memcached's reply to GET %s: %v, want two datagrams (%v)", over, err, mcproto.ErrMultiDatagram)
+	}
+	file := filepath.Join(t.TempDir(), "keys")
+	writeKeys(t, file, []string{fits, over})
+	ctl := r.startController("static", "--keys", file, "--verbose")
+	if want := "ready: 1 keys offloaded"; !strings.HasPrefix(ctl.Ready(), want) || !strings.Contains(ctl.Ready(), "(1 keys not offloaded)") {
+		t.Errorf("ready line %q, want %q and 1 not offloaded (%s's reply takes two datagrams)", ctl.Ready(), want, over)
+	}
+	if want := over + ": the reply (1401 bytes) takes more than one datagram"; !strings.Contains(ctl.Output(), want) {
+		t.Errorf("the log does not say %q:\n%s", want, ctl.Output())
+	}
 }

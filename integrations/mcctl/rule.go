@@ -14,9 +14,10 @@ import (
 // message after its request id: sequence 0, 1 datagram, reserved 0.
 const udpHeader = "\x00\x00\x00\x01\x00\x00"
 
-// maxReply is the largest UDP payload a rule may send: what one datagram of
-// a 1500-byte MTU carries over IPv6 (rules go to IPv4 and IPv6 sockets alike).
-const maxReply = 1452
+// maxReply is the largest UDP payload a rule may send: memcached sends a
+// longer reply, frame header included, as several datagrams
+// (UDP_MAX_PAYLOAD_SIZE), which a rule cannot.
+const maxReply = 1400
 
 // errNotOffloadable says a key's value cannot be answered by a rule.
 var errNotOffloadable = errors.New("not offloadable")
@@ -53,7 +54,7 @@ func getRule(key string, v value, keyVersion, epochVersion uint64) (api.Rule, er
 	req := mcproto.EncodeUDP(0, mcproto.GetRequest(key))
 	tpl := getReply(key, v)
 	if 2+len(tpl) > maxReply {
-		return api.Rule{}, fmt.Errorf("%w: %s: the reply (%d bytes) does not fit a datagram", errNotOffloadable, key, 2+len(tpl))
+		return api.Rule{}, fmt.Errorf("%w: %s: the reply (%d bytes) takes more than one datagram", errNotOffloadable, key, 2+len(tpl))
 	}
 	return api.Rule{
 		Conditions: []api.Condition{
