@@ -17,6 +17,7 @@ import (
 	"github.com/cilium/ebpf/link"
 	"github.com/santa-offload/santa/api"
 	"github.com/santa-offload/santa/internal/dataplane"
+	"github.com/santa-offload/santa/internal/resubscribe"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
@@ -192,7 +193,7 @@ func Start(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 	if err := d.listen(); err != nil {
 		return nil, err
 	}
-	interfaces, endInterfaces, err := d.subscribeInterfaces()
+	interfaces, err := d.subscribeInterfaces()
 	if err != nil {
 		return nil, err
 	}
@@ -200,7 +201,7 @@ func Start(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 	go d.watchReleased()
 	go d.dispatchSamples()
 	go d.expireLoop()
-	go d.watchInterfaces(interfaces, endInterfaces)
+	go d.watchInterfaces(interfaces)
 	if metricsListener != nil {
 		d.metrics.serve(metricsListener)
 	}
@@ -418,40 +419,13 @@ func (d *Daemon) attach() error {
 }
 
 // subscribeInterfaces subscribes to the changes of santad's network
-// namespace's interfaces. The updates end when santad stops or when the
-// kernel ends the subscription (its socket overflowed under a burst of
-// events: ENOBUFS); end releases the subscription's socket then.
-func (d *Daemon) subscribeInterfaces() (updates <-chan netlink.LinkUpdate, end func(), err error) {
-	ch := make(chan netlink.LinkUpdate, 64)
-	done := make(chan struct{})
-	err = netlink.LinkSubscribeWithOptions(ch, done, netlink.LinkSubscribeOptions{
-		ErrorCallback: func(err error) {
-			select {
-			case <-d.stop: // the subscription's socket closes on stop
-			default:
-				d.log.Warn("interface updates", "error", err)
-			}
-		},
-	})
-	if err != nil {
-		close(done)
-		return nil, nil, fmt.Errorf("subscribe to interface changes: %w", err)
-	}
-	end = func() {
-		close(done)
-		for range ch { // until its reader, which may be handing over one more, sees the socket closed
-		}
-	}
-	return ch, end, nil
+// namespace's interfaces.
+func (d *Daemon) subscribeInterfaces() (*resubscribe.Subscription[netlink.LinkUpdate], error) {
+	return resubscribe.Subscribe(d.log, "interface updates", "the interfaces",
+		func(updates chan<- netlink.LinkUpdate, done <-chan struct{}, onError func(error)) error {
+			return netlink.LinkSubscribeWithOptions(updates, done, netlink.LinkSubscribeOptions{ErrorCallback: onError})
+		})
 }
-
-// A subscription to interface changes that the kernel ended is replaced
-// after a pause that doubles, up to resubscribeMax, while they keep ending:
-// the burst of events that overflowed one may overflow the next.
-const (
-	resubscribeFirst = 100 * time.Millisecond
-	resubscribeMax   = 10 * time.Second
-)
 
 // watchInterfaces follows the configured interfaces by name: the kernel
 // detaches XDP from one that is removed (a container's veth, a NIC
@@ -460,51 +434,12 @@ const (
 // processor back. Meanwhile their requests reach the applications, as
 // without Santa. If the subscription to interface changes ends, santad
 // subscribes again and catches up with the changes it missed.
-func (d *Daemon) watchInterfaces(updates <-chan netlink.LinkUpdate, end func()) {
+func (d *Daemon) watchInterfaces(interfaces *resubscribe.Subscription[netlink.LinkUpdate]) {
 	defer d.wg.Done()
-	pause := resubscribeFirst
-	for {
-		subscribed := time.Now()
-		d.followInterfaces("") // changes before the subscription went unseen
-		stopping := d.followUpdates(updates)
-		end()
-		if stopping {
-			return
-		}
-		if time.Since(subscribed) > resubscribeMax {
-			pause = resubscribeFirst // a new burst, not the one that ended the last
-		}
-		d.log.Warn("interface updates ended: subscribing again, then catching up with the interfaces as they are", "in", pause)
-		for {
-			select {
-			case <-d.stop:
-				return
-			case <-time.After(pause):
-			}
-			pause = min(2*pause, resubscribeMax)
-			var err error
-			if updates, end, err = d.subscribeInterfaces(); err == nil {
-				break
-			}
-			d.log.Error("interface updates: could not subscribe again", "error", err, "retry_in", pause)
-		}
-	}
-}
-
-// followUpdates follows the interfaces through updates until santad stops
-// (true) or the updates end (false).
-func (d *Daemon) followUpdates(updates <-chan netlink.LinkUpdate) (stopping bool) {
-	for {
-		select {
-		case <-d.stop:
-			return true
-		case u, ok := <-updates:
-			if !ok {
-				return false
-			}
-			d.followInterfaces(u.Link.Attrs().Name)
-		}
-	}
+	d.followInterfaces("") // changed between attach and the subscription
+	interfaces.Follow(d.stop,
+		func(u netlink.LinkUpdate) { d.followInterfaces(u.Link.Attrs().Name) },
+		func() { d.followInterfaces("") })
 }
 
 // followInterfaces brings the attachments in line with the interfaces as

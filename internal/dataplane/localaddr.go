@@ -8,6 +8,7 @@ import (
 	"net/netip"
 
 	"github.com/cilium/ebpf"
+	"github.com/santa-offload/santa/internal/resubscribe"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 )
@@ -20,7 +21,7 @@ type localAddrs struct {
 	ifindex uint32
 	ns      netns.NsHandle
 	h       *netlink.Handle
-	done    chan struct{}
+	quit    chan struct{}
 	stopped chan struct{}
 	have    map[santaSantaLocalAddr]uint8
 }
@@ -31,7 +32,9 @@ const (
 )
 
 // watchLocalAddrs starts keeping the addresses of the calling thread's
-// namespace for packets arriving on ifindex.
+// namespace for packets arriving on ifindex. If the subscription to address
+// changes ends (ENOBUFS under a burst of them), it subscribes again and
+// syncs: an address removed meanwhile must not stay answered for.
 func (d *Dataplane) watchLocalAddrs(ifindex int) (*localAddrs, error) {
 	ns, err := netns.Get()
 	if err != nil {
@@ -43,33 +46,29 @@ func (d *Dataplane) watchLocalAddrs(ifindex int) (*localAddrs, error) {
 		return nil, fmt.Errorf("netlink: %w", err)
 	}
 	l := &localAddrs{d: d, ifindex: uint32(ifindex), ns: ns, h: h,
-		done: make(chan struct{}), stopped: make(chan struct{}), have: map[santaSantaLocalAddr]uint8{}}
-	updates := make(chan netlink.AddrUpdate, 64)
-	if err := netlink.AddrSubscribeWithOptions(updates, l.done, netlink.AddrSubscribeOptions{
-		Namespace: &ns,
-		ErrorCallback: func(err error) {
-			select {
-			case <-l.done: // the subscription's socket closes on stop
-			default:
-				slog.Warn("address updates", "error", err)
-			}
-		},
-	}); err != nil {
-		l.close()
-		return nil, fmt.Errorf("subscribe to address changes: %w", err)
-	}
-	if err := l.sync(); err != nil {
-		close(l.done)
+		quit: make(chan struct{}), stopped: make(chan struct{}), have: map[santaSantaLocalAddr]uint8{}}
+	log := slog.With("interface", ifindex)
+	updates, err := resubscribe.Subscribe(log, "address updates", "the addresses",
+		func(updates chan<- netlink.AddrUpdate, done <-chan struct{}, onError func(error)) error {
+			return netlink.AddrSubscribeWithOptions(updates, done, netlink.AddrSubscribeOptions{Namespace: &ns, ErrorCallback: onError})
+		})
+	if err != nil {
 		l.close()
 		return nil, err
 	}
+	if err := l.sync(); err != nil {
+		updates.End()
+		l.close()
+		return nil, err
+	}
+	syncLogged := func() {
+		if err := l.sync(); err != nil {
+			log.Warn("local addresses out of date", "error", err)
+		}
+	}
 	go func() {
 		defer close(l.stopped)
-		for range updates {
-			if err := l.sync(); err != nil {
-				slog.Warn("local addresses out of date", "interface", ifindex, "error", err)
-			}
-		}
+		updates.Follow(l.quit, func(netlink.AddrUpdate) { syncLogged() }, syncLogged)
 	}()
 	return l, nil
 }
@@ -191,7 +190,7 @@ func (l *localAddrs) stop() {
 
 // halt ends the watch, leaving its addresses in the map.
 func (l *localAddrs) halt() {
-	close(l.done)
+	close(l.quit)
 	<-l.stopped
 	l.close()
 }
