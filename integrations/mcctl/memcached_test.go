@@ -8,8 +8,8 @@ package mcctl_test
 
 import (
 	"bytes"
-	"errors"
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"

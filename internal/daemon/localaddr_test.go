@@ -66,16 +66,8 @@ func TestAddressUpdatesOverflow(t *testing.T) {
 	inServer(t, tb, func() error { return addrOp(netlink.AddrAdd, movedAddr) })
 	waitReply(moved, "pong", "an address of the server")
 
-	pid := sd.PID()
-	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
-	resume := func() { syscall.Kill(pid, syscall.SIGCONT) }
-	t.Cleanup(resume)
-	const burst = 2000
-	inServer(t, tb, func() error {
-		deadline := time.Now().Add(10 * time.Second)
-		for i := 0; i < burst && time.Now().Before(deadline); i++ {
+	overflow(t, sd, "address updates", func(deadline time.Time) error {
+		for i := 0; i < overflowBurst && time.Now().Before(deadline); i++ {
 			if err := addrOp(netlink.AddrAdd, busyAddr); err != nil {
 				return err
 			}
@@ -85,13 +77,6 @@ func TestAddressUpdatesOverflow(t *testing.T) {
 		}
 		return nil
 	})
-	resume()
-	overflowed := regexp.MustCompile(`address updates\W.*no buffer space available`)
-	for deadline := time.Now().Add(5 * time.Second); !overflowed.MatchString(sd.Log()); time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d address events did not overflow santad's subscription (no ENOBUFS in its log)", 2*burst)
-		}
-	}
 	// santad has then handled the updates read before the overflow, which
 	// said it has no more to read; an unfixed santad never says this.
 	for deadline := time.Now().Add(2 * time.Second); !strings.Contains(sd.Log(), "address updates ended") && time.Now().Before(deadline); {
@@ -108,6 +93,35 @@ func TestAddressUpdatesOverflow(t *testing.T) {
 	waitReply(arrived, "pong", "added to the server after the overflow")
 	if !strings.Contains(sd.Log(), "address updates ended: subscribing again") {
 		t.Errorf("santad's log does not say it is subscribing again")
+	}
+}
+
+// overflowBurst is how many netlink events of a kind overflow a
+// subscription's socket for certain: several times what it holds.
+const overflowBurst = 2000
+
+// overflow makes santad's subscription to what ("address updates") end:
+// santad is stopped (SIGSTOP) while burst, run in the server's namespace,
+// makes the kernel queue more events than the subscription's socket holds
+// (until deadline, 10 s away), and resumed; it then reads ENOBUFS.
+func overflow(t *testing.T, sd *santadProc, what string, burst func(deadline time.Time) error) {
+	t.Helper()
+	pid := sd.PID()
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	resume := func() { syscall.Kill(pid, syscall.SIGCONT) }
+	t.Cleanup(resume)
+	deadline := time.Now().Add(10 * time.Second)
+	if err := sd.tb.Server.Do(func() error { return burst(deadline) }); err != nil {
+		t.Fatal(err)
+	}
+	resume()
+	overflowed := regexp.MustCompile(regexp.QuoteMeta(what) + `\W.*no buffer space available`)
+	for deadline := time.Now().Add(5 * time.Second); !overflowed.MatchString(sd.Log()); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the burst did not overflow santad's subscription to %s (no ENOBUFS in its log)", what)
+		}
 	}
 }
 
