@@ -459,7 +459,7 @@ func (d *Daemon) followInterfaces(changed string) {
 	d.attsMu.Unlock()
 	for _, i := range back {
 		name := d.atts[i].Interface // the watcher alone replaces entries
-		if _, err := net.InterfaceByName(name); err != nil {
+		if _, err := netlink.LinkByName(name); err != nil {
 			continue // not back yet
 		}
 		att, err := d.dp.AttachPinned(name, d.cfg.xdpMode(), d.cfg.linkPin(name))
@@ -492,11 +492,13 @@ func (d *Daemon) letGoOfLostLocked() {
 			}
 			d.log.Warn("interface removed: its requests go to the applications until it is back", args...)
 		default:
-			iface, err := net.InterfaceByIndex(a.Ifindex())
-			if err != nil || iface.Name == a.Interface {
+			// one request for the index (net.InterfaceByIndex dumps every
+			// interface, on every link event of a host with many)
+			l, err := netlink.LinkByIndex(a.Ifindex())
+			if err != nil || l.Attrs().Name == a.Interface {
 				continue // still so named, or not found here (removed just now, or moved to another namespace)
 			}
-			args := []any{"interface", a.Interface, "new_name", iface.Name}
+			args := []any{"interface", a.Interface, "new_name", l.Attrs().Name}
 			if err := a.Detach(); err != nil {
 				args = append(args, "detach_error", err)
 			}
