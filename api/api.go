@@ -246,8 +246,9 @@ type SocketInfo struct {
 	Rules         uint64 `cbor:"6,keyasint,omitempty" json:"rules,omitempty"`
 	TemplateBytes uint64 `cbor:"7,keyasint,omitempty" json:"template_bytes,omitempty"`
 	Hits          uint64 `cbor:"8,keyasint,omitempty" json:"hits,omitempty"`
-	Created       bool   `cbor:"9,keyasint,omitempty" json:"created,omitempty"` // bind: the rule set is new
-	PID           uint32 `cbor:"10,keyasint,omitempty" json:"pid,omitempty"`    // process that bound it, if known
+	Created       bool   `cbor:"9,keyasint,omitempty" json:"created,omitempty"`      // bind: the rule set is new
+	PID           uint32 `cbor:"10,keyasint,omitempty" json:"pid,omitempty"`         // process that bound it, if known
+	ReplyBytes    uint64 `cbor:"11,keyasint,omitempty" json:"reply_bytes,omitempty"` // reply frame bytes its rules sent, as Hits
 }
 
 // RuleStats counts what one rule answered.

@@ -81,7 +81,7 @@ var vectorMessages = []Vector{
 	{Name: "unbind", Message: Message{V: 1, Op: OpUnbind, Seq: 10, Socket: 4097}},
 	{Name: "list sockets", Message: Message{V: 1, Op: OpListSockets, Seq: 11}},
 	{Name: "list sockets response", Message: Message{V: 1, Op: OpListSockets, Seq: 11, Sockets: []SocketInfo{
-		{Cookie: 4097, Family: 4, Protocol: 17, Address: Bytes{0, 0, 0, 0}, Port: 5353, Owner: 65534, Rules: 2, TemplateBytes: 9, Hits: 77},
+		{Cookie: 4097, Family: 4, Protocol: 17, Address: Bytes{0, 0, 0, 0}, Port: 5353, Owner: 65534, Rules: 2, TemplateBytes: 9, Hits: 77, ReplyBytes: 1 << 33},
 		{Cookie: 8193, Family: 6, Protocol: 17, Address: Bytes{0x20, 1, 0xd, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1}, Port: 65535}}}},
 	{Name: "list rules", Message: Message{V: 1, Op: OpListRules, Seq: 12, Socket: 4097}},
 	{Name: "list rules response", Message: Message{V: 1, Op: OpListRules, Seq: 12, Rules: []Rule{{ID: 3, Version: 2,

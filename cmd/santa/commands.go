@@ -349,9 +349,9 @@ func listSockets(e env, g *globals, c *santa.Client) error {
 		return printJSON(e.stdout, socketsJSON(socks))
 	}
 	w := table(e.stdout)
-	fmt.Fprintln(w, "SOCKET\tADDRESS\tOWNER\tPID\tRULES\tBYTES\tHITS")
+	fmt.Fprintln(w, "SOCKET\tADDRESS\tOWNER\tPID\tRULES\tBYTES\tHITS\tREPLY_BYTES")
 	for _, s := range socks {
-		fmt.Fprintf(w, "%d\t%s\t%d\t%d\t%d\t%d\t%d\n", s.Cookie, addr(s), s.Owner, s.PID, s.Rules, s.TemplateBytes, s.Hits)
+		fmt.Fprintf(w, "%d\t%s\t%d\t%d\t%d\t%d\t%d\t%d\n", s.Cookie, addr(s), s.Owner, s.PID, s.Rules, s.TemplateBytes, s.Hits, s.ReplyBytes)
 	}
 	return w.Flush()
 }

@@ -25,7 +25,7 @@ type metrics struct {
 	expired        prometheus.Counter
 	srv            *http.Server
 
-	events, ruleHits, ruleBytes, socketHits, socketRules, rules, sockets, dataBytes, maxRules, maxData *prometheus.Desc
+	events, ruleHits, ruleBytes, socketHits, socketBytes, socketRules, rules, sockets, dataBytes, maxRules, maxData *prometheus.Desc
 }
 
 func newMetrics(d *Daemon) *metrics {
@@ -45,7 +45,9 @@ func newMetrics(d *Daemon) *metrics {
 		ruleHits: prometheus.NewDesc("santa_rule_hits_total", "Requests answered by a rule.", []string{"socket", "rule"}, nil),
 		ruleBytes: prometheus.NewDesc("santa_rule_reply_bytes_total", "Reply frame bytes sent by a rule.",
 			[]string{"socket", "rule"}, nil),
-		socketHits:  prometheus.NewDesc("santa_socket_hits_total", "Requests answered by a socket's rules.", []string{"socket", "owner", "address"}, nil),
+		socketHits: prometheus.NewDesc("santa_socket_hits_total", "Requests answered by a socket's rules.", []string{"socket", "owner", "address"}, nil),
+		socketBytes: prometheus.NewDesc("santa_socket_reply_bytes_total", "Reply frame bytes sent by a socket's rules.",
+			[]string{"socket", "owner", "address"}, nil),
 		socketRules: prometheus.NewDesc("santa_socket_rules", "Rules of a socket.", []string{"socket", "owner", "address"}, nil),
 		rules:       prometheus.NewDesc("santa_rules", "Rules installed.", nil, nil),
 		sockets:     prometheus.NewDesc("santa_sockets", "Sockets with rule sets.", nil, nil),
@@ -69,7 +71,7 @@ func (m *metrics) request(op api.Op, status api.Status) {
 }
 
 func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{m.events, m.ruleHits, m.ruleBytes, m.socketHits, m.socketRules,
+	for _, d := range []*prometheus.Desc{m.events, m.ruleHits, m.ruleBytes, m.socketHits, m.socketBytes, m.socketRules,
 		m.rules, m.sockets, m.dataBytes, m.maxRules, m.maxData} {
 		ch <- d
 	}
@@ -118,16 +120,16 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 		if err != nil {
 			continue // unbound meanwhile
 		}
-		hits := gone.Hits // a counter: the hits of rules since gone stay in
-		for id, st := range stats {
-			hits += st.Hits
-			if perRule {
+		if perRule {
+			for id, st := range stats {
 				rule := strconv.FormatUint(uint64(id), 10)
 				ch <- prometheus.MustNewConstMetric(m.ruleHits, prometheus.CounterValue, float64(st.Hits), s.sock, rule)
 				ch <- prometheus.MustNewConstMetric(m.ruleBytes, prometheus.CounterValue, float64(st.Bytes), s.sock, rule)
 			}
 		}
-		ch <- prometheus.MustNewConstMetric(m.socketHits, prometheus.CounterValue, float64(hits), s.sock, s.owner, s.addr)
+		total := dataplane.Total(stats, gone) // counters: what rules since gone counted stays in
+		ch <- prometheus.MustNewConstMetric(m.socketHits, prometheus.CounterValue, float64(total.Hits), s.sock, s.owner, s.addr)
+		ch <- prometheus.MustNewConstMetric(m.socketBytes, prometheus.CounterValue, float64(total.Bytes), s.sock, s.owner, s.addr)
 		ch <- prometheus.MustNewConstMetric(m.socketRules, prometheus.GaugeValue, float64(s.rules), s.sock, s.owner, s.addr)
 	}
 }

@@ -171,7 +171,7 @@ func (s *session) dispatch(req *api.Message, files []*os.File) (*api.Message, *s
 	rs, bound, err := s.target(req, files, rulesetOps[req.Op])
 	if err == nil && req.Op == api.OpStats {
 		cookie := rs.info.Cookie
-		d.mu.Unlock() // the counters are read without santad's lock (addHits)
+		d.mu.Unlock() // the counters are read without santad's lock (addTotals)
 		stats, err := d.stats(cookie, req.IDs)
 		if err != nil {
 			return nil, nil, err
@@ -355,7 +355,7 @@ func (s *session) bind(req *api.Message, files []*os.File) (*api.Message, *subsc
 	if err != nil {
 		return nil, nil, err
 	}
-	d.addHits(out)
+	d.addTotals(out)
 	return &api.Message{Sockets: out}, nil, nil
 }
 
@@ -397,25 +397,23 @@ func (d *Daemon) bindFound(found []api.SocketInfo, sample dataplane.SampleOption
 	return out, nil
 }
 
-// socketInfo describes a rule set for list_sockets and bind, hits not yet
-// counted (addHits). Callers hold d.mu.
+// socketInfo describes a rule set for list_sockets and bind, hits and reply
+// bytes not yet counted (addTotals). Callers hold d.mu.
 func (d *Daemon) socketInfo(rs *ruleSet) api.SocketInfo {
 	si := rs.info
 	si.Rules, si.TemplateBytes = uint64(len(rs.rules)), rs.bytes
 	return si
 }
 
-// addHits counts the hits of each socket's rules, those since gone
-// included (they only grow while the socket is bound), without santad's
-// lock: reading the counters of a million rules takes about 0.4 s, which
-// would hold up every request.
-func (d *Daemon) addHits(socks []api.SocketInfo) {
+// addTotals counts the hits and reply bytes of each socket's rules, those
+// since gone included (they only grow while the socket is bound), without
+// santad's lock: reading the counters of a million rules takes about 0.4 s,
+// which would hold up every request.
+func (d *Daemon) addTotals(socks []api.SocketInfo) {
 	for i := range socks {
 		if stats, gone, err := d.dp.SocketStats(socks[i].Cookie); err == nil {
-			socks[i].Hits = gone.Hits
-			for _, st := range stats {
-				socks[i].Hits += st.Hits
-			}
+			total := dataplane.Total(stats, gone)
+			socks[i].Hits, socks[i].ReplyBytes = total.Hits, total.Bytes
 		}
 	}
 }
@@ -430,7 +428,7 @@ func (s *session) listSockets() (*api.Message, *subscriber, error) {
 		}
 	}
 	d.mu.Unlock()
-	d.addHits(resp.Sockets)
+	d.addTotals(resp.Sockets)
 	slices.SortFunc(resp.Sockets, func(a, b api.SocketInfo) int { return cmp.Compare(a.Cookie, b.Cookie) })
 	return resp, nil, nil
 }

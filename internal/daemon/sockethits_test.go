@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"regexp"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -14,11 +15,12 @@ import (
 	"github.com/santa-offload/santa/internal/testbed"
 )
 
-// TestSocketHitsNeverFall: a socket's answered requests, as
-// santa_socket_hits_total and list_sockets give them, only grow while it is
-// bound, however its rules go (delete, delete by tag, modify, expiry,
-// replace, expiry while no santad runs) and across santad restarts; an
-// unbind starts them anew.
+// TestSocketHitsNeverFall: a socket's answered requests and their reply
+// bytes, as santa_socket_hits_total, santa_socket_reply_bytes_total,
+// list_sockets and `santa rules ls` give them, only grow while it is bound,
+// however its rules go (delete, delete by tag, modify, expiry, replace,
+// expiry while no santad runs) and across santad restarts; an unbind starts
+// them anew.
 func TestSocketHitsNeverFall(t *testing.T) {
 	tb := testbed.New(t)
 	sd := newSantad(t, tb)
@@ -32,7 +34,9 @@ func TestSocketHitsNeverFall(t *testing.T) {
 		return api.Rule{Conditions: []api.Condition{santa.Match(0, []byte(ask))},
 			Processors: []api.Processor{santa.Put(0, []byte(answer))}, ReplyLen: uint32(len(answer)), Tag: tag}
 	}
-	answered := 0
+	// Ethernet, IPv4 and UDP headers of each reply frame
+	const replyHeaders = 14 + 20 + 8
+	answered, replied := 0, 0
 	ask := func(req, want string) {
 		t.Helper()
 		if got := exchange(t, tb, server, req); got != want {
@@ -40,26 +44,40 @@ func TestSocketHitsNeverFall(t *testing.T) {
 		}
 		if req != want { // not the echo server's
 			answered++
+			replied += replyHeaders + len(want)
 		}
 	}
-	// the socket's hits, as the metric and list_sockets give them, are all
-	// the requests answered so far
-	check := func(after string) {
+	metric := func(after, name string) int {
 		t.Helper()
-		re := regexp.MustCompile(fmt.Sprintf(`(?m)^santa_socket_hits_total\{[^}]*socket="%d"\} (\d+)$`, cookie))
+		re := regexp.MustCompile(fmt.Sprintf(`(?m)^%s\{[^}]*socket="%d"\} (\d+)$`, name, cookie))
 		m := re.FindStringSubmatch(sd.scrape())
 		if m == nil {
-			t.Fatalf("after %s: no santa_socket_hits_total of socket %d", after, cookie)
+			t.Fatalf("after %s: no %s of socket %d", after, name, cookie)
 		}
-		if hits, _ := strconv.Atoi(m[1]); hits != answered {
+		v, _ := strconv.Atoi(m[1])
+		return v
+	}
+	// the socket's hits and reply bytes, as the metrics, list_sockets and
+	// the CLI give them, are those of all the requests answered so far
+	check := func(after string) {
+		t.Helper()
+		if hits := metric(after, "santa_socket_hits_total"); hits != answered {
 			t.Errorf("after %s: santa_socket_hits_total %d, want %d", after, hits, answered)
+		}
+		if bytes := metric(after, "santa_socket_reply_bytes_total"); bytes != replied {
+			t.Errorf("after %s: santa_socket_reply_bytes_total %d, want %d", after, bytes, replied)
 		}
 		socks, err := sd.client().ListSockets()
 		if err != nil || len(socks) != 1 {
 			t.Fatalf("after %s: list sockets: %+v %v", after, socks, err)
 		}
-		if socks[0].Hits != uint64(answered) {
-			t.Errorf("after %s: list_sockets hits %d, want %d", after, socks[0].Hits, answered)
+		if socks[0].Hits != uint64(answered) || socks[0].ReplyBytes != uint64(replied) {
+			t.Errorf("after %s: list_sockets hits %d, reply bytes %d, want %d and %d", after,
+				socks[0].Hits, socks[0].ReplyBytes, answered, replied)
+		}
+		out, err := sd.cli(0, "rules", "ls")
+		if row := fmt.Sprintf(" %d %d\n", answered, replied); err != nil || !strings.Contains(strings.Join(strings.Fields(out), " ")+"\n", row) {
+			t.Errorf("after %s: santa rules ls does not end its row with hits and reply bytes %q: %v\n%s", after, row, err, out)
 		}
 	}
 
@@ -134,6 +152,6 @@ func TestSocketHitsNeverFall(t *testing.T) {
 		t.Fatal(err)
 	}
 	testbed.Bind(t, c, conn)
-	answered = 0
+	answered, replied = 0, 0
 	check("an unbind and a bind")
 }

@@ -123,6 +123,15 @@ func (d *Dataplane) SocketStats(cookie uint64) (rules map[RuleID]RuleStats, gone
 	return rules, gone, nil
 }
 
+// Total adds up a socket's statistics as SocketStats gives them: what its
+// rules and its rules since gone counted.
+func Total(rules map[RuleID]RuleStats, gone RuleStats) RuleStats {
+	for _, s := range rules {
+		gone = gone.add(s)
+	}
+	return gone
+}
+
 // GoneStats is what the socket's rules since gone counted (SocketStats).
 func (d *Dataplane) GoneStats(cookie uint64) (RuleStats, error) {
 	d.mu.Lock()

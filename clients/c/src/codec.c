@@ -82,6 +82,7 @@ static const struct sp_field socket_info_fields[] = {
 	F_UINT(8, struct sp_socket_info, hits),
 	F_BOOL(9, struct sp_socket_info, created),
 	F_UINT(10, struct sp_socket_info, pid),
+	F_UINT(11, struct sp_socket_info, reply_bytes),
 };
 static const struct sp_schema socket_info_schema = SCHEMA(struct sp_socket_info, "socket info", socket_info_fields);
 

@@ -93,6 +93,7 @@ struct sp_socket_info {
 	uint64_t hits;
 	bool created;
 	uint32_t pid;
+	uint64_t reply_bytes;
 };
 
 struct sp_rule_stats {

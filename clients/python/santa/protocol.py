@@ -383,6 +383,7 @@ class SocketInfo:
     hits: int = _key(8, _U64, 0)  #: answers of all its rules
     created: bool = _key(9, _BOOL, False)  #: bind: this request created the rule set
     pid: int = _key(10, _U32, 0)  #: process santad took the socket from, if known
+    reply_bytes: int = _key(11, _U64, 0)  #: reply frame bytes all its rules sent
 
     @property
     def ip(self) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
