@@ -1,7 +1,9 @@
 package dnsctl
 
 import (
+	"cmp"
 	"errors"
+	"slices"
 	"time"
 )
 
@@ -11,12 +13,16 @@ import (
 // missing, was truncated or too big, did not come in time, santad refused
 // the rule or its update, ...). The given questions stay wanted, so it is
 // asked again, less often each time the answer still cannot be offloaded,
-// until its rule is installed.
+// until its rule is installed. A query santad had no room for waits for
+// room instead: it is asked again once rules have gone from santad
+// (askAgainWithRoom), in the order the queries were left.
 type waitingQuery struct {
 	query    *Query
 	question Question
 	next     time.Time     // when to ask again
 	wait     time.Duration // from a failed ask to the next one
+	forRoom  bool          // left to the server for want of room in santad
+	order    uint64        // when it was left: room goes to the first ones
 }
 
 // A waiting query is asked again after firstAskAgainWait, then twice as
@@ -31,15 +37,32 @@ const (
 // in Static and Top mode, and says whether it does (Adaptive mode learns
 // it again from misses if it is still hot).
 func (c *Controller) askAgainLater(ep *endpoint, q *Query, question Question) bool {
+	return c.keepWaiting(ep, q, question) != nil
+}
+
+// waitForRoom keeps the queries santad had no room for wanted in Static
+// and Top mode, to be asked again once rules have gone from santad.
+func (c *Controller) waitForRoom(ep *endpoint, queries []*Query, questions []Question) {
+	for i, q := range queries {
+		if wq := c.keepWaiting(ep, q, questions[i]); wq != nil {
+			wq.forRoom = true
+		}
+	}
+}
+
+// keepWaiting returns q's waiting query in Static and Top mode, new or
+// not, and nil in Adaptive mode.
+func (c *Controller) keepWaiting(ep *endpoint, q *Query, question Question) *waitingQuery {
 	if c.cfg.Mode == Adaptive {
-		return false
+		return nil
 	}
 	key := string(q.Wire[2:]) // the query up to its ID
 	if ep.waiting[key] == nil {
-		ep.waiting[key] = &waitingQuery{query: q, question: question,
+		c.waitOrder++
+		ep.waiting[key] = &waitingQuery{query: q, question: question, order: c.waitOrder,
 			next: time.Now().Add(firstAskAgainWait), wait: firstAskAgainWait}
 	}
-	return true
+	return ep.waiting[key]
 }
 
 // askAgainDue asks again for every endpoint's waiting queries that are due.
@@ -47,11 +70,11 @@ func (c *Controller) askAgainDue(now time.Time) error {
 	for _, ep := range c.eps {
 		var due []*waitingQuery
 		for _, wq := range ep.waiting {
-			if !wq.next.After(now) {
+			if !wq.forRoom && !wq.next.After(now) {
 				due = append(due, wq)
 			}
 		}
-		if err := c.askAgain(ep, due); err != nil {
+		if _, err := c.askAgain(ep, due); err != nil {
 			return err
 		}
 	}
@@ -64,25 +87,66 @@ func (c *Controller) askAgainInZone(apex string) error {
 	for _, ep := range c.eps {
 		var inZone []*waitingQuery
 		for _, wq := range ep.waiting {
-			if c.zoneOf[canonical(wq.question.Name)] == apex {
+			if !wq.forRoom && c.zoneOf[canonical(wq.question.Name)] == apex {
 				wq.wait = firstAskAgainWait
 				inZone = append(inZone, wq)
 			}
 		}
-		if err := c.askAgain(ep, inZone); err != nil {
+		if _, err := c.askAgain(ep, inZone); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// askAgain asks ep's server again for waiting queries and installs the
-// rules of those it now answers in a way that can be offloaded; the others
-// wait twice as long as last time (up to maxAskAgainWait). They are not
-// counted as not offloaded again: Report.Skipped counts questions, not asks.
-func (c *Controller) askAgain(ep *endpoint, waiting []*waitingQuery) error {
-	if len(waiting) == 0 {
+// askAgainWithRoom asks again for the queries left to the server for want
+// of room once rules have gone from santad (follow.Room), as many as fit
+// in the room it has then: the first ones left, the endpoints taking turns
+// a batch at a time, until they are all in or santad has no room again.
+func (c *Controller) askAgainWithRoom() error {
+	forRoom := map[*endpoint][]*waitingQuery{}
+	for _, ep := range c.eps {
+		for _, wq := range ep.waiting {
+			if wq.forRoom {
+				forRoom[ep] = append(forRoom[ep], wq)
+			}
+		}
+		slices.SortFunc(forRoom[ep], func(a, b *waitingQuery) int { return cmp.Compare(a.order, b.order) })
+	}
+	if len(forRoom) == 0 {
 		return nil
+	}
+	free, err := c.room.Freed(c.client)
+	if err != nil || free == 0 {
+		return err
+	}
+	c.log.Info("rules went from santad: asking again for questions it had no room for", "room", free)
+	for asked := true; asked; {
+		asked = false
+		for _, ep := range c.eps {
+			n := min(c.cfg.Batch, len(forRoom[ep]), free/len(ep.cookies))
+			if n == 0 {
+				continue
+			}
+			batch := forRoom[ep][:n]
+			forRoom[ep], free, asked = forRoom[ep][n:], free-n*len(ep.cookies), true
+			full, err := c.askAgain(ep, batch)
+			if full || err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// askAgain asks ep's server again for waiting queries and installs the
+// rules of those it now answers in a way that can be offloaded. Those
+// santad has no room for wait for room (full says so); the others wait
+// twice as long as last time (up to maxAskAgainWait). They are not
+// counted as not offloaded again: Report.Skipped counts questions, not asks.
+func (c *Controller) askAgain(ep *endpoint, waiting []*waitingQuery) (full bool, err error) {
+	if len(waiting) == 0 {
+		return false, nil
 	}
 	queries := make([]*Query, len(waiting))
 	questions := make([]Question, len(waiting))
@@ -91,25 +155,38 @@ func (c *Controller) askAgain(ep *endpoint, waiting []*waitingQuery) error {
 	}
 	answers, errs, asked, err := c.askChecked(ep, queries)
 	if err != nil {
-		return err
+		return false, err
 	}
-	if _, err := c.installAnswers(ep, queries, questions, answers, errs, asked); err != nil && !errors.Is(err, errNoRoom) {
-		return err
+	_, err = c.installAnswers(ep, queries, questions, answers, errs, asked)
+	if full = errors.Is(err, errNoRoom); err != nil && !full {
+		return false, err
 	}
-	var offloaded []*Query
+	var answered, fitted []*Query // offloaded now: after waiting for an answer, for room
 	for i, wq := range waiting {
-		if errs[i] == nil && ep.entries[Rule(wq.query, answers[i], ep.b).MatchKey()] != nil {
+		switch {
+		case errs[i] != nil:
+			wq.forRoom = false
+			wq.wait = min(2*wq.wait, maxAskAgainWait)
+			wq.next = time.Now().Add(wq.wait)
+			c.log.Debug("a question is still not offloaded", "question", wq.query, "error", errs[i], "next_ask_in", wq.wait)
+		case ep.entries[Rule(wq.query, answers[i], ep.b).MatchKey()] != nil:
 			delete(ep.waiting, string(wq.query.Wire[2:]))
-			offloaded = append(offloaded, wq.query)
-			continue
+			if wq.forRoom {
+				fitted = append(fitted, wq.query)
+			} else {
+				answered = append(answered, wq.query)
+			}
+		default: // left for want of room, its own rule's or that of a query it matches alike
+			wq.forRoom = true
 		}
-		wq.wait = min(2*wq.wait, maxAskAgainWait)
-		wq.next = time.Now().Add(wq.wait)
-		c.log.Debug("a question is still not offloaded", "question", wq.query, "error", errs[i], "next_ask_in", wq.wait)
 	}
-	if len(offloaded) > 0 {
+	if len(answered) > 0 {
 		c.log.Info("the server answers questions that were not offloaded in a way that can be: their rules are installed",
-			"server", ep.addr, "rules", len(offloaded), "first", offloaded[0])
+			"server", ep.addr, "rules", len(answered), "first", answered[0])
 	}
-	return nil
+	if len(fitted) > 0 {
+		c.log.Info("santad had room for questions that waited for it: their rules are installed",
+			"server", ep.addr, "rules", len(fitted), "first", fitted[0])
+	}
+	return full, nil
 }

@@ -103,7 +103,7 @@ type Report struct {
 	Changed   uint64         // rules modified after their answer changed
 	Removed   uint64         // rules deleted (answer no longer offloadable, expired, evicted)
 	Skipped   map[string]int // questions not offloaded when first asked, by reason
-	Waiting   int            // questions not offloaded for now, asked again (Static, Top)
+	Waiting   int            // questions not offloaded for now, asked again (Static, Top): later, or when santad has room
 }
 
 // Controller runs one DNS offload.
@@ -123,7 +123,9 @@ type Controller struct {
 	// made: it removes them again on exit if no one else added rules.
 	created   []uint64
 	inherited *follow.Inherited // a predecessor's rules, until installed again or deleted
-	noRoom    error             // santad's refusal of the last rule it had no room for; nil once it takes one
+	room      follow.Room       // when rules went from santad, after it had no room (askAgainWithRoom)
+	saidFull  bool              // that santad has no room is logged once
+	waitOrder uint64            // waiting queries so far (waitingQuery.order)
 
 	// mu guards the endpoints' entries, the wheels, the zones and the santad
 	// connection. The main loop holds it except while it asks the server;
@@ -480,9 +482,16 @@ func (c *Controller) installMany(ctx context.Context, eps []*endpoint, queries [
 			err := c.install(ep, queries[i:j], questions[i:j])
 			if errors.Is(err, errNoRoom) {
 				// asking the server for answers santad has no room for is
-				// no use: the rest stays with the server, on every endpoint
+				// no use: the rest stays with the server, on every
+				// endpoint, until rules go from santad
 				left := len(eps)*(len(queries)-j) + (len(eps)-k-1)*(j-i)
 				c.count(func(r *Report) { r.Skipped[noRoomReason] += left })
+				for _, later := range eps[k+1:] {
+					c.waitForRoom(later, queries[i:j], questions[i:j])
+				}
+				for _, ep := range eps {
+					c.waitForRoom(ep, queries[j:], questions[j:])
+				}
 				return nil
 			}
 			if err != nil {
@@ -611,8 +620,8 @@ func (c *Controller) dropShuffled(ep *endpoint, answers []Answer, errs []error) 
 
 // install asks the server for every query, makes rules of the answers and
 // adds those not installed yet. The questions it does not offload are
-// counted (Report.Skipped) and, in Static and Top mode, asked again later
-// (askagain.go).
+// counted (Report.Skipped) and, in Static and Top mode, asked again later,
+// or when santad has room (askagain.go).
 func (c *Controller) install(ep *endpoint, queries []*Query, questions []Question) error {
 	answers, errs, asked, err := c.askChecked(ep, queries)
 	if err != nil {
@@ -662,7 +671,7 @@ func (c *Controller) askChecked(ep *endpoint, queries []*Query) (answers []Answe
 // installAnswers adds the rule of every answer without an error whose rule
 // is not installed yet; a rule santad refuses gets santad's reason in errs.
 // When santad has no room for them all it returns errNoRoom and how many
-// it left to the server.
+// it left to the server, which wait for room (Static and Top mode).
 func (c *Controller) installAnswers(ep *endpoint, queries []*Query, questions []Question, answers []Answer, errs []error, asked time.Time) (left int, err error) {
 	fresh := make([]*entry, 0, len(queries))
 	rules := make([]api.Rule, 0, len(queries))
@@ -701,6 +710,7 @@ func (c *Controller) installAnswers(ep *endpoint, queries []*Query, questions []
 				if e.ids == nil && !e.dead {
 					e.dead = true
 					left++
+					c.waitForRoom(ep, []*Query{e.query}, []Question{e.question})
 				}
 			}
 			j = len(rules)
@@ -743,11 +753,7 @@ func (c *Controller) add(ep *endpoint, es []*entry, rules []api.Rule, refused fu
 		}
 	}
 	if follow.NoRoom(err) {
-		c.outOfRoom(ep, err)
-		return added, true, nil
-	}
-	if added > 0 {
-		c.roomAgain()
+		return added, true, c.outOfRoom(ep, err)
 	}
 	return added, false, err
 }
@@ -756,21 +762,15 @@ func (c *Controller) add(ep *endpoint, es []*entry, rules []api.Rule, refused fu
 // santad has no room for their rules.
 const noRoomReason = "santad has no room"
 
-// outOfRoom records that santad has no room for more rules, and says so
-// the first time (until it has room again).
-func (c *Controller) outOfRoom(ep *endpoint, err error) {
-	if c.noRoom == nil {
-		c.log.Warn("santad has no room for more rules: the questions left stay with the server", "server", ep.addr, "error", err)
+// outOfRoom notes santad's usage when it had no room for more rules
+// (follow.Room), and says so the first time.
+func (c *Controller) outOfRoom(ep *endpoint, err error) error {
+	if !c.saidFull {
+		c.saidFull = true
+		c.log.Warn("santad has no room for more rules: the questions left stay with the server until rules go from santad",
+			"server", ep.addr, "error", err)
 	}
-	c.noRoom = err
-}
-
-// roomAgain records that santad took a rule after it had no room.
-func (c *Controller) roomAgain() {
-	if c.noRoom != nil {
-		c.log.Info("santad has room for rules again")
-		c.noRoom = nil
-	}
+	return c.room.Refused(c.client)
 }
 
 // expires is when e's rule must be gone: the whole second at or before the
@@ -941,6 +941,9 @@ func (c *Controller) loop(ctx context.Context, notified <-chan string, gone <-ch
 				return err
 			}
 			if err := c.askAgainDue(now); err != nil {
+				return err
+			}
+			if err := c.askAgainWithRoom(); err != nil {
 				return err
 			}
 		case <-poll:

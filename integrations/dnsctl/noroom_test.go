@@ -7,9 +7,12 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/miekg/dns"
 
+	"github.com/santa-offload/santa/api"
+	santa "github.com/santa-offload/santa/clients/go/santa"
 	"github.com/santa-offload/santa/internal/testbed"
 )
 
@@ -54,5 +57,87 @@ func TestNoRoomInSantad(t *testing.T) {
 		if _, kernel := r.digAt(server, names[0], "A"); !kernel {
 			t.Errorf("%s A, offloaded first, was not answered by the rule processor at %v", names[0], server)
 		}
+	}
+}
+
+// TestNoRoomAskedAgainWhenRulesGo: the questions santad has no room for
+// wait, not asked again while santad stays full, and are offloaded once
+// rules go from santad (here another program's).
+func TestNoRoomAskedAgainWhenRulesGo(t *testing.T) {
+	// 15 names on the IPv4 and the IPv6 socket want 30 rules; the other
+	// program's 20 leave room for 20: the IPv4 socket's 15 and 5 of the
+	// IPv6 socket's
+	const maxRules, others, generated = 40, 20, 15
+	config := filepath.Join(t.TempDir(), "santad.yaml")
+	if err := os.WriteFile(config, fmt.Appendf(nil, "dataplane:\n  max_rules: %d\n", maxRules), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r := newRigWith(t, testbed.KindNSD, rigOptions{generated: generated, santadFlags: []string{"--config", config}})
+	c, err := santa.Dial(r.santad.Socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	other, err := r.tb.Server.ListenUDP(netip.AddrPortFrom(r.tb.Server.IP4, 7999))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	target, err := santa.Socket(other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rules := make([]api.Rule, others)
+	for i := range rules {
+		rules[i] = api.Rule{Conditions: []api.Condition{santa.Match(0, fmt.Appendf(nil, "other %d", i))},
+			Processors: []api.Processor{santa.Put(0, []byte("x"))}, ReplyLen: 1}
+	}
+	ids, err := c.Add(target, rules)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for i := range generated {
+		names = append(names, testbed.GenName(r.zone.Origin, i))
+	}
+	ctl := r.startController("static", "--port", "53/udp", "--names", r.namesFile(names, []uint16{dns.TypeA}),
+		"--shape", "rd,edns", "--learn-shapes=false")
+	left := 2*generated - (maxRules - others)
+	if want := fmt.Sprintf("(%d questions not offloaded)", left); !strings.Contains(ctl.Ready(), want) {
+		t.Fatalf("ready line %q, want %q", ctl.Ready(), want)
+	}
+	_, v6 := r.srv.Addrs()
+	last := names[generated-1]
+	if _, kernel := r.digAt(v6, last, "A"); kernel {
+		t.Fatalf("%s A at %v was answered by the rule processor before santad had room for its rule", last, v6)
+	}
+	// while santad stays full, nothing is tried again
+	refusedAdds := func() int { return strings.Count(r.santad.Log(), `msg="request refused" op=add`) }
+	before := refusedAdds()
+	time.Sleep(3500 * time.Millisecond) // past two asks again of a question that waits its second, then 2 s
+	if n := refusedAdds(); n != before {
+		t.Errorf("santad refused %d more adds while it had no room", n-before)
+	}
+
+	// the other program's rules go: the questions that waited take their room
+	if err := c.Delete(target, ids); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if _, kernel := r.digAt(v6, last, "A"); kernel {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s A at %v is not answered by the rule processor 5 s after rules went (%d rules); controller output:\n%s",
+				last, v6, r.rules(), ctl.Output())
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if n := r.rules(); n != 2*generated {
+		t.Errorf("santad holds %d rules, want %d: every question on both sockets", n, 2*generated)
+	}
+	if err := ctl.WaitOutput("santad had room for questions that waited for it", time.Second); err != nil {
+		t.Error(err)
 	}
 }

@@ -4,7 +4,8 @@
 // closes one: santad ends a socket's subscriptions when its rule set goes
 // with the socket. Run starts the controller again once the server, or
 // santad, is back (the --follow option). ClaimTag keeps two controllers
-// from running with one tag on one port.
+// from running with one tag on one port. Room tells when rules have gone
+// from santad after it had no room for more.
 package follow
 
 import (

@@ -181,3 +181,45 @@ func TestFittingOnSantad(t *testing.T) {
 			len(added), cc.deletes, cc.lists)
 	}
 }
+
+// Room says nothing went while santad's usage stays as it was at the
+// refusal, or grows, and how many rules fit once rules went.
+func TestRoomFreed(t *testing.T) {
+	const maxRules = 10
+	cc, _, cookie := boundSocket(t, maxRules)
+	rule := func(k int) api.Rule {
+		return api.Rule{Conditions: []api.Condition{santa.Match(0, fmt.Appendf(nil, "request %d", k))},
+			Processors: []api.Processor{santa.Put(0, []byte("reply"))}, ReplyLen: 5}
+	}
+	var rules []api.Rule
+	for k := range maxRules - 1 {
+		rules = append(rules, rule(k))
+	}
+	ids, err := cc.c.Add(santa.Cookie(cookie), rules)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cc.c.Add(santa.Cookie(cookie), []api.Rule{rule(100), rule(101)}); !NoRoom(err) {
+		t.Fatalf("add past santad's room: %v, want no room", err)
+	}
+	var room Room
+	if err := room.Refused(cc.c); err != nil {
+		t.Fatal(err)
+	}
+	freed := func(want int) {
+		t.Helper()
+		if free, err := room.Freed(cc.c); err != nil || free != want {
+			t.Errorf("Freed: %d (%v), want %d", free, err, want)
+		}
+	}
+	freed(0) // the one rule of room left was there at the refusal
+	if _, err := cc.c.Add(santa.Cookie(cookie), []api.Rule{rule(102)}); err != nil {
+		t.Fatal(err)
+	}
+	freed(0)
+	if err := cc.c.Delete(santa.Cookie(cookie), ids[:3]); err != nil {
+		t.Fatal(err)
+	}
+	freed(3)
+	freed(0) // nothing went since the last look
+}

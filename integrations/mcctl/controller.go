@@ -153,6 +153,7 @@ type Controller struct {
 	// (it went away): the write tracker stays attached to guard them.
 	rulesLeft bool
 	waiting   int               // keys the last install did not get to for want of room in santad
+	room      follow.Room       // when rules went from santad, after it had no room: the waiting keys are worth fetching
 	inherited *follow.Inherited // a predecessor's rules, until installed again or deleted
 
 	repMu sync.Mutex
@@ -585,8 +586,7 @@ const progressEvery = 5 * time.Second
 
 // install fetches keys that have no rules yet and adds their rules. When
 // santad has no room for more, it adds what fits and stops: the keys it did
-// not get to wait for the next pass (a second later), when rules may have
-// gone.
+// not get to wait until rules have gone from santad (everySecond).
 func (c *Controller) install(keys []string) error {
 	start, done, logged := time.Now(), 0, time.Now()
 	defer func() {
@@ -628,7 +628,9 @@ func (c *Controller) install(keys []string) error {
 		}
 		c.count(func(r *Report) { r.Installed += uint64(added) })
 		if follow.NoRoom(err) {
-			c.waitForRoom(len(keys)-done+len(es)-added, err)
+			if err := c.waitForRoom(len(keys)-done+len(es)-added, err); err != nil {
+				return err
+			}
 			return fmt.Errorf("%w: %w", errNoRoom, err)
 		}
 		return err
@@ -654,14 +656,15 @@ func refused(err error) bool {
 	return follow.NoRoom(err) || errors.Is(err, santa.ErrInvalid)
 }
 
-// waitForRoom records that n keys wait for room in santad, and says so
-// when they start to.
-func (c *Controller) waitForRoom(n int, err error) {
+// waitForRoom records that n keys wait for room in santad, and santad's
+// usage now (follow.Room), and says so when they start to wait.
+func (c *Controller) waitForRoom(n int, err error) error {
 	if c.waiting == 0 {
-		c.log.Warn("keys wait for room in santad, tried again every second", "keys", n, "rules", len(c.entries), "error", err)
+		c.log.Warn("keys wait for room in santad, tried again when rules go from santad", "keys", n, "rules", len(c.entries), "error", err)
 	}
 	c.waiting = n
 	c.count(func(*Report) {})
+	return c.room.Refused(c.client)
 }
 
 // build makes f's rule and entry; ok is false if the value is not offloadable.
@@ -1089,6 +1092,12 @@ func (c *Controller) everySecond(now time.Time) error {
 			if c.worthFetching(k) {
 				missing = append(missing, k)
 			}
+		}
+	}
+	if c.waiting > 0 && len(missing) > 0 {
+		// santad had no room for them: fetching their values is no use until rules go
+		if free, err := c.room.Freed(c.client); err != nil || free == 0 {
+			return err
 		}
 	}
 	before := len(c.entries)

@@ -12,8 +12,9 @@ import (
 )
 
 // TestNoRoomInSantad: with more wanted keys than santad has room for, the
-// controller offloads those that fit, says how many wait, goes on, and
-// installs the waiting keys as room comes free.
+// controller offloads those that fit, says how many wait, goes on without
+// trying them again while santad stays full, and installs the waiting keys
+// as room comes free.
 func TestNoRoomInSantad(t *testing.T) {
 	// memcached has 3 sockets: the third key's rule fits on the first
 	// socket, not on the second, and must be taken off the first again
@@ -64,6 +65,13 @@ func TestNoRoomInSantad(t *testing.T) {
 	}
 	if got := fromKernel(); !slices.Equal(got, keys[:fit]) {
 		t.Fatalf("the kernel answers %v, want the first %d keys", got, fit)
+	}
+	// while santad stays full, the waiting keys are not tried again
+	refusedAdds := func() int { return strings.Count(r.santad.Log(), `msg="request refused" op=add`) }
+	before := refusedAdds()
+	time.Sleep(2500 * time.Millisecond)
+	if n := refusedAdds(); n != before {
+		t.Errorf("santad refused %d more adds while it had no room", n-before)
 	}
 
 	// room comes free: two offloaded values are deleted, their rules go,
