@@ -429,10 +429,10 @@ func (d *Daemon) subscribeInterfaces() (*resubscribe.Subscription[netlink.LinkUp
 
 // watchInterfaces follows the configured interfaces by name: the kernel
 // detaches XDP from one that is removed (a container's veth, a NIC
-// unplugged), santad detaches it from one renamed, and an interface that
-// takes the name again (created anew, or renamed back) gets the rule
-// processor back. Meanwhile their requests reach the applications, as
-// without Santa. If the subscription to interface changes ends, santad
+// unplugged), santad detaches it from one renamed or moved to another
+// network namespace, and an interface that takes the name again (created
+// anew, or renamed back) gets the rule processor back. Meanwhile their
+// requests reach the applications, as without Santa. If the subscription to interface changes ends, santad
 // subscribes again and catches up with the changes it missed.
 func (d *Daemon) watchInterfaces(interfaces *resubscribe.Subscription[netlink.LinkUpdate]) {
 	defer d.wg.Done()
@@ -444,9 +444,9 @@ func (d *Daemon) watchInterfaces(interfaces *resubscribe.Subscription[netlink.Li
 
 // followInterfaces brings the attachments in line with the interfaces as
 // they are now (an event may be older than the interface it names, renamed
-// again since): it lets go of those whose interface is gone or renamed, and
-// attaches the rule processor again to the configured interface named
-// changed ("": every one) if an interface has that name now.
+// again since): it lets go of those whose interface is gone, renamed or
+// moved, and attaches the rule processor again to the configured interface
+// named changed ("": every one) if an interface has that name now.
 func (d *Daemon) followInterfaces(changed string) {
 	d.attsMu.Lock()
 	d.letGoOfLostLocked()
@@ -476,8 +476,9 @@ func (d *Daemon) followInterfaces(changed string) {
 
 // letGoOfLostLocked closes every attachment whose interface was removed
 // (the kernel detached XDP with it; another interface may have its index
-// now) and detaches the rule processor from every interface renamed since
-// it was attached: santad attaches by name. The watcher calls it on link
+// now) and detaches the rule processor from every interface renamed or
+// moved to another network namespace since it was attached: santad
+// attaches by name, in its own namespace. The watcher calls it on link
 // events and health before it reports, so that status never calls removed
 // an interface that the rule processor still answers on, nor attached one
 // it no longer is on, while the watcher is busy. Called with attsMu held.
@@ -495,14 +496,27 @@ func (d *Daemon) letGoOfLostLocked() {
 			// one request for the index (net.InterfaceByIndex dumps every
 			// interface, on every link event of a host with many)
 			l, err := netlink.LinkByIndex(a.Ifindex())
-			if err != nil || l.Attrs().Name == a.Interface {
-				continue // still so named, or not found here (removed just now, or moved to another namespace)
+			switch {
+			case errors.As(err, new(netlink.LinkNotFoundError)):
+				// the kernel still has santad's XDP link on it (not
+				// InterfaceGone), so it went to another network namespace
+				// (or is being removed this instant): the pinned link would
+				// keep the rule processor there and off a new interface of
+				// its name here
+				args := []any{"interface", a.Interface}
+				if err := a.Detach(); err != nil {
+					args = append(args, "detach_error", err)
+				}
+				d.log.Warn("interface left santad's network namespace: rule processor detached from it; its requests go to the applications until an interface of its name appears here", args...)
+			case err != nil || l.Attrs().Name == a.Interface:
+				continue // still so named, or not asked
+			default:
+				args := []any{"interface", a.Interface, "new_name", l.Attrs().Name}
+				if err := a.Detach(); err != nil {
+					args = append(args, "detach_error", err)
+				}
+				d.log.Warn("interface renamed: rule processor detached from it; its requests go to the applications until an interface of its old name appears", args...)
 			}
-			args := []any{"interface", a.Interface, "new_name", l.Attrs().Name}
-			if err := a.Detach(); err != nil {
-				args = append(args, "detach_error", err)
-			}
-			d.log.Warn("interface renamed: rule processor detached from it; its requests go to the applications until an interface of its old name appears", args...)
 		}
 	}
 }

@@ -123,6 +123,59 @@ func TestInterfaceRemovedAndBack(t *testing.T) {
 	}
 }
 
+// TestInterfaceMovedToOtherNamespace: an interface moved to another
+// network namespace keeps santad's XDP link as far as the kernel is
+// concerned (it is not removed), so santad detaches the rule processor from
+// it itself (status mode "removed", a warning), and attaches it to a new
+// interface of that name in its own namespace.
+func TestInterfaceMovedToOtherNamespace(t *testing.T) {
+	tb := testbed.New(t)
+	sd, c := santadOnVethA(t, tb)
+	moveToClient := func(name string) {
+		t.Helper()
+		if out, err := tb.Server.Run("ip", "link", "set", name, "netns", tb.Client.NS); err != nil {
+			t.Fatalf("move %s to the client namespace: %v\n%s", name, err, out)
+		}
+	}
+	xdpProgram := func(side testbed.Side, name string) uint32 {
+		t.Helper()
+		var prog uint32
+		if err := side.Do(func() error {
+			l, err := netlink.LinkByName(name)
+			if err == nil && l.Attrs().Xdp != nil && l.Attrs().Xdp.Attached {
+				prog = l.Attrs().Xdp.ProgId
+			}
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return prog
+	}
+	moveToClient(vethA)
+	if m := interfaceMode(t, c, vethA); m != "removed" {
+		t.Errorf("after %s moved to another namespace: mode %q, want removed", vethA, m)
+	}
+	// neither it nor its other end, left behind, keeps a program of santad's
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		moved, peer := xdpProgram(tb.Client, vethA), xdpProgram(tb.Server, vethB)
+		if moved == 0 && peer == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("5 s after %s moved to another namespace: XDP programs %d (%s) and %d (its peer); want none",
+				vethA, moved, vethA, peer)
+		}
+	}
+	moveToClient(vethB) // a new pair takes both names
+	inServer(t, tb, func() error { return createVeth(0) })
+	waitVethAttached(t, tb, c, vethA+" was created anew after the old one moved away")
+	for _, want := range []string{"interface left santad's network namespace", "interface is back"} {
+		if !strings.Contains(sd.Log(), want) {
+			t.Errorf("santad's log does not say %q", want)
+		}
+	}
+}
+
 // TestInterfaceRecreatedSameIndex: an interface removed and created again
 // may get its old ifindex (`ip link add ... index N`, or the kernel handing
 // out a freed index again). It is still another interface, without the rule

@@ -307,7 +307,7 @@ func (a *Attachment) Close() error {
 		err = errors.Join(err, l.Close())
 	}
 	if peerLeft {
-		err = errors.Join(err, removePeerPass(a.local.ns, a.ifindex))
+		err = errors.Join(err, a.removePeerPass())
 	}
 	a.local.stop()
 	return err

@@ -228,21 +228,12 @@ func (a *Attachment) PeerXDP() (string, error) {
 	if a.peer == nil {
 		return "", a.peerErr
 	}
-	ns, err := a.peer.open(a.local.ns)
-	if err != nil {
-		return "", fmt.Errorf("veth peer: %w", err)
-	}
-	defer ns.Close()
-	h, err := netlink.NewHandleAt(ns)
+	peer, err := a.peerNow()
 	if err != nil {
 		return "", err
 	}
-	defer h.Close()
-	l, err := h.LinkByIndex(a.peer.index)
-	if err != nil {
-		return "", fmt.Errorf("veth peer (ifindex %d): %w", a.peer.index, err)
-	}
-	name, x := l.Attrs().Name, l.Attrs().Xdp
+	defer peer.close()
+	name, x := peer.link.Attrs().Name, peer.link.Attrs().Xdp
 	switch {
 	case x == nil || !x.Attached:
 		return name + ": no XDP program: replies sent from XDP are dropped", nil
@@ -256,6 +247,27 @@ func (a *Attachment) PeerXDP() (string, error) {
 	return fmt.Sprintf("%s: XDP program %d (%s)", name, x.ProgId, prog), nil
 }
 
+// peerNow is the other end of a's veth (a.peer not nil) as it is now,
+// where it was found at attach.
+func (a *Attachment) peerNow() (*vethPeer, error) {
+	ns, err := a.peer.open(a.local.ns)
+	if err != nil {
+		return nil, fmt.Errorf("veth peer: %w", err)
+	}
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		ns.Close()
+		return nil, err
+	}
+	defer h.Close()
+	l, err := h.LinkByIndex(a.peer.index)
+	if err != nil {
+		ns.Close()
+		return nil, fmt.Errorf("veth peer (ifindex %d): %w", a.peer.index, err)
+	}
+	return &vethPeer{link: l, ns: ns}, nil
+}
+
 // RemovePeerPass removes PeerPassName from the other end of veth ifindex, an
 // interface of the caller's network namespace, if it is there; any other
 // program stays. Not a veth, or no peer: nothing to do.
@@ -265,18 +277,40 @@ func RemovePeerPass(ifindex int) error {
 		return err
 	}
 	defer ns.Close()
-	return removePeerPass(ns, ifindex)
-}
-
-func removePeerPass(ns netns.NsHandle, ifindex int) error {
 	peer, err := peerOf(ns, ifindex)
 	if peer == nil || err != nil {
-		if errors.As(err, new(netlink.LinkNotFoundError)) {
-			return nil // the interface or its peer is gone, and the program with it
-		}
-		return err
+		return ignoreGone(err)
 	}
 	defer peer.close()
+	return removePeerPassFrom(peer)
+}
+
+// removePeerPass removes PeerPassName from the other end of a's veth, found
+// where it was at attach: the interface may have gone to another network
+// namespace since, where its index says nothing.
+func (a *Attachment) removePeerPass() error {
+	if a.peer == nil {
+		return nil
+	}
+	peer, err := a.peerNow()
+	if err != nil {
+		return ignoreGone(err)
+	}
+	defer peer.close()
+	return removePeerPassFrom(peer)
+}
+
+// ignoreGone is err, or nil if it says an interface or its peer is gone
+// (and the program with it).
+func ignoreGone(err error) error {
+	if errors.As(err, new(netlink.LinkNotFoundError)) {
+		return nil
+	}
+	return err
+}
+
+// removePeerPassFrom detaches peer's XDP program if it is PeerPassName.
+func removePeerPassFrom(peer *vethPeer) error {
 	x := peer.link.Attrs().Xdp
 	if x == nil || !x.Attached || x.AttachMode != nl.XDP_ATTACHED_DRV {
 		return nil
