@@ -77,6 +77,11 @@ var vectorMessages = []Vector{
 		Conditions: []Condition{{Offset: 0, Pattern: Bytes("Hello")}},
 		Processors: []Processor{{Kind: KindPut, Template: Bytes("COM")}},
 		ReplyLen:   3}}}},
+	// no id: a client sends it as it is, and santad refuses it (invalid)
+	{Name: "modify a rule without an id", Message: Message{V: 1, Op: OpModify, Seq: 8, Socket: 4097, Rules: []Rule{{
+		Conditions: []Condition{{Offset: 0, Pattern: Bytes("Hello")}},
+		Processors: []Processor{{Kind: KindPut, Template: Bytes("COM")}},
+		ReplyLen:   3}}}},
 	{Name: "delete rules", Message: Message{V: 1, Op: OpDelete, Seq: 9, Socket: 4097, IDs: []uint64{3, 4}}},
 	{Name: "unbind", Message: Message{V: 1, Op: OpUnbind, Seq: 10, Socket: 4097}},
 	{Name: "list sockets", Message: Message{V: 1, Op: OpListSockets, Seq: 11}},

@@ -99,6 +99,7 @@ func TestBadInput(t *testing.T) {
 			r.ID = 424242
 			return c.Modify(target, []api.Rule{r})
 		}, santa.ErrNotFound},
+		"modify without an id": {func() error { return c.Modify(target, []api.Rule{rule("x", 0, "y")}) }, santa.ErrInvalid},
 		"modify into an invalid rule": {func() error {
 			r := rule(long, 0, "y")
 			r.ID = ids[0]

@@ -304,6 +304,9 @@ func (d *Daemon) modify(caller uint32, rs *ruleSet, rules []api.Rule) ([]uint64,
 	ids := make([]uint64, len(rules))
 	updates := make([]dataplane.RuleUpdate, len(rules))
 	for i, r := range rules {
+		if r.ID == 0 { // a field missing, not a rule missing: no rule has id 0
+			return nil, fail(api.StatusInvalid, "rule %d: no id: a modify names the rule it changes by its id", i)
+		}
 		if _, ok := rs.rules[r.ID]; !ok {
 			return nil, fail(api.StatusNotFound, "rule %d: socket %d has no rule with id %d", i, rs.info.Cookie, r.ID)
 		}

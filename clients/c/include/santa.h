@@ -359,7 +359,8 @@ SANTA_API int santa_replace(struct santa_client *c, int sockfd, uint64_t cookie,
 
 /**
  * Changes rule @p id in place to @p rule, keeping its id; its version
- * increases by one.
+ * increases by one. santad refuses an @p id of 0 (no rule has it) as
+ * invalid, as for the Go and Python clients.
  */
 SANTA_API int santa_modify(struct santa_client *c, int sockfd, uint64_t cookie, uint64_t id,
                            const struct santa_rule *rule);

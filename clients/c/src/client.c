@@ -485,8 +485,6 @@ int santa_replace(struct santa_client *c, int sockfd, uint64_t cookie, const str
 
 int santa_modify(struct santa_client *c, int sockfd, uint64_t cookie, uint64_t id, const struct santa_rule *rule)
 {
-	if (c && id == 0)
-		return fail(c, EINVAL, "modify: no rule id");
 	return send_rules(c, SP_OP_MODIFY, sockfd, cookie, &rule, 1, NULL, id);
 }
 

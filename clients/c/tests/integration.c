@@ -641,6 +641,11 @@ static void test_family(struct santa_client *c, struct fam *f)
 	snprintf(what, sizeof what, "%s: santa_modify(unknown rule %" PRIu64 ")", f->name, ids[1] + 1000);
 	expect_refused(c, what, rc, e, SANTA_STATUS_NOT_FOUND, ENOENT, NULL);
 	errno = 0;
+	rc = santa_modify(c, -1, f->cookie, 0, ping);
+	e = errno;
+	snprintf(what, sizeof what, "%s: santa_modify(rule 0)", f->name);
+	expect_refused(c, what, rc, e, SANTA_STATUS_INVALID, EINVAL, "rule 0: no id");
+	errno = 0;
 	rc = santa_replace(c, -1, f->cookie, ok_and_bad, 2, junk);
 	e = errno;
 	snprintf(what, sizeof what, "%s: santa_replace(valid Ping rule, 9 copy segments)", f->name);

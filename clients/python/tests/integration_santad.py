@@ -474,6 +474,11 @@ def test_errors(client: santa.Client, open_server: Callable[[int, int], socket.s
         assert e.value.status == Status.INVALID, f"{what}: {e.value}"
         assert "1472" in e.value.message, f"{what}: {e.value.message!r} does not name the limit"
         assert client.list_rules(server) == before, f"{what} of an invalid rule changed the rule set"
+    # a modify without a rule id is santad's to refuse, as for the C and Go clients
+    with pytest.raises(santa.Error) as e:
+        client.modify(server, [LISTING1])
+    assert e.value.status == Status.INVALID and "rule 0: no id" in e.value.message, e.value
+    assert client.list_rules(server) == before
 
     # nothing of the refused requests is installed: ECHO is the application's, Hello still the kernel's
     peer.send(b"ECHO" + b"12345678")
