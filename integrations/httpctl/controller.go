@@ -173,7 +173,7 @@ type entry struct {
 
 // rule is e's rule, tagged tag, answering until lease ends.
 func (e *entry) rule(lease time.Time, tag string) api.Rule {
-	r := exactRule(e.req.raw, e.reply, e.req.close || e.resp.close)
+	r := exactRule(e.req.raw, e.reply, endsConnection(e.req, e.resp))
 	r.Expires, r.Tag = uint64(lease.Unix()), tag
 	return r
 }

@@ -34,6 +34,7 @@ type response struct {
 	status    int
 	headerLen int  // bytes of the status line and headers, up to and including the empty line
 	close     bool // the connection ends after it (Connection: close, or HTTP/1.0 without keep-alive)
+	keepAlive bool // it says the connection stays open (Connection: keep-alive)
 	// date is the offset in raw of the Date header's value (dateLen bytes),
 	// -1 without one; expires that of an Expires header whose value is an
 	// IMF-fixdate, -1 otherwise.
@@ -193,6 +194,7 @@ func readResponse(br *bufio.Reader, head bool, maxReply int) (*response, error) 
 		off += len(l) + 2
 	}
 	r.close = closeConn || (status[0] == "HTTP/1.0" && !keepAlive)
+	r.keepAlive = keepAlive && !closeConn
 	if r.date >= 0 {
 		if _, ok := r.at(r.date); !ok {
 			return nil, notOffloadable("Date %q is not an IMF-fixdate", hdr[r.date:r.date+dateLen])
@@ -224,6 +226,17 @@ func readResponse(br *bufio.Reader, head bool, maxReply int) (*response, error) 
 	}
 	r.body = r.raw[r.headerLen:]
 	return r, nil
+}
+
+// endsConnection reports whether nginx ends the connection after resp,
+// its response to req. nginx says so in its response (Connection: close
+// or keep-alive), and that counts: it reads the request's Connection
+// header its own way (the last of two such headers wins; "close" or
+// "keep-alive" anywhere in the value counts, "keep-alive-x" too), so the
+// request's tokens may say otherwise. A response that says neither ends
+// the connection if the request asked for it.
+func endsConnection(req request, resp *response) bool {
+	return resp.close || (req.close && !resp.keepAlive)
 }
 
 // errTooBig says a response is longer than a reply may be.

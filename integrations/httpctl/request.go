@@ -37,7 +37,8 @@ type request struct {
 	version string // HTTP/1.0 or HTTP/1.1
 	// close says the client asked for the connection to end after the
 	// response: HTTP/1.0 without "Connection: keep-alive", or
-	// "Connection: close".
+	// "Connection: close" (nginx's response has the last word:
+	// endsConnection).
 	close bool
 }
 
