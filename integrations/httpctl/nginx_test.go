@@ -405,7 +405,8 @@ func TestInvalidate(t *testing.T) {
 		}
 		w.close()
 	})
-	req, dirReq := get("/a.txt"), get("/d/")
+	// nginx ends the path at "#": a fragment sent by a client names a.txt too
+	req, dirReq, fragReq := get("/a.txt"), get("/d/"), get("/a.txt#top")
 	learn := func(reqs ...string) {
 		for _, q := range reqs {
 			r.c.samples <- sample{11, []byte(q), len(q)}
@@ -429,8 +430,9 @@ func TestInvalidate(t *testing.T) {
 			time.Sleep(5 * time.Millisecond)
 		}
 	}
-	learn(req, dirReq)
+	learn(req, dirReq, fragReq)
 	waitReply("learned", req, func(s string) bool { return strings.HasSuffix(s, string(smallFile)) })
+	waitReply("learned", fragReq, func(s string) bool { return strings.HasSuffix(s, string(smallFile)) })
 	waitReply("learned", dirReq, func(s string) bool { return strings.HasSuffix(s, "one") })
 
 	// The Date moves on every second, the length stays.
@@ -444,6 +446,7 @@ func TestInvalidate(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitReply("after a write", req, func(s string) bool { return strings.HasSuffix(s, "\r\n\r\nchanged") })
+	waitReply("after a write, with a fragment", fragReq, func(s string) bool { return strings.HasSuffix(s, "\r\n\r\nchanged") })
 	if r.fs.deletes() == deletes {
 		t.Error("the rule was not deleted before it was installed again")
 	}

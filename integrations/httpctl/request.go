@@ -130,12 +130,16 @@ func isToken(s string) bool {
 }
 
 // targetPath is the path of an origin-form request target as nginx
-// resolves it before it maps it to a file: the query dropped,
+// resolves it before it maps it to a file: the query and a fragment
+// dropped (nginx ends the path at the first "?" or "#"),
 // percent-decoded, "//" merged, "." and ".." segments resolved. A path
 // that ends in "/" (a directory, served by its index file) keeps it. It
 // refuses what nginx refuses (a ".." above the root, a NUL, a bad escape).
 func targetPath(target string) (string, error) {
-	p, _, _ := strings.Cut(target, "?")
+	p := target
+	if end := strings.IndexAny(p, "?#"); end >= 0 {
+		p = p[:end]
+	}
 	if !strings.HasPrefix(p, "/") {
 		return "", notOffloadable("target %q: not a path (origin form)", target)
 	}
