@@ -159,6 +159,7 @@ type entry struct {
 	req     request
 	obj     string // the file or directory nginx serves it from
 	dir     bool
+	sources []string  // whose changes may change its response (sources), as of its last fetch
 	resp    *response // as fetched
 	reply   []byte    // as installed: resp.raw, its Date rewritten
 	dated   time.Time // the Date in reply (zero without one)
@@ -195,9 +196,9 @@ func (c *Controller) leaseEnd(now time.Time) time.Time {
 // refusal is a request not offloaded, not tried again before until
 // (or before a change of its file).
 type refusal struct {
-	obj   string
-	dir   bool
-	until time.Time
+	sources []string
+	dir     bool
+	until   time.Time
 }
 
 // retryRefused is how long a request that was not offloadable is left
@@ -637,6 +638,7 @@ func (c *Controller) newEntry(g *group, req request) *entry {
 // with a per-request cookie or id, must not be answered from a rule). On
 // failure it refuses e for a while and returns false.
 func (c *Controller) probe(e *entry, now time.Time) bool {
+	e.sources = sources(e.obj, e.dir) // a link may point elsewhere since the last fetch
 	var resps [2]*response
 	for i := range resps {
 		r, err := fetch(e.g.fetch, e.req, e.g.maxReply, c.cfg.Timeout)
@@ -686,7 +688,7 @@ func (c *Controller) refuse(e *entry, err error, now time.Time) {
 	if errors.Is(err, errVaries) {
 		retry = retryVaries
 	}
-	c.refused[e.key] = refusal{obj: e.obj, dir: e.dir, until: now.Add(retry)}
+	c.refused[e.key] = refusal{sources: e.sources, dir: e.dir, until: now.Add(retry)}
 	c.hot.Forget(e.key)
 	c.count(func(r *Report) {
 		switch {
@@ -864,17 +866,17 @@ func (c *Controller) remove(es []*entry) error {
 func (c *Controller) invalidate(p string, now time.Time) error {
 	var hit []*entry
 	for _, e := range c.entries {
-		if affects(p, e.obj, e.dir) {
+		if affects(p, e.sources, e.dir) {
 			hit = append(hit, e)
 		}
 	}
 	for _, e := range c.pending {
-		if affects(p, e.obj, e.dir) {
+		if affects(p, e.sources, e.dir) {
 			e.due = now.Add(c.cfg.Settle)
 		}
 	}
 	for k, r := range c.refused {
-		if affects(p, r.obj, r.dir) {
+		if affects(p, r.sources, r.dir) {
 			delete(c.refused, k)
 		}
 	}

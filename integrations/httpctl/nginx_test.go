@@ -8,6 +8,7 @@ package httpctl
 
 import (
 	"bytes"
+	"compress/gzip"
 	"context"
 	"fmt"
 	"io"
@@ -46,9 +47,10 @@ var fakeListeners = []api.SocketInfo{
 const testPort = 8080
 
 // nginxExtra are locations of the test server: gzip makes chunked
-// responses, expires and add_header make headers that change.
+// responses (gzip_static sends a file's .gz instead, when there is one),
+// expires and add_header make headers that change.
 const nginxExtra = `
-		gzip on; gzip_min_length 1; gzip_types text/plain;
+		gzip on; gzip_min_length 1; gzip_types text/plain; gzip_static on;
 		location /rel/ { expires 1h; }
 		location /mod/ { expires modified +1h; }
 		location /id/ { add_header X-Request-Id $request_id; }`
@@ -390,7 +392,15 @@ func TestRootMismatchWarns(t *testing.T) {
 // nginx's new response; removing the file stops the offload; a file in a
 // directory created after the start is watched too.
 func TestInvalidate(t *testing.T) {
-	r := newRig(t, Config{MinSamples: 1, Idle: 0, DateRefresh: 1000}, map[string][]byte{"a.txt": smallFile, "d/index.html": []byte("one")})
+	css := []byte("p { color: red }\n")
+	r := newRig(t, Config{MinSamples: 1, Idle: 0, DateRefresh: 1000}, map[string][]byte{"a.txt": smallFile, "d/index.html": []byte("one"),
+		"real.txt": []byte("real"), "s.css": css, "s.css.gz": gzipped(t, css)})
+	// links within the root, to a file and to a directory
+	for link, target := range map[string]string{"link.txt": "real.txt", "dl": "d"} {
+		if err := os.Symlink(target, filepath.Join(r.ng.Root, link)); err != nil {
+			t.Fatal(err)
+		}
+	}
 	w, err := watch(r.c.cfg.Root, r.c.log)
 	if err != nil {
 		t.Fatal(err)
@@ -407,6 +417,7 @@ func TestInvalidate(t *testing.T) {
 	})
 	// nginx ends the path at "#": a fragment sent by a client names a.txt too
 	req, dirReq, fragReq := get("/a.txt"), get("/d/"), get("/a.txt#top")
+	linkReq, dirLinkReq, gzipReq := get("/link.txt"), get("/dl/"), get("/s.css", "Accept-Encoding: gzip")
 	learn := func(reqs ...string) {
 		for _, q := range reqs {
 			r.c.samples <- sample{11, []byte(q), len(q)}
@@ -430,9 +441,12 @@ func TestInvalidate(t *testing.T) {
 			time.Sleep(5 * time.Millisecond)
 		}
 	}
-	learn(req, dirReq, fragReq)
+	learn(req, dirReq, fragReq, linkReq, dirLinkReq, gzipReq)
 	waitReply("learned", req, func(s string) bool { return strings.HasSuffix(s, string(smallFile)) })
 	waitReply("learned", fragReq, func(s string) bool { return strings.HasSuffix(s, string(smallFile)) })
+	waitReply("learned", linkReq, func(s string) bool { return strings.HasSuffix(s, "\r\n\r\nreal") })
+	waitReply("learned", dirLinkReq, func(s string) bool { return strings.HasSuffix(s, "\r\n\r\none") })
+	waitReply("learned", gzipReq, func(s string) bool { return strings.HasSuffix(s, string(gzipped(t, css))) })
 	waitReply("learned", dirReq, func(s string) bool { return strings.HasSuffix(s, "one") })
 
 	// The Date moves on every second, the length stays.
@@ -457,9 +471,20 @@ func TestInvalidate(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitReply("after a rename", req, func(s string) bool { return strings.HasSuffix(s, "\r\n\r\nrenamed") })
-	// The index file of a directory.
+	// The index file of a directory, also asked for through a link.
 	os.WriteFile(filepath.Join(r.ng.Root, "d/index.html"), []byte("two"), 0o644)
 	waitReply("after a write of the index file", dirReq, func(s string) bool { return strings.HasSuffix(s, "two") })
+	waitReply("after a write of the index file, through a link", dirLinkReq, func(s string) bool { return strings.HasSuffix(s, "two") })
+	// A file a link names: inotify reports the file's name, not the link's.
+	os.WriteFile(filepath.Join(r.ng.Root, "real.txt"), []byte("really"), 0o644)
+	waitReply("after a write of a link's file", linkReq, func(s string) bool { return strings.HasSuffix(s, "\r\n\r\nreally") })
+	// The .gz that gzip_static sends to a client that accepts gzip.
+	blue := gzipped(t, []byte("p { color: blue }\n"))
+	os.WriteFile(filepath.Join(r.ng.Root, "s.css.gz.tmp"), blue, 0o644)
+	if err := os.Rename(filepath.Join(r.ng.Root, "s.css.gz.tmp"), filepath.Join(r.ng.Root, "s.css.gz")); err != nil {
+		t.Fatal(err)
+	}
+	waitReply("after a new .gz", gzipReq, func(s string) bool { return strings.HasSuffix(s, string(blue)) })
 	// Removed: nginx says 404, which is not offloaded.
 	os.Remove(filepath.Join(r.ng.Root, "a.txt"))
 	waitReply("after a remove", req, func(s string) bool { return s == "" })
@@ -501,6 +526,19 @@ func TestInvalidate(t *testing.T) {
 	os.WriteFile(filepath.Join(r.ng.Root, "old/sub/y.txt"), []byte("subsub"), 0o644)
 	waitReply("a file in a renamed directory", oldReq, func(s string) bool { return strings.HasSuffix(s, "\r\n\r\nolder") })
 	waitReply("a file in a subdirectory of a renamed directory", subReq, func(s string) bool { return strings.HasSuffix(s, "\r\n\r\nsubsub") })
+}
+
+// gzipped is b compressed with gzip, as a .gz for gzip_static.
+func gzipped(t *testing.T, b []byte) []byte {
+	var buf bytes.Buffer
+	w := gzip.NewWriter(&buf)
+	if _, err := w.Write(b); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
 }
 
 // TestRevalidate changes a file behind the watch's back: re-validation

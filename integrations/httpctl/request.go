@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"path"
 	"path/filepath"
+	"slices"
 	"strings"
 )
 
@@ -201,12 +202,35 @@ func objectPath(root, p string) string {
 	return filepath.Join(root, filepath.FromSlash(p))
 }
 
+// sources are the paths whose changes may change nginx's response for
+// obj, the object a request maps to (a directory when dir): obj itself;
+// for a file, obj.gz too, which nginx sends instead with gzip_static to a
+// client that accepts gzip; and each of them with its symbolic links
+// resolved, as inotify reports a write by the name it is made through (the
+// file a link within the root names, not the link).
+func sources(obj string, dir bool) []string {
+	names := []string{obj}
+	if !dir {
+		names = append(names, obj+".gz")
+	}
+	out := slices.Clone(names)
+	for _, p := range names {
+		if real, err := filepath.EvalSymlinks(p); err == nil && real != p {
+			out = append(out, real)
+		}
+	}
+	return out
+}
+
 // affects reports whether a change of the path changed (reported by the
-// watcher) may change nginx's response for obj, the object a request maps
-// to (a directory when dir): changed is obj itself or one of its parent
-// directories (created, removed, renamed, its permissions changed), or,
-// for a directory, one of its entries (its index file, or a listing).
-func affects(changed, obj string, dir bool) bool {
-	return changed == obj || strings.HasPrefix(obj, strings.TrimSuffix(changed, "/")+"/") ||
-		(dir && filepath.Dir(changed) == obj)
+// watcher) may change nginx's response for a request whose response comes
+// from one of srcs (its sources; directories when dir): changed is a
+// source or one of its parent directories (created, removed, renamed, its
+// permissions changed), or, for a directory, one of its entries (its
+// index file, or a listing).
+func affects(changed string, srcs []string, dir bool) bool {
+	return slices.ContainsFunc(srcs, func(src string) bool {
+		return changed == src || strings.HasPrefix(src, strings.TrimSuffix(changed, "/")+"/") ||
+			(dir && filepath.Dir(changed) == src)
+	})
 }

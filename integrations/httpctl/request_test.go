@@ -95,12 +95,15 @@ func TestAffects(t *testing.T) {
 		{"/srv/www/dir/sub/x", "/dir/", false},
 		{"/srv/www/dir", "/dir/", true},
 		{"/srv/www/other/index.html", "/dir/", false},
+		{"/srv/www/a.css.gz", "/a.css", true}, // gzip_static's
+		{"/srv/www/dir.gz", "/dir/", false},
 	} {
 		p, err := targetPath(tc.reqPath)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := affects(tc.changed, objectPath(root, p), strings.HasSuffix(p, "/")); got != tc.want {
+		dir := strings.HasSuffix(p, "/")
+		if got := affects(tc.changed, sources(objectPath(root, p), dir), dir); got != tc.want {
 			t.Errorf("a change of %s affects %s: %v, want %v", tc.changed, tc.reqPath, got, tc.want)
 		}
 	}
