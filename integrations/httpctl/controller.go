@@ -23,6 +23,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"net"
 	"net/http"
 	"net/netip"
 	"os"
@@ -148,6 +149,9 @@ type group struct {
 	family   uint32
 	cookies  []uint64
 	maxReply int
+	// wildcard: the sockets listen on every address of the family, and
+	// nginx may pick a different server block for each (probe)
+	wildcard bool
 }
 
 // entry is one exact request of one group: offloaded (its rules' ids in
@@ -407,20 +411,21 @@ func (c *Controller) attach(rules ruleClient, socks []api.SocketInfo) {
 	byKey := map[gkey]*group{}
 	for _, s := range socks {
 		k := gkey{c.cfg.Server, s.Family}
+		wildcard := false
 		if !k.fetch.IsValid() {
 			a := s.AddrPort().Addr().Unmap()
 			switch {
 			case a.IsValid() && !a.IsUnspecified():
 			case s.Family == 4:
-				a = netip.AddrFrom4([4]byte{127, 0, 0, 1})
+				a, wildcard = netip.AddrFrom4([4]byte{127, 0, 0, 1}), true
 			default:
-				a = netip.IPv6Loopback()
+				a, wildcard = netip.IPv6Loopback(), true
 			}
 			k.fetch = netip.AddrPortFrom(a, c.cfg.Port)
 		}
 		g := byKey[k]
 		if g == nil {
-			g = &group{index: len(c.groups), fetch: k.fetch, family: s.Family, maxReply: c.cfg.MaxReply}
+			g = &group{index: len(c.groups), fetch: k.fetch, family: s.Family, maxReply: c.cfg.MaxReply, wildcard: wildcard}
 			if s.Family == 6 { // each segment carries 20 bytes less
 				g.maxReply -= 20 * ((c.cfg.MaxReply + tcpSegment4 - 1) / tcpSegment4)
 			}
@@ -635,27 +640,79 @@ func (c *Controller) newEntry(g *group, req request) *entry {
 // probe fetches e's response twice and keeps it if it may be offloaded:
 // both responses are complete, offloadable and, Date aside, the same
 // (a response that differs between two identical requests, such as one
-// with a per-request cookie or id, must not be answered from a rule). On
-// failure it refuses e for a while and returns false.
+// with a per-request cookie or id, must not be answered from a rule). For
+// a wildcard listener it also fetches the response over every other
+// address a client may send the request to, which must be the same too: a
+// rule answers the request whatever address it came to, and nginx picks
+// the server block by that address when a `listen ADDR:PORT` shares the
+// wildcard socket. On failure it refuses e for a while and returns false.
 func (c *Controller) probe(e *entry, now time.Time) bool {
 	e.sources = sources(e.obj, e.dir) // a link may point elsewhere since the last fetch
-	var resps [2]*response
-	for i := range resps {
-		r, err := fetch(e.g.fetch, e.req, e.g.maxReply, c.cfg.Timeout)
+	from := []netip.AddrPort{e.g.fetch, e.g.fetch}
+	if e.g.wildcard {
+		others, err := c.wildcardAddrs(e.g)
 		if err != nil {
 			c.refuse(e, err, now)
 			return false
 		}
-		resps[i] = r
+		from = append(others, from...)
 	}
-	first, second := resps[0], resps[1]
-	if d, _ := second.at(second.date); !bytes.Equal(first.withDate(d), second.raw) {
-		c.refuse(e, fmt.Errorf("%w: two responses to the same request differ beyond Date", errVaries), now)
-		return false
+	var last *response
+	for i, addr := range from {
+		r, err := fetch(addr, e.req, e.g.maxReply, c.cfg.Timeout)
+		if err != nil && addr != e.g.fetch {
+			err = fmt.Errorf("over %v: %w", addr, err)
+		}
+		if err != nil {
+			c.refuse(e, err, now)
+			return false
+		}
+		if d, _ := r.at(r.date); last != nil && !bytes.Equal(last.withDate(d), r.raw) {
+			c.refuse(e, fmt.Errorf("%w: two responses to the same request differ beyond Date (over %v and %v)", errVaries, from[i-1], addr), now)
+			return false
+		}
+		last = r
 	}
-	c.setResponse(e, second, now)
+	c.setResponse(e, last, now)
 	c.checkRoot(e)
 	return true
+}
+
+// wildcardAddrs are the addresses other than g.fetch (loopback) over which
+// a client may reach g's wildcard sockets: the addresses of the family of
+// the interfaces that are up in the controller's network namespace (but
+// IPv6 link-local ones, and those another group listens on: connections
+// to them go to its sockets).
+func (c *Controller) wildcardAddrs(g *group) ([]netip.AddrPort, error) {
+	ifaces, err := net.Interfaces()
+	if err != nil {
+		return nil, fmt.Errorf("listing the local addresses a wildcard listener takes requests on: %w", err)
+	}
+	var out []netip.AddrPort
+	for _, ifc := range ifaces {
+		if ifc.Flags&net.FlagUp == 0 {
+			continue
+		}
+		ifAddrs, err := ifc.Addrs()
+		if err != nil {
+			return nil, fmt.Errorf("listing the addresses of %s, where a wildcard listener takes requests: %w", ifc.Name, err)
+		}
+		for _, ia := range ifAddrs {
+			pfx, err := netip.ParsePrefix(ia.String())
+			if err != nil {
+				continue
+			}
+			a := pfx.Addr().Unmap()
+			if a.Is4() != (g.family == 4) || a.IsLoopback() || a.IsLinkLocalUnicast() {
+				continue
+			}
+			addr := netip.AddrPortFrom(a, c.cfg.Port)
+			if !slices.ContainsFunc(c.groups, func(o *group) bool { return o.fetch == addr }) {
+				out = append(out, addr)
+			}
+		}
+	}
+	return out, nil
 }
 
 // checkRoot warns, once, when nginx serves e's request with a 200 but Root

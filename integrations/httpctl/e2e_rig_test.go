@@ -39,6 +39,8 @@ type e2eOptions struct {
 	paths     []string // Config.Paths; nil: every path
 	accessLog bool
 	lease     time.Duration // Config.Lease; 0: the default
+	// nginxHTTP is NginxOptions.ExtraHTTPConfig: more of nginx's http block
+	nginxHTTP string
 	// impair: an impaired testbed (testbed.NewImpaired) with short TCP
 	// timers; the impairment itself is set by the test (rig.link).
 	impair bool
@@ -76,7 +78,7 @@ func newE2E(t *testing.T, o e2eOptions) *e2eRig {
 	} else {
 		r.tb = testbed.New(t)
 	}
-	ng, err := r.tb.StartNginx(testbed.NginxOptions{Port: testPort, IPv6: true, Root: o.root, Files: o.files, AccessLog: o.accessLog})
+	ng, err := r.tb.StartNginx(testbed.NginxOptions{Port: testPort, IPv6: true, Root: o.root, Files: o.files, AccessLog: o.accessLog, ExtraHTTPConfig: o.nginxHTTP})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -181,6 +181,39 @@ func TestE2EHandedOverConnectionLearned(t *testing.T) {
 	}
 }
 
+// TestE2EServerByAddress: nginx picks the server block by the address a
+// connection came to when a `listen ADDR:PORT` shares the wildcard socket
+// (here a server on 127.0.0.1, where the controller fetches a wildcard
+// listener's responses from). A rule on that socket would answer clients
+// of every address alike, so a request whose response differs over the
+// addresses a client may use is not offloaded: curl over IPv4 gets the
+// file, not the loopback server's text. Over IPv6, where no server block
+// differs, the request is offloaded.
+func TestE2EServerByAddress(t *testing.T) {
+	files := e2eFiles()
+	r := newE2E(t, e2eOptions{files: files, nginxHTTP: "server { listen 127.0.0.1:8080; location / { return 200 'the loopback server\n'; } }"})
+	urls := []string{r.ng.URL4("/a.txt"), r.ng.URL6("/a.txt")}
+	for _, u := range urls {
+		r.curl(u)
+	}
+	r.waitLines(6, "GET /a.txt HTTP/1.1")
+	time.Sleep(1100 * time.Millisecond) // the next learning round, which must not offload it over IPv4
+	for _, x := range r.rules() {
+		if x.family == 4 {
+			t.Errorf("IPv4 rule for %q, with reply %q", requestLine(x.request), x.reply)
+		}
+	}
+	for i, u := range urls {
+		before := r.counters()
+		if got := r.curl(u); got != string(files["a.txt"]) {
+			t.Errorf("%s: %q, want the file", u, got)
+		}
+		if answered := delta(before, r.counters())["answered"]; answered != uint64(i) {
+			t.Errorf("%s: answered +%d by eBPF, want +%d", u, answered, i)
+		}
+	}
+}
+
 // TestE2EWrk: wrk's requests, learned from its first misses, are then all
 // answered by eBPF: thousands of replies, none but a 200 with the file's
 // bytes (checked by wrk's response callback).
