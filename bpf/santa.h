@@ -50,6 +50,7 @@ enum santa_limit {
 	SANTA_TCP_WSCALE = 7,        /* the window scale eBPF announces (the kernel's usual) */
 	SANTA_TCP_FLOWS = 1 << 17,   /* default size of santa_tcp_flows (set by user space) */
 	SANTA_TCP_SEGMENTS = 10,     /* segments of one reply: the initial window (RFC 6928) */
+	SANTA_TCP_RESENDS = 8,       /* resends for repeated acks while the client's ack stands still */
 	SANTA_MAX_TCP_REPLY = 14480, /* longest TCP reply: 10 segments of a 1500-byte MTU with timestamps */
 	SANTA_TCP_EMIT_MAGIC = 0x53545345, /* santa_tcp_emit.magic */
 };
@@ -231,7 +232,7 @@ struct santa_reasons {
 	__u64 tcp_rst_consumed;     /* RST to a listener with a rule set: nothing to tear down */
 	__u64 tcp_pass_kernel_socket; /* the kernel has a socket for the 4-tuple (handed over, or its own) */
 	__u64 tcp_pass_no_timestamps; /* SYN without the timestamp option: the kernel accepts it */
-	__u64 tcp_pass_syn_other;   /* SYN with data, SYN-ACK, bad options or MSS < 536: the kernel's */
+	__u64 tcp_pass_syn_other;   /* SYN with data, SYN-ACK, bad options, MSS < 536 (IPv6: 1220): the kernel's */
 	__u64 tcp_pass_small_mtu;   /* SYN on an interface whose MTU allows no 536-byte MSS: the kernel's */
 	__u64 tcp_pass_no_key;      /* no stamp key for this epoch (santad not rotating): the kernel's */
 	__u64 tcp_pass_bad_stamp;   /* ACK to a listener without a valid stamp (expired, forged, kernel syncookie) */
@@ -254,6 +255,11 @@ struct santa_reasons {
 	__u64 tcp_segments_sent;    /* TC: segments of long replies and resends */
 	__u64 tcp_emit_failed;      /* TC: a segment could not be built or sent */
 	__u64 tcp_pass_flows_full;  /* handover: santa_tcp_flows is full, eBPF cannot keep the flow's state */
+	__u64 tcp_drop_rule_gone;   /* the rule of a reply in flight went and the client has none of the reply:
+				     * dropped with the flow, the client asks again and is answered anew */
+	__u64 tcp_reset_rule_gone;  /* the rule of a reply in flight went and the client has part of it: reset */
+	__u64 tcp_resend_limit;     /* a repeated ack after SANTA_TCP_RESENDS resends without progress
+				     * (a segment the path cannot carry): not resent */
 };
 
 /* A miss sample as it appears in the ring buffer. */
@@ -329,6 +335,17 @@ struct santa_tcp_key {
 	__u64 epoch_plus1; /* the epoch this key serves, plus one; 0 = empty slot */
 };
 
+/* The rule a reply came from, to send its bytes again later: its slot, and
+ * what the slot's rule must still be (santad reuses a slot a second after
+ * its rule went, for another rule or a new version of the same). */
+struct santa_rule_ref {
+	__u64 id;
+	__u32 slot;
+	__u32 ruleset;
+	__u32 generation;
+	__u32 pad;
+};
+
 /* What eBPF remembers of a flow it answered (TCP): the pipelining guard,
  * and where a reply of several segments stands. */
 struct santa_tcp_flow {
@@ -336,17 +353,18 @@ struct santa_tcp_flow {
 	__u32 req_end;     /* after its last byte: what the reply acks */
 	__u32 reply_start; /* sequence number of that reply's first byte */
 	__u32 reply_end;   /* after its last (and FIN): what the client acks once it has it all */
-	__u32 slot;        /* its rule */
-	__u32 multi;       /* the reply takes several segments (sent by TC) */
+	struct santa_rule_ref rule; /* its rule */
 	__u32 last_ack;    /* the client's last ack: a repeat asks for a resend */
 	__u32 seen;        /* stamp unit (low 32 bits) it last answered: santad sweeps idle flows */
+	__u8 multi;        /* the reply takes several segments (sent by TC) */
+	__u8 resends;      /* resends for repeated acks since the client's ack last moved */
+	__u8 pad[6];
 };
 
 /* XDP -> TC metadata (before the frame): send segments of rule slot's reply
  * (TC can send several frames, XDP one). */
 struct santa_tcp_emit {
 	__u32 magic;       /* SANTA_TCP_EMIT_MAGIC */
-	__u32 slot;
 	__u32 seq;         /* sequence number of reply byte 0 */
 	__u32 ack;         /* the request's first byte: no segment acks the request, so
 			    * that a lost segment makes the client retransmit it (there is
@@ -358,6 +376,7 @@ struct santa_tcp_emit {
 	__u16 mss;         /* reply bytes per segment */
 	__u8 resend;       /* a repeated ack: the segment at from, and the last one */
 	__u8 pad[3];
+	struct santa_rule_ref rule; /* whose reply */
 };
 
 /* Per-CPU miss sample budget of one rule set. */

@@ -40,7 +40,7 @@ struct emit_state {
 	__u32 unit_lo, unit_hi; /* stamp_unit() */
 };
 
-/* Rewrite the skb into reply bytes [off, off + n) of the rule in st->e.slot,
+/* Rewrite the skb into reply bytes [off, off + n) of the rule st->e.rule names,
  * as one segment. Global, so the verifier checks it once. */
 __noinline int emit_segment(struct __sk_buff *skb, const struct emit_state *st, __u32 off, __u32 n)
 {
@@ -48,8 +48,7 @@ __noinline int emit_segment(struct __sk_buff *skb, const struct emit_state *st, 
 	struct santa_scratch *s = bpf_map_lookup_elem(&santa_scratch, &zero);
 	if (!skb || !st || !s || n == 0 || n > SANTA_MAX_REPLY)
 		return -1;
-	__u32 slot = st->e.slot;
-	const struct santa_rule *r = bpf_map_lookup_elem(&santa_rules, &slot);
+	const struct santa_rule *r = rule_of_ref(&st->e.rule);
 	if (!r)
 		return -1;
 	__u32 page_id = r->page;
@@ -92,8 +91,8 @@ static __always_inline int emit_reply(struct __sk_buff *skb, struct emit_state *
 {
 	__u32 zero = 0;
 	struct santa_scratch *s = bpf_map_lookup_elem(&santa_scratch, &zero);
-	__u32 slot = st->e.slot;
-	const struct santa_rule *r = bpf_map_lookup_elem(&santa_rules, &slot);
+	__u32 slot = st->e.rule.slot;
+	const struct santa_rule *r = rule_of_ref(&st->e.rule);
 	st->l23 = st->req.l2_len + st->req.l3_len;
 	if (!s || !r || st->l23 > 58 || bpf_skb_load_bytes(skb, 0, s->l4, NONZERO(st->l23, 63))) {
 		COUNT(tcp_emit_failed);

@@ -33,6 +33,26 @@
 #define TCP_ACK 0x10
 #define TCP_URG 0x20
 
+/* Point ref at the rule in slot. */
+static __always_inline void rule_ref_set(struct santa_rule_ref *ref, __u32 slot, const struct santa_rule *r)
+{
+	ref->id = r->id;
+	ref->slot = slot;
+	ref->ruleset = r->ruleset;
+	ref->generation = r->generation;
+}
+
+/* The rule ref names, if its slot still holds it (a rule's slot, rule set
+ * and generation never change; a new version has another generation). */
+static __always_inline const struct santa_rule *rule_of_ref(const struct santa_rule_ref *ref)
+{
+	__u32 slot = ref->slot;
+	const struct santa_rule *r = bpf_map_lookup_elem(&santa_rules, &slot);
+	if (!r || r->id != ref->id || r->ruleset != ref->ruleset || r->generation != ref->generation)
+		return NULL;
+	return r;
+}
+
 #define STAMP_MAC_BITS 18
 #define STAMP_OPTS_SHIFT 18
 #define STAMP_FIN (1u << 25)
@@ -126,12 +146,13 @@ __noinline int tcp_parse_options(struct santa_scratch *s, __u32 doff, struct tcp
 	return 0;
 }
 
-/* The 7 option bits of a stamp for a client SYN's options, where this
- * side's MTU allows segments of up to local_mss. */
-static __always_inline __u32 stamp_opts(const struct tcp_opts *o, __u16 local_mss)
+/* The 7 option bits of a stamp for a client SYN's options, where the
+ * client takes segments of client_mss (its option, or the default) and
+ * this side's MTU allows up to local_mss. */
+static __always_inline __u32 stamp_opts(const struct tcp_opts *o, __u16 client_mss, __u16 local_mss)
 {
-	/* the largest not above the client's nor ours (absent: 536, RFC 9293) */
-	__u16 mss = o->mss < local_mss ? o->mss : local_mss;
+	/* the largest not above the client's nor ours */
+	__u16 mss = client_mss < local_mss ? client_mss : local_mss;
 	__u32 idx = mss >= 1460 ? 3 : mss >= 1440 ? 2 : mss >= 1220 ? 1 : 0;
 	return idx << 5 | (__u32)o->wscale << 1 | o->sack_ok;
 }

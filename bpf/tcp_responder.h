@@ -95,7 +95,7 @@ static __always_inline int emit_by_tc(struct xdp_md *ctx, const struct santa_tcp
 		return XDP_DROP;
 	}
 	e->magic = SANTA_TCP_EMIT_MAGIC;
-	e->slot = f->slot;
+	e->rule = f->rule;
 	e->seq = f->reply_start;
 	e->ack = f->req_seq;
 	e->tsecr = tsecr;
@@ -105,6 +105,28 @@ static __always_inline int emit_by_tc(struct xdp_md *ctx, const struct santa_tcp
 	e->mss = opts_mss(opts) - TS_OPTION_LEN;
 	e->resend = resend;
 	return XDP_PASS;
+}
+
+/* The rule of flow f's reply in flight went (deleted, or a new version:
+ * santa http gives its rules a new Date every second) and its slot may hold
+ * other bytes now: the rest of that reply cannot be sent. A client that has
+ * none of it (one segment, not acked) asks again and is answered anew, by
+ * today's rule or the kernel: the flow goes. One that may have part of it
+ * is reset: a new reply could differ from the bytes it holds. */
+static __always_inline int reply_gone(struct xdp_md *ctx, struct pkt_info *req, struct santa_tcp_flow *f,
+				      struct tcp_reply *t, const struct tcp_opts *o, __u64 unit, __u32 ack)
+{
+	int none = t->seq == f->reply_start && f->reply_end - f->reply_start <= opts_mss(t->opts) - TS_OPTION_LEN;
+	bpf_map_delete_elem(&santa_tcp_flows, &req->tuple);
+	if (none) {
+		COUNT(tcp_drop_rule_gone);
+		return XDP_DROP;
+	}
+	COUNT(tcp_reset_rule_gone);
+	t->flags = TCP_RST | TCP_ACK;
+	t->ack = ack;
+	t->tsval = reply_stamp(req, unit, 1, t->opts, o->tsecr);
+	return tcp_send(ctx, req, t, 0);
 }
 
 /* The last request flow f answered came again: if its reply is in flight,
@@ -122,15 +144,16 @@ static __always_inline int answer_again(struct xdp_md *ctx, struct pkt_info *req
 		t->tsval = reply_stamp(req, unit, fin, t->opts, o->tsecr);
 		return tcp_send(ctx, req, t, 0);
 	}
+	const struct santa_rule *r = rule_of_ref(&f->rule);
+	if (!r)
+		return reply_gone(ctx, req, f, t, o, unit, f->req_end);
 	if (f->multi)
 		return emit_by_tc(ctx, f, t->seq - f->reply_start, o->tsval, t->opts,
 				  reply_stamp(req, unit, 0, t->opts, o->tsecr), 0);
 	/* the request's bytes, for the rule's copies */
 	__u32 len = f->req_end - f->req_seq;
 	__u32 skip = f->req_seq - bpf_ntohl(((struct tcphdr *)s->l4)->seq);
-	__u32 slot = f->slot;
-	const struct santa_rule *r = bpf_map_lookup_elem(&santa_rules, &slot);
-	if (!r || len == 0 || len > SANTA_REQ_WINDOW || skip > SANTA_REQ_WINDOW ||
+	if (len == 0 || len > SANTA_REQ_WINDOW || skip > SANTA_REQ_WINDOW ||
 	    bpf_xdp_load_bytes(ctx, req->payload_off + skip, s->req, NONZERO(len, SANTA_OFF_MASK))) {
 		COUNT(pass_error);
 		return XDP_DROP; /* the client asks again */
@@ -140,7 +163,7 @@ static __always_inline int answer_again(struct xdp_md *ctx, struct pkt_info *req
 	t->seq = f->reply_start;
 	t->ack = f->req_end;
 	t->tsval = reply_stamp(req, unit, close, t->opts, o->tsecr);
-	int verdict = tcp_send(ctx, req, t, slot);
+	int verdict = tcp_send(ctx, req, t, f->rule.slot);
 	if (verdict != TCP_NO_ROOM)
 		return verdict;
 	if (r->ncopies) {
@@ -156,7 +179,11 @@ static __always_inline int answer_again(struct xdp_md *ctx, struct pkt_info *req
 static __always_inline int tcp_syn(struct xdp_md *ctx, struct pkt_info *req, struct santa_scratch *s,
 				   __u8 flags, const struct tcp_opts *o, __u64 unit)
 {
-	if ((flags & (TCP_ACK | TCP_FIN)) || req->payload_len || o->bad || (o->mss && o->mss < 536)) {
+	/* the client's MSS (absent: the default, RFC 9293); the kernel takes
+	 * no smaller one at a handover (bpf_sk_assign_tcp_reqsk) */
+	__u16 min_mss = req->family == 4 ? 536 : 1220;
+	__u16 client_mss = o->mss ? o->mss : min_mss;
+	if ((flags & (TCP_ACK | TCP_FIN)) || req->payload_len || o->bad || client_mss < min_mss) {
 		COUNT(tcp_pass_syn_other);
 		return XDP_PASS;
 	}
@@ -178,7 +205,7 @@ static __always_inline int tcp_syn(struct xdp_md *ctx, struct pkt_info *req, str
 		.seq = bpf_get_prandom_u32(),
 		.ack = bpf_ntohl(((struct tcphdr *)s->l4)->seq) + 1,
 		.tsecr = o->tsval,
-		.opts = stamp_opts(o, local_mss),
+		.opts = stamp_opts(o, client_mss, local_mss),
 		.mss = local_mss,
 	};
 	t.tsval = stamp_make(req, unit, 0, t.opts);
@@ -387,8 +414,19 @@ __noinline int tcp_segment(struct xdp_md *ctx, struct pkt_info *req)
 			/* a reply of several segments is not all acked: a repeated
 			 * ack (or one with SACK blocks) says a segment went missing */
 			int repeated = o->sack_blocks || t->seq == f->last_ack;
+			if (t->seq != f->last_ack)
+				f->resends = 0;
 			f->last_ack = t->seq;
 			if (repeated) {
+				if (!rule_of_ref(&f->rule))
+					return reply_gone(ctx, req, f, t, o, unit, f->req_seq);
+				/* a segment the path cannot carry (a hop's smaller
+				 * MTU) would be resent for every ack it provokes */
+				if (f->resends >= SANTA_TCP_RESENDS) {
+					COUNT(tcp_resend_limit);
+					return XDP_DROP;
+				}
+				f->resends++;
 				COUNT(tcp_resend);
 				return emit_by_tc(ctx, f, t->seq - f->reply_start, o->tsval, opts,
 						  reply_stamp(req, unit, 0, opts, o->tsecr), 1);
@@ -457,12 +495,12 @@ __noinline int tcp_segment(struct xdp_md *ctx, struct pkt_info *req)
 		.req_seq = seq,
 		.req_end = seq + req->payload_len,
 		.reply_start = t->seq,
-		.slot = slot,
 		.multi = multi,
 		.last_ack = t->seq,
 		.seen = unit,
 	};
 	nf.reply_end = nf.reply_start + r->reply_len + (close ? 1 : 0);
+	rule_ref_set(&nf.rule, slot, r);
 	__u8 ws = opts_wscale(opts);
 	if (nf.reply_end - t->seq > ((__u32)bpf_ntohs(th->window) << (ws == OPTS_NO_WSCALE ? 0 : ws))) {
 		COUNT(tcp_handover_window);

@@ -101,6 +101,7 @@ const (
 	santaSantaLimitSANTA_TCP_WSCALE         santaSantaLimit = 7
 	santaSantaLimitSANTA_TCP_FLOWS          santaSantaLimit = 131072
 	santaSantaLimitSANTA_TCP_SEGMENTS       santaSantaLimit = 10
+	santaSantaLimitSANTA_TCP_RESENDS        santaSantaLimit = 8
 	santaSantaLimitSANTA_MAX_TCP_REPLY      santaSantaLimit = 14480
 	santaSantaLimitSANTA_TCP_EMIT_MAGIC     santaSantaLimit = 1398035269
 )
@@ -186,6 +187,9 @@ type santaSantaReasons struct {
 	TcpSegmentsSent      uint64
 	TcpEmitFailed        uint64
 	TcpPassFlowsFull     uint64
+	TcpDropRuleGone      uint64
+	TcpResetRuleGone     uint64
+	TcpResendLimit       uint64
 }
 
 type santaSantaRegion struct {
@@ -290,10 +294,19 @@ type santaSantaTcpFlow struct {
 	ReqEnd     uint32
 	ReplyStart uint32
 	ReplyEnd   uint32
-	Slot       uint32
-	Multi      uint32
-	LastAck    uint32
-	Seen       uint32
+	Rule       struct {
+		_          structs.HostLayout
+		Id         uint64
+		Slot       uint32
+		Ruleset    uint32
+		Generation uint32
+		Pad        uint32
+	}
+	LastAck uint32
+	Seen    uint32
+	Multi   uint8
+	Resends uint8
+	Pad     [6]uint8
 }
 
 type santaSantaTcpKey struct {

@@ -1,12 +1,14 @@
 package dataplane
 
 import (
+	"fmt"
 	"encoding/binary"
 	"math/bits"
 	"net"
 	"net/netip"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/gopacket/gopacket"
 	"github.com/gopacket/gopacket/layers"
@@ -35,7 +37,7 @@ func tcpFrame(t testing.TB, c, s netip.AddrPort, tcp *layers.TCP, payload string
 }
 
 // parseTCP decodes a reply frame's TCP layer and payload.
-func parseTCP(t *testing.T, frame []byte) (*layers.TCP, string) {
+func parseTCP(t testing.TB, frame []byte) (*layers.TCP, string) {
 	t.Helper()
 	p := gopacket.NewPacket(frame, layers.LayerTypeEthernet, gopacket.Default)
 	tcp, ok := p.Layer(layers.LayerTypeTCP).(*layers.TCP)
@@ -55,7 +57,7 @@ func tsOption(tsval, tsecr uint32) layers.TCPOption {
 	return layers.TCPOption{OptionType: layers.TCPOptionKindTimestamps, OptionLength: 10, OptionData: d}
 }
 
-func timestamps(t *testing.T, tcp *layers.TCP) (tsval, tsecr uint32) {
+func timestamps(t testing.TB, tcp *layers.TCP) (tsval, tsecr uint32) {
 	t.Helper()
 	for _, o := range tcp.Options {
 		if o.OptionType == layers.TCPOptionKindTimestamps {
@@ -278,3 +280,190 @@ func TestInterfaceMTU(t *testing.T) {
 	e.expect("reply of a 600-byte MTU", req.build(t), xdpTx, req.answer([]byte(fits)).build(t), "answered")
 	e.expect("reply over a 600-byte MTU", request(c, s, "long").build(t), xdpPass, nil, "pass_reply_too_big")
 }
+
+// santaTCPEmitMagic starts the metadata XDP leaves TC to send segments
+// (SANTA_TCP_EMIT_MAGIC, bpf/santa.h).
+const santaTCPEmitMagic = 0x53545345
+
+// fixtureConn is a client connection of BPF_PROG_RUN fixtures: eBPF has
+// answered its SYN with serverSeq and stamp.
+type fixtureConn struct {
+	e              *env
+	client, server netip.AddrPort
+	serverSeq      uint32 // the SYN-ACK's sequence number
+	stamp          uint32 // the SYN-ACK's TSval, echoed by every segment
+}
+
+// connect sends a SYN with timestamps, window scaling, SACK and the given
+// MSS option (0: none) and returns the connection eBPF answered.
+func connect(e *env, client, server netip.AddrPort, mss uint16) *fixtureConn {
+	e.t.Helper()
+	opts := []layers.TCPOption{{OptionType: layers.TCPOptionKindSACKPermitted, OptionLength: 2}, tsOption(777, 0),
+		{OptionType: layers.TCPOptionKindWindowScale, OptionLength: 3, OptionData: []byte{7}}}
+	if mss != 0 {
+		opts = append([]layers.TCPOption{{OptionType: layers.TCPOptionKindMSS, OptionLength: 4,
+			OptionData: binary.BigEndian.AppendUint16(nil, mss)}}, opts...)
+	}
+	verdict, out := e.run(tcpFrame(e.t, client, server, &layers.TCP{SYN: true, Seq: 1000, Window: 64240, Options: opts}, ""))
+	if verdict != xdpTx {
+		e.t.Fatalf("SYN from %v: verdict %d, counters %v", client, verdict, e.counters())
+	}
+	synack, _ := parseTCP(e.t, out)
+	stamp, _ := timestamps(e.t, synack)
+	return &fixtureConn{e: e, client: client, server: server, serverSeq: synack.Seq, stamp: stamp}
+}
+
+// segment is the client's segment at its first byte after the SYN plus
+// off, acking the server's first byte plus acked.
+func (c *fixtureConn) segment(off, acked uint32, payload string) []byte {
+	return tcpFrame(c.e.t, c.client, c.server, &layers.TCP{ACK: true, PSH: payload != "", Seq: 1001 + off,
+		Ack: c.serverSeq + 1 + acked, Window: 502, Options: []layers.TCPOption{{OptionType: layers.TCPOptionKindNop},
+			{OptionType: layers.TCPOptionKindNop}, tsOption(778, c.stamp)}}, payload)
+}
+
+// TestTCPReplyOfAGoneRule: a reply in flight is sent again only from the
+// rule that made it. Once that rule went (here a new version, as santa
+// http's Date makes every second) its slot may hold another rule; a client
+// that has none of the reply is answered anew, one that has part of a long
+// reply is reset. Repeated acks that make no progress get at most
+// SANTA_TCP_RESENDS resends.
+func TestTCPReplyOfAGoneRule(t *testing.T) {
+	e := newEnv(t, Config{})
+	addr := netip.AddrPortFrom(e.tb.Server.IP4, 8081)
+	srv := startTCPServer(t, e.tb, addr)
+	exact := func(req, reply string) Rule {
+		return Rule{Conditions: []Condition{cond(0, req)}, Processors: []Processor{put(0, reply)},
+			ReplyLen: len(reply), MinLen: len(req), MaxLen: len(req)}
+	}
+	// passed to TC, with what TC is to send before the frame
+	emitted := func(name string, frame []byte, counter string) {
+		t.Helper()
+		before := e.counters()
+		verdict, out := e.run(frame)
+		if after := e.counters(); verdict != xdpPass || after[counter] != before[counter]+1 ||
+			binary.LittleEndian.Uint32(out) != santaTCPEmitMagic {
+			t.Errorf("%s: verdict %d, counters %v, frame %x", name, verdict, after, out)
+		}
+	}
+	short, long := httpGet("/short", ""), httpGet("/long", "")
+	cookie := e.known(srv.sock())
+	ids := e.bindRules(cookie, exact(short, httpReply("old short", "")), exact(long, httpReply(strings.Repeat("o", 3000), "")))
+	oldSlots := map[uint32]bool{e.d.byID[ids[0]].slot: true, e.d.byID[ids[1]].slot: true}
+
+	shortConn := connect(e, netip.AddrPortFrom(e.tb.Client.IP4, 40001), addr, 1460)
+	if verdict, out := e.run(shortConn.segment(0, 0, short)); verdict != xdpTx {
+		t.Fatalf("short request: verdict %d", verdict)
+	} else if _, payload := parseTCP(t, out); payload != httpReply("old short", "") {
+		t.Fatalf("short reply %q", payload)
+	}
+	longConn := connect(e, netip.AddrPortFrom(e.tb.Client.IP4, 40002), addr, 1460)
+	emitted("long request", longConn.segment(0, 0, long), "tcp_long_reply")
+
+	// a segment lost for good (a hop with a smaller MTU): repeated acks
+	// make SANTA_TCP_RESENDS resends, then none until the ack moves
+	limitConn := connect(e, netip.AddrPortFrom(e.tb.Client.IP4, 40003), addr, 1460)
+	emitted("long request", limitConn.segment(0, 0, long), "tcp_long_reply")
+	ack := func(acked uint32) []byte { return limitConn.segment(uint32(len(long)), acked, "") }
+	e.expect("first segment acked", ack(1448), xdpDrop, nil, "tcp_ack_consumed")
+	for i := 0; i < 8; i++ {
+		emitted(fmt.Sprintf("repeated ack %d", i+1), ack(1448), "tcp_resend")
+	}
+	e.expect("repeated ack 9", ack(1448), xdpDrop, nil, "tcp_resend_limit")
+	e.expect("second segment acked", ack(2*1448), xdpDrop, nil, "tcp_ack_consumed")
+	emitted("repeated ack after progress", ack(2*1448), "tcp_resend")
+
+	// new versions, then (a quarantine later) other rules in the old slots
+	newShort := httpReply("new short", "")
+	if err := e.d.ModifyRules(cookie, []RuleUpdate{{ID: ids[0], Rule: exact(short, newShort)},
+		{ID: ids[1], Rule: exact(long, httpReply(strings.Repeat("n", 3000), ""))}}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(retireGrace + quarantine + cohortSpan + 100*time.Millisecond)
+	_, err := e.d.AddRules(cookie, []Rule{exact(httpGet("/x", ""), httpReply("other x", "")),
+		exact(httpGet("/y", ""), httpReply(strings.Repeat("y", 3000), ""))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := map[uint32]bool{}
+	for _, r := range e.d.byID {
+		held[r.slot] = true
+	}
+	for slot := range oldSlots {
+		if !held[slot] {
+			t.Fatalf("no rule took slot %d of an old version: the test proves nothing", slot)
+		}
+	}
+
+	// none of the short reply arrived: the request comes again
+	e.expect("short request again", shortConn.segment(0, 0, short), xdpDrop, nil, "tcp_drop_rule_gone")
+	if verdict, out := e.run(shortConn.segment(0, 0, short)); verdict != xdpTx {
+		t.Fatalf("short request a third time: verdict %d, counters %v", verdict, e.counters())
+	} else if _, payload := parseTCP(t, out); payload != newShort {
+		t.Fatalf("short request a third time: %q, want the new version's %q", payload, newShort)
+	}
+
+	// the first segment of the long reply arrived, the rest did not
+	e.expect("long reply's first segment acked", longConn.segment(uint32(len(long)), 1448, ""), xdpDrop, nil, "tcp_ack_consumed")
+	before := e.counters()
+	verdict, out := e.run(longConn.segment(uint32(len(long)), 1448, ""))
+	if after := e.counters(); verdict != xdpTx || after["tcp_reset_rule_gone"] != before["tcp_reset_rule_gone"]+1 {
+		t.Fatalf("repeated ack: verdict %d, counters %v", verdict, after)
+	}
+	if rst, _ := parseTCP(t, out); !rst.RST || rst.Seq != longConn.serverSeq+1+1448 {
+		t.Fatalf("repeated ack: %+v, want a RST at the client's ack", rst)
+	}
+	if n := flowCount(t, e.d); n != 2 { // the short connection's new answer, limitConn's
+		t.Fatalf("%d flows, want 2 (the reset one's gone)", n)
+	}
+}
+
+// TestTCPSynMSS: the kernel takes no MSS below 536 (IPv4) or 1220 (IPv6)
+// at a handover, so such SYNs are the kernel's from the start; a SYN
+// without the option gets its family's default (RFC 9293) in the stamp.
+func TestTCPSynMSS(t *testing.T) {
+	e := newEnv(t, Config{})
+	for _, tc := range []struct {
+		family  string
+		mss     uint16
+		pass    bool
+		stamped uint16 // the MSS the stamp carries
+	}{
+		{"IPv4", 535, true, 0}, {"IPv4", 536, false, 536}, {"IPv4", 0, false, 536},
+		{"IPv6", 1219, true, 0}, {"IPv6", 536, true, 0}, {"IPv6", 1220, false, 1220}, {"IPv6", 0, false, 1220},
+	} {
+		server, client := e.tb.Server.IP4, e.tb.Client.IP4
+		if tc.family == "IPv6" {
+			server, client = e.tb.Server.IP6, e.tb.Client.IP6
+		}
+		addr := netip.AddrPortFrom(server, 8082)
+		srv := startTCPServer(t, e.tb, addr)
+		e.bindRules(e.known(srv.sock()))
+		name := fmt.Sprintf("%s SYN with MSS %d", tc.family, tc.mss)
+		var opts []layers.TCPOption
+		if tc.mss != 0 {
+			opts = append(opts, layers.TCPOption{OptionType: layers.TCPOptionKindMSS, OptionLength: 4,
+				OptionData: binary.BigEndian.AppendUint16(nil, tc.mss)})
+		}
+		syn := tcpFrame(t, netip.AddrPortFrom(client, 40010), addr, &layers.TCP{SYN: true, Seq: 1, Window: 64240,
+			Options: append(opts, tsOption(777, 0))}, "")
+		if tc.pass {
+			e.expect(name, syn, xdpPass, nil, "tcp_pass_syn_other")
+		} else if verdict, out := e.run(syn); verdict != xdpTx {
+			t.Errorf("%s: verdict %d, want an answer", name, verdict)
+		} else if stamp, _ := timestamps(t, mustTCP(t, out)); stampMSS(stamp) != tc.stamped {
+			t.Errorf("%s: the stamp carries MSS %d, want %d", name, stampMSS(stamp), tc.stamped)
+		}
+		if err := e.d.Unbind(srv.cookie); err != nil {
+			t.Fatal(err)
+		}
+		srv.ln.Close()
+	}
+}
+
+func mustTCP(t *testing.T, frame []byte) *layers.TCP {
+	tcp, _ := parseTCP(t, frame)
+	return tcp
+}
+
+// stampMSS is the MSS a stamp's option bits carry (bpf/tcp.h stamp_mss).
+func stampMSS(stamp uint32) uint16 { return [...]uint16{536, 1220, 1440, 1460}[stamp>>23&3] }
