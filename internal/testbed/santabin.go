@@ -42,9 +42,8 @@ func (tb *Testbed) StartSantad(t *testing.T, bin, bpffs string, logs map[string]
 	t.Helper()
 	sd := NewSantad(filepath.Join(bin, "santad"), tb.Server.NS, t.TempDir(), bpffs,
 		append([]string{"--interface", tb.Server.Dev, "--log-level", "debug"}, flags...)...)
-	if err := sd.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	// registered first: a santad that fails to answer in time still runs
+	// and may have pinned its maps
 	t.Cleanup(func() {
 		if err := errors.Join(sd.Stop(syscall.SIGTERM), sd.Cleanup()); err != nil {
 			t.Error(err)
@@ -56,5 +55,8 @@ func (tb *Testbed) StartSantad(t *testing.T, bin, bpffs string, logs map[string]
 			}
 		}
 	})
+	if err := sd.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
 	return sd
 }
