@@ -24,17 +24,33 @@ type session struct {
 	pid  int32
 }
 
+// Pauses after a failed accept: it fails again at once while its cause
+// lasts (santad out of fds, EMFILE), and retrying at once spins a CPU and
+// floods the log.
+const (
+	acceptRetryFirst = 5 * time.Millisecond
+	acceptRetryMax   = time.Second
+)
+
 func (d *Daemon) acceptLoop() {
 	defer d.wg.Done()
+	var pause time.Duration
 	for {
 		c, err := d.listener.AcceptUnix()
 		if err != nil {
 			if errors.Is(err, net.ErrClosed) {
 				return
 			}
-			d.log.Warn("accept failed", "error", err)
+			pause = min(max(2*pause, acceptRetryFirst), acceptRetryMax)
+			d.log.Warn("accept failed", "error", err, "retry_in", pause)
+			select {
+			case <-time.After(pause):
+			case <-d.stop:
+				return
+			}
 			continue
 		}
+		pause = 0
 		cred, err := peerCred(c)
 		if err != nil {
 			d.log.Warn("no peer credentials: connection refused", "error", err)
