@@ -61,6 +61,10 @@ type Quota struct {
 	// Rulesets bounds the sockets a uid binds: without it one user could
 	// take all of dataplane.max_rulesets, root's binds included.
 	Rulesets uint64 `yaml:"rulesets"`
+	// Connections bounds the control connections a uid holds open at once:
+	// each costs santad an fd, and without it one user's idle connections
+	// could take all of santad's fds and shut everyone else out.
+	Connections uint64 `yaml:"connections"`
 }
 
 // DataplaneConfig mirrors dataplane.Config in the file.
@@ -87,7 +91,7 @@ func DefaultConfig() Config {
 		MetricsRuleLimit: 10000,
 		LogFormat:        "json",
 		LogLevel:         "info",
-		Quota:            Quota{Rules: 100000, TemplateBytes: 64 << 20, Rulesets: 64},
+		Quota:            Quota{Rules: 100000, TemplateBytes: 64 << 20, Rulesets: 64, Connections: 256},
 		Dataplane: DataplaneConfig{HashBits: d.HashBits, MaxRules: d.MaxRules, MaxRulesets: d.MaxRulesets,
 			DataMiB: d.DataMiB, SampleRingKiB: d.SampleRingKiB, TCPFlows: d.TCPFlows},
 	}

@@ -1,9 +1,12 @@
 package daemon_test
 
 import (
+	"bufio"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -52,5 +55,69 @@ func TestAcceptFailuresBackOff(t *testing.T) {
 	idle = nil
 	if _, err := sd.cli(0, "status"); err != nil {
 		t.Errorf("santad does not serve clients again once the idle connections closed: %v", err)
+	}
+}
+
+// TestConnectionQuota: a non-root uid holds at most quota.connections
+// control connections; the next is refused with quota, and root and other
+// uids are still served.
+func TestConnectionQuota(t *testing.T) {
+	tb := testbed.New(t)
+	cfg := filepath.Join(work, fmt.Sprintf("connections-%d.yaml", os.Getpid()))
+	if err := os.WriteFile(cfg, []byte("quota:\n  connections: 5\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	sd := newSantad(t, tb, "--config", cfg)
+	sd.start()
+	// uid nobody holds five idle connections
+	hold := `import socket, sys, time
+conns = [socket.socket(socket.AF_UNIX) for _ in range(5)]
+for c in conns:
+    c.connect(sys.argv[1])
+print("holding", flush=True)
+time.sleep(600)`
+	holder := exec.Command("nsenter", asUser(tb, nobody, "/usr/bin/python3", "-c", hold, sd.Socket)[1:]...)
+	out, err := holder.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := holder.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Wait()
+	defer holder.Process.Kill()
+	if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || line != "holding\n" {
+		t.Fatalf("holder: %q %v", line, err)
+	}
+	// each client says why: santad answers before it closes the connection
+	env := []string{"SANTA_SOCKET=" + sd.Socket, "PYTHONPATH=" + filepath.Join(work, "python")}
+	for name, argv := range map[string][]string{
+		"cli":    {filepath.Join(work, "santa"), "--socket-path", sd.Socket, "status"},
+		"go":     {filepath.Join(work, "listing1-go"), tb.Server.IP4.String(), "7950"},
+		"c":      {filepath.Join(work, "c", "listing1"), tb.Server.IP4.String(), "7951"},
+		"python": {"/usr/bin/python3", filepath.Join(work, "python", "examples", "listing1.py"), tb.Server.IP4.String(), "7952"},
+	} {
+		if out, err := runAs(tb, nobody, env, argv[0], argv[1:]...); err == nil || !strings.Contains(out, "quota.connections") {
+			t.Errorf("%s: a sixth connection of nobody: %v %q, want refused naming quota.connections", name, err, out)
+		}
+	}
+	if _, err := sd.cli(0, "status"); err != nil {
+		t.Errorf("root beside nobody's connections: %v", err)
+	}
+	if _, err := sd.cli(nobody+1, "status"); err != nil {
+		t.Errorf("another uid beside nobody's connections: %v", err)
+	}
+	holder.Process.Kill()
+	holder.Wait()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		_, err := sd.cli(nobody, "status")
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("nobody once its connections closed: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }

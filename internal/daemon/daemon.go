@@ -60,6 +60,9 @@ type Daemon struct {
 
 	subMu sync.Mutex
 	subs  map[uint64]map[*subscriber]struct{}
+
+	connMu sync.Mutex
+	conns  map[uint32]uint64 // open control connections per non-root uid (quota.connections)
 }
 
 // Pins: each santad instance pins its maps and its socket-release link in a
@@ -93,7 +96,7 @@ func Start(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 		return nil, err
 	}
 	d := &Daemon{cfg: cfg, log: log, started: time.Now(), sets: map[uint64]*ruleSet{},
-		usage: map[uint32]*usage{}, subs: map[uint64]map[*subscriber]struct{}{},
+		usage: map[uint32]*usage{}, subs: map[uint64]map[*subscriber]struct{}{}, conns: map[uint32]uint64{},
 		expiryWake: make(chan struct{}, 1), stop: make(chan struct{})}
 	defer func() {
 		if err != nil {

@@ -58,7 +58,44 @@ func (d *Daemon) acceptLoop() {
 			continue
 		}
 		s := &session{d: d, conn: api.NewConn(c), uid: cred.Uid, pid: cred.Pid}
-		go s.serve()
+		if err := d.openConnection(s.uid); err != nil {
+			d.log.Debug("connection refused", "uid", s.uid, "pid", s.pid, "error", err)
+			d.metrics.request(0, api.StatusQuota)
+			// unasked, with seq 0: the clients take it for the answer to their first request
+			s.conn.Send(&api.Message{V: api.Version, Status: api.StatusQuota, Error: err.Error()}, -1)
+			s.conn.Close()
+			continue
+		}
+		go func() {
+			defer d.closeConnection(s.uid)
+			s.serve()
+		}()
+	}
+}
+
+// openConnection counts a new control connection of uid against
+// quota.connections, or refuses it.
+func (d *Daemon) openConnection(uid uint32) error {
+	d.connMu.Lock()
+	defer d.connMu.Unlock()
+	if uid == 0 {
+		return nil
+	}
+	if limit := d.cfg.Quota.Connections; limit != 0 && d.conns[uid] >= limit {
+		return fail(api.StatusQuota, "uid %d already holds %d connections to santad, its quota (quota.connections): close some", uid, limit)
+	}
+	d.conns[uid]++
+	return nil
+}
+
+func (d *Daemon) closeConnection(uid uint32) {
+	d.connMu.Lock()
+	defer d.connMu.Unlock()
+	if uid == 0 {
+		return
+	}
+	if d.conns[uid]--; d.conns[uid] == 0 {
+		delete(d.conns, uid)
 	}
 }
 

@@ -347,7 +347,11 @@ static int request(struct santa_client *c, struct sp_msg *req, bool targeted, in
 		req->socket = cookie;
 	req->v = SP_VERSION;
 	req->seq = ++c->seq;
-	if (send_msg(c, req, sockfd) < 0 || recv_msg(c, resp) < 0)
+	/* On EPIPE santad closed the connection, perhaps refusing it with an
+	 * answer first (quota.connections): read it, it says why. */
+	if (send_msg(c, req, sockfd) < 0 && errno != EPIPE)
+		return -1;
+	if (recv_msg(c, resp) < 0)
 		return -1;
 	return check_answer(c, req->op, req->seq, resp);
 }

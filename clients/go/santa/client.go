@@ -117,12 +117,18 @@ func (c *Client) call(req *api.Message, t *Target) (*api.Message, error) {
 			req.Socket = t.cookie
 		}
 	}
-	if err := c.conn.Send(req, fd); err != nil {
-		return nil, fmt.Errorf("santad %s: send: %w", req.Op, err)
+	sendErr := c.conn.Send(req, fd)
+	if sendErr != nil && !errors.Is(sendErr, syscall.EPIPE) {
+		return nil, fmt.Errorf("santad %s: send: %w", req.Op, sendErr)
 	}
+	// On EPIPE santad closed the connection, perhaps refusing it with an
+	// answer first (quota.connections): read it, it says why.
 	resp, files, err := c.conn.Recv()
 	for _, f := range files {
 		f.Close()
+	}
+	if err != nil && sendErr != nil {
+		return nil, fmt.Errorf("santad %s: send: %w", req.Op, sendErr)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("santad %s: receive: %w", req.Op, err)

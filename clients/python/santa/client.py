@@ -259,8 +259,16 @@ class Client:
             self._seq += 1
             request = Message(v=VERSION, op=op, seq=self._seq, socket=cookie, **fields)  # type: ignore[arg-type]
             try:
-                send_message(self._sock, request, fd)
-                resp = self._recv()
+                try:
+                    send_message(self._sock, request, fd)
+                except BrokenPipeError:
+                    # santad closed the connection, perhaps refusing it with an
+                    # answer first (quota.connections): read it, it says why
+                    resp = self._recv()
+                    if resp is None:
+                        raise
+                else:
+                    resp = self._recv()
             except OSError:
                 self.close()  # a frame may be half sent or half read: the stream is lost
                 raise
