@@ -45,6 +45,8 @@ var encMode = func() cbor.EncMode {
 // indefinite lengths, tags, and nesting or sizes beyond what a frame can
 // hold. santad's also refuses unknown keys; a client's skips them
 // (docs/protocol.md "Versioning").
+const maxNestedLevels = 8
+
 var decMode, lenientDecMode = newDecMode(cbor.ExtraDecErrorUnknownField), newDecMode(cbor.ExtraDecErrorNone)
 
 func newDecMode(extra cbor.ExtraDecErrorCond) cbor.DecMode {
@@ -53,7 +55,7 @@ func newDecMode(extra cbor.ExtraDecErrorCond) cbor.DecMode {
 		IndefLength:       cbor.IndefLengthForbidden,
 		TagsMd:            cbor.TagsForbidden,
 		ExtraReturnErrors: extra,
-		MaxNestedLevels:   8,
+		MaxNestedLevels:   maxNestedLevels,
 		MaxArrayElements:  MaxFrame / 8,
 		MaxMapPairs:       4096,
 		IntDec:            cbor.IntDecConvertNone,
@@ -159,4 +161,101 @@ func unknownKey(data []byte, t reflect.Type, path string) string {
 		}
 	}
 	return ""
+}
+
+// maxElementSize is the largest element of any array a Message holds (a
+// Rule): decoding an array of n elements allocates at most n times it.
+var maxElementSize = largestElement(reflect.TypeFor[Message](), map[reflect.Type]bool{})
+
+func largestElement(t reflect.Type, seen map[reflect.Type]bool) int {
+	if seen[t] {
+		return 0
+	}
+	seen[t] = true
+	largest := 0
+	switch t.Kind() {
+	case reflect.Pointer:
+		largest = largestElement(t.Elem(), seen)
+	case reflect.Slice:
+		largest = max(int(t.Elem().Size()), largestElement(t.Elem(), seen))
+	case reflect.Struct:
+		for i := range t.NumField() {
+			largest = max(largest, largestElement(t.Field(i).Type, seen))
+		}
+	}
+	return largest
+}
+
+// mapEntrySize bounds what decoding one map entry allocates (an entry of
+// Message.Counters; a map decoded into a struct allocates nothing), and
+// decodeOverhead what decoding any message allocates besides its values
+// (the Message, the decoder's own state, allocations rounded up to pages).
+const (
+	mapEntrySize   = 64
+	decodeOverhead = 256 << 10
+)
+
+// DecodedBound bounds the memory decoding data allocates, from its CBOR
+// headers alone: a frame of a few bytes per array element (empty maps,
+// say) decodes to over 100 times its size. It refuses data Decode would
+// refuse for its structure (truncated, nested too deeply).
+func DecodedBound(data []byte) (int, error) {
+	bound, rest, err := decodedBound(data, 0)
+	if err == nil && len(rest) > 0 {
+		err = fmt.Errorf("%w: %d bytes after the message", ErrMalformed, len(rest))
+	}
+	return decodeOverhead + bound, err
+}
+
+func decodedBound(data []byte, depth int) (int, []byte, error) {
+	if depth > maxNestedLevels {
+		return 0, nil, fmt.Errorf("%w: nested deeper than %d levels", ErrMalformed, maxNestedLevels)
+	}
+	if len(data) == 0 {
+		return 0, nil, fmt.Errorf("%w: truncated", ErrMalformed)
+	}
+	major, info := data[0]>>5, data[0]&0x1f
+	data = data[1:]
+	var arg uint64
+	switch {
+	case info < 24:
+		arg = uint64(info)
+	case info <= 27:
+		n := 1 << (info - 24)
+		if len(data) < n {
+			return 0, nil, fmt.Errorf("%w: truncated", ErrMalformed)
+		}
+		for _, b := range data[:n] {
+			arg = arg<<8 | uint64(b)
+		}
+		data = data[n:]
+	default:
+		return 0, nil, fmt.Errorf("%w: indefinite length or reserved header %#x", ErrMalformed, info)
+	}
+	items, each := uint64(0), 0
+	switch major {
+	case 2, 3: // byte and text strings: their bytes
+		if arg > uint64(len(data)) {
+			return 0, nil, fmt.Errorf("%w: truncated", ErrMalformed)
+		}
+		return int(arg), data[arg:], nil
+	case 4:
+		items, each = arg, maxElementSize
+	case 5:
+		items, each = 2*arg, mapEntrySize/2
+	case 6: // a tag: the item it tags
+		items = 1
+	}
+	if items > uint64(len(data)) { // each item takes at least a byte
+		return 0, nil, fmt.Errorf("%w: truncated", ErrMalformed)
+	}
+	bound := int(items) * each
+	for range items {
+		n, rest, err := decodedBound(data, depth+1)
+		if err != nil {
+			return 0, nil, err
+		}
+		bound, data = bound+n, rest
+	}
+	return bound, data, nil
 }

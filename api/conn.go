@@ -105,6 +105,16 @@ var ErrTooLarge = errors.New("message too large")
 // the files), and the stream stays usable; a bad frame header returns
 // ErrFrame, after which the stream is out of step.
 func (c *Conn) Recv() (*Message, []*os.File, error) {
+	return c.RecvWithin(nil)
+}
+
+// RecvWithin is Recv for a reader that bounds the memory messages take:
+// reserve is asked for a frame's length before its body is read, then for
+// what decoding it may allocate (DecodedBound) before it is decoded, and
+// may wait for room. If it refuses, the frame is skipped (the stream stays
+// in step) and RecvWithin returns its error, with the files. A nil reserve
+// bounds nothing.
+func (c *Conn) RecvWithin(reserve func(n int) error) (*Message, []*os.File, error) {
 	var hdr [4]byte
 	oob := make([]byte, unix.CmsgSpace(4*4))
 	n, oobn, _, _, err := c.c.ReadMsgUnix(hdr[:], oob)
@@ -129,10 +139,28 @@ func (c *Conn) Recv() (*Message, []*os.File, error) {
 		closeAll(files)
 		return nil, nil, fmt.Errorf("%w: length %d (must be 1..%d)", ErrFrame, size, MaxFrame)
 	}
+	if reserve != nil {
+		if err := reserve(int(size)); err != nil {
+			if _, serr := io.CopyN(io.Discard, c.c, int64(size)); serr != nil {
+				closeAll(files)
+				return nil, nil, serr
+			}
+			return nil, files, err
+		}
+	}
 	body := make([]byte, size)
 	if _, err := io.ReadFull(c.c, body); err != nil {
 		closeAll(files)
 		return nil, nil, err
+	}
+	if reserve != nil {
+		bound, err := DecodedBound(body)
+		if err == nil {
+			err = reserve(bound)
+		}
+		if err != nil {
+			return nil, files, err
+		}
 	}
 	m, err := c.decode(body)
 	if err != nil {

@@ -65,6 +65,9 @@ type Quota struct {
 	// each costs santad an fd, and without it one user's idle connections
 	// could take all of santad's fds and shut everyone else out.
 	Connections uint64 `yaml:"connections"`
+	// RequestBytes bounds the memory a uid's requests hold in santad at
+	// once, frames and what decoding them allocates (requestBudget).
+	RequestBytes uint64 `yaml:"request_bytes"`
 }
 
 // DataplaneConfig mirrors dataplane.Config in the file.
@@ -91,7 +94,7 @@ func DefaultConfig() Config {
 		MetricsRuleLimit: 10000,
 		LogFormat:        "json",
 		LogLevel:         "info",
-		Quota:            Quota{Rules: 100000, TemplateBytes: 64 << 20, Rulesets: 64, Connections: 256},
+		Quota:            Quota{Rules: 100000, TemplateBytes: 64 << 20, Rulesets: 64, Connections: 256, RequestBytes: 1 << 30},
 		Dataplane: DataplaneConfig{HashBits: d.HashBits, MaxRules: d.MaxRules, MaxRulesets: d.MaxRulesets,
 			DataMiB: d.DataMiB, SampleRingKiB: d.SampleRingKiB, TCPFlows: d.TCPFlows},
 	}

@@ -26,7 +26,7 @@ func TestDistConfigHoldsTheDefaults(t *testing.T) {
 // not by the Go type behind it.
 func TestConfigUnknownKey(t *testing.T) {
 	for text, want := range map[string]string{
-		"quota:\n  rulez: 5\n":        "line 2: field rulez not found in quota (keys: rules, template_bytes, rulesets, connections)",
+		"quota:\n  rulez: 5\n":        "line 2: field rulez not found in quota (keys: rules, template_bytes, rulesets, connections, request_bytes)",
 		"dataplane:\n  maxrules: 5\n": "field maxrules not found in dataplane (keys: hash_bits, max_rules,",
 		"interface: [eth0]\n":         "field interface not found in the file (keys: interfaces, xdp_mode,",
 	} {

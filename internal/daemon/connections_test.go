@@ -2,7 +2,10 @@ package daemon_test
 
 import (
 	"bufio"
+	"bytes"
+	"encoding/binary"
 	"fmt"
+	"github.com/santa-offload/santa/api"
 	"net"
 	"os"
 	"os/exec"
@@ -119,5 +122,57 @@ time.sleep(600)`
 			t.Fatalf("nobody once its connections closed: %v", err)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestRequestMemoryQuota: santad bounds the memory a non-root uid's
+// requests hold (quota.request_bytes), before it allocates it: a frame
+// longer than that, and a short frame that would decode to more (a rule
+// array of tiny maps: over 40 times its size), are refused with quota, and
+// the connection goes on. root has no such bound.
+func TestRequestMemoryQuota(t *testing.T) {
+	tb := testbed.New(t)
+	cfg := filepath.Join(work, fmt.Sprintf("request-bytes-%d.yaml", os.Getpid()))
+	if err := os.WriteFile(cfg, []byte("quota:\n  request_bytes: 1048576\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	sd := newSantad(t, tb, "--config", cfg)
+	sd.start()
+	const rules = 100000 // of 3 bytes each, {5: 1}: 300 kB that decode to 13.6 MB
+	tiny := binary.BigEndian.AppendUint32(
+		[]byte{0xa5, 0x00, 0x01, 0x01, byte(api.OpAdd), 0x02, 0x01, 0x05, 0x01, 0x09, 0x9a}, rules)
+	tiny = append(tiny, bytes.Repeat([]byte{0xa1, 0x05, 0x01}, rules)...)
+	long := mustEncode(t, &api.Message{V: 1, Op: api.OpHealth, Seq: 2, Error: strings.Repeat("x", 2<<20)})
+	health := mustEncode(t, &api.Message{V: 1, Op: api.OpHealth, Seq: 3})
+	frames := filepath.Join(sd.dir, "frames")
+	for i, body := range [][]byte{tiny, long, health} {
+		if err := os.WriteFile(filepath.Join(frames+strconv.Itoa(i)), body, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// sends each file as a frame on one connection and prints santad's answers
+	send := `import socket, struct, sys
+from santa.transport import recv_message
+s = socket.socket(socket.AF_UNIX)
+s.connect(sys.argv[1])
+for path in sys.argv[2:]:
+    body = open(path, "rb").read()
+    s.sendall(struct.pack(">I", len(body)) + body)
+    m, _ = recv_message(s)
+    print(int(m.status), m.error or "-")`
+	args := []string{"-c", send, sd.Socket, frames + "0", frames + "1", frames + "2"}
+	env := []string{"PYTHONPATH=" + filepath.Join(work, "python")}
+	out, err := runAs(tb, nobody, env, "/usr/bin/python3", args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	answers := strings.Split(strings.TrimSpace(out), "\n")
+	quota := fmt.Sprintf("%d ", api.StatusQuota)
+	if len(answers) != 3 || !strings.HasPrefix(answers[0], quota) || !strings.Contains(answers[0], "quota.request_bytes") ||
+		!strings.HasPrefix(answers[1], quota) || !strings.Contains(answers[1], "quota.request_bytes") || answers[2] != "0 -" {
+		t.Errorf("as nobody: 300 kB decoding to 13.6 MB, a 2 MB frame, then health, answered\n%s\nwant quota (naming quota.request_bytes) twice, then ok", out)
+	}
+	if out, err := runAs(tb, 0, env, "/usr/bin/python3", args...); err != nil || strings.Contains(out, "request_bytes") {
+		t.Errorf("as root: %v\n%s\nwant the frames decoded (root has no such bound)", err, out)
 	}
 }

@@ -63,6 +63,8 @@ type Daemon struct {
 
 	connMu sync.Mutex
 	conns  map[uint32]uint64 // open control connections per non-root uid (quota.connections)
+
+	requestMemory *requestBudget
 }
 
 // Pins: each santad instance pins its maps and its socket-release link in a
@@ -97,7 +99,8 @@ func Start(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 	}
 	d := &Daemon{cfg: cfg, log: log, started: time.Now(), sets: map[uint64]*ruleSet{},
 		usage: map[uint32]*usage{}, subs: map[uint64]map[*subscriber]struct{}{}, conns: map[uint32]uint64{},
-		expiryWake: make(chan struct{}, 1), stop: make(chan struct{})}
+		requestMemory: newRequestBudget(cfg.Quota.RequestBytes),
+		expiryWake:    make(chan struct{}, 1), stop: make(chan struct{})}
 	defer func() {
 		if err != nil {
 			d.abort()
