@@ -48,6 +48,10 @@ type Config struct {
 	LogFormat string `yaml:"log_format"`
 	// LogLevel is debug, info, warn or error.
 	LogLevel string `yaml:"log_level"`
+	// UserPorts, if set, are the only ports ("53/udp", "8000-8099/tcp") on
+	// which a non-root uid may bind a socket: the rule processor answers
+	// before the host's firewall sees a request (docs/operations.md).
+	UserPorts []string `yaml:"user_ports"`
 	// Quota applies to every non-root uid.
 	Quota Quota `yaml:"quota"`
 	// Dataplane sizes the rule processor's maps.
@@ -157,7 +161,40 @@ func (c Config) Validate() error {
 	if c.MetricsRuleLimit < 0 {
 		return fmt.Errorf("metrics_rule_limit %d: must be 0 (no per-rule series) or more", c.MetricsRuleLimit)
 	}
-	return nil
+	_, err := c.userPorts()
+	return err
+}
+
+// portRange is ports lo to hi of one transport (api.ProtocolUDP or TCP).
+type portRange struct {
+	lo, hi   uint16
+	protocol uint32
+}
+
+func (r portRange) holds(port uint16, protocol uint32) bool {
+	return r.protocol == protocol && r.lo <= port && port <= r.hi
+}
+
+// userPorts parses user_ports: each "PORT/udp", "PORT/tcp" or "LOW-HIGH/udp".
+func (c Config) userPorts() ([]portRange, error) {
+	ranges := make([]portRange, 0, len(c.UserPorts))
+	for _, s := range c.UserPorts {
+		bad := fmt.Errorf("user_ports %q: want PORT/udp, PORT/tcp or a range LOW-HIGH/udp (ports 1 to 65535)", s)
+		ports, proto, _ := strings.Cut(s, "/")
+		r := portRange{protocol: map[string]uint32{"udp": api.ProtocolUDP, "tcp": api.ProtocolTCP}[proto]}
+		loText, hiText, isRange := strings.Cut(ports, "-")
+		if !isRange {
+			hiText = loText
+		}
+		lo, errLo := strconv.ParseUint(loText, 10, 16)
+		hi, errHi := strconv.ParseUint(hiText, 10, 16)
+		if r.protocol == 0 || errLo != nil || errHi != nil || lo == 0 || hi < lo {
+			return nil, bad
+		}
+		r.lo, r.hi = uint16(lo), uint16(hi)
+		ranges = append(ranges, r)
+	}
+	return ranges, nil
 }
 
 func (c Config) socketMode() (os.FileMode, error) {

@@ -47,9 +47,13 @@ func TestConfigValidate(t *testing.T) {
 		change func(*Config)
 		want   string
 	}{
-		"xdp mode":            {func(c *Config) { c.XDPMode = "fast" }, `xdp_mode "fast"`},
-		"log format":          {func(c *Config) { c.LogFormat = "xml" }, `log_format "xml"`},
-		"negative rule limit": {func(c *Config) { c.MetricsRuleLimit = -5 }, "metrics_rule_limit -5: must be 0"},
+		"xdp mode":                    {func(c *Config) { c.XDPMode = "fast" }, `xdp_mode "fast"`},
+		"log format":                  {func(c *Config) { c.LogFormat = "xml" }, `log_format "xml"`},
+		"negative rule limit":         {func(c *Config) { c.MetricsRuleLimit = -5 }, "metrics_rule_limit -5: must be 0"},
+		"user port without transport": {func(c *Config) { c.UserPorts = []string{"53"} }, `user_ports "53": want PORT/udp`},
+		"user port 0":                 {func(c *Config) { c.UserPorts = []string{"0/udp"} }, `user_ports "0/udp"`},
+		"user ports backwards":        {func(c *Config) { c.UserPorts = []string{"90-80/tcp"} }, `user_ports "90-80/tcp"`},
+		"user port over 65535":        {func(c *Config) { c.UserPorts = []string{"65536/udp"} }, `user_ports "65536/udp"`},
 	} {
 		c := DefaultConfig()
 		tc.change(&c)

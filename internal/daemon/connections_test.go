@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"github.com/santa-offload/santa/api"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -174,5 +175,75 @@ for path in sys.argv[2:]:
 	}
 	if out, err := runAs(tb, 0, env, "/usr/bin/python3", args...); err != nil || strings.Contains(out, "request_bytes") {
 		t.Errorf("as root: %v\n%s\nwant the frames decoded (root has no such bound)", err, out)
+	}
+}
+
+// TestUserPorts: with user_ports set, a non-root uid gets rule sets only
+// for its sockets on those ports (the rule processor answers before the
+// host's firewall, which may close the others); root may still attach a
+// socket on any port.
+func TestUserPorts(t *testing.T) {
+	tb := testbed.New(t)
+	cfg := filepath.Join(work, fmt.Sprintf("user-ports-%d.yaml", os.Getpid()))
+	if err := os.WriteFile(cfg, []byte("user_ports: [7460/udp, 7470-7479/tcp]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	sd := newSantad(t, tb, "--config", cfg)
+	sd.start()
+	env := []string{"SANTA_SOCKET=" + sd.Socket, "PYTHONPATH=" + filepath.Join(work, "python")}
+	ip := tb.Server.IP4.String()
+	for name, argv := range map[string][]string{
+		"go":     {filepath.Join(work, "listing1-go"), ip, "7461"},
+		"c":      {filepath.Join(work, "c", "listing1"), ip, "7461"},
+		"python": {"/usr/bin/python3", filepath.Join(work, "python", "examples", "listing1.py"), ip, "7461"},
+	} {
+		if out, err := runAs(tb, nobody, env, argv[0], argv[1:]...); err == nil || !strings.Contains(out, "user_ports") {
+			t.Errorf("%s: nobody's socket on 7461/udp: %v %q, want refused naming user_ports", name, err, out)
+		}
+	}
+	a := startApp(t, tb, nobody, env, filepath.Join(work, "listing1-go"), ip, "7460")
+	if got := exchange(t, tb, netip.AddrPortFrom(tb.Server.IP4, 7460), "Hello"); got != "COMSYS" {
+		t.Errorf("nobody's rule on 7460/udp, among user_ports: %q, want COMSYS", got)
+	}
+	a.cmd.Process.Kill()
+	// root attaches nobody's socket outside user_ports; nobody then binds
+	// it (bind returns the rule set it has) and adds its rule
+	prog := `import socket, sys, time, santa
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind((sys.argv[1], 7461))
+print("bound", flush=True)
+sys.stdin.readline()
+with santa.Client() as c:
+    print("created" if c.bind(s).created else "existing", c.add(s, [santa.Rule(conditions=[santa.Condition(0, b"Hi")],
+        processors=[santa.Put(0, b"Yo")], reply_len=2)]), flush=True)
+time.sleep(60)`
+	app := exec.Command("nsenter", asUser(tb, nobody, "/usr/bin/python3", "-c", prog, ip)[1:]...)
+	app.Env = append(os.Environ(), env...)
+	stdin, err := app.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := app.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := app.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer app.Wait()
+	defer app.Process.Kill()
+	lines := bufio.NewReader(stdout)
+	if line, err := lines.ReadString('\n'); line != "bound\n" {
+		t.Fatalf("nobody's server: %q %v", line, err)
+	}
+	if out, err := sd.cli(0, "attach", "--port", "7461/udp"); err != nil {
+		t.Errorf("root attaching a socket on 7461/udp, outside user_ports: %v %s", err, out)
+	}
+	stdin.Write([]byte("go\n"))
+	if line, err := lines.ReadString('\n'); !strings.HasPrefix(line, "existing [") {
+		t.Errorf("nobody binding and adding to the socket root attached: %q %v, want the existing rule set and a rule id", line, err)
+	}
+	if got := exchange(t, tb, netip.AddrPortFrom(tb.Server.IP4, 7461), "Hi"); got != "Yo" {
+		t.Errorf("nobody's rule on the socket root attached: %q, want Yo", got)
 	}
 }

@@ -65,6 +65,7 @@ type Daemon struct {
 	conns  map[uint32]uint64 // open control connections per non-root uid (quota.connections)
 
 	requestMemory *requestBudget
+	userPorts     []portRange // user_ports: where non-root uids may bind sockets; empty: anywhere
 }
 
 // Pins: each santad instance pins its maps and its socket-release link in a
@@ -97,10 +98,11 @@ func Start(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	userPorts, _ := cfg.userPorts() // Validate parsed them
 	d := &Daemon{cfg: cfg, log: log, started: time.Now(), sets: map[uint64]*ruleSet{},
 		usage: map[uint32]*usage{}, subs: map[uint64]map[*subscriber]struct{}{}, conns: map[uint32]uint64{},
-		requestMemory: newRequestBudget(cfg.Quota.RequestBytes),
-		expiryWake:    make(chan struct{}, 1), stop: make(chan struct{})}
+		requestMemory: newRequestBudget(cfg.Quota.RequestBytes), userPorts: userPorts,
+		expiryWake: make(chan struct{}, 1), stop: make(chan struct{})}
 	defer func() {
 		if err != nil {
 			d.abort()

@@ -316,6 +316,9 @@ func (s *session) target(req *api.Message, files []*os.File, autobind bool) (*ru
 		if !autobind {
 			return nil, false, fail(api.StatusNotFound, "socket %d has no rule set: add rules or bind it first", info.Cookie)
 		}
+		if err := s.mayBind(info); err != nil {
+			return nil, false, err
+		}
 		info.Owner, info.PID = s.uid, uint32(s.pid)
 		rs, err := d.bind(info, dataplane.SampleOptions{})
 		return rs, err == nil, err
@@ -332,6 +335,27 @@ func (s *session) target(req *api.Message, files []*os.File, autobind bool) (*ru
 			req.Socket, rs.info.Owner, s.uid)
 	}
 	return rs, false, nil
+}
+
+// mayBind refuses a non-root caller a rule set for a socket on a port
+// outside user_ports: the rule processor answers before the host's
+// firewall, so a user's rules would answer requests it drops.
+func (s *session) mayBind(info api.SocketInfo) error {
+	if s.uid == 0 || len(s.d.userPorts) == 0 {
+		return nil
+	}
+	for _, r := range s.d.userPorts {
+		if r.holds(info.Port, info.Protocol) {
+			return nil
+		}
+	}
+	transport := "udp"
+	if info.Protocol == api.ProtocolTCP {
+		transport = "tcp"
+	}
+	return fail(api.StatusPermission, "port %d/%s is not among santad's user_ports %v: a non-root uid binds sockets only there, "+
+		"as the rule processor answers before the host's firewall; root may attach the socket (santa attach)",
+		info.Port, transport, s.d.cfg.UserPorts)
 }
 
 func (s *session) health() (*api.Message, *subscriber, error) {
@@ -432,7 +456,7 @@ func (s *session) bind(req *api.Message, files []*os.File) (*api.Message, *subsc
 	default:
 		return nil, nil, fail(api.StatusInvalid, "bind needs a socket: pass its fd (SCM_RIGHTS), or as root name pid and fd, or port")
 	}
-	out, err := d.bindFound(found, sample, req.SampleBytes != 0 || req.SampleRate != 0)
+	out, err := d.bindFound(found, sample, req.SampleBytes != 0 || req.SampleRate != 0, s.mayBind)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -440,11 +464,12 @@ func (s *session) bind(req *api.Message, files []*os.File) (*api.Message, *subsc
 	return &api.Message{Sockets: out}, nil, nil
 }
 
-// bindFound binds the sockets that have no rule set yet, sets the sampling
-// of the others if setSample, and describes them all. All or none: if one
-// fails, the rule sets it created are unbound and the sampling it changed
-// is restored.
-func (d *Daemon) bindFound(found []api.SocketInfo, sample dataplane.SampleOptions, setSample bool) ([]api.SocketInfo, error) {
+// bindFound binds the sockets that have no rule set yet, if mayBind lets
+// it, sets the sampling of the others if setSample, and describes them
+// all. All or none: if one fails, the rule sets it created are unbound and
+// the sampling it changed is restored.
+func (d *Daemon) bindFound(found []api.SocketInfo, sample dataplane.SampleOptions, setSample bool,
+	mayBind func(api.SocketInfo) error) ([]api.SocketInfo, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	var undo []func() error
@@ -454,7 +479,10 @@ func (d *Daemon) bindFound(found []api.SocketInfo, sample dataplane.SampleOption
 		var err error
 		switch {
 		case !ok:
-			if rs, err = d.bind(info, sample); err == nil {
+			if err = mayBind(info); err == nil {
+				rs, err = d.bind(info, sample)
+			}
+			if err == nil {
 				undo = append(undo, func() error { return d.unbind(rs) })
 			}
 		case setSample:
