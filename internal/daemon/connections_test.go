@@ -247,3 +247,36 @@ time.sleep(60)`
 		t.Errorf("nobody's rule on the socket root attached: %q, want Yo", got)
 	}
 }
+
+// TestSocketOfAnotherNetns: santad refuses a socket of another network
+// namespace than its own, whose requests never reach its interfaces: one
+// uid nobody bound to port 53 in a user and network namespace of its own,
+// passed by nobody or attached by root.
+func TestSocketOfAnotherNetns(t *testing.T) {
+	tb := testbed.New(t)
+	sd := newSantad(t, tb)
+	sd.start()
+	prog := `import os, socket, sys, time, santa
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind(("0.0.0.0", 53))
+try:
+    with santa.Client(sys.argv[1]) as c:
+        c.bind(s)
+    print("bound", flush=True)
+except santa.Error as e:
+    print("refused", int(e.status), e, flush=True)
+print("ready cookie=0 rule=%d" % s.fileno(), flush=True)
+time.sleep(120)`
+	a := startApp(t, tb, nobody, []string{"PYTHONPATH=" + filepath.Join(work, "python")},
+		"unshare", "--user", "--map-root-user", "--net", "/usr/bin/python3", "-c", prog, sd.Socket)
+	if out := a.out.String(); !strings.Contains(out, fmt.Sprintf("refused %d ", api.StatusInvalid)) || !strings.Contains(out, "another network namespace") {
+		t.Errorf("nobody passing its socket of another network namespace: %q, want invalid naming the namespace", out)
+	}
+	out, err := sd.cli(0, "attach", "--pid", fmt.Sprint(a.cmd.Process.Pid), "--fd", fmt.Sprint(a.Rule))
+	if err == nil || !strings.Contains(out, "another network namespace") {
+		t.Errorf("root attaching a socket of another network namespace: %v %q, want refused naming the namespace", err, out)
+	}
+	if out, err := sd.cli(0, "rules", "ls", "--json"); err != nil || strings.TrimSpace(out) != "[]" {
+		t.Errorf("rule sets: %v %s, want none", err, out)
+	}
+}

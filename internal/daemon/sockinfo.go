@@ -43,6 +43,9 @@ func inspectSocket(fd int) (api.SocketInfo, error) {
 		return api.SocketInfo{}, fail(api.StatusInvalid, "the passed socket is neither an IPv4 or IPv6 UDP socket nor a TCP socket "+
 			"(domain %d, type %d, protocol %d): santad offloads UDP sockets and listening TCP sockets", domain, typ, proto)
 	}
+	if err := inSantadsNetns(fd); err != nil {
+		return api.SocketInfo{}, err
+	}
 	sa, err := unix.Getsockname(fd)
 	if err != nil {
 		return api.SocketInfo{}, fail(api.StatusInvalid, "socket address: %v", err)
@@ -61,6 +64,30 @@ func inspectSocket(fd int) (api.SocketInfo, error) {
 		return api.SocketInfo{}, fail(api.StatusInternal, "SO_COOKIE: %v", err)
 	}
 	return info, nil
+}
+
+// inSantadsNetns refuses a socket of another network namespace than
+// santad's: the rule processor, on santad's interfaces, looks sockets up in
+// their namespace and never finds it, so its rules would never answer (a
+// user in a namespace of its own may bind any port there, 53 included).
+func inSantadsNetns(fd int) error {
+	nsfd, err := unix.IoctlRetInt(fd, unix.SIOCGSKNS)
+	if err != nil {
+		return fail(api.StatusInternal, "the socket's network namespace (SIOCGSKNS): %v", err)
+	}
+	defer unix.Close(nsfd)
+	var socketNS, santadNS unix.Stat_t
+	if err := unix.Fstat(nsfd, &socketNS); err != nil {
+		return fail(api.StatusInternal, "the socket's network namespace: %v", err)
+	}
+	if err := unix.Stat("/proc/thread-self/ns/net", &santadNS); err != nil {
+		return fail(api.StatusInternal, "santad's network namespace: %v", err)
+	}
+	if socketNS.Dev != santadNS.Dev || socketNS.Ino != santadNS.Ino {
+		return fail(api.StatusInvalid, "the socket is in another network namespace than santad's (net:[%d], not net:[%d]): "+
+			"the rule processor answers requests on santad's interfaces only, for sockets of its namespace", socketNS.Ino, santadNS.Ino)
+	}
+	return nil
 }
 
 // socketOfProcess takes fd of process pid (pidfd_getfd) and inspects it.
