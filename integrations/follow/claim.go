@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 
@@ -47,7 +48,7 @@ func ClaimTag(socketPath string, protocol uint32, port uint16, tag string) (*Cla
 	// may manage, and must not be able to block another user's tag
 	name := fmt.Sprintf("%s-%d-uid%d-%s", strings.ToLower(proto), port, os.Geteuid(), url.PathEscape(tag))
 	path := filepath.Join(api.ClaimsDir(socketPath), name)
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o644)
+	f, err := openOwnClaim(path)
 	if err != nil {
 		return nil, fmt.Errorf("claim tag %q: %w", tag, err)
 	}
@@ -67,6 +68,47 @@ func ClaimTag(socketPath string, protocol uint32, port uint16, tag string) (*Cla
 	f.Truncate(0)
 	f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
 	return &Claim{file: f}, nil
+}
+
+// openOwnClaim opens the claim file at path, a file of this user's that
+// only this user may open. The directory is writable by every user
+// (sticky, as /tmp), so another may have put something at path first: a
+// symlink, which must not be followed (root's controller would truncate
+// the file it names), or a file of its own, held locked to keep this
+// controller from starting. root removes either; another user is refused,
+// naming the owner.
+func openOwnClaim(path string) (*os.File, error) {
+	if fi, err := os.Lstat(path); err == nil && !ownedRegular(fi) {
+		if os.Geteuid() != 0 {
+			return nil, fmt.Errorf("%s is not a file of yours (owner uid %d): another user put it there; remove it",
+				path, fi.Sys().(*syscall.Stat_t).Uid)
+		}
+		if err := os.Remove(path); err != nil {
+			return nil, err
+		}
+	}
+	// O_NOFOLLOW and the check after it: something put there meanwhile is refused
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR|unix.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	fi, err := f.Stat()
+	if err == nil && !ownedRegular(fi) {
+		err = fmt.Errorf("%s was replaced by another user's while it was opened", path)
+	}
+	if err == nil {
+		err = f.Chmod(0o600) // a claim file of an older version was readable by all, so lockable by all
+	}
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
+}
+
+// ownedRegular says fi is a regular file of this process's user.
+func ownedRegular(fi os.FileInfo) bool {
+	return fi.Mode().IsRegular() && fi.Sys().(*syscall.Stat_t).Uid == uint32(os.Geteuid())
 }
 
 // Release gives the claim up: the controller has deleted its rules, or

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/santa-offload/santa/api"
 )
@@ -75,12 +76,31 @@ func holdClaim(socket string) int {
 // root's controller with the same tag on the same port. (The directory was
 // root's only: a user's controller could not start.)
 func TestClaimTagOtherUser(t *testing.T) {
+	dir := claimsTestDir(t)
+	socket := filepath.Join(dir, "santa.sock")
+	first, err := ClaimTag(socket, api.ProtocolUDP, 53, "t") // root's controller, before
+	if err != nil {
+		t.Fatal(err)
+	}
+	first.Release()
+	if line := holdClaimAsNobody(t, dir, socket); line != "held\n" {
+		t.Fatalf("a claim by uid 65534: %q, want held", line)
+	}
+	c, err := ClaimTag(socket, api.ProtocolUDP, 53, "t")
+	if err != nil {
+		t.Fatalf("root's claim of the tag uid 65534 holds: %v", err)
+	}
+	c.Release()
+}
+
+// claimsTestDir is a directory for a santad socket that uid 65534 can
+// reach, with a copy of this test binary it can run (holdClaimAsNobody).
+func claimsTestDir(t *testing.T) string {
 	dir, err := os.MkdirTemp("", "santa-claims-")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer os.RemoveAll(dir)
-	// the user must reach the directory and run a copy of this binary
+	t.Cleanup(func() { os.RemoveAll(dir) })
 	exe, err := os.Executable()
 	if err == nil {
 		err = os.Chmod(dir, 0o755)
@@ -89,20 +109,19 @@ func TestClaimTagOtherUser(t *testing.T) {
 	if err == nil {
 		b, err = os.ReadFile(exe)
 	}
-	helper := filepath.Join(dir, "claim.test")
 	if err == nil {
-		err = os.WriteFile(helper, b, 0o755)
+		err = os.WriteFile(filepath.Join(dir, "claim.test"), b, 0o755)
 	}
 	if err != nil {
 		t.Fatal(err)
 	}
-	socket := filepath.Join(dir, "santa.sock")
-	first, err := ClaimTag(socket, api.ProtocolUDP, 53, "t") // root's controller, before
-	if err != nil {
-		t.Fatal(err)
-	}
-	first.Release()
-	cmd := exec.Command(helper)
+	return dir
+}
+
+// holdClaimAsNobody has uid 65534 claim tag "t" on UDP port 53 (holdClaim)
+// and returns what it says; it holds a claim it got until the test ends.
+func holdClaimAsNobody(t *testing.T, dir, socket string) string {
+	cmd := exec.Command(filepath.Join(dir, "claim.test"))
 	cmd.Env = append(os.Environ(), holdClaimEnv+"="+socket)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
 	stdin, err := cmd.StdinPipe()
@@ -116,15 +135,74 @@ func TestClaimTagOtherUser(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	defer cmd.Wait()
-	defer stdin.Close()
+	t.Cleanup(func() {
+		stdin.Close()
+		cmd.Wait()
+	})
 	line, _ := bufio.NewReader(out).ReadString('\n')
-	if line != "held\n" {
-		t.Fatalf("a claim by uid 65534: %q, want held", line)
+	return line
+}
+
+// TestClaimTagPlanted: the claims directory is writable by every user
+// (sticky, as /tmp), so another user may put something at the path of
+// root's claim before root's controller starts: a symlink to a file of
+// root's, which the controller must not follow (it would truncate the file
+// and write its pid there), or a file of its own that it holds locked,
+// which must not keep root's controller from starting. Once root holds its
+// claim, no other user can open it to lock it. A user's controller is
+// refused a claim file another user put at its path, naming the owner.
+func TestClaimTagPlanted(t *testing.T) {
+	dir := claimsTestDir(t)
+	socket := filepath.Join(dir, "santa.sock")
+	if err := api.MakeClaimsDir(socket); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(api.ClaimsDir(socket), "udp-53-uid0-t")
+	asNobody := func(argv ...string) *exec.Cmd {
+		return exec.Command("setpriv", append([]string{"--reuid=65534", "--regid=65534", "--clear-groups", "--"}, argv...)...)
+	}
+	victim := filepath.Join(dir, "victim")
+	if err := os.WriteFile(victim, []byte("root's data\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := asNobody("ln", "-s", victim, path).CombinedOutput(); err != nil {
+		t.Fatalf("nobody's symlink: %v %s", err, out)
+	}
+	if c, err := ClaimTag(socket, api.ProtocolUDP, 53, "t"); err != nil {
+		t.Errorf("root's claim beside nobody's symlink: %v", err)
+	} else {
+		c.Release()
+	}
+	if b, _ := os.ReadFile(victim); string(b) != "root's data\n" {
+		t.Errorf("the file nobody's symlink names holds %q after root's claim, want it untouched", b)
+	}
+
+	os.Remove(path)
+	squat := asNobody("flock", path, "sleep", "60") // nobody's file, locked
+	if err := squat.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer squat.Wait()
+	defer squat.Process.Kill()
+	for start := time.Now(); ; time.Sleep(10 * time.Millisecond) {
+		if _, err := os.Stat(path); err == nil || time.Since(start) > 5*time.Second {
+			break
+		}
 	}
 	c, err := ClaimTag(socket, api.ProtocolUDP, 53, "t")
 	if err != nil {
-		t.Fatalf("root's claim of the tag uid 65534 holds: %v", err)
+		t.Fatalf("root's claim beside nobody's locked file: %v", err)
 	}
-	c.Release()
+	defer c.Release()
+	if out, err := asNobody("flock", "--nonblock", path, "true").CombinedOutput(); err == nil {
+		t.Errorf("nobody locked root's claim file: %s", out)
+	}
+
+	planted := filepath.Join(api.ClaimsDir(socket), "udp-53-uid65534-t")
+	if err := os.WriteFile(planted, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if line := holdClaimAsNobody(t, dir, socket); !strings.Contains(line, "is not a file of yours (owner uid 0)") {
+		t.Errorf("nobody's claim where root put a file: %q, want refused naming its owner", line)
+	}
 }
