@@ -5,11 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"reflect"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -730,4 +732,69 @@ func TestRulesExpire(t *testing.T) {
 	if got := rules[2].Expires; got != uint64(fixed) {
 		t.Errorf("Fixed expires at %d, want its own %d", got, fixed)
 	}
+}
+
+// cpuTime is the CPU time process pid uses in the next d.
+func cpuTime(t *testing.T, pid int, d time.Duration) time.Duration {
+	t.Helper()
+	ticks := func() int {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			t.Fatal(err)
+		}
+		// the fields after the command's closing parenthesis: utime and stime are the 12th and 13th
+		f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+		user, _ := strconv.Atoi(f[11])
+		system, _ := strconv.Atoi(f[12])
+		return user + system
+	}
+	before := ticks()
+	time.Sleep(d)
+	return time.Duration(ticks()-before) * time.Second / 100 // USER_HZ
+}
+
+// TestRulesExpireFarOff: an expires time past 2^63 seconds is far off, not
+// past (santad read it as a negative time and refused it as passed), and
+// one just below it too (time.Unix wrapped it into the past: the rule never
+// answered, and santad's expiry loop spun a CPU waiting for it): such rules
+// are taken, answer, and are kept across santad's restart, santad idle.
+func TestRulesExpireFarOff(t *testing.T) {
+	tb := testbed.New(t)
+	sd := newSantad(t, tb)
+	sd.start()
+	server := netip.AddrPortFrom(tb.Server.IP4, 7910)
+	c := sd.client()
+	conn, cookie := boundEchoServer(t, tb, c, server)
+	defer conn.Close()
+	target := santa.Cookie(cookie)
+	far := []api.Rule{
+		{Conditions: []api.Condition{{Pattern: api.Bytes("Max")}}, Processors: []api.Processor{{Kind: api.KindPut, Template: api.Bytes("m")}},
+			ReplyLen: 1, Expires: math.MaxUint64},
+		{Conditions: []api.Condition{{Pattern: api.Bytes("Half")}}, Processors: []api.Processor{{Kind: api.KindPut, Template: api.Bytes("h")}},
+			ReplyLen: 1, Expires: 1 << 63},
+		{Conditions: []api.Condition{{Pattern: api.Bytes("Wrap")}}, Processors: []api.Processor{{Kind: api.KindPut, Template: api.Bytes("w")}},
+			ReplyLen: 1, Expires: 1<<63 - 10_000_000_000},
+	}
+	if _, err := c.Add(target, far); err != nil {
+		t.Fatalf("rules expiring at 2^64-1 and 2^63: %v, want them taken", err)
+	}
+	check := func(when string) {
+		t.Helper()
+		if got := exchange(t, tb, server, "Max"); got != "m" {
+			t.Errorf("%s: Max got %q, want m from its rule", when, got)
+		}
+		if got := exchange(t, tb, server, "Half"); got != "h" {
+			t.Errorf("%s: Half got %q, want h from its rule", when, got)
+		}
+		if got := exchange(t, tb, server, "Wrap"); got != "w" {
+			t.Errorf("%s: Wrap got %q, want w from its rule", when, got)
+		}
+		if busy := cpuTime(t, sd.PID(), 2*time.Second); busy > 500*time.Millisecond {
+			t.Errorf("%s: santad used %v of CPU in 2 s with nothing to do", when, busy)
+		}
+	}
+	check("added")
+	sd.stop(syscall.SIGTERM)
+	sd.start()
+	check("after santad's restart")
 }

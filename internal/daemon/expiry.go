@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/santa-offload/santa/api"
+	"github.com/santa-offload/santa/internal/dataplane"
 )
 
 // Rules with an Expires time (api.Rule.Expires, Unix seconds) are removed
@@ -35,10 +36,16 @@ func (q *expiryQueue) Pop() any {
 	return x
 }
 
+// expiresBy says a rule with Expires time at (Unix seconds, 0 = never) has
+// expired by now. at is unsigned: one past 2^63 is far off, not negative.
+func expiresBy(at uint64, now time.Time) bool {
+	return at != 0 && at <= uint64(max(now.Unix(), 0))
+}
+
 // checkExpires refuses rules whose Expires time has already come.
 func checkExpires(rules []api.Rule, now time.Time) error {
 	for i, r := range rules {
-		if r.Expires != 0 && int64(r.Expires) <= now.Unix() {
+		if expiresBy(r.Expires, now) {
 			return fail(api.StatusInvalid, "rule %d: expires at %d (%s), which has passed: santad's clock reads %d",
 				i, r.Expires, time.Unix(int64(r.Expires), 0).UTC().Format(time.RFC3339), now.Unix())
 		}
@@ -77,7 +84,7 @@ func (d *Daemon) expireLoop() {
 		d.mu.Lock()
 		wait := time.Hour
 		if len(d.expiry) > 0 {
-			wait = max(0, time.Until(time.Unix(int64(d.expiry[0].at), 0)))
+			wait = max(0, dataplane.UntilUnix(d.expiry[0].at, time.Now()))
 		}
 		d.mu.Unlock()
 		timer.Reset(wait)
@@ -97,7 +104,7 @@ func (d *Daemon) expireLoop() {
 // socket. Callers hold d.mu.
 func (d *Daemon) expireDue(now time.Time) {
 	due := map[uint64][]uint64{}
-	for len(d.expiry) > 0 && int64(d.expiry[0].at) <= now.Unix() {
+	for len(d.expiry) > 0 && expiresBy(d.expiry[0].at, now) {
 		e := heap.Pop(&d.expiry).(expiring)
 		if rs, ok := d.sets[e.cookie]; ok && rs.rules[e.id].expires == e.at {
 			due[e.cookie] = append(due[e.cookie], e.id)

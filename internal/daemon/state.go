@@ -518,7 +518,7 @@ func (rs *replayed) ruleInfos(now time.Time) (infos []dataplane.RuleInfo, expire
 		if !ok {
 			continue
 		}
-		if r.Expires != 0 && int64(r.Expires) <= now.Unix() {
+		if expiresBy(r.Expires, now) {
 			expired = append(expired, dataplane.RuleID(id))
 			continue
 		}

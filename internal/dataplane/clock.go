@@ -44,14 +44,25 @@ type clockPair struct {
 	ns uint64    // CLOCK_MONOTONIC at the same moment
 }
 
-// monotonicAt is wall-clock time t on the data plane's clock (ns): now
-// plus the time until t, 0 if t has passed, saturated far in the future.
-func monotonicAt(t time.Time) (uint64, error) {
+// UntilUnix is the time from now to Unix time sec (a rule's Expires):
+// negative once it has passed, the longest Duration for a time further
+// off. (time.Unix cannot hold it: a time past 2^63 - 62135596800 s wraps
+// into the past, and such a rule expired at once.)
+func UntilUnix(sec uint64, now time.Time) time.Duration {
+	if sec >= math.MaxInt64/uint64(time.Second) {
+		return math.MaxInt64
+	}
+	return time.Duration(int64(sec)*int64(time.Second) - now.UnixNano())
+}
+
+// monotonicAt is Unix time sec on the data plane's clock (ns): now plus
+// the time until then, 0 if it has passed, saturated far in the future.
+func monotonicAt(sec uint64) (uint64, error) {
 	now, err := monotonicNow()
 	if err != nil {
 		return 0, err
 	}
-	until := time.Until(t)
+	until := UntilUnix(sec, time.Now())
 	switch {
 	case until <= 0:
 		return 0, nil

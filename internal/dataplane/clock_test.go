@@ -1,6 +1,7 @@
 package dataplane
 
 import (
+	"math"
 	"testing"
 	"time"
 
@@ -31,5 +32,23 @@ func TestMonotonicNowIsTheKernelClock(t *testing.T) {
 			t.Fatalf("monotonicNow %d outside the kernel's [%d, %d]", now, before, after)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// UntilUnix holds Unix times of any size: one past what time.Unix can
+// represent is far off, not (wrapped) in the past.
+func TestUntilUnix(t *testing.T) {
+	now := time.Unix(1_800_000_000, 500_000_000)
+	for sec, want := range map[uint64]time.Duration{
+		1_800_000_010:  9500 * time.Millisecond,
+		1_799_999_990:  -10500 * time.Millisecond,
+		1 << 62:        math.MaxInt64,
+		1 << 63:        math.MaxInt64,
+		math.MaxUint64: math.MaxInt64,
+		9_223_372_035:  time.Duration(9_223_372_035*int64(time.Second) - now.UnixNano()),
+	} {
+		if got := UntilUnix(sec, now); got != want {
+			t.Errorf("UntilUnix(%d): %v, want %v", sec, got, want)
+		}
 	}
 }

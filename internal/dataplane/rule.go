@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"math"
-	"time"
 )
 
 // Condition holds when the request's UDP payload carries Pattern at Offset.
@@ -143,7 +141,7 @@ func compileRule(r Rule) (*compiledRule, error) {
 		c.flags |= uint8(santaSantaLimitSANTA_RULE_CLOSE)
 	}
 	if r.Expires != 0 {
-		at, err := monotonicAt(time.Unix(int64(min(r.Expires, math.MaxInt64)), 0))
+		at, err := monotonicAt(r.Expires)
 		if err != nil {
 			return nil, err
 		}
