@@ -128,15 +128,25 @@ func TestMatches(t *testing.T) {
 }
 
 // TestControllerThatNeverStarted: a controller that cannot reach santad
-// fails saying so, and prints no done line (it has nothing to report).
+// fails saying so, and prints no done line (it has nothing to report):
+// santa http and santa dns alike.
 func TestControllerThatNeverStarted(t *testing.T) {
-	var stdout, stderr bytes.Buffer
-	root := newRoot(env{stdout: &stdout, stderr: &stderr, stdin: strings.NewReader("")})
-	root.SetArgs([]string{"http", "--root", t.TempDir(), "--socket-path", "/nonexistent/santa.s", "--duration", "1s"})
-	if err := root.Execute(); err == nil || !strings.Contains(err.Error(), "is santad running?") {
-		t.Errorf("santa http without santad: %v", err)
+	names := filepath.Join(t.TempDir(), "names")
+	if err := os.WriteFile(names, []byte("www.example.com\n"), 0o644); err != nil {
+		t.Fatal(err)
 	}
-	if strings.Contains(stdout.String(), "done:") {
-		t.Errorf("a done line from a controller that never started:\n%s", stdout.String())
+	for _, args := range [][]string{
+		{"http", "--root", t.TempDir()},
+		{"dns", "static", "--port", "53/udp", "--names", names},
+	} {
+		var stdout, stderr bytes.Buffer
+		root := newRoot(env{stdout: &stdout, stderr: &stderr, stdin: strings.NewReader("")})
+		root.SetArgs(append(args, "--socket-path", "/nonexistent/santa.s", "--duration", "1s"))
+		if err := root.Execute(); err == nil || !strings.Contains(err.Error(), "is santad running?") {
+			t.Errorf("santa %s without santad: %v", args[0], err)
+		}
+		if strings.Contains(stdout.String(), "done:") {
+			t.Errorf("santa %s: a done line from a controller that never started:\n%s", args[0], stdout.String())
+		}
 	}
 }

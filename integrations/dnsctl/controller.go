@@ -254,8 +254,13 @@ func (c *Controller) Report() Report {
 	c.repMu.Lock()
 	defer c.repMu.Unlock()
 	r := c.rep
-	r.Skipped = map[string]int{}
+	// a copy, and nil with nothing in it: a controller that never started
+	// has a zero Report, and santa dns then prints no done line
+	r.Skipped = nil
 	for k, v := range c.rep.Skipped {
+		if r.Skipped == nil {
+			r.Skipped = map[string]int{}
+		}
 		r.Skipped[k] = v
 	}
 	r.Rules, r.Waiting = 0, 0
