@@ -27,6 +27,9 @@ func TestSecondControllerWithTagRefused(t *testing.T) {
 	if err == nil || !strings.Contains(out, want) {
 		t.Errorf("a second santa dns with the running one's tag: %v, want it refused saying %q:\n%s", err, want, out)
 	}
+	if strings.Contains(out, "done:") {
+		t.Errorf("the refused santa dns printed a done line: it never started, and prints only its error:\n%s", out)
+	}
 	if now := r.rules(); now != rules {
 		t.Errorf("santad holds %d rules, want the running controller's %d", now, rules)
 	}

@@ -122,6 +122,7 @@ type Controller struct {
 	// created are the sockets whose rule set this controller's attach
 	// made: it removes them again on exit if no one else added rules.
 	created   []uint64
+	attached  int               // sockets attached to (Report.Sockets once started)
 	inherited *follow.Inherited // a predecessor's rules, until installed again or deleted
 	room      follow.Room       // when rules went from santad, after it had no room (askAgainWithRoom)
 	saidFull  bool              // that santad has no room is logged once
@@ -328,6 +329,9 @@ func (c *Controller) Run(ctx context.Context) error {
 	if err := c.checkZones(); err != nil {
 		return err
 	}
+	// started: counted only now, so that a controller refused its tag or
+	// its --zone has a zero Report, and santa dns prints only its error
+	c.count(func(r *Report) { r.Sockets = c.attached })
 	if c.cfg.Mode != Adaptive {
 		if err := c.installInitial(ctx); err != nil {
 			return err
@@ -408,7 +412,7 @@ func (c *Controller) attach() error {
 		return fmt.Errorf("no UDP socket found to attach to")
 	}
 	sort.Slice(c.eps, func(i, j int) bool { return c.eps[i].addr.String() < c.eps[j].addr.String() })
-	c.count(func(r *Report) { r.Sockets = len(socks) })
+	c.attached = len(socks)
 	for _, ep := range c.eps {
 		c.log.Info("attached", "server", ep.addr, "family", ep.family, "sockets", len(ep.cookies))
 	}
