@@ -54,7 +54,7 @@ Modes:
 	}
 	cmd.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error {
 		f.fdGiven = cmd.Flags().Changed("fd")
-		return refuseZero(cmd, "parallel", "timeout")
+		return refuseZero(cmd, "parallel", "timeout", "tag", "max-rules", "sample-rate", "min-samples", "interval", "idle")
 	}
 	pf := cmd.PersistentFlags()
 	pf.StringVar(&f.port, "port", "", "attach to every UDP socket bound to this port, e.g. 53/udp")

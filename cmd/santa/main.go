@@ -64,7 +64,10 @@ func refuseZero(cmd *cobra.Command, names ...string) error {
 		if fl == nil || !fl.Changed {
 			continue
 		}
-		if v := fl.Value.String(); v == "" || v == "0" || v == "0s" {
+		switch v := fl.Value.String(); v {
+		case "":
+			return fmt.Errorf("--%s %q: must not be empty (default %s)", name, v, fl.DefValue)
+		case "0", "0s":
 			return fmt.Errorf("--%s %q: must be more than 0 (default %s)", name, v, fl.DefValue)
 		}
 	}
