@@ -429,6 +429,8 @@ class DaemonInfo:
     quota_bytes: int = _key(12, _U64, 0)  #: 0 = unlimited
     used_rules: int = _key(13, _U64, 0)
     used_bytes: int = _key(14, _U64, 0)
+    quota_rulesets: int = _key(15, _U64, 0)  #: rule sets the caller may bind; 0 = unlimited
+    used_rulesets: int = _key(16, _U64, 0)  #: rule sets the caller holds
 
 
 @dataclass

@@ -135,6 +135,13 @@ def test_decode_keeps_zero_counters_and_empty_structs() -> None:
     assert decode(bytes.fromhex("a210a011a1616100")) == Message(daemon=DaemonInfo(), counters={"a": 0})
 
 
+def test_daemon_info_has_the_ruleset_quota() -> None:
+    # {16: {15: 64, 16: 2}}: santad's health with quota.rulesets 64, 2 bound
+    msg = decode(bytes.fromhex("a110a20f18401002"))
+    assert msg.daemon == DaemonInfo(quota_rulesets=64, used_rulesets=2)
+    assert encode(msg) == bytes.fromhex("a110a20f18401002")
+
+
 def test_zero_values_are_omitted() -> None:
     assert encode(Message()) == b"\xa0"
     rule = Rule([Condition(0, b"x")], [Copy(0, 0, 0)], reply_len=1)
