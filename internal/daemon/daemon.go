@@ -30,6 +30,8 @@ type Daemon struct {
 	cfg     Config
 	log     *slog.Logger
 	started time.Time
+	// socketGID owns the control socket (socket_group), -1: left as it is
+	socketGID int
 
 	dp       *dataplane.Dataplane
 	attsMu   sync.Mutex // guards atts once santad runs (watchInterfaces replaces entries)
@@ -121,6 +123,13 @@ func Start(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 			return nil, err
 		}
 		if err := dataplane.XDPFree(name, cfg.linkPin(name)); err != nil {
+			return nil, err
+		}
+	}
+	// and so must the control socket's group
+	d.socketGID = -1
+	if cfg.SocketGroup != "" {
+		if d.socketGID, err = lookupGroup(cfg.SocketGroup); err != nil {
 			return nil, err
 		}
 	}
@@ -556,12 +565,8 @@ func (d *Daemon) listen() error {
 	if err := os.Chmod(path, mode); err != nil {
 		return err
 	}
-	if d.cfg.SocketGroup != "" {
-		gid, err := lookupGroup(d.cfg.SocketGroup)
-		if err != nil {
-			return err
-		}
-		if err := os.Chown(path, 0, gid); err != nil {
+	if d.socketGID >= 0 {
+		if err := os.Chown(path, 0, d.socketGID); err != nil {
 			return err
 		}
 	}

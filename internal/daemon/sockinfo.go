@@ -150,7 +150,7 @@ func socketsOnPort(port uint16, proto uint32) ([]api.SocketInfo, error) {
 func lookupGroup(name string) (int, error) {
 	g, err := user.LookupGroup(name)
 	if err != nil {
-		return 0, fmt.Errorf("socket_group: %w", err)
+		return 0, fmt.Errorf("socket_group %q: %w (create the group, or leave socket_group out)", name, err)
 	}
 	return strconv.Atoi(g.Gid)
 }

@@ -269,15 +269,22 @@ func TestVethPeerLeftAlone(t *testing.T) {
 
 // TestBadConfigTouchesNothing: a santad whose interface does not exist or
 // is the loopback interface (where requests between local addresses travel,
-// which the rule processor never answers), or whose metrics address cannot
-// be listened on, exits with an error that names it before it loads, pins
-// or attaches anything.
+// which the rule processor never answers), whose metrics address cannot
+// be listened on, or whose control socket's group does not exist, exits
+// with an error that names it before it loads, pins or attaches anything.
+// An unknown socket_group used to be found only once the rule processor
+// was attached, which it then left attached, with its pins.
 func TestBadConfigTouchesNothing(t *testing.T) {
 	tb := testbed.New(t)
+	noGroup := filepath.Join(t.TempDir(), "santad.yaml")
+	if err := os.WriteFile(noGroup, []byte("socket_group: santa-no-such-group\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	for _, c := range []struct{ flags, want string }{
 		{"--interface santa-nope0", "interface santa-nope0"},
 		{"--interface lo", "interface lo is the loopback interface"},
 		{"--metrics notanaddr", "metrics address"},
+		{"--config " + noGroup, `socket_group "santa-no-such-group"`},
 	} {
 		sd := newSantad(t, tb, strings.Fields(c.flags)...)
 		err := sd.Start(context.Background())
