@@ -126,6 +126,13 @@ func Start(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 			return nil, err
 		}
 	}
+	// and the control socket's directory, and a path a Unix socket may have
+	if max := len(unix.RawSockaddrUnix{}.Path) - 1; len(cfg.Socket) > max {
+		return nil, fmt.Errorf("control socket %s: longer than the %d bytes of a Unix socket's path", cfg.Socket, max)
+	}
+	if err := os.MkdirAll(filepath.Dir(cfg.Socket), 0o755); err != nil {
+		return nil, fmt.Errorf("control socket: %w", err)
+	}
 	// and so must the control socket's group
 	d.socketGID = -1
 	if cfg.SocketGroup != "" {

@@ -270,10 +270,11 @@ func TestVethPeerLeftAlone(t *testing.T) {
 // TestBadConfigTouchesNothing: a santad whose interface does not exist or
 // is the loopback interface (where requests between local addresses travel,
 // which the rule processor never answers), whose metrics address cannot
-// be listened on, or whose control socket's group does not exist, exits
+// be listened on, or whose control socket's group does not exist, or whose
+// control socket cannot be made (its directory, or a path too long), exits
 // with an error that names it before it loads, pins or attaches anything.
-// An unknown socket_group used to be found only once the rule processor
-// was attached, which it then left attached, with its pins.
+// These used to be found only once the rule processor was attached, which
+// then stayed attached, with its pins.
 func TestBadConfigTouchesNothing(t *testing.T) {
 	tb := testbed.New(t)
 	noGroup := filepath.Join(t.TempDir(), "santad.yaml")
@@ -285,6 +286,8 @@ func TestBadConfigTouchesNothing(t *testing.T) {
 		{"--interface lo", "interface lo is the loopback interface"},
 		{"--metrics notanaddr", "metrics address"},
 		{"--config " + noGroup, `socket_group "santa-no-such-group"`},
+		{"--socket /proc/santa-nope/santa.sock", "control socket: mkdir /proc/santa-nope"},
+		{"--socket /tmp/" + strings.Repeat("s", 120) + ".sock", "longer than the 107 bytes of a Unix socket's path"},
 	} {
 		sd := newSantad(t, tb, strings.Fields(c.flags)...)
 		err := sd.Start(context.Background())
