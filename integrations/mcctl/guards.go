@@ -23,7 +23,7 @@ type guardMap struct {
 func openGuards(pin string) (*guardMap, error) {
 	m, err := ebpf.LoadPinnedMap(pin, nil)
 	if errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("no guard map at %s: is santad running (with this --bpffs)?", pin)
+		return nil, fmt.Errorf("no guard map at %s: is santad running? One with another --bpffs has it at <its --bpffs>/guards: give that with --guards", pin)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("open guard map %s: %w", pin, err)
