@@ -140,6 +140,21 @@ func Start(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 			return nil, err
 		}
 	}
+	// and the cgroup v2 directory whose sockets' release is watched
+	cgroup := cfg.Cgroup
+	if cgroup == "" {
+		if cgroup, err = dataplane.CgroupV2Root(); err != nil {
+			return nil, err
+		}
+	} else {
+		var st unix.Statfs_t
+		if err := unix.Statfs(cgroup, &st); err != nil {
+			return nil, fmt.Errorf("cgroup %s: %w", cgroup, err)
+		}
+		if st.Type != unix.CGROUP2_SUPER_MAGIC {
+			return nil, fmt.Errorf("cgroup %s: not a directory of a cgroup v2 hierarchy", cgroup)
+		}
+	}
 	var metricsListener net.Listener
 	if cfg.Metrics != "" {
 		if metricsListener, err = net.Listen("tcp", cfg.Metrics); err != nil {
@@ -178,12 +193,6 @@ func Start(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 	// it is not missed: the old hook covers the time before, this one after.
 	if d.released, err = d.dp.OpenReleased(); err != nil {
 		return nil, err
-	}
-	cgroup := cfg.Cgroup
-	if cgroup == "" {
-		if cgroup, err = dataplane.CgroupV2Root(); err != nil {
-			return nil, err
-		}
 	}
 	if d.release, err = d.dp.AttachReleaseHook(cgroup); err != nil {
 		return nil, err

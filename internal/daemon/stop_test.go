@@ -271,7 +271,8 @@ func TestVethPeerLeftAlone(t *testing.T) {
 // is the loopback interface (where requests between local addresses travel,
 // which the rule processor never answers), whose metrics address cannot
 // be listened on, or whose control socket's group does not exist, or whose
-// control socket cannot be made (its directory, or a path too long), exits
+// control socket cannot be made (its directory, or a path too long), or
+// whose cgroup is not a cgroup v2 directory, exits
 // with an error that names it before it loads, pins or attaches anything.
 // These used to be found only once the rule processor was attached, which
 // then stayed attached, with its pins.
@@ -281,7 +282,16 @@ func TestBadConfigTouchesNothing(t *testing.T) {
 	if err := os.WriteFile(noGroup, []byte("socket_group: santa-no-such-group\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	config := func(name, yaml string) string {
+		path := filepath.Join(t.TempDir(), name)
+		if err := os.WriteFile(path, []byte(yaml), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
 	for _, c := range []struct{ flags, want string }{
+		{"--config " + config("nocgroup.yaml", "cgroup: /santa-no-such-cgroup\n"), "cgroup /santa-no-such-cgroup: no such file"},
+		{"--config " + config("notcgroup.yaml", "cgroup: /tmp\n"), "cgroup /tmp: not a directory of a cgroup v2 hierarchy"},
 		{"--interface santa-nope0", "interface santa-nope0"},
 		{"--interface lo", "interface lo is the loopback interface"},
 		{"--metrics notanaddr", "metrics address"},
