@@ -161,6 +161,19 @@ func (c Config) Validate() error {
 	if c.MetricsRuleLimit < 0 {
 		return fmt.Errorf("metrics_rule_limit %d: must be 0 (no per-rule series) or more", c.MetricsRuleLimit)
 	}
+	// a size of 0 has no meaning (the data plane would take its default
+	// for it, not what was written)
+	d, def := c.Dataplane, DefaultConfig().Dataplane
+	for _, f := range []struct {
+		key    string
+		v, def int
+	}{{"hash_bits", d.HashBits, def.HashBits}, {"max_rules", d.MaxRules, def.MaxRules},
+		{"max_rulesets", d.MaxRulesets, def.MaxRulesets}, {"data_mib", d.DataMiB, def.DataMiB},
+		{"sample_ring_kib", d.SampleRingKiB, def.SampleRingKiB}, {"tcp_flows", d.TCPFlows, def.TCPFlows}} {
+		if f.v <= 0 {
+			return fmt.Errorf("dataplane.%s %d: must be more than 0 (leave it out for the default, %d)", f.key, f.v, f.def)
+		}
+	}
 	_, err := c.userPorts()
 	return err
 }

@@ -54,6 +54,9 @@ func TestConfigValidate(t *testing.T) {
 		"user port 0":                 {func(c *Config) { c.UserPorts = []string{"0/udp"} }, `user_ports "0/udp"`},
 		"user ports backwards":        {func(c *Config) { c.UserPorts = []string{"90-80/tcp"} }, `user_ports "90-80/tcp"`},
 		"user port over 65535":        {func(c *Config) { c.UserPorts = []string{"65536/udp"} }, `user_ports "65536/udp"`},
+		"no rules":                    {func(c *Config) { c.Dataplane.MaxRules = 0 }, "dataplane.max_rules 0: must be more than 0 (leave it out for the default, 65536)"},
+		"no flows":                    {func(c *Config) { c.Dataplane.TCPFlows = 0 }, "dataplane.tcp_flows 0: must be more than 0"},
+		"negative hash bits":          {func(c *Config) { c.Dataplane.HashBits = -1 }, "dataplane.hash_bits -1: must be more than 0"},
 	} {
 		c := DefaultConfig()
 		tc.change(&c)
