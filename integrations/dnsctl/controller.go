@@ -1,8 +1,10 @@
 package dnsctl
 
 import (
+	"bytes"
 	"container/heap"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -589,13 +591,40 @@ func (c *Controller) askAll(ep *endpoint, wires [][]byte, done func(i int, reply
 }
 
 // checkReply is CheckReply of ep's reply to q, then ep's order check of an
-// answer with a set of several records. It runs without c.mu.
+// answer with a set of several records, and whether the reply is the same
+// at every UDP size (Answer.AnySize). It runs without c.mu.
 func (c *Controller) checkReply(ep *endpoint, q *Query, reply []byte) (Answer, error) {
 	a, err := CheckReply(q, reply, ep.family)
 	if err != nil {
 		return a, err
 	}
+	if a.AnySize, err = sameAtEverySize(ep, q, reply); err != nil {
+		return a, err
+	}
 	return a, ep.order.check(ep.asker, q, a)
+}
+
+// sameAtEverySize reports whether ep's server sends reply, its reply to q,
+// whatever UDP size q advertises: a reply of at most 512 bytes (which every
+// size admits) from a server whose small replies do not depend on the size
+// (Behaviour.IgnoresSize), that is the server's whole answer. A server cuts
+// a reply down to a small size by leaving out additional records, without
+// TC, so the reply to the largest size must be the same.
+func sameAtEverySize(ep *endpoint, q *Query, reply []byte) (bool, error) {
+	if !ep.b.IgnoresSize || !q.EDNS || len(reply) > minUDPSize {
+		return false, nil
+	}
+	sizeOff := q.questionEnd + 3
+	if binary.BigEndian.Uint16(q.Wire[sizeOff:]) == maxUDPSize {
+		return true, nil
+	}
+	largest := bytes.Clone(q.Wire)
+	binary.BigEndian.PutUint16(largest[sizeOff:], maxUDPSize)
+	whole, err := ep.asker.Ask(largest)
+	if err != nil {
+		return false, err
+	}
+	return bytes.Equal(whole, reply), nil
 }
 
 // dropShuffled, once ep's server is known to vary answers with sets of

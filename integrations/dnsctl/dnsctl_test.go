@@ -159,6 +159,7 @@ func TestRuleShape(t *testing.T) {
 		t.Errorf("length bounds %d..%d, want %d", exact.MinLen, exact.MaxLen, len(q.Wire))
 	}
 	b := Behaviour{Echo: flagRD | flagCD, Ignore: flagAD, IgnoresCookie: true, IgnoresSize: true}
+	a.AnySize = true
 	general := Rule(q, a, b)
 	// flags (masked), body up to the UDP size, then to the cookie, none after it
 	if n := len(general.Conditions); n != 3 {
@@ -198,6 +199,7 @@ func TestQueryOf(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			a.AnySize = b.IgnoresSize && q.EDNS
 			r := Rule(q, a, b)
 			again := queryOf(r)
 			if again == nil {

@@ -38,6 +38,7 @@ const (
 	optFixedLen = 11      // root name, type, class, TTL, RDLENGTH
 	ednsDO      = 1 << 15 // in the OPT record's TTL field
 	minUDPSize  = 512     // what a server assumes for a smaller or absent EDNS size
+	maxUDPSize  = 65535   // the largest EDNS size a query can advertise
 )
 
 // ErrNotOffloadable wraps every reason a query or reply cannot be answered

@@ -67,6 +67,10 @@ type Answer struct {
 	// SetOfSeveral: a record set of the reply has two or more records,
 	// whose order a server may vary from one reply to the next.
 	SetOfSeveral bool
+	// AnySize: the server sends this reply whatever UDP size the query
+	// advertises (see Controller.checkReply), so a rule may leave the
+	// size out.
+	AnySize bool
 }
 
 // CheckReply checks that reply is the server's answer to q that a rule may
@@ -160,8 +164,7 @@ func HasSetOfSeveral(m *dns.Msg) bool {
 //   - the ID is copied from the query, and so are the flag bits in b.Echo;
 //   - the flag bits in neither b.Echo nor b.Ignore must equal q's;
 //   - every other byte must equal q's, except a client cookie's bytes when
-//     b.IgnoresCookie and the UDP size when b.IgnoresSize and the reply
-//     has at most 512 bytes (which every size admits);
+//     b.IgnoresCookie and the UDP size when a.AnySize;
 //   - the request must be exactly as long as q (nothing may follow).
 func Rule(q *Query, a Answer, b Behaviour) api.Rule {
 	w := q.Wire
@@ -169,7 +172,7 @@ func Rule(q *Query, a Answer, b Behaviour) api.Rule {
 	if b.IgnoresCookie && q.HasCookie() {
 		holes = append(holes, [2]int{q.cookieData, q.cookieData + q.cookieLen})
 	}
-	if b.IgnoresSize && q.EDNS && len(a.Reply) <= minUDPSize {
+	if a.AnySize {
 		sizeOff := q.questionEnd + 3
 		holes = append([][2]int{{sizeOff, sizeOff + 2}}, holes...)
 	}
