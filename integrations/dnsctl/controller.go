@@ -911,28 +911,13 @@ func (c *Controller) zonesFor(ep *endpoint, names []string) error {
 		seen[name] = true
 		unknown = append(unknown, name)
 	}
-	if len(unknown) > 0 {
-		wires := make([][]byte, len(unknown))
-		for i, n := range unknown {
-			wires[i], _ = Shape{}.Query(0, n, soaType)
+	for i, apex := range c.zonesHolding(ep, unknown) {
+		if apex == "" {
+			continue
 		}
-		apexes := make([]string, len(unknown))
-		c.askAll(ep, wires, func(i int, reply []byte, err error) {
-			if err == nil {
-				apexes[i], _, err = soaOf(reply)
-			}
-			if err != nil {
-				c.log.Debug("no zone found", "name", unknown[i], "error", err)
-			}
-		})
-		for i, n := range unknown {
-			if apexes[i] == "" {
-				continue
-			}
-			c.zoneOf[n] = apexes[i]
-			if c.zones[apexes[i]] == nil {
-				c.zones[apexes[i]] = &zone{apex: apexes[i]}
-			}
+		c.zoneOf[unknown[i]] = apex
+		if c.zones[apex] == nil {
+			c.zones[apex] = &zone{apex: apex}
 		}
 	}
 	for _, z := range c.zones {
@@ -941,6 +926,48 @@ func (c *Controller) zonesFor(ep *endpoint, names []string) error {
 		}
 	}
 	return nil
+}
+
+// zonesHolding finds, for each name (canonical), the zone whose data
+// ep's server answers it from, asking for the SOA of the name: its apex,
+// or "" if none is found. At or below a delegation the server answers with
+// a referral, which has no SOA and comes from the zone holding the
+// delegation: the SOA of the delegation's parent is asked for then, so a
+// change of the delegation or its glue refreshes the referral's rule.
+func (c *Controller) zonesHolding(ep *endpoint, names []string) []string {
+	apexes := make([]string, len(names))
+	asking := make([]string, len(names)) // "": found, or given up
+	copy(asking, names)
+	for {
+		var wires [][]byte
+		var which []int
+		for i, n := range asking {
+			if n != "" {
+				wire, _ := Shape{}.Query(0, n, soaType)
+				wires, which = append(wires, wire), append(which, i)
+			}
+		}
+		if len(wires) == 0 {
+			return apexes
+		}
+		c.askAll(ep, wires, func(k int, reply []byte, err error) {
+			i := which[k]
+			asked := asking[i]
+			asking[i] = ""
+			var cut string
+			if err == nil {
+				apexes[i], _, cut, err = soaOf(reply)
+			}
+			// the cut is the asked name or above it, so each round asks a shorter name
+			if parent, ok := parentOf(cut); ok && inZone(asked, cut) {
+				asking[i] = parent
+				return
+			}
+			if err != nil {
+				c.log.Debug("no zone found", "name", names[i], "error", err)
+			}
+		})
+	}
 }
 
 // configuredZone is the longest configured zone that contains name.

@@ -663,6 +663,55 @@ func TestZoneChange(t *testing.T) {
 	}
 }
 
+// TestDelegationChange: a referral (the answer for a name below a
+// delegation) comes from the zone that holds the delegation, though the
+// server answers the name's SOA query with a referral too. The controller
+// polls that zone, so when the delegation's glue changes, the rule
+// processor sends the new referral within a few poll intervals, not only
+// after the refresh at half the TTL.
+func TestDelegationChange(t *testing.T) {
+	for _, kind := range []string{testbed.KindNSD, testbed.KindKnot} {
+		t.Run(kind, func(t *testing.T) {
+			r := newRig(t, kind, 0)
+			below := "www.sub." + r.zone.Origin
+			r.startController("static", "--port", "53/udp", "--names", r.namesFile([]string{below}, []uint16{dns.TypeA}),
+				"--shape", "rd,ad,edns", "--poll", "200ms")
+			v4, _ := r.srv.Addrs()
+			// the address of the glue record ns1.sub in the referral, and
+			// whether the rule processor sent it
+			glue := func() (string, bool) {
+				before := r.answered()
+				out, err := r.tb.Client.Run("dig", "+nocookie", "+tries=1", "+time=1", "@"+v4.Addr().String(), below, "A", "+noall", "+additional")
+				if err != nil {
+					return "", false
+				}
+				for _, line := range strings.Split(out, "\n") {
+					if f := strings.Fields(line); len(f) == 5 && f[0] == "ns1.sub."+r.zone.Origin {
+						return f[4], r.answered() > before
+					}
+				}
+				return "", false
+			}
+			for _, want := range []string{"198.18.255.53", "198.18.255.99"} {
+				if want == "198.18.255.99" {
+					r.serveChangedZone("2024010102", func(rec string) string { return strings.Replace(rec, "198.18.255.53", want, 1) })
+				}
+				deadline := time.Now().Add(10 * time.Second)
+				for {
+					got, kernel := glue()
+					if got == want && kernel {
+						break
+					}
+					if time.Now().After(deadline) {
+						t.Fatalf("10 s after the zone with glue %s was loaded: glue %q, from the rule processor %v", want, got, kernel)
+					}
+					time.Sleep(200 * time.Millisecond)
+				}
+			}
+		})
+	}
+}
+
 // TestTTLBound: a rule never outlives its answer's TTL. With a 3-second TTL
 // and the server stopped (SIGSTOP), the controller cannot refresh the
 // answer, so the rule goes and queries stay unanswered once the TTL is over.

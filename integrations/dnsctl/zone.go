@@ -15,23 +15,42 @@ func dnsFqdn(name string) string { return dns.Fqdn(name) }
 
 // soaOf reads the zone apex and serial from a reply to an SOA query: the
 // SOA record in the answer (the name is the apex) or in the authority
-// section (the name is inside the zone).
-func soaOf(reply []byte) (string, uint32, error) {
+// section (the name is inside the zone). A referral (the name is at or
+// below a delegation) has none: cut is then the delegation's name, the
+// owner of the NS records in its authority section.
+func soaOf(reply []byte) (apex string, serial uint32, cut string, err error) {
 	var m dns.Msg
 	if err := m.Unpack(reply); err != nil {
-		return "", 0, err
+		return "", 0, "", err
 	}
 	if m.Rcode != dns.RcodeSuccess && m.Rcode != dns.RcodeNameError {
-		return "", 0, fmt.Errorf("SOA query answered %s", dns.RcodeToString[m.Rcode])
+		return "", 0, "", fmt.Errorf("SOA query answered %s", dns.RcodeToString[m.Rcode])
 	}
 	for _, section := range [][]dns.RR{m.Answer, m.Ns} {
 		for _, rr := range section {
 			if soa, ok := rr.(*dns.SOA); ok {
-				return canonical(soa.Hdr.Name), soa.Serial, nil
+				return canonical(soa.Hdr.Name), soa.Serial, "", nil
 			}
 		}
 	}
-	return "", 0, fmt.Errorf("no SOA record in the reply")
+	for _, rr := range m.Ns {
+		if ns, ok := rr.(*dns.NS); ok && len(m.Answer) == 0 {
+			return "", 0, canonical(ns.Hdr.Name), fmt.Errorf("a referral to %s", ns.Hdr.Name)
+		}
+	}
+	return "", 0, "", fmt.Errorf("no SOA record in the reply")
+}
+
+// parentOf is name (canonical) without its first label; false for the
+// root and for "" (no name).
+func parentOf(name string) (string, bool) {
+	if name == "." || name == "" {
+		return "", false
+	}
+	if off, end := dns.NextLabel(name, 0); !end {
+		return name[off:], true
+	}
+	return ".", true
 }
 
 // checkZones makes sure the server answers the SOA of every zone given
@@ -110,7 +129,7 @@ func (c *Controller) pollZone(ep *endpoint, z *zone) (changed bool) {
 	if err == nil {
 		var apex string
 		var serial uint32
-		if apex, serial, err = soaOf(reply); err == nil && apex == z.apex {
+		if apex, serial, _, err = soaOf(reply); err == nil && apex == z.apex {
 			// a serial learned only now (the start's poll failed) may be
 			// newer than the answers asked for before: take it as a change
 			changed = !z.known || serial != z.serial
