@@ -730,9 +730,9 @@ func (c *Controller) installAnswers(ep *endpoint, queries []*Query, questions []
 		rules = append(rules, r)
 		queryOf = append(queryOf, i)
 	}
-	names := make([]string, len(fresh))
-	for k, e := range fresh {
-		names[k] = e.question.Name
+	names := make([]string, 0, len(fresh))
+	for _, e := range fresh {
+		names = append(append(names, e.question.Name), e.answer.Chain...)
 	}
 	if err := c.zonesFor(ep, names); err != nil {
 		return 0, err
@@ -930,14 +930,13 @@ func (c *Controller) zonesFor(ep *endpoint, names []string) error {
 
 // zonesHolding finds, for each name (canonical), the zone whose data
 // ep's server answers it from, asking for the SOA of the name: its apex,
-// or "" if none is found. At or below a delegation the server answers with
-// a referral, which has no SOA and comes from the zone holding the
-// delegation: the SOA of the delegation's parent is asked for then, so a
-// change of the delegation or its glue refreshes the referral's rule.
+// or "" if none is found. When the reply names no zone of the name (a
+// CNAME chain, a referral: see soaOf), the SOA of the name above it that
+// the reply points to is asked for, so that a change of the CNAME, or of
+// the delegation and its glue, refreshes the name's rules.
 func (c *Controller) zonesHolding(ep *endpoint, names []string) []string {
 	apexes := make([]string, len(names))
-	asking := make([]string, len(names)) // "": found, or given up
-	copy(asking, names)
+	asking := slices.Clone(names) // "": found, or given up
 	for {
 		var wires [][]byte
 		var which []int
@@ -954,13 +953,13 @@ func (c *Controller) zonesHolding(ep *endpoint, names []string) []string {
 			i := which[k]
 			asked := asking[i]
 			asking[i] = ""
-			var cut string
+			var above string
 			if err == nil {
-				apexes[i], _, cut, err = soaOf(reply)
+				apexes[i], _, above, err = soaOf(reply)
 			}
-			// the cut is the asked name or above it, so each round asks a shorter name
-			if parent, ok := parentOf(cut); ok && inZone(asked, cut) {
-				asking[i] = parent
+			// only a name above the one asked: each round asks a shorter name
+			if above != "" && above != asked && inZone(asked, above) {
+				asking[i] = above
 				return
 			}
 			if err != nil {
@@ -1086,7 +1085,8 @@ func (c *Controller) refreshEndpoint(ep *endpoint, es []*entry) error {
 	}
 	var changed, gone []*entry // changed: refreshed, their rules modified (a new expiry at least)
 	var rules []api.Rule
-	differ := 0 // of changed, those whose reply changed
+	var chains []string // where the new answers' chains lead: their zones are polled too
+	differ := 0         // of changed, those whose reply changed
 	for i, e := range es {
 		switch {
 		case e.dead:
@@ -1114,6 +1114,7 @@ func (c *Controller) refreshEndpoint(ep *endpoint, es []*entry) error {
 		}
 		// the same reply too: the rule's expiry moves with the new TTL
 		e.answer, e.fetched = answers[i], asked
+		chains = append(chains, e.answer.Chain...)
 		c.count(func(r *Report) { r.Refreshed++ })
 		newRule.Expires, newRule.Tag = uint64(e.expires().Unix()), c.cfg.Tag
 		changed = append(changed, e)
@@ -1134,6 +1135,9 @@ func (c *Controller) refreshEndpoint(ep *endpoint, es []*entry) error {
 				break
 			}
 		}
+	}
+	if err := c.zonesFor(ep, chains); err != nil {
+		return err
 	}
 	if differ > 0 {
 		c.log.Info("answers changed", "server", ep.addr, "rules", differ)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -67,6 +68,11 @@ type Answer struct {
 	// SetOfSeveral: a record set of the reply has two or more records,
 	// whose order a server may vary from one reply to the next.
 	SetOfSeveral bool
+	// Chain are the owner names in the answer section other than the
+	// question's (canonical): where a CNAME or DNAME chain leads. The
+	// answer comes from their zones too, which may be other zones of the
+	// server.
+	Chain []string
 	// AnySize: the server sends this reply whatever UDP size the query
 	// advertises (see Controller.checkReply), so a rule may leave the
 	// size out.
@@ -131,7 +137,21 @@ func CheckReply(q *Query, reply []byte, family int) (Answer, error) {
 	if ttl == 0 {
 		return Answer{}, notOffloadable("TTL 0: the answer may not be reused")
 	}
-	return Answer{Reply: reply, TTL: time.Duration(ttl) * time.Second, Rcode: m.Rcode, SetOfSeveral: HasSetOfSeveral(&m)}, nil
+	return Answer{Reply: reply, TTL: time.Duration(ttl) * time.Second, Rcode: m.Rcode, SetOfSeveral: HasSetOfSeveral(&m),
+		Chain: chainOf(&m)}, nil
+}
+
+// chainOf is Answer.Chain of m; nil for an answer of the question's name
+// alone.
+func chainOf(m *dns.Msg) []string {
+	var chain []string
+	question := canonical(m.Question[0].Name)
+	for _, rr := range m.Answer {
+		if name := canonical(rr.Header().Name); name != question && !slices.Contains(chain, name) {
+			chain = append(chain, name)
+		}
+	}
+	return chain
 }
 
 // HasSetOfSeveral reports whether a section of m holds two records of one

@@ -56,12 +56,13 @@ func newRig(t *testing.T, kind string, generated int, extra ...string) *rig {
 
 // rigOptions shape the zone and santad of newRigWith.
 type rigOptions struct {
-	generated   int      // generated names, as for tb.ExampleZone
-	extra       []string // more zone records
-	signed      bool     // serve the zone signed with DNSSEC
-	nsec3       bool     // signed with NSEC3
-	wildcard    bool     // NSD bound to the wildcard addresses
-	santadFlags []string // more flags for santad (e.g. --config)
+	generated   int            // generated names, as for tb.ExampleZone
+	extra       []string       // more zone records
+	signed      bool           // serve the zone signed with DNSSEC
+	nsec3       bool           // signed with NSEC3
+	wildcard    bool           // NSD bound to the wildcard addresses
+	santadFlags []string       // more flags for santad (e.g. --config)
+	moreZones   []testbed.Zone // served besides the example zone
 }
 
 func newRigWith(t *testing.T, kind string, o rigOptions) *rig {
@@ -69,7 +70,7 @@ func newRigWith(t *testing.T, kind string, o rigOptions) *rig {
 	zone := tb.ExampleZone(o.generated)
 	zone.Records = append(zone.Records, o.extra...)
 	zone.Signed, zone.NSEC3 = o.signed, o.nsec3
-	srv, err := tb.StartDNSServer(kind, testbed.DNSServerOptions{Zone: &zone, Wildcard: o.wildcard})
+	srv, err := tb.StartDNSServer(kind, testbed.DNSServerOptions{Zone: &zone, MoreZones: o.moreZones, Wildcard: o.wildcard})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -709,6 +710,51 @@ func TestDelegationChange(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestCNAMEIntoAnotherZone: NSD's answer for a CNAME that leads into
+// another zone it serves holds that zone's records too (Knot's and BIND's
+// hold only the CNAME), and so does its answer to the SOA query for the
+// CNAME's name, with the other zone's SOA. The answer comes from both
+// zones: the controller polls both, so when the CNAME's target changes in
+// the other zone, and then the CNAME itself, the rule processor sends the
+// new answer within a few poll intervals, not only after the refresh at
+// half the TTL.
+func TestCNAMEIntoAnotherZone(t *testing.T) {
+	other := testbed.Zone{Origin: "other.test.", Records: []string{
+		"@   IN SOA ns1.example.test. hostmaster 2024010101 3600 900 604800 300",
+		"@   IN NS  ns1.example.test.",
+		"www IN A   198.18.253.1",
+	}}
+	r := newRigWith(t, testbed.KindNSD, rigOptions{extra: []string{"far IN CNAME www.other.test."}, moreZones: []testbed.Zone{other}})
+	far := "far." + r.zone.Origin
+	r.startController("static", "--port", "53/udp", "--names", r.namesFile([]string{far}, []uint16{dns.TypeA}),
+		"--shape", "rd,ad,edns", "--poll", "200ms")
+	for _, step := range []struct {
+		change func()
+		want   string // dig +short
+	}{
+		{func() {}, "www.other.test.\n198.18.253.1"},
+		{func() {
+			r.serveChanged(other, "2024010102", func(rec string) string { return strings.Replace(rec, "198.18.253.1", "198.18.253.9", 1) })
+		}, "www.other.test.\n198.18.253.9"},
+		{func() {
+			r.serveChangedZone("2024010102", func(rec string) string { return strings.Replace(rec, "www.other.test.", "www", 1) })
+		}, "www.example.test.\n" + testbed.ExampleWWW4.String()},
+	} {
+		step.change()
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			got, kernel := r.dig(far, "A")
+			if got == step.want && kernel {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("10 s after the change: %q, from the rule processor %v; want %q from it", got, kernel, step.want)
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
 	}
 }
 

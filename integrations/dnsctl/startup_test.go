@@ -53,13 +53,20 @@ func TestBadNotifyAddress(t *testing.T) {
 // every record passed through edit (NSD: SIGHUP; Knot: knotc zone-reload).
 func (r *rig) serveChangedZone(serial string, edit func(record string) string) {
 	r.t.Helper()
+	r.serveChanged(r.srv.Proc().Zone, serial, edit)
+}
+
+// serveChanged is serveChangedZone for z, one of the zones the server
+// serves, whose serial is 2024010101.
+func (r *rig) serveChanged(z testbed.Zone, serial string, edit func(record string) string) {
+	r.t.Helper()
 	proc := r.srv.Proc()
-	zone := proc.Zone
+	zone := z
 	zone.Records = nil
-	for _, rec := range proc.Zone.Records {
+	for _, rec := range z.Records {
 		zone.Records = append(zone.Records, edit(strings.Replace(rec, "2024010101", serial, 1)))
 	}
-	f, err := os.Create(proc.ZoneFile)
+	f, err := os.Create(proc.ZoneFileOf(z.Origin))
 	if err != nil {
 		r.t.Fatal(err)
 	}
@@ -72,7 +79,7 @@ func (r *rig) serveChangedZone(serial string, edit func(record string) string) {
 		err = syscall.Kill(proc.PID(), syscall.SIGHUP)
 	case testbed.KindKnot:
 		var out []byte
-		out, err = exec.Command(testbed.KnotcPath, "-c", proc.Conf, "zone-reload", r.zone.Origin).CombinedOutput()
+		out, err = exec.Command(testbed.KnotcPath, "-c", proc.Conf, "zone-reload", z.Origin).CombinedOutput()
 		if err != nil {
 			err = fmt.Errorf("knotc zone-reload: %v: %s", err, out)
 		}

@@ -14,11 +14,16 @@ const soaType = dns.TypeSOA
 func dnsFqdn(name string) string { return dns.Fqdn(name) }
 
 // soaOf reads the zone apex and serial from a reply to an SOA query: the
-// SOA record in the answer (the name is the apex) or in the authority
-// section (the name is inside the zone). A referral (the name is at or
-// below a delegation) has none: cut is then the delegation's name, the
-// owner of the NS records in its authority section.
-func soaOf(reply []byte) (apex string, serial uint32, cut string, err error) {
+// SOA record in the answer (the name is the apex) or, with an empty answer
+// section, in the authority section (the name is inside the zone). Two
+// replies have no SOA of the name's zone; above is then a name above it
+// whose zone is the name's:
+//   - a CNAME or DNAME chain from the name (which is then no apex) in the
+//     answer section: the name's parent. NSD follows a chain into its
+//     other zones and puts the last one's SOA in the authority section;
+//   - a referral (the name is at or below a delegation): the parent of
+//     the delegation, the owner of the NS records in the authority section.
+func soaOf(reply []byte) (apex string, serial uint32, above string, err error) {
 	var m dns.Msg
 	if err := m.Unpack(reply); err != nil {
 		return "", 0, "", err
@@ -26,16 +31,22 @@ func soaOf(reply []byte) (apex string, serial uint32, cut string, err error) {
 	if m.Rcode != dns.RcodeSuccess && m.Rcode != dns.RcodeNameError {
 		return "", 0, "", fmt.Errorf("SOA query answered %s", dns.RcodeToString[m.Rcode])
 	}
-	for _, section := range [][]dns.RR{m.Answer, m.Ns} {
-		for _, rr := range section {
-			if soa, ok := rr.(*dns.SOA); ok {
-				return canonical(soa.Hdr.Name), soa.Serial, "", nil
-			}
+	if len(m.Answer) > 0 {
+		if soa, ok := m.Answer[0].(*dns.SOA); ok {
+			return canonical(soa.Hdr.Name), soa.Serial, "", nil
+		}
+		above, _ = parentOf(canonical(m.Question[0].Name))
+		return "", 0, above, fmt.Errorf("the answer is a %s chain", dns.TypeToString[m.Answer[0].Header().Rrtype])
+	}
+	for _, rr := range m.Ns {
+		if soa, ok := rr.(*dns.SOA); ok {
+			return canonical(soa.Hdr.Name), soa.Serial, "", nil
 		}
 	}
 	for _, rr := range m.Ns {
-		if ns, ok := rr.(*dns.NS); ok && len(m.Answer) == 0 {
-			return "", 0, canonical(ns.Hdr.Name), fmt.Errorf("a referral to %s", ns.Hdr.Name)
+		if ns, ok := rr.(*dns.NS); ok {
+			above, _ = parentOf(canonical(ns.Hdr.Name))
+			return "", 0, above, fmt.Errorf("a referral to %s", ns.Hdr.Name)
 		}
 	}
 	return "", 0, "", fmt.Errorf("no SOA record in the reply")
@@ -166,7 +177,7 @@ func (c *Controller) checkZone(z *zone) error {
 	var stale []*entry
 	for _, ep := range c.eps {
 		for _, e := range ep.entries {
-			if c.zoneOf[canonical(e.question.Name)] == z.apex {
+			if c.answersFrom(e, z.apex) {
 				stale = append(stale, e)
 			}
 		}
@@ -177,6 +188,20 @@ func (c *Controller) checkZone(z *zone) error {
 		return err
 	}
 	return c.refresh(stale)
+}
+
+// answersFrom reports whether e's answer comes (in part) from the zone
+// apex: the zone of its question's name, or of a name its chain leads to.
+func (c *Controller) answersFrom(e *entry, apex string) bool {
+	if c.zoneOf[canonical(e.question.Name)] == apex {
+		return true
+	}
+	for _, name := range e.answer.Chain {
+		if c.zoneOf[name] == apex {
+			return true
+		}
+	}
+	return false
 }
 
 // listenNotify accepts DNS NOTIFY messages (RFC 1996) on addr, answers

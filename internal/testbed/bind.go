@@ -97,12 +97,10 @@ logging {
 	category default { testbed; };
 	category unmatched { testbed; };
 };
-
-zone %s {
-	type primary;
-	file %s;
-};
-`, q(p.LogFile), q(p.Zone.Origin), q(p.ZoneFile))
+`, q(p.LogFile))
+		for _, z := range p.zones() {
+			fmt.Fprintf(&c, "\nzone %s {\n\ttype primary;\n\tfile %s;\n};\n", q(z.Origin), q(p.ZoneFileOf(z.Origin)))
+		}
 		return c.String()
 	},
 	check: func(p *DNSProcess) error {

@@ -40,6 +40,9 @@ var DNSServerKinds = []string{KindNSD, KindKnot, KindBIND}
 type DNSServerOptions struct {
 	Zone *Zone // nil: tb.ExampleZone(0)
 	Port int   // 0: 53
+	// MoreZones are served besides Zone, each from a file named after its
+	// origin beside Zone's (DNSProcess.ZoneFileOf).
+	MoreZones []Zone
 	// Wildcard binds NSD to the wildcard addresses (0.0.0.0 and ::, its
 	// default when no ip-address is configured) instead of the server's
 	// two; NSD only (StartDNSServer refuses it for the others).
@@ -95,6 +98,8 @@ type DNSProcess struct {
 	Addr4    netip.AddrPort // where it listens
 	Addr6    netip.AddrPort
 	Zone     Zone
+	// MoreZones are served besides Zone (DNSServerOptions.MoreZones).
+	MoreZones []Zone
 
 	tb *Testbed
 	serverProcess
@@ -136,7 +141,7 @@ func (tb *Testbed) StartDNSServer(kind string, o DNSServerOptions) (DNSServer, e
 	switch kind {
 	case KindNSD:
 		var n *NSD
-		if n, err = tb.StartNSD(NSDOptions{Zone: o.Zone, Port: o.Port, ServerCount: o.Workers,
+		if n, err = tb.StartNSD(NSDOptions{Zone: o.Zone, MoreZones: o.MoreZones, Port: o.Port, ServerCount: o.Workers,
 			Pin: o.Pin, CPU: o.CPU, Extra: o.Extra, Timeout: o.Timeout, Wildcard: o.Wildcard}); err == nil {
 			s = n
 		}
@@ -183,22 +188,25 @@ func (tb *Testbed) startDNS(l dnsLaunch, o DNSServerOptions) (*DNSProcess, error
 		return nil, err
 	}
 	p := &DNSProcess{
-		Kind:     l.kind,
-		Dir:      dir,
-		Conf:     filepath.Join(dir, l.conf),
-		ZoneFile: filepath.Join(dir, zoneFileName(zone.Origin)),
-		LogFile:  filepath.Join(dir, l.logFile),
-		Addr4:    netip.AddrPortFrom(tb.Server.IP4, uint16(o.Port)),
-		Addr6:    netip.AddrPortFrom(tb.Server.IP6, uint16(o.Port)),
-		Zone:     zone,
-		tb:       tb,
+		Kind:      l.kind,
+		Dir:       dir,
+		Conf:      filepath.Join(dir, l.conf),
+		ZoneFile:  filepath.Join(dir, zoneFileName(zone.Origin)),
+		LogFile:   filepath.Join(dir, l.logFile),
+		Addr4:     netip.AddrPortFrom(tb.Server.IP4, uint16(o.Port)),
+		Addr6:     netip.AddrPortFrom(tb.Server.IP6, uint16(o.Port)),
+		Zone:      zone,
+		MoreZones: o.MoreZones,
+		tb:        tb,
 	}
 	fail := func(err error) (*DNSProcess, error) {
 		p.Stop()
 		return nil, fmt.Errorf("%s: %w", l.kind, err)
 	}
-	if err := writeZoneFile(p.ZoneFile, zone); err != nil {
-		return fail(err)
+	for _, z := range p.zones() {
+		if err := writeZoneFile(p.ZoneFileOf(z.Origin), z); err != nil {
+			return fail(err)
+		}
 	}
 	if err := os.WriteFile(p.Conf, []byte(l.config(p, o)), 0o644); err != nil {
 		return fail(err)
@@ -230,37 +238,46 @@ func (tb *Testbed) startDNS(l dnsLaunch, o DNSServerOptions) (*DNSProcess, error
 	return p, nil
 }
 
-// waitSOA polls until the server answers the zone's SOA on both addresses.
-// It gives up early if the log matches loadFailed.
+// waitSOA polls until the server answers the SOA of each of its zones on
+// both addresses. It gives up early if the log matches loadFailed.
 func (p *DNSProcess) waitSOA(timeout time.Duration, loadFailed *regexp.Regexp) error {
 	deadline := time.Now().Add(timeout)
-	m := new(dns.Msg)
-	m.SetQuestion(p.Zone.Origin, dns.TypeSOA)
-	m.RecursionDesired = false
-	for _, a := range []netip.AddrPort{p.Addr4, p.Addr6} {
-		for {
-			select {
-			case <-p.done:
-				return fmt.Errorf("exited: %v: %s%s", p.werr, p.out.String(), p.Log())
-			default:
+	for _, z := range p.zones() {
+		for _, a := range []netip.AddrPort{p.Addr4, p.Addr6} {
+			if err := p.waitSOAOf(z.Origin, a, deadline, timeout, loadFailed); err != nil {
+				return err
 			}
-			r, _, err := p.tb.Exchange(a, m, 200*time.Millisecond)
-			if err == nil && r.Rcode == dns.RcodeSuccess && len(r.Answer) > 0 {
-				break
-			}
-			if err == nil {
-				err = fmt.Errorf("rcode %s, %d answers", dns.RcodeToString[r.Rcode], len(r.Answer))
-			}
-			if time.Now().After(deadline) {
-				return fmt.Errorf("no SOA answer from %v within %v (last: %v): %s%s", a, timeout, err, p.out.String(), p.Log())
-			}
-			if log := p.Log(); loadFailed != nil && loadFailed.MatchString(log) {
-				return fmt.Errorf("zone failed to load: %s%s", p.out.String(), log)
-			}
-			time.Sleep(50 * time.Millisecond)
 		}
 	}
 	return nil
+}
+
+// waitSOAOf is waitSOA for one zone and address, until deadline.
+func (p *DNSProcess) waitSOAOf(origin string, a netip.AddrPort, deadline time.Time, timeout time.Duration, loadFailed *regexp.Regexp) error {
+	m := new(dns.Msg)
+	m.SetQuestion(origin, dns.TypeSOA)
+	m.RecursionDesired = false
+	for {
+		select {
+		case <-p.done:
+			return fmt.Errorf("exited: %v: %s%s", p.werr, p.out.String(), p.Log())
+		default:
+		}
+		r, _, err := p.tb.Exchange(a, m, 200*time.Millisecond)
+		if err == nil && r.Rcode == dns.RcodeSuccess && len(r.Answer) > 0 {
+			return nil
+		}
+		if err == nil {
+			err = fmt.Errorf("rcode %s, %d answers", dns.RcodeToString[r.Rcode], len(r.Answer))
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("no SOA answer for %s from %v within %v (last: %v): %s%s", origin, a, timeout, err, p.out.String(), p.Log())
+		}
+		if log := p.Log(); loadFailed != nil && loadFailed.MatchString(log) {
+			return fmt.Errorf("zone failed to load: %s%s", p.out.String(), log)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 // pinAll applies f to every thread of every process of the server.
@@ -294,6 +311,15 @@ func unpinThread(tid int) error {
 		set.Set(i)
 	}
 	return unix.SchedSetaffinity(tid, &set)
+}
+
+// zones are every zone the server serves: Zone, then MoreZones.
+func (p *DNSProcess) zones() []Zone { return append([]Zone{p.Zone}, p.MoreZones...) }
+
+// ZoneFileOf is the path of the file of the zone with that origin (for
+// Zone, ZoneFile).
+func (p *DNSProcess) ZoneFileOf(origin string) string {
+	return filepath.Join(p.Dir, zoneFileName(origin))
 }
 
 // zoneFileName is the zone file's name for an origin ("root.zone" for ".").

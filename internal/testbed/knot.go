@@ -86,10 +86,10 @@ template:
     journal-content: none
 
 zone:
-  - domain: %s
-    file: %s
-`, knotQuote(p.LogFile), knotQuote(p.Dir), knotQuote(p.Dir+"/knot.sock"), knotQuote(p.Dir),
-			knotQuote(p.Zone.Origin), knotQuote(p.ZoneFile))
+`, knotQuote(p.LogFile), knotQuote(p.Dir), knotQuote(p.Dir+"/knot.sock"), knotQuote(p.Dir))
+		for _, z := range p.zones() {
+			fmt.Fprintf(&c, "  - domain: %s\n    file: %s\n", knotQuote(z.Origin), knotQuote(p.ZoneFileOf(z.Origin)))
+		}
 		return c.String()
 	},
 	check: func(p *DNSProcess) error { return runCheck(KnotcPath, "-c", p.Conf, "conf-check") },

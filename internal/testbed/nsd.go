@@ -19,6 +19,7 @@ var (
 // port 53 of both server addresses with one server process, unpinned.
 type NSDOptions struct {
 	Zone        *Zone         // nil: tb.ExampleZone(0)
+	MoreZones   []Zone        // served besides Zone
 	Port        int           // 0: 53
 	ServerCount int           // 0: 1
 	Pin         bool          // pin every NSD process to CPU
@@ -44,7 +45,7 @@ type NSD struct{ *DNSProcess }
 // answers.
 func (tb *Testbed) StartNSD(o NSDOptions) (*NSD, error) {
 	p, err := tb.startDNS(nsdLaunch, DNSServerOptions{
-		Zone: o.Zone, Port: o.Port, Workers: o.ServerCount,
+		Zone: o.Zone, MoreZones: o.MoreZones, Port: o.Port, Workers: o.ServerCount,
 		Pin: o.Pin, CPU: o.CPU, Extra: o.Extra, Timeout: o.Timeout, Wildcard: o.Wildcard,
 	})
 	if err != nil {
@@ -90,14 +91,17 @@ server:
 		for _, l := range o.Extra {
 			fmt.Fprintf(&conf, "\t%s\n", l)
 		}
-		fmt.Fprintf(&conf, `
+		conf.WriteString(`
 remote-control:
 	control-enable: no
-
+`)
+		for _, z := range p.zones() {
+			fmt.Fprintf(&conf, `
 zone:
 	name: "%s"
 	zonefile: "%s"
-`, p.Zone.Origin, p.ZoneFile)
+`, z.Origin, p.ZoneFileOf(z.Origin))
+		}
 		return conf.String()
 	},
 	check: func(p *DNSProcess) error { return runCheck(NSDCheckconfPath, p.Conf) },
