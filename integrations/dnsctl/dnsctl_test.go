@@ -63,6 +63,7 @@ func TestParseQueryRefuses(t *testing.T) {
 	edit := func(f func(w []byte) []byte) []byte { return f(bytes.Clone(base)) }
 	cases := map[string][]byte{
 		"short":         base[:11],
+		"no question":   base[:12],
 		"response":      edit(func(w []byte) []byte { w[2] |= 0x80; return w }),
 		"notify opcode": edit(func(w []byte) []byte { w[2] |= 4 << 3; return w }),
 		"TC set":        edit(func(w []byte) []byte { w[2] |= 2; return w }),

@@ -94,6 +94,8 @@ func ParseQuery(wire []byte) (*Query, error) {
 		return nil, notOffloadable("TC, Z or RCODE set in a query (flags %#04x)", flags)
 	case counts[0] != 1:
 		return nil, notOffloadable("%d questions", counts[0])
+	case len(m.Question) != 1: // Unpack stops without an error where a message ends early
+		return nil, notOffloadable("QDCOUNT 1, but the message ends before its question")
 	case counts[1] != 0 || counts[2] != 0 || counts[3] > 1:
 		return nil, notOffloadable("records in the answer (%d), authority (%d) or additional (%d) section",
 			counts[1], counts[2], counts[3])
