@@ -15,6 +15,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"reflect"
 	"slices"
@@ -661,6 +662,55 @@ func TestZoneChange(t *testing.T) {
 			t.Fatalf("10 s after the zone change: %q, from the rule processor %v", got, kernel)
 		}
 		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// TestZoneRemoved: when the server stops serving a zone (Knot, the zone
+// taken out of its configuration and knotc reload), it answers REFUSED;
+// the controller's SOA poll sees that and asks again for the answers in
+// the zone, so their rules go within a few poll intervals instead of
+// answering from the removed zone until the refresh at half the TTL. When
+// the zone is back, so are the rules.
+func TestZoneRemoved(t *testing.T) {
+	r := newRig(t, testbed.KindKnot, 0)
+	www := "www." + r.zone.Origin
+	r.startController("static", "--port", "53/udp", "--names", r.namesFile([]string{www}, []uint16{dns.TypeA}),
+		"--shape", "rd,ad,edns", "--poll", "200ms")
+	proc := r.srv.Proc()
+	withZone, err := os.ReadFile(proc.Conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	zoneAt := strings.Index(string(withZone), "\nzone:")
+	if zoneAt < 0 {
+		t.Fatalf("no zone section in %s", proc.Conf)
+	}
+	for _, step := range []struct {
+		conf   []byte
+		want   string // dig +short: nothing for REFUSED
+		kernel bool
+	}{
+		{withZone, testbed.ExampleWWW4.String(), true},
+		{withZone[:zoneAt+1], "", false},
+		{withZone, testbed.ExampleWWW4.String(), true},
+	} {
+		if err := os.WriteFile(proc.Conf, step.conf, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if out, err := exec.Command(testbed.KnotcPath, "-c", proc.Conf, "reload").CombinedOutput(); err != nil {
+			t.Fatalf("knotc reload: %v: %s", err, out)
+		}
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			got, kernel := r.dig(www, "A")
+			if got == step.want && kernel == step.kernel {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("10 s after knotc reload: %q, from the rule processor %v; want %q, from it %v", got, kernel, step.want, step.kernel)
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
 	}
 }
 

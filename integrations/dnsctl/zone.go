@@ -130,14 +130,18 @@ func (c *Controller) pollAll() error {
 }
 
 // pollZone asks for z's serial; it reports whether the serial changed
-// since the last poll that got an answer, or is the first one learned.
+// since the last poll that got an answer, or is the first one learned, or
+// whether the server, answering, no longer gives the zone's SOA (the zone
+// was removed, or failed to load): its answers in the zone may have gone
+// too.
 func (c *Controller) pollZone(ep *endpoint, z *zone) (changed bool) {
 	wire, err := Shape{}.Query(0, z.apex, soaType)
 	if err != nil {
 		return false
 	}
 	reply, err := c.ask(ep, wire)
-	if err == nil {
+	answered := err == nil
+	if answered {
 		var apex string
 		var serial uint32
 		if apex, serial, _, err = soaOf(reply); err == nil && apex == z.apex {
@@ -158,13 +162,18 @@ func (c *Controller) pollZone(ep *endpoint, z *zone) (changed bool) {
 			err = fmt.Errorf("the SOA in the reply is of %s", apex)
 		}
 	}
-	// once per outage: every poll would flood the log
-	if !z.failing {
-		z.failing = true
-		c.log.Warn("SOA poll failed: changes of the zone go unnoticed until the server answers it", "zone", z.apex, "server", ep.addr, "error", err)
-	} else {
+	// once per outage: every poll would flood the log, and ask again
+	if z.failing {
 		c.log.Debug("SOA poll failed", "zone", z.apex, "server", ep.addr, "error", err)
+		return false
 	}
+	z.failing = true
+	if answered {
+		c.log.Warn("the server no longer answers the zone's SOA: asking again for its answers in the zone", "zone", z.apex, "server", ep.addr, "error", err)
+		z.known = false // the zone back, with any serial, is a change
+		return true
+	}
+	c.log.Warn("SOA poll failed: changes of the zone go unnoticed until the server answers it", "zone", z.apex, "server", ep.addr, "error", err)
 	return false
 }
 
