@@ -72,19 +72,22 @@ func (c *Controller) learn(ev sampleEvent) error {
 	question := Question{q.Name, q.Type}
 	if c.cfg.Mode == Adaptive {
 		c.probe(ep, []Question{question})
-		key := formKey(q, ep.b)
-		if ep.pending[key] {
-			return nil
-		}
+	}
+	if q.HasCookie() && ep.b.AnswersCookies {
+		// never offloadable: asking would only keep it asked again for
+		// ever and count it towards MaxRules (dig sends a new cookie each time)
+		return nil
+	}
+	key := formKey(q, ep.b)
+	if ep.pending[key] {
+		return nil
+	}
+	if c.cfg.Mode == Adaptive {
 		ep.sketch.Add(key)
 		ep.samplesOf[key] = q
 		return nil
 	}
 	if !c.allowed[question] {
-		return nil
-	}
-	key := formKey(q, ep.b)
-	if ep.pending[key] {
 		return nil
 	}
 	if len(ep.pending) >= maxAttempted {

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
+
+	"github.com/miekg/dns"
 )
 
 // Probe finds out how the server behind a treats the parts of a query that
@@ -25,6 +27,7 @@ func Probe(a *Asker, questions []Question) (Behaviour, int, error) {
 		b.Echo &= got.Echo
 		b.Ignore &= got.Ignore
 		b.IgnoresCookie = b.IgnoresCookie && got.IgnoresCookie
+		b.AnswersCookies = b.AnswersCookies || got.AnswersCookies
 		b.IgnoresSize = b.IgnoresSize && got.IgnoresSize
 		if probed++; probed == 3 {
 			break
@@ -92,6 +95,8 @@ func probeOne(a *Asker, question Question) (Behaviour, error) {
 		// the reply may differ from ref only in its OPT length fields if it
 		// echoed nothing: compare with what a cookie-less server sends
 		b.IgnoresCookie = b.IgnoresCookie && bytes.Equal(reply, ref)
+		var m dns.Msg
+		b.AnswersCookies = b.AnswersCookies || m.Unpack(reply) == nil && carriesCookie(m.IsEdns0())
 	}
 	b.IgnoresSize = true
 	for _, size := range []uint16{0, 512, 4096, 65535} {

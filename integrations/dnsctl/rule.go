@@ -35,6 +35,9 @@ type Behaviour struct {
 	// cookie and does not depend on it (the server does not implement DNS
 	// cookies), so a rule may answer any client cookie.
 	IgnoresCookie bool
+	// AnswersCookies: the reply to a query with a client cookie carries a
+	// server cookie, so no query with a cookie can be offloaded.
+	AnswersCookies bool
 	// IgnoresSize: a reply of at most 512 bytes does not depend on the
 	// advertised EDNS UDP size.
 	IgnoresSize bool
@@ -116,12 +119,8 @@ func CheckReply(q *Query, reply []byte, family int) (Answer, error) {
 	if (opt != nil) != q.EDNS {
 		return Answer{}, fmt.Errorf("reply has EDNS %t, query %t", opt != nil, q.EDNS)
 	}
-	if opt != nil {
-		for _, o := range opt.Option {
-			if o.Option() == dns.EDNS0COOKIE {
-				return Answer{}, notOffloadable("the reply carries a server cookie, which depends on the client and the time")
-			}
-		}
+	if carriesCookie(opt) {
+		return Answer{}, notOffloadable("the reply carries a server cookie, which depends on the client and the time")
 	}
 	ttl := ^uint32(0)
 	for _, section := range [][]dns.RR{m.Answer, m.Ns, m.Extra} {
@@ -152,6 +151,20 @@ func chainOf(m *dns.Msg) []string {
 		}
 	}
 	return chain
+}
+
+// carriesCookie reports whether opt, a message's OPT record or nil, has a
+// COOKIE option.
+func carriesCookie(opt *dns.OPT) bool {
+	if opt == nil {
+		return false
+	}
+	for _, o := range opt.Option {
+		if o.Option() == dns.EDNS0COOKIE {
+			return true
+		}
+	}
+	return false
 }
 
 // HasSetOfSeveral reports whether a section of m holds two records of one

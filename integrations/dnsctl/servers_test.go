@@ -622,6 +622,46 @@ print(r.answer[0][0].address)`
 	}
 }
 
+// TestCookieQueriesNotLearned: BIND answers a query with a client cookie
+// with a server cookie, which no rule may send, so such queries stay with
+// it. dig sends a new client cookie each run: each is a query shape of its
+// own. The controller does not try to learn them: they would each be
+// asked again for ever and count towards --max-rules, after which no shape
+// a rule can answer would be learned any more.
+func TestCookieQueriesNotLearned(t *testing.T) {
+	r := newRig(t, testbed.KindBIND, 0)
+	www := "www." + r.zone.Origin
+	ctl := r.startController("static", "--port", "53/udp", "--names", r.namesFile([]string{www}, []uint16{dns.TypeA}), "--max-rules", "5")
+	v4, _ := r.srv.Addrs()
+	dig := func(opts ...string) (kernel bool) {
+		before := r.answered()
+		out, err := r.tb.Client.Run("dig", append([]string{"+tries=1", "+time=1", "@" + v4.Addr().String(), www, "A", "+short"}, opts...)...)
+		if err != nil || strings.TrimSpace(out) != testbed.ExampleWWW4.String() {
+			t.Errorf("dig %v: %q, %v", opts, out, err)
+		}
+		time.Sleep(300 * time.Millisecond) // the controller learns a new shape
+		return r.answered() > before
+	}
+	for range 10 {
+		dig() // a new client cookie each time
+	}
+	answered := 0
+	for range 4 {
+		if dig("+nocookie", "+bufsize=1400") { // a shape without a cookie, not installed up front
+			answered++
+		}
+	}
+	if answered < 3 {
+		t.Errorf("the rule processor answered %d of 4 queries of a new shape after dig's cookie queries, want at least 3", answered)
+	}
+	if err := ctl.Stop(20 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if want := "0 questions not offloaded yet, asked again"; !strings.Contains(ctl.Output(), want) {
+		t.Errorf("the done line does not say %q:\n%s", want, ctl.Output())
+	}
+}
+
 // dig asks the rig's server (IPv4) for name/type from the client namespace
 // and returns the short answer and whether the rule processor answered it.
 func (r *rig) dig(name, qtype string) (string, bool) {
