@@ -622,6 +622,29 @@ print(r.answer[0][0].address)`
 	}
 }
 
+// TestEscapedNameLearned: a name written with a decimal escape in the names
+// file (a\046b, a label holding a dot) is the name clients' queries parse
+// to (a\.b): its shapes are learned from misses as any other name's.
+func TestEscapedNameLearned(t *testing.T) {
+	r := newRig(t, testbed.KindNSD, 0, `a\046b IN A 198.18.255.77`)
+	ctl := r.startController("static", "--port", "53/udp", "--names", r.namesFile([]string{`a\046b.` + r.zone.Origin}, []uint16{dns.TypeA}),
+		"--shape", "plain")
+	answered := 0
+	for range 4 {
+		got, kernel := r.dig(`a\.b.`+r.zone.Origin, "A") // a shape not installed up front: learned
+		if got != "198.18.255.77" {
+			t.Fatalf("dig a\\.b: %q", got)
+		}
+		if kernel {
+			answered++
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
+	if answered < 3 {
+		t.Errorf("the rule processor answered %d of 4 queries, want at least 3 (the first teaches the shape):\n%s", answered, ctl.Output())
+	}
+}
+
 // TestCookieQueriesNotLearned: BIND answers a query with a client cookie
 // with a server cookie, which no rule may send, so such queries stay with
 // it. dig sends a new client cookie each run: each is a query shape of its

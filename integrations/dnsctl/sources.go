@@ -20,6 +20,20 @@ type Question struct {
 
 func (q Question) String() string { return q.Name + " " + dns.TypeToString[q.Type] }
 
+// readName reads a domain name from a file as a question's name: fully
+// qualified, in the presentation a parsed message has (miekg/dns's escapes:
+// a\046b is a\.b, \065 is A), so that the question is the one clients'
+// queries for it parse to (learned shapes are matched by name).
+func readName(text string) (string, error) {
+	buf := make([]byte, 256)
+	n, err := dns.PackDomainName(dns.Fqdn(text), buf, 0, nil, false)
+	if err != nil {
+		return "", fmt.Errorf("%q is not a domain name: %w", text, err)
+	}
+	name, _, err := dns.UnpackDomainName(buf[:n], 0)
+	return name, err
+}
+
 // ParseType reads a record type name (A, AAAA, TYPE65, ...).
 func ParseType(s string) (uint16, error) {
 	if t, ok := dns.StringToType[strings.ToUpper(s)]; ok {
@@ -46,9 +60,9 @@ func ReadNames(r io.Reader, source string, defaultTypes []uint16) ([]Question, e
 		if len(fields) == 0 || strings.HasPrefix(fields[0], "#") {
 			continue
 		}
-		name := dns.Fqdn(fields[0])
-		if _, ok := dns.IsDomainName(name); !ok {
-			return nil, fmt.Errorf("%s:%d: %q is not a domain name", source, line, fields[0])
+		name, err := readName(fields[0])
+		if err != nil {
+			return nil, fmt.Errorf("%s:%d: %w", source, line, err)
 		}
 		types := defaultTypes
 		if len(fields) > 1 {
@@ -91,7 +105,11 @@ func ReadZone(r io.Reader, source, origin string) ([]Question, error) {
 		case dns.TypeRRSIG, dns.TypeNSEC, dns.TypeNSEC3:
 			continue
 		}
-		q := Question{h.Name, h.Rrtype}
+		name, err := readName(h.Name)
+		if err != nil {
+			return nil, fmt.Errorf("zone file: %w", err)
+		}
+		q := Question{name, h.Rrtype}
 		if !seen[q] {
 			seen[q] = true
 			out = append(out, q)
@@ -126,9 +144,9 @@ func ReadTop(r io.Reader, source string, n int) ([]Question, error) {
 		if len(fields) < 2 || len(fields) > 3 {
 			return nil, fmt.Errorf("%s:%d: want NAME TYPE [COUNT], got %d fields", source, line, len(fields))
 		}
-		name := dns.Fqdn(fields[0])
-		if _, ok := dns.IsDomainName(name); !ok {
-			return nil, fmt.Errorf("%s:%d: %q is not a domain name", source, line, fields[0])
+		name, err := readName(fields[0])
+		if err != nil {
+			return nil, fmt.Errorf("%s:%d: %w", source, line, err)
 		}
 		t, err := ParseType(fields[1])
 		if err != nil {
