@@ -81,22 +81,19 @@ func (c *Controller) askAgainDue(now time.Time) error {
 	return nil
 }
 
-// askAgainInZone asks again at once for the waiting queries of names in
-// the zone apex, which just changed: their answers may be offloadable now.
-func (c *Controller) askAgainInZone(apex string) error {
-	for _, ep := range c.eps {
-		var inZone []*waitingQuery
-		for _, wq := range ep.waiting {
-			if !wq.forRoom && c.zoneOf[canonical(wq.question.Name)] == apex {
-				wq.wait = firstAskAgainWait
-				inZone = append(inZone, wq)
-			}
-		}
-		if _, err := c.askAgain(ep, inZone); err != nil {
-			return err
+// askAgainInZone asks ep's server again at once for the waiting queries
+// of names in the zone apex, which just changed there: their answers may
+// be offloadable now (those waiting for room in santad wait on).
+func (c *Controller) askAgainInZone(ep *endpoint, apex string) error {
+	var inZone []*waitingQuery
+	for _, wq := range ep.waiting {
+		if !wq.forRoom && c.zoneOf[canonical(wq.question.Name)] == apex {
+			wq.wait = firstAskAgainWait
+			inZone = append(inZone, wq)
 		}
 	}
-	return nil
+	_, err := c.askAgain(ep, inZone)
+	return err
 }
 
 // askAgainWithRoom asks again for the queries left to the server for want

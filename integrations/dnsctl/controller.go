@@ -179,11 +179,30 @@ type entry struct {
 	lastHit  time.Time
 }
 
+// zone is a zone the controller polls, at every endpoint: the port may
+// have the sockets of several servers, which serve the zone or not, and
+// change it each in its own time.
 type zone struct {
-	apex    string
+	apex string
+	at   map[*endpoint]*zoneSerial // what each endpoint's server answered
+}
+
+// zoneSerial is what one server answered to the zone's SOA polls.
+type zoneSerial struct {
 	serial  uint32
 	known   bool
 	failing bool // the last SOA poll got no serial (warned once)
+}
+
+// serialAt is what ep's server answered to z's SOA polls so far.
+func (z *zone) serialAt(ep *endpoint) *zoneSerial {
+	if z.at == nil {
+		z.at = map[*endpoint]*zoneSerial{}
+	}
+	if z.at[ep] == nil {
+		z.at[ep] = &zoneSerial{}
+	}
+	return z.at[ep]
 }
 
 type sampleEvent struct {
@@ -921,7 +940,7 @@ func (c *Controller) zonesFor(ep *endpoint, names []string) error {
 		}
 	}
 	for _, z := range c.zones {
-		if !z.known {
+		if !z.serialAt(ep).known {
 			c.pollZone(ep, z)
 		}
 	}

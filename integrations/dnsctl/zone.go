@@ -67,34 +67,46 @@ func parentOf(name string) (string, bool) {
 // checkZones makes sure the server answers the SOA of every zone given
 // with Zones (when polling or NOTIFY uses them): a wrong one (a zone it
 // does not serve, a parent like "com", a name inside a zone) fails the
-// start instead of being polled in vain. A server that answers SERVFAIL
-// (still loading its zones, say) or not at all only gets a warning:
-// polling asks again.
+// start instead of being polled in vain. Each zone is asked for at every
+// endpoint, and one that serves it is enough: the port may have the
+// sockets of other servers too (a local resolver's). A server that
+// answers SERVFAIL (still loading its zones, say) or not at all only gets
+// a warning: polling asks again.
 func (c *Controller) checkZones() error {
 	if c.cfg.Poll == 0 && c.cfg.Notify == "" {
 		return nil
 	}
-	ep := c.eps[0] // polls ask here too
 	for _, z := range c.cfg.Zones {
 		apex := canonical(z)
 		wire, err := Shape{}.Query(0, apex, soaType)
 		if err != nil {
 			return fmt.Errorf("zone %q: %w", z, err)
 		}
-		reply, err := c.ask(ep, wire)
-		var m dns.Msg
-		if err == nil {
-			err = m.Unpack(reply)
+		var notServed error // the first server's answer that it does not serve the zone
+		served := false
+		for _, ep := range c.eps {
+			reply, err := c.ask(ep, wire)
+			var m dns.Msg
+			if err == nil {
+				err = m.Unpack(reply)
+			}
+			if err == nil && m.Rcode == dns.RcodeServerFailure {
+				err = errors.New("SOA query answered SERVFAIL")
+			}
+			if err != nil {
+				c.log.Warn("cannot check the zone now: polling asks again", "zone", apex, "server", ep.addr, "error", err)
+				continue
+			}
+			if err := zoneServed(apex, &m); err != nil {
+				if notServed == nil {
+					notServed = fmt.Errorf("zone %s: the server at %v %w (check --zone)", apex, ep.addr, err)
+				}
+				continue
+			}
+			served = true
 		}
-		if err == nil && m.Rcode == dns.RcodeServerFailure {
-			err = errors.New("SOA query answered SERVFAIL")
-		}
-		if err != nil {
-			c.log.Warn("cannot check the zone now: polling asks again", "zone", apex, "server", ep.addr, "error", err)
-			continue
-		}
-		if err := zoneServed(apex, &m); err != nil {
-			return fmt.Errorf("zone %s: the server at %v %w (check --zone)", apex, ep.addr, err)
+		if !served && notServed != nil {
+			return notServed
 		}
 	}
 	return nil
@@ -129,8 +141,8 @@ func (c *Controller) pollAll() error {
 	return nil
 }
 
-// pollZone asks for z's serial; it reports whether the serial changed
-// since the last poll that got an answer, or is the first one learned, or
+// pollZone asks ep's server for z's serial; it reports whether the serial
+// changed since its last answer with one, or is the first one learned, or
 // whether the server, answering, no longer gives the zone's SOA (the zone
 // was removed, or failed to load): its answers in the zone may have gone
 // too.
@@ -139,6 +151,7 @@ func (c *Controller) pollZone(ep *endpoint, z *zone) (changed bool) {
 	if err != nil {
 		return false
 	}
+	at := z.serialAt(ep)
 	reply, err := c.ask(ep, wire)
 	answered := err == nil
 	if answered {
@@ -147,13 +160,13 @@ func (c *Controller) pollZone(ep *endpoint, z *zone) (changed bool) {
 		if apex, serial, _, err = soaOf(reply); err == nil && apex == z.apex {
 			// a serial learned only now (the start's poll failed) may be
 			// newer than the answers asked for before: take it as a change
-			changed = !z.known || serial != z.serial
+			changed = !at.known || serial != at.serial
 			if changed {
-				c.log.Info("zone changed", "zone", z.apex, "serial", serial, "was", z.serial)
+				c.log.Info("zone changed", "zone", z.apex, "server", ep.addr, "serial", serial, "was", at.serial)
 			}
-			z.serial, z.known = serial, true
-			if z.failing {
-				z.failing = false
+			at.serial, at.known = serial, true
+			if at.failing {
+				at.failing = false
 				c.log.Info("the server answers the zone's SOA again", "zone", z.apex, "server", ep.addr)
 			}
 			return changed
@@ -163,40 +176,44 @@ func (c *Controller) pollZone(ep *endpoint, z *zone) (changed bool) {
 		}
 	}
 	// once per outage: every poll would flood the log, and ask again
-	if z.failing {
+	if at.failing {
 		c.log.Debug("SOA poll failed", "zone", z.apex, "server", ep.addr, "error", err)
 		return false
 	}
-	z.failing = true
+	at.failing = true
 	if answered {
 		c.log.Warn("the server no longer answers the zone's SOA: asking again for its answers in the zone", "zone", z.apex, "server", ep.addr, "error", err)
-		z.known = false // the zone back, with any serial, is a change
+		at.known = false // the zone back, with any serial, is a change
 		return true
 	}
 	c.log.Warn("SOA poll failed: changes of the zone go unnoticed until the server answers it", "zone", z.apex, "server", ep.addr, "error", err)
 	return false
 }
 
-// checkZone polls z and, if its serial changed, asks again for the answer
-// of every rule in it, and of every query in it whose rule was removed.
+// checkZone polls z at every endpoint and, where its serial changed, asks
+// again for the answer of every rule of the endpoint in it, and of every
+// query in it whose rule was removed.
 func (c *Controller) checkZone(z *zone) error {
-	if len(c.eps) == 0 || !c.pollZone(c.eps[0], z) {
-		return nil
-	}
-	var stale []*entry
 	for _, ep := range c.eps {
+		if !c.pollZone(ep, z) {
+			continue
+		}
+		var stale []*entry
 		for _, e := range ep.entries {
 			if c.answersFrom(e, z.apex) {
 				stale = append(stale, e)
 			}
 		}
+		// first the queries removed before the change: those refresh
+		// removes now were just asked
+		if err := c.askAgainInZone(ep, z.apex); err != nil {
+			return err
+		}
+		if err := c.refreshEndpoint(ep, stale); err != nil {
+			return err
+		}
 	}
-	// first the queries removed before the change: those refresh removes
-	// now were just asked
-	if err := c.askAgainInZone(z.apex); err != nil {
-		return err
-	}
-	return c.refresh(stale)
+	return nil
 }
 
 // answersFrom reports whether e's answer comes (in part) from the zone
