@@ -10,6 +10,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/miekg/dns"
+
 	"github.com/santa-offload/santa/clients/go/santa"
 	"github.com/santa-offload/santa/integrations/follow"
 )
@@ -87,7 +89,7 @@ func (c *Controller) learn(ev sampleEvent) error {
 		ep.samplesOf[key] = q
 		return nil
 	}
-	if !c.allowed[question] {
+	if q.Class != dns.ClassINET || !c.allowed[question] { // the questions given are of class IN
 		return nil
 	}
 	if len(ep.pending) >= maxAttempted {
