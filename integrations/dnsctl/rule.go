@@ -71,10 +71,10 @@ type Answer struct {
 	// SetOfSeveral: a record set of the reply has two or more records,
 	// whose order a server may vary from one reply to the next.
 	SetOfSeveral bool
-	// Chain are the owner names in the answer section other than the
-	// question's (canonical): where a CNAME or DNAME chain leads. The
-	// answer comes from their zones too, which may be other zones of the
-	// server.
+	// Chain are the names a CNAME or DNAME chain in the answer section
+	// leads to (canonical): the owners other than the question's and the
+	// CNAMEs' targets, which may be missing (NXDOMAIN). The answer comes
+	// from their zones too, which may be other zones of the server.
 	Chain []string
 	// AnySize: the server sends this reply whatever UDP size the query
 	// advertises (see Controller.checkReply), so a rule may leave the
@@ -145,9 +145,15 @@ func CheckReply(q *Query, reply []byte, family int) (Answer, error) {
 func chainOf(m *dns.Msg) []string {
 	var chain []string
 	question := canonical(m.Question[0].Name)
-	for _, rr := range m.Answer {
-		if name := canonical(rr.Header().Name); name != question && !slices.Contains(chain, name) {
+	add := func(name string) {
+		if name = canonical(name); name != question && !slices.Contains(chain, name) {
 			chain = append(chain, name)
+		}
+	}
+	for _, rr := range m.Answer {
+		add(rr.Header().Name)
+		if cname, ok := rr.(*dns.CNAME); ok {
+			add(cname.Target)
 		}
 	}
 	return chain

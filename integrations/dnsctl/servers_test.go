@@ -845,46 +845,52 @@ func TestDelegationChange(t *testing.T) {
 }
 
 // TestCNAMEIntoAnotherZone: NSD's answer for a CNAME that leads into
-// another zone it serves holds that zone's records too (Knot's and BIND's
-// hold only the CNAME), and so does its answer to the SOA query for the
-// CNAME's name, with the other zone's SOA. The answer comes from both
-// zones: the controller polls both, so when the CNAME's target changes in
-// the other zone, and then the CNAME itself, the rule processor sends the
-// new answer within a few poll intervals, not only after the refresh at
-// half the TTL.
+// another zone it serves holds that zone's records too, or its NXDOMAIN
+// and SOA for a target it lacks (Knot's and BIND's hold only the CNAME),
+// and so does its answer to the SOA query for the CNAME's name, with the
+// other zone's SOA. The answer comes from both zones: the controller polls
+// both, so when the CNAME's target changes or appears in the other zone,
+// and then the CNAME itself changes, the rule processor sends the new
+// answer within a few poll intervals, not only after the refresh at half
+// the TTL.
 func TestCNAMEIntoAnotherZone(t *testing.T) {
 	other := testbed.Zone{Origin: "other.test.", Records: []string{
 		"@   IN SOA ns1.example.test. hostmaster 2024010101 3600 900 604800 300",
 		"@   IN NS  ns1.example.test.",
 		"www IN A   198.18.253.1",
 	}}
-	r := newRigWith(t, testbed.KindNSD, rigOptions{extra: []string{"far IN CNAME www.other.test."}, moreZones: []testbed.Zone{other}})
-	far := "far." + r.zone.Origin
-	r.startController("static", "--port", "53/udp", "--names", r.namesFile([]string{far}, []uint16{dns.TypeA}),
+	r := newRigWith(t, testbed.KindNSD, rigOptions{moreZones: []testbed.Zone{other},
+		extra: []string{"far IN CNAME www.other.test.", "soon IN CNAME new.other.test."}})
+	far, soon := "far."+r.zone.Origin, "soon."+r.zone.Origin
+	r.startController("static", "--port", "53/udp", "--names", r.namesFile([]string{far, soon}, []uint16{dns.TypeA}),
 		"--shape", "rd,ad,edns", "--poll", "200ms")
 	for _, step := range []struct {
 		change func()
-		want   string // dig +short
+		want   map[string]string // name -> dig +short
 	}{
-		{func() {}, "www.other.test.\n198.18.253.1"},
+		{func() {}, map[string]string{far: "www.other.test.\n198.18.253.1", soon: "new.other.test."}},
 		{func() {
-			r.serveChanged(other, "2024010102", func(rec string) string { return strings.Replace(rec, "198.18.253.1", "198.18.253.9", 1) })
-		}, "www.other.test.\n198.18.253.9"},
+			r.serveChanged(other, "2024010102", func(rec string) string {
+				return strings.Replace(rec, "198.18.253.1", "198.18.253.9\nnew IN A 198.18.253.7", 1)
+			})
+		}, map[string]string{far: "www.other.test.\n198.18.253.9", soon: "new.other.test.\n198.18.253.7"}},
 		{func() {
 			r.serveChangedZone("2024010102", func(rec string) string { return strings.Replace(rec, "www.other.test.", "www", 1) })
-		}, "www.example.test.\n" + testbed.ExampleWWW4.String()},
+		}, map[string]string{far: "www.example.test.\n" + testbed.ExampleWWW4.String()}},
 	} {
 		step.change()
-		deadline := time.Now().Add(10 * time.Second)
-		for {
-			got, kernel := r.dig(far, "A")
-			if got == step.want && kernel {
-				break
+		for name, want := range step.want {
+			deadline := time.Now().Add(10 * time.Second)
+			for {
+				got, kernel := r.dig(name, "A")
+				if got == want && kernel {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("%s 10 s after the change: %q, from the rule processor %v; want %q from it", name, got, kernel, want)
+				}
+				time.Sleep(200 * time.Millisecond)
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("10 s after the change: %q, from the rule processor %v; want %q from it", got, kernel, step.want)
-			}
-			time.Sleep(200 * time.Millisecond)
 		}
 	}
 }
