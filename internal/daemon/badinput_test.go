@@ -174,11 +174,7 @@ func TestBadInput(t *testing.T) {
 // the quota, it leaves no rule set behind.
 func TestRefusedAddBindsNothing(t *testing.T) {
 	tb := testbed.New(t)
-	cfg := filepath.Join(work, fmt.Sprintf("refused-%d.yaml", os.Getpid()))
-	if err := os.WriteFile(cfg, []byte("quota:\n  rules: 1\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	sd := newSantad(t, tb, "--config", cfg)
+	sd := newSantad(t, tb, "--config", configFile(t, "quota:\n  rules: 1\n"))
 	sd.start()
 	c := sd.client()
 	target := udpTarget(t, tb, 7420)
@@ -331,11 +327,7 @@ func mustEncode(t *testing.T, m *api.Message) []byte {
 // TestQuota runs the CLI as uid nobody against a small quota.
 func TestQuota(t *testing.T) {
 	tb := testbed.New(t)
-	cfg := filepath.Join(work, fmt.Sprintf("quota-%d.yaml", os.Getpid()))
-	if err := os.WriteFile(cfg, []byte("quota:\n  rules: 3\n  template_bytes: 1000\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	sd := newSantad(t, tb, "--config", cfg)
+	sd := newSantad(t, tb, "--config", configFile(t, "quota:\n  rules: 3\n  template_bytes: 1000\n"))
 	sd.start()
 	a := startApp(t, tb, nobody, []string{"SANTA_SOCKET=" + sd.Socket}, filepath.Join(work, "listing1-go"), tb.Server.IP4.String(), "7500")
 	three := filepath.Join(sd.dir, "three.yaml")
@@ -367,11 +359,7 @@ func TestQuota(t *testing.T) {
 // refused as full, telling the operator what to raise, and binds nothing.
 func TestRuleSetsFull(t *testing.T) {
 	tb := testbed.New(t)
-	cfg := filepath.Join(work, fmt.Sprintf("rulesets-%d.yaml", os.Getpid()))
-	if err := os.WriteFile(cfg, []byte("dataplane:\n  max_rulesets: 2\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	sd := newSantad(t, tb, "--config", cfg)
+	sd := newSantad(t, tb, "--config", configFile(t, "dataplane:\n  max_rulesets: 2\n"))
 	sd.start()
 	c := sd.client()
 	for port := 7430; port < 7432; port++ {

@@ -67,11 +67,7 @@ func TestAcceptFailuresBackOff(t *testing.T) {
 // uids are still served.
 func TestConnectionQuota(t *testing.T) {
 	tb := testbed.New(t)
-	cfg := filepath.Join(work, fmt.Sprintf("connections-%d.yaml", os.Getpid()))
-	if err := os.WriteFile(cfg, []byte("quota:\n  connections: 5\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	sd := newSantad(t, tb, "--config", cfg)
+	sd := newSantad(t, tb, "--config", configFile(t, "quota:\n  connections: 5\n"))
 	sd.start()
 	// uid nobody holds five idle connections
 	hold := `import socket, sys, time
@@ -133,11 +129,7 @@ time.sleep(600)`
 // the connection goes on. root has no such bound.
 func TestRequestMemoryQuota(t *testing.T) {
 	tb := testbed.New(t)
-	cfg := filepath.Join(work, fmt.Sprintf("request-bytes-%d.yaml", os.Getpid()))
-	if err := os.WriteFile(cfg, []byte("quota:\n  request_bytes: 1048576\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	sd := newSantad(t, tb, "--config", cfg)
+	sd := newSantad(t, tb, "--config", configFile(t, "quota:\n  request_bytes: 1048576\n"))
 	sd.start()
 	const rules = 100000 // of 3 bytes each, {5: 1}: 300 kB that decode to 13.6 MB
 	tiny := binary.BigEndian.AppendUint32(
@@ -184,11 +176,7 @@ for path in sys.argv[2:]:
 // socket on any port.
 func TestUserPorts(t *testing.T) {
 	tb := testbed.New(t)
-	cfg := filepath.Join(work, fmt.Sprintf("user-ports-%d.yaml", os.Getpid()))
-	if err := os.WriteFile(cfg, []byte("user_ports: [7460/udp, 7470-7479/tcp]\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	sd := newSantad(t, tb, "--config", cfg)
+	sd := newSantad(t, tb, "--config", configFile(t, "user_ports: [7460/udp, 7470-7479/tcp]\n"))
 	sd.start()
 	env := []string{"SANTA_SOCKET=" + sd.Socket, "PYTHONPATH=" + filepath.Join(work, "python")}
 	ip := tb.Server.IP4.String()

@@ -105,9 +105,10 @@ func outcomes(t *testing.T, out *bufio.Scanner) []string {
 	return nil
 }
 
-func quotaConfig(t *testing.T, content string) string {
+// configFile writes a santad config file with content for the test.
+func configFile(t *testing.T, content string) string {
 	t.Helper()
-	cfg := filepath.Join(work, fmt.Sprintf("quota-%s-%d.yaml", t.Name(), os.Getpid()))
+	cfg := filepath.Join(work, fmt.Sprintf("config-%s-%d.yaml", strings.ReplaceAll(t.Name(), "/", "-"), os.Getpid()))
 	if err := os.WriteFile(cfg, []byte(content), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -120,7 +121,7 @@ func quotaConfig(t *testing.T, content string) string {
 // root; root has no such limit.
 func TestRulesetQuota(t *testing.T) {
 	tb := testbed.New(t)
-	sd := newSantad(t, tb, "--config", quotaConfig(t, "quota:\n  rulesets: 3\ndataplane:\n  max_rulesets: 5\n"))
+	sd := newSantad(t, tb, "--config", configFile(t, "quota:\n  rulesets: 3\ndataplane:\n  max_rulesets: 5\n"))
 	sd.start()
 	stdin, out := runQuotaClient(t, sd, nobody, "bind", tb.Server.IP4.String(), "5")
 	got := outcomes(t, out)
@@ -148,7 +149,7 @@ func TestRulesetQuota(t *testing.T) {
 // also after santad restarts; root's rules there count for no one.
 func TestQuotaOnRootBoundSocket(t *testing.T) {
 	tb := testbed.New(t)
-	sd := newSantad(t, tb, "--config", quotaConfig(t, "quota:\n  rules: 3\n  template_bytes: 40\n"))
+	sd := newSantad(t, tb, "--config", configFile(t, "quota:\n  rules: 3\n  template_bytes: 40\n"))
 	sd.start()
 	stdin, out := runQuotaClient(t, sd, nobody, "add", tb.Server.IP4.String(), "7030", "50")
 	if !out.Scan() || out.Text() != "listening" {
