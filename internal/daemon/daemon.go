@@ -40,6 +40,7 @@ type Daemon struct {
 	released *dataplane.Released
 	samples  *dataplane.MissSamples
 	lock     *os.File
+	pinned   string // the generation directory this instance pinned, "" before it pins
 	listener *net.UnixListener
 	metrics  *metrics
 	wg       sync.WaitGroup
@@ -73,7 +74,8 @@ type Daemon struct {
 // Pins: each santad instance pins its maps and its socket-release link in a
 // generation directory of its own; the XDP links, which outlive instances,
 // are pinned in links/.
-func (c Config) linkPin(ifname string) string { return filepath.Join(c.BPFFS, "links", "xdp-"+ifname) }
+func (c Config) linksDir() string             { return filepath.Join(c.BPFFS, "links") }
+func (c Config) linkPin(ifname string) string { return filepath.Join(c.linksDir(), "xdp-"+ifname) }
 func (c Config) genDir(n int) string          { return filepath.Join(c.BPFFS, "gen-"+strconv.Itoa(n)) }
 func (c Config) journalPath() string          { return filepath.Join(c.StateDir, "journal") }
 func (c Config) lockPath() string             { return filepath.Join(c.StateDir, "santad.lock") }
@@ -126,19 +128,17 @@ func Start(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 			return nil, err
 		}
 	}
-	// and the control socket's directory, and a path a Unix socket may have
-	if max := len(unix.RawSockaddrUnix{}.Path) - 1; len(cfg.Socket) > max {
-		return nil, fmt.Errorf("control socket %s: longer than the %d bytes of a Unix socket's path", cfg.Socket, max)
-	}
-	if err := os.MkdirAll(filepath.Dir(cfg.Socket), 0o755); err != nil {
-		return nil, fmt.Errorf("control socket: %w", err)
-	}
-	// and so must the control socket's group
+	// and the control socket's group
 	d.socketGID = -1
 	if cfg.SocketGroup != "" {
 		if d.socketGID, err = lookupGroup(cfg.SocketGroup); err != nil {
 			return nil, err
 		}
+	}
+	// and the control socket itself, listened on (clients wait in its
+	// backlog until santad is up)
+	if err := d.listen(); err != nil {
+		return nil, err
 	}
 	// and the cgroup v2 directory whose sockets' release is watched
 	cgroup := cfg.Cgroup
@@ -201,12 +201,6 @@ func Start(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := d.attach(); err != nil {
-		return nil, err
-	}
-	if prev != nil && len(d.sets) > 0 {
-		d.carryStats(prev, expired)
-	}
 	next := 1
 	if len(gens) > 0 {
 		next = gens[len(gens)-1] + 1
@@ -214,23 +208,32 @@ func Start(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 	if err := d.pin(cfg.genDir(next)); err != nil {
 		return nil, err
 	}
-	for _, g := range gens {
-		if err := dataplane.Unpin(cfg.genDir(g)); err != nil {
-			log.Warn("could not remove an old generation's pins", "dir", cfg.genDir(g), "error", err)
-		}
-	}
 	if d.samples, err = d.dp.OpenMissSamples(); err != nil {
-		return nil, err
-	}
-	d.metrics = newMetrics(d)
-	if err := d.listen(); err != nil {
 		return nil, err
 	}
 	interfaces, err := d.subscribeInterfaces()
 	if err != nil {
 		return nil, err
 	}
-	d.wg.Add(4)
+	// Attaching is the last step that may fail, and undoes itself if it
+	// does: a failed start leaves the interfaces, and the predecessor's
+	// pins, as they were.
+	if err := d.attach(); err != nil {
+		interfaces.End()
+		return nil, err
+	}
+	d.detachUnconfigured()
+	if prev != nil && len(d.sets) > 0 {
+		d.carryStats(prev, expired)
+	}
+	for _, g := range gens {
+		if err := dataplane.Unpin(cfg.genDir(g)); err != nil {
+			log.Warn("could not remove an old generation's pins", "dir", cfg.genDir(g), "error", err)
+		}
+	}
+	d.metrics = newMetrics(d)
+	d.wg.Add(5)
+	go d.acceptLoop()
 	go d.watchReleased()
 	go d.dispatchSamples()
 	go d.expireLoop()
@@ -419,36 +422,37 @@ func (d *Daemon) usageOf(uid uint32) *usage {
 }
 
 // attach puts the rule processor on the configured interfaces, swapping it
-// in on links a previous instance pinned, and detaches it from interfaces no
-// longer configured.
+// in on links a previous instance pinned; all or none.
 func (d *Daemon) attach() error {
-	if err := os.MkdirAll(filepath.Join(d.cfg.BPFFS, "links"), 0o700); err != nil {
+	if err := os.MkdirAll(d.cfg.linksDir(), 0o700); err != nil {
 		return err
 	}
+	atts, err := d.dp.AttachPinnedAll(d.cfg.Interfaces, d.cfg.xdpMode(), d.cfg.linkPin)
+	d.atts = atts
+	return err
+}
+
+// detachUnconfigured detaches the rule processor from the interfaces a
+// previous instance left it on that are no longer configured.
+func (d *Daemon) detachUnconfigured() {
 	want := map[string]bool{}
-	for _, ifname := range d.cfg.Interfaces {
-		att, err := d.dp.AttachPinned(ifname, d.cfg.xdpMode(), d.cfg.linkPin(ifname))
-		if err != nil {
-			return err
-		}
-		d.atts = append(d.atts, att)
+	for _, att := range d.atts {
 		for _, pin := range att.Pins() { // the XDP link and the TC handover's
 			want[filepath.Base(pin)] = true
 		}
 	}
-	ents, _ := os.ReadDir(filepath.Join(d.cfg.BPFFS, "links"))
+	ents, _ := os.ReadDir(d.cfg.linksDir())
 	for _, e := range ents {
 		if want[e.Name()] {
 			continue
 		}
-		path := filepath.Join(d.cfg.BPFFS, "links", e.Name())
+		path := filepath.Join(d.cfg.linksDir(), e.Name())
 		if l, err := link.LoadPinnedLink(path, nil); err == nil {
 			l.Unpin()
 			l.Close()
 			d.log.Info("detached from an interface no longer configured", "pin", path)
 		}
 	}
-	return nil
 }
 
 // subscribeInterfaces subscribes to the changes of santad's network
@@ -554,20 +558,28 @@ func (d *Daemon) letGoOfLostLocked() {
 	}
 }
 
+// pin pins the data plane and the release hook in dir; abort removes them.
 func (d *Daemon) pin(dir string) error {
+	d.pinned = dir
 	if err := d.dp.Pin(dir); err != nil {
 		return err
 	}
 	return d.release.Pin(filepath.Join(dir, "release_link"))
 }
 
-// listen opens the control socket with the configured permissions.
+// listen opens the control socket with the configured permissions;
+// Start's acceptLoop serves it.
 func (d *Daemon) listen() error {
 	path := d.cfg.Socket
+	if max := len(unix.RawSockaddrUnix{}.Path) - 1; len(path) > max {
+		return fmt.Errorf("control socket %s: longer than the %d bytes of a Unix socket's path", path, max)
+	}
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return fmt.Errorf("control socket: %w", err)
+	}
+	if err := removeStaleSocket(path); err != nil {
 		return err
 	}
-	os.Remove(path) // a stale socket of a previous santad: the lock says none runs
 	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
 	if err != nil {
 		return fmt.Errorf("control socket: %w", err)
@@ -586,9 +598,30 @@ func (d *Daemon) listen() error {
 			return err
 		}
 	}
-	d.wg.Add(1)
-	go d.acceptLoop()
 	return nil
+}
+
+// removeStaleSocket removes the socket a previous santad of this state
+// directory left at path (the lock says none runs), and refuses to remove
+// anything else: a file or directory that is not a socket, or the socket
+// of a process that listens on it (another santad's, with another state
+// directory).
+func removeStaleSocket(path string) error {
+	st, err := os.Lstat(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("control socket: %w", err)
+	}
+	if st.Mode().Type() != os.ModeSocket {
+		return fmt.Errorf("control socket %s: exists and is not a socket (%v): remove it or give santad another --socket", path, st.Mode().Type())
+	}
+	if c, err := net.Dial("unix", path); err == nil {
+		c.Close()
+		return fmt.Errorf("control socket %s: another process listens on it (another santad, with another state directory?): stop it or give santad another --socket", path)
+	}
+	return os.Remove(path)
 }
 
 // Wait blocks until ctx is done, then shuts santad down gracefully.
@@ -628,14 +661,20 @@ func (d *Daemon) Close() error {
 	return err
 }
 
-// abort undoes a failed Start. It detaches nothing a previous instance pinned.
+// abort undoes a failed Start, which attached nothing (attach undoes
+// itself): it removes the control socket and the pins Start made, and
+// leaves a previous instance's alone.
 func (d *Daemon) abort() {
 	close(d.stop)
 	if d.listener != nil {
 		d.listener.Close()
+		os.Remove(d.cfg.Socket)
 	}
-	for _, a := range d.atts {
-		a.Release()
+	if d.pinned != "" {
+		if err := dataplane.Unpin(d.pinned); err != nil {
+			d.log.Warn("could not remove the pins of the failed start", "dir", d.pinned, "error", err)
+		}
+		os.Remove(d.cfg.linksDir()) // if attach made it: a previous instance's links keep it
 	}
 	if d.release != nil {
 		d.release.Close()
@@ -647,6 +686,9 @@ func (d *Daemon) abort() {
 		d.samples.Close()
 	}
 	if d.dp != nil {
+		if err := d.dp.UnpinFresh(); err != nil {
+			d.log.Warn("could not remove the shared maps the failed start pinned", "error", err)
+		}
 		d.dp.Close()
 	}
 	if d.j != nil {
@@ -667,9 +709,9 @@ func Cleanup(cfg Config) error {
 		return err
 	}
 	var errs []error
-	ents, _ := os.ReadDir(filepath.Join(cfg.BPFFS, "links"))
+	ents, _ := os.ReadDir(cfg.linksDir())
 	for _, e := range ents {
-		if l, err := link.LoadPinnedLink(filepath.Join(cfg.BPFFS, "links", e.Name()), nil); err == nil {
+		if l, err := link.LoadPinnedLink(filepath.Join(cfg.linksDir(), e.Name()), nil); err == nil {
 			errs = append(errs, removePeerPass(l, strings.TrimPrefix(e.Name(), "xdp-")))
 			errs = append(errs, l.Unpin(), l.Close())
 		}

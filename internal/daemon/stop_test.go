@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -311,6 +312,114 @@ func TestBadConfigTouchesNothing(t *testing.T) {
 		if x, err := tb.ServerXDP(); err != nil || x.Attached != 0 {
 			t.Errorf("santad %s left XDP on the server veth: %+v (%v)", c.flags, x, err)
 		}
+	}
+}
+
+// TestFailedStartLeavesHostAsItWas: a start that fails at the control
+// socket, or at attaching once the rule processor is on an interface,
+// leaves the interfaces and pins as they were: without santad's if none
+// ran before, with the previous santad's program, pins and answering rules
+// if one did. A control socket path that is a directory, or another
+// santad's live socket, is refused; so is a second interface without
+// native XDP (a bridge, with --xdp-mode native), after the veth's attach.
+// Such starts used to leave the rule processor attached and pinned (and to
+// take a live socket over from its santad, and to remove an empty
+// directory in the socket's place).
+func TestFailedStartLeavesHostAsItWas(t *testing.T) {
+	tb := testbed.New(t)
+	if out, err := tb.Server.Run("ip", "link", "add", "santa-br0", "up", "type", "bridge"); err != nil {
+		t.Fatalf("add a bridge: %v: %s", err, out)
+	}
+	nonEmptyDir, emptyDir := t.TempDir(), t.TempDir()
+	if err := os.WriteFile(filepath.Join(nonEmptyDir, "keep"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	pinsOf := func(sd *santadProc) []string {
+		var pins []string
+		root := filepath.Join("/sys/fs/bpf", filepath.Base(sd.dir))
+		filepath.WalkDir(root, func(path string, e os.DirEntry, err error) error {
+			if err == nil && path != root {
+				pins = append(pins, strings.TrimPrefix(path, root))
+			}
+			return nil
+		})
+		return pins
+	}
+	startFails := func(sd *santadProc, want string, flags ...string) {
+		t.Helper()
+		args := sd.Args
+		sd.Args = append(append([]string(nil), args...), flags...)
+		defer func() { sd.Args = args }()
+		if err := sd.Start(context.Background()); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("santad %s: %v, want an error saying %q", strings.Join(flags, " "), err, want)
+		}
+	}
+	failures := []struct {
+		want  string
+		flags []string
+	}{
+		{"exists and is not a socket", []string{"--socket", nonEmptyDir}},
+		{"exists and is not a socket", []string{"--socket", emptyDir}},
+		{"attach native XDP to santa-br0", []string{"--interface", "santa-br0", "--xdp-mode", "native"}},
+	}
+
+	fresh := newSantad(t, tb)
+	for _, f := range failures {
+		startFails(fresh, f.want, f.flags...)
+		if pins := pinsOf(fresh); len(pins) > 0 {
+			t.Errorf("santad %s left pins: %v", strings.Join(f.flags, " "), pins)
+		}
+		if x, err := tb.ServerXDP(); err != nil || x.Attached != 0 {
+			t.Errorf("santad %s left XDP on the server veth: %+v (%v)", strings.Join(f.flags, " "), x, err)
+		}
+	}
+	if _, err := os.Stat(emptyDir); err != nil {
+		t.Errorf("the empty directory given as the control socket: %v, want it left in place", err)
+	}
+
+	// a previous santad's rule processor, taken over by starts that fail
+	sd := newSantad(t, tb)
+	sd.start()
+	server := netip.AddrPortFrom(tb.Server.IP4, 7303)
+	_, target := serverSocket(t, tb, server)
+	addPingPong(t, sd.client(), target)
+	sd.stop(syscall.SIGTERM)
+	before, err := tb.ServerXDP()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pinsBefore := pinsOf(sd)
+	for _, f := range failures {
+		startFails(sd, f.want, f.flags...)
+		if x, err := tb.ServerXDP(); err != nil || x.ID() != before.ID() {
+			t.Errorf("after santad %s the server veth has XDP %+v (%v), want the previous santad's program %d",
+				strings.Join(f.flags, " "), x, err, before.ID())
+		}
+		if pins := pinsOf(sd); !slices.Equal(pins, pinsBefore) {
+			t.Errorf("after santad %s the pins are %v, want the previous santad's %v", strings.Join(f.flags, " "), pins, pinsBefore)
+		}
+		if got := exchange(t, tb, server, "ping"); got != "pong" {
+			t.Errorf("after santad %s the rule answers %q, want pong", strings.Join(f.flags, " "), got)
+		}
+	}
+	sd.start()
+	if rules, err := sd.client().ListRules(target); err != nil || len(rules) != 1 {
+		t.Errorf("santad started after the failed ones lists %d rules (%v), want the one added", len(rules), err)
+	}
+
+	// another santad's live socket, on an interface of its own
+	other := newSantad(t, tb)
+	other.Args = slices.Clone(other.Args)
+	other.Args[slices.Index(other.Args, tb.Server.Dev)] = "santa-br0"
+	startFails(other, "another process listens on it", "--socket", sd.Socket)
+	if _, _, err := sd.client().Health(); err != nil {
+		t.Errorf("the santad whose socket another tried to take: %v", err)
+	}
+	if pins := pinsOf(other); len(pins) > 0 {
+		t.Errorf("santad on another's socket left pins: %v", pins)
+	}
+	if out, err := tb.Server.Run("ip", "link", "show", "santa-br0"); err != nil || strings.Contains(out, "xdp") {
+		t.Errorf("santad on another's socket left XDP on santa-br0: %v\n%s", err, out)
 	}
 }
 

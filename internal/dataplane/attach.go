@@ -39,6 +39,11 @@ type Attachment struct {
 	peer      *peerPlace // the other end of a veth attached in native mode, nil if none or not found
 	peerErr   error      // why a veth's other end was not found
 	closed    bool       // Close, Detach or Release ran: it holds nothing any more
+	// what the attach changed beyond its own links, for undo: the programs
+	// it swapped out of pinned links (nil where it made a new link) and
+	// whether it gave the veth's other end PeerPassName
+	replacedXDP, replacedHandover *ebpf.Program
+	gavePeerPass                  bool
 }
 
 // Closed reports whether the attachment was closed, detached or released.
@@ -60,7 +65,77 @@ func (d *Dataplane) AttachPinned(ifname string, mode AttachMode, pinPath string)
 	if pinPath == "" {
 		return nil, errors.New("attach pinned: empty pin path")
 	}
-	return d.attach(ifname, mode, pinPath)
+	att, err := d.attach(ifname, mode, pinPath)
+	if err == nil {
+		att.forgetReplaced()
+	}
+	return att, err
+}
+
+// AttachPinnedAll is AttachPinned for every interface of ifnames, with
+// their links pinned at pinPath(ifname), all or none: if one fails, those
+// attached before it are put back as they were (see undo), and the error
+// says why.
+func (d *Dataplane) AttachPinnedAll(ifnames []string, mode AttachMode, pinPath func(ifname string) string) ([]*Attachment, error) {
+	var atts []*Attachment
+	for _, ifname := range ifnames {
+		att, err := d.attach(ifname, mode, pinPath(ifname))
+		if err != nil {
+			for _, done := range atts {
+				if uerr := done.undo(); uerr != nil {
+					err = errors.Join(err, fmt.Errorf("put %s back as it was: %w", done.Interface, uerr))
+				}
+			}
+			return nil, err
+		}
+		atts = append(atts, att)
+	}
+	for _, att := range atts {
+		att.forgetReplaced()
+	}
+	return atts, nil
+}
+
+// forgetReplaced lets go of the programs att swapped out: it stays.
+func (a *Attachment) forgetReplaced() {
+	for _, p := range []*ebpf.Program{a.replacedXDP, a.replacedHandover} {
+		if p != nil {
+			p.Close()
+		}
+	}
+	a.replacedXDP, a.replacedHandover = nil, nil
+}
+
+// undo puts back what attaching a changed: the programs it swapped out go
+// back into their pinned links, the links it made are detached and
+// unpinned, and the program it gave the veth's other end is removed.
+func (a *Attachment) undo() error {
+	a.closed = true
+	err := errors.Join(putBack(a.link, a.replacedXDP, a.pin), putBack(a.handover, a.replacedHandover, a.handoverPin()))
+	if a.gavePeerPass {
+		err = errors.Join(err, a.removePeerPass())
+	}
+	a.local.stop()
+	a.forgetReplaced()
+	return err
+}
+
+// putBack gives the link l the program it had, prev, or detaches it and
+// removes its pin if it was made anew (prev nil).
+func putBack(l link.Link, prev *ebpf.Program, pin string) error {
+	if l == nil {
+		return nil
+	}
+	var err error
+	if prev != nil {
+		err = l.Update(prev)
+	} else {
+		err = l.Detach()
+		if pin != "" {
+			err = errors.Join(err, os.Remove(pin))
+		}
+	}
+	return errors.Join(err, l.Close())
 }
 
 // Attachable returns the interface named ifname, or why the rule processor
@@ -123,8 +198,7 @@ func (d *Dataplane) attach(ifname string, mode AttachMode, pinPath string) (*Att
 		d.watchPeer(att, local.ns, iface.Index)
 	}
 	if err := d.linkHandover(att, iface.Index); err != nil {
-		att.Close()
-		return nil, err
+		return nil, errors.Join(err, att.undo())
 	}
 	return att, nil
 }
@@ -142,11 +216,12 @@ func (d *Dataplane) linkHandover(att *Attachment, ifindex int) error {
 		default:
 			info, err := l.Info()
 			if err == nil && info.TCX() != nil && info.TCX().Ifindex == uint32(ifindex) {
-				if err := l.Update(d.objs.SantaHandover); err != nil {
+				prev, err := swapProgram(l, info, d.objs.SantaHandover)
+				if err != nil {
 					l.Close()
 					return fmt.Errorf("swap the TCP handover into %s: %w", pin, err)
 				}
-				att.handover = l
+				att.handover, att.replacedHandover = l, prev
 				return nil
 			}
 			l.Close()
@@ -279,12 +354,27 @@ func (d *Dataplane) swapPinned(att *Attachment, ifindex int, mode AttachMode) (b
 		l.Close()
 		return false, fmt.Errorf("the XDP link pinned at %s is generic, native was asked for: Detach it first", att.pin)
 	}
-	if err := l.Update(d.objs.SantaXdp); err != nil {
+	prev, err := swapProgram(l, info, d.objs.SantaXdp)
+	if err != nil {
 		l.Close()
 		return false, fmt.Errorf("swap the rule processor into %s: %w", att.pin, err)
 	}
-	att.link, att.Native = l, native
+	att.link, att.Native, att.replacedXDP = l, native, prev
 	return true, nil
+}
+
+// swapProgram puts prog into link l, whose info is info, and returns the
+// program l had, for undo.
+func swapProgram(l link.Link, info *link.Info, prog *ebpf.Program) (*ebpf.Program, error) {
+	prev, err := ebpf.NewProgramFromID(info.Program)
+	if err != nil {
+		return nil, fmt.Errorf("the program in the link: %w", err)
+	}
+	if err := l.Update(prog); err != nil {
+		prev.Close()
+		return nil, err
+	}
+	return prev, nil
 }
 
 // Close detaches the rule processor from the interface. A pinned link stays

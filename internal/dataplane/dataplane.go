@@ -22,6 +22,8 @@ type Dataplane struct {
 	objs objects
 	seed uint32
 	mask uint32
+	// the shared maps Load pinned because none were pinned there
+	freshPins []string
 
 	mu         sync.Mutex
 	rules      *mmapArray // santa_rules
@@ -172,6 +174,7 @@ func Load(cfg Config) (*Dataplane, error) {
 			d.Close()
 			return nil, fmt.Errorf("pin %s: %w", sm.name, err)
 		}
+		d.freshPins = append(d.freshPins, sm.pin)
 	}
 	if err := d.startTCPUpkeep(); err != nil {
 		d.Close()
@@ -183,6 +186,16 @@ func Load(cfg Config) (*Dataplane, error) {
 	d.data = newDataAllocator(uint32(cfg.DataMiB))
 	d.chainLen = make([]uint8, d.mask+1)
 	return d, nil
+}
+
+// UnpinFresh removes the pins of the shared maps that Load pinned where
+// there were none, for a start that fails: a predecessor's stay.
+func (d *Dataplane) UnpinFresh() error {
+	var err error
+	for _, pin := range d.freshPins {
+		err = errors.Join(err, os.Remove(pin))
+	}
+	return err
 }
 
 // sharedMap is a map pinned apart from the data plane's generations, at a

@@ -181,7 +181,7 @@ func (d *Dataplane) watchPeer(att *Attachment, ns netns.NsHandle, ifindex int) {
 		att.peer = &peerPlace{nsid: peer.nsid, where: peer.where, index: peer.link.Attrs().Index}
 		if !d.cfg.LeaveVethPeer {
 			var did string
-			if did, err = ensurePeerPass(peer); did != "" {
+			if att.gavePeerPass, did, err = ensurePeerPass(peer); did != "" {
 				slog.Info(did, "interface", att.Interface)
 			}
 		}
@@ -194,15 +194,15 @@ func (d *Dataplane) watchPeer(att *Attachment, ns netns.NsHandle, ifindex int) {
 }
 
 // ensurePeerPass gives peer an XDP program in native mode, PeerPassName,
-// unless it has one, and says what it found or did. A peer whose program is
-// in generic mode is an error: native and generic programs cannot share an
-// interface.
-func ensurePeerPass(peer *vethPeer) (string, error) {
+// unless it has one, and says whether it gave it and what it found or did.
+// A peer whose program is in generic mode is an error: native and generic
+// programs cannot share an interface.
+func ensurePeerPass(peer *vethPeer) (bool, string, error) {
 	if x := peer.link.Attrs().Xdp; x != nil && x.Attached {
 		if x.AttachMode != nl.XDP_ATTACHED_DRV {
-			return "", fmt.Errorf("veth peer %v has a generic-mode XDP program (id %d): replies sent with XDP_TX need a native-mode one there", peer, x.ProgId)
+			return false, "", fmt.Errorf("veth peer %v has a generic-mode XDP program (id %d): replies sent with XDP_TX need a native-mode one there", peer, x.ProgId)
 		}
-		return fmt.Sprintf("veth peer %v has XDP program %d", peer, x.ProgId), nil
+		return false, fmt.Sprintf("veth peer %v has XDP program %d", peer, x.ProgId), nil
 	}
 	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
 		Name:         PeerPassName,
@@ -211,13 +211,13 @@ func ensurePeerPass(peer *vethPeer) (string, error) {
 		License:      "GPL",
 	})
 	if err != nil {
-		return "", fmt.Errorf("load %s: %w", PeerPassName, err)
+		return false, "", fmt.Errorf("load %s: %w", PeerPassName, err)
 	}
 	defer prog.Close() // the attachment holds its own reference
 	if err := peer.setXDP(prog.FD(), nl.XDP_FLAGS_UPDATE_IF_NOEXIST); err != nil {
-		return "", fmt.Errorf("attach %s to veth peer %v: %w", PeerPassName, peer, err)
+		return false, "", fmt.Errorf("attach %s to veth peer %v: %w", PeerPassName, peer, err)
 	}
-	return fmt.Sprintf("attached %s to veth peer %v", PeerPassName, peer), nil
+	return true, fmt.Sprintf("attached %s to veth peer %v", PeerPassName, peer), nil
 }
 
 // PeerXDP says, for an interface attached in native mode that is a veth,
