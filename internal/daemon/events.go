@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io"
 	"os"
+	"time"
 
 	"github.com/santa-offload/santa/api"
 	"github.com/santa-offload/santa/internal/dataplane"
@@ -19,10 +20,17 @@ type subscriber struct {
 }
 
 func (s *subscriber) close() {
-	select {
-	case <-s.done:
-	default:
+	if !isClosed(s.done) {
 		close(s.done)
+	}
+}
+
+func isClosed(c chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
 	}
 }
 
@@ -71,8 +79,14 @@ func (d *Daemon) widestSamplingLocked(cookie uint64, opts dataplane.SampleOption
 	return opts
 }
 
+// sampleWriteTimeout bounds a write of samples to a subscriber: one that
+// reads none for that long (its socket buffer full) loses its stream, so
+// that it holds neither a goroutine nor its queue of samples for good.
+const sampleWriteTimeout = 10 * time.Second
+
 // stream sends samples until the client hangs up, the socket's rule set
-// goes away or santad stops; then the socket's own sampling is restored.
+// goes away, santad stops or a write times out (sampleWriteTimeout); then
+// the socket's own sampling is restored.
 func (s *session) stream(sub *subscriber) {
 	d := s.d
 	hangup := make(chan struct{})
@@ -80,6 +94,15 @@ func (s *session) stream(sub *subscriber) {
 		var b [1]byte
 		s.conn.Unix().Read(b[:])
 		close(hangup)
+	}()
+	ended := make(chan struct{})
+	defer close(ended)
+	go func() {
+		select {
+		case <-sub.done: // end a write the client does not read now
+			s.conn.Unix().SetWriteDeadline(time.Now())
+		case <-ended:
+		}
 	}()
 	defer d.unsubscribe(sub)
 	var batch []*api.Message
@@ -92,7 +115,15 @@ func (s *session) stream(sub *subscriber) {
 			for queued := len(sub.samples); queued > 0; queued-- {
 				batch = append(batch, sub.event(<-sub.samples))
 			}
+			s.conn.Unix().SetWriteDeadline(time.Now().Add(sampleWriteTimeout))
+			if isClosed(sub.done) { // before this deadline replaced the one that ends the write
+				return
+			}
 			if err := s.conn.SendAll(batch); err != nil {
+				if errors.Is(err, os.ErrDeadlineExceeded) && !isClosed(sub.done) {
+					d.log.Warn("subscriber read no samples for "+sampleWriteTimeout.String()+": its stream is ended",
+						"uid", s.uid, "pid", s.pid, "socket", sub.cookie)
+				}
 				return
 			}
 		case <-hangup:

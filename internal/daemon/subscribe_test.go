@@ -10,8 +10,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/santa-offload/santa/api"
 	"github.com/santa-offload/santa/clients/go/santa"
 	"github.com/santa-offload/santa/internal/testbed"
+	"golang.org/x/sys/unix"
 )
 
 // TestSubscribersWidestSampling: a socket with several subscribers is
@@ -120,4 +122,117 @@ func TestSubscribersWidestSampling(t *testing.T) {
 	if strings.Contains(sd.Log(), "panic") {
 		t.Errorf("santad panicked on SIGTERM:\n%s", sd.Log())
 	}
+}
+
+// TestStuckSubscriberLetGo: a subscriber that never reads its samples (its
+// socket buffer full, santad's write to it blocked) loses its stream when
+// its socket closes, at once, and otherwise once a write has waited 10 s
+// (sampleWriteTimeout): santad closes the connection. Its stream used to
+// hold a goroutine and up to 1024 queued samples until the client hung up,
+// its socket long gone.
+func TestStuckSubscriberLetGo(t *testing.T) {
+	tb := testbed.New(t)
+	sd := newSantad(t, tb)
+	sd.start()
+	c := sd.client()
+	// stuck subscribes to a socket's samples, reads the answer and no more
+	stuck := func(cookie uint64) *api.Conn {
+		conn, err := api.Dial(sd.Socket)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		if err := conn.Send(&api.Message{V: api.Version, Op: api.OpSubscribe, Seq: 1, Socket: cookie,
+			SampleBytes: 1472, SampleRate: 100000}, -1); err != nil {
+			t.Fatal(err)
+		}
+		if resp, _, err := conn.Recv(); err != nil || resp.Status != api.StatusOK {
+			t.Fatalf("subscribe: %+v %v", resp, err)
+		}
+		return conn
+	}
+	// fill sends misses until santad's writes to conn fill its buffer
+	fill := func(conn *api.Conn, server netip.AddrPort) {
+		t.Helper()
+		client, err := tb.DialUDP(server)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer client.Close()
+		miss := []byte(strings.Repeat("m", 1400))
+		for deadline := time.Now().Add(10 * time.Second); unread(t, conn) < 150<<10; {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d bytes of samples unread after 10 s of misses, want the buffer full", unread(t, conn))
+			}
+			for i := 0; i < 100; i++ {
+				client.Write(miss)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		for i := 0; i < 500; i++ { // more than the buffer holds: santad's write blocks
+			client.Write(miss)
+		}
+		time.Sleep(300 * time.Millisecond) // santad reads the sample ring every 100 ms
+	}
+
+	closing, closingCookie := boundEchoServer(t, tb, c, netip.AddrPortFrom(tb.Server.IP4, 7920))
+	open, openCookie := boundEchoServer(t, tb, c, netip.AddrPortFrom(tb.Server.IP4, 7921))
+	defer open.Close()
+	onClosing, onOpen := stuck(closingCookie), stuck(openCookie)
+	fill(onClosing, netip.AddrPortFrom(tb.Server.IP4, 7920))
+	fill(onOpen, netip.AddrPortFrom(tb.Server.IP4, 7921))
+	t0 := time.Now()
+	closing.Close()
+	if !hungUp(t, onClosing, 3*time.Second) {
+		t.Errorf("santad kept the stuck stream of a closed socket's subscriber for 3 s")
+	}
+	if !hungUp(t, onOpen, 15*time.Second-time.Since(t0)) {
+		t.Errorf("santad kept a stuck subscriber's stream for 15 s")
+	} else if waited := time.Since(t0); waited < 5*time.Second {
+		t.Errorf("santad ended a stuck subscriber's stream after %v, want 10 s", waited)
+	}
+	for deadline := time.Now().Add(2 * time.Second); !strings.Contains(sd.Log(), "subscriber read no samples") &&
+		time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond) // the log comes through a pipe
+	}
+	if !strings.Contains(sd.Log(), "subscriber read no samples for 10s") {
+		t.Errorf("santad's log does not say why it ended the stream")
+	}
+	if _, _, err := c.Health(); err != nil {
+		t.Error(err)
+	}
+}
+
+// unread is how many bytes conn has received and not read.
+func unread(t *testing.T, conn *api.Conn) int {
+	raw, err := conn.Unix().SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	raw.Control(func(fd uintptr) { n, err = unix.IoctlGetInt(int(fd), unix.SIOCINQ) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// hungUp says whether santad closes its end of conn within d (conn's
+// unread bytes stay unread).
+func hungUp(t *testing.T, conn *api.Conn, d time.Duration) bool {
+	raw, err := conn.Unix().SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var events int16
+	raw.Control(func(fd uintptr) {
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLRDHUP}}
+		if _, err = unix.Poll(fds, int(max(d, 0).Milliseconds())); err == nil {
+			events = fds[0].Revents
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return events&unix.POLLRDHUP != 0
 }
