@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -127,6 +128,9 @@ func Start(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 		if err := dataplane.XDPFree(name, cfg.linkPin(name)); err != nil {
 			return nil, err
 		}
+	}
+	if err := cfg.checkVethEnds(); err != nil {
+		return nil, err
 	}
 	// and the control socket's group
 	d.socketGID = -1
@@ -248,6 +252,29 @@ func Start(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 	log.Info("santad started", "version", Version, "generation", next, "interfaces", cfg.Interfaces,
 		"sockets", u.Rulesets, "rules", u.Rules, "socket", cfg.Socket, "metrics", cfg.Metrics)
 	return d, nil
+}
+
+// checkVethEnds refuses both ends of one veth among the interfaces when
+// santad would give the other end of each PeerPassName: attaching to the
+// first would put that program on the second, which then has no room for
+// the rule processor.
+func (c Config) checkVethEnds() error {
+	if c.xdpMode() == dataplane.AttachGeneric || !c.VethPeerPass {
+		return nil
+	}
+	for i, name := range c.Interfaces {
+		peer, err := dataplane.VethPeerHere(name)
+		if err != nil {
+			return err
+		}
+		if peer != "" && slices.Contains(c.Interfaces[i+1:], peer) {
+			return fmt.Errorf("interfaces %s and %s are the two ends of one veth: santad gives the other end of a veth it attaches to "+
+				"the native-mode XDP program the rule processor's replies need there (%s), so it takes one end; give it the end "+
+				"clients' requests arrive on (to attach to both, set veth_peer_pass: false, and the rule processor on each end "+
+				"is that program for the other, or xdp_mode: generic)", name, peer, dataplane.PeerPassName)
+		}
+	}
+	return nil
 }
 
 // restore rebuilds the rule sets of the journal whose sockets are still

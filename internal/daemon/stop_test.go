@@ -423,6 +423,58 @@ func TestFailedStartLeavesHostAsItWas(t *testing.T) {
 	}
 }
 
+// TestBothEndsOfOneVeth: given both ends of one veth of its namespace,
+// santad refuses to start, naming them and saying why, before it pins or
+// attaches anything. It used to put santa_peer_pass on the second end
+// while attaching to the first, and then refuse the second for having an
+// XDP program (santa_peer_pass). With veth_peer_pass: false, as the
+// refusal suggests, it attaches to both.
+func TestBothEndsOfOneVeth(t *testing.T) {
+	tb := testbed.New(t)
+	for _, cmd := range [][]string{
+		{"ip", "link", "add", "santa-va", "type", "veth", "peer", "name", "santa-vb"},
+		{"ip", "link", "set", "santa-va", "up"},
+		{"ip", "link", "set", "santa-vb", "up"},
+	} {
+		if out, err := tb.Server.Run(cmd[0], cmd[1:]...); err != nil {
+			t.Fatalf("%v: %s", err, out)
+		}
+	}
+	xdpOn := func(ifname string) bool {
+		out, err := tb.Server.Run("ip", "link", "show", ifname)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.Contains(out, "xdp")
+	}
+	onBothEnds := func(sd *santadProc) {
+		sd.Args[slices.Index(sd.Args, tb.Server.Dev)] = "santa-va,santa-vb"
+	}
+	sd := newSantad(t, tb)
+	onBothEnds(sd)
+	err := sd.Start(context.Background())
+	if want := "interfaces santa-va and santa-vb are the two ends of one veth"; err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("santad on both ends of a veth: %v, want an error saying %q", err, want)
+	}
+	if pins, _ := filepath.Glob(filepath.Join("/sys/fs/bpf", filepath.Base(sd.dir), "*")); len(pins) > 0 {
+		t.Errorf("santad left pins: %v", pins)
+	}
+	if xdpOn("santa-va") || xdpOn("santa-vb") {
+		t.Errorf("santad left an XDP program on an end of the veth")
+	}
+
+	config := filepath.Join(t.TempDir(), "santad.yaml")
+	if err := os.WriteFile(config, []byte("veth_peer_pass: false\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	sd = newSantad(t, tb, "--config", config)
+	onBothEnds(sd)
+	sd.start()
+	if !xdpOn("santa-va") || !xdpOn("santa-vb") {
+		t.Errorf("santad with veth_peer_pass: false did not attach to both ends")
+	}
+}
+
 // TestInterfaceTaken: a santad whose interface already has an XDP program
 // that is not its own (another santad's, without this one's pins) refuses
 // to start, naming the program, before it pins or attaches anything; the

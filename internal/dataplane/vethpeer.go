@@ -106,6 +106,24 @@ func peerOf(ns netns.NsHandle, ifindex int) (*vethPeer, error) {
 	return p, nil
 }
 
+// VethPeerHere is the name of the other end of ifname, an interface of the
+// caller's network namespace, if ifname is a veth whose other end is in
+// that namespace too; "" otherwise.
+func VethPeerHere(ifname string) (string, error) {
+	l, err := netlink.LinkByName(ifname)
+	if err != nil {
+		return "", fmt.Errorf("interface %s: %w", ifname, err)
+	}
+	if l.Type() != "veth" || l.Attrs().NetNsID >= 0 {
+		return "", nil
+	}
+	peer, err := netlink.LinkByIndex(l.Attrs().ParentIndex)
+	if err != nil {
+		return "", fmt.Errorf("veth peer of %s: %w", ifname, err)
+	}
+	return peer.Attrs().Name, nil
+}
+
 // namespaceWithID finds the network namespace that h's calls nsid among
 // those santad can open: ip-netns's, then every process's (the veth of a
 // container usually has its other end in the host's, where some process
