@@ -55,12 +55,14 @@ over from the journal in the state directory. Needs root.`,
 			if err != nil {
 				return err
 			}
+			// from before Start: santad serves clients before Start returns,
+			// and a SIGTERM meanwhile is to stop it as gracefully as later
+			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+			defer stop()
 			d, err := daemon.Start(cfg, log)
 			if err != nil {
 				return err
 			}
-			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-			defer stop()
 			return d.Wait(ctx)
 		},
 	}
