@@ -674,11 +674,13 @@ func (c *Controller) build(f fetched) (api.Rule, *entry, bool) {
 		return api.Rule{}, nil, false
 	}
 	r, err := getRule(f.key, f.v, f.keyVersion, f.epochVersion)
-	// the rule stops answering at the last whole second before the value
-	// expires, also if this controller is gone or late (santad then removes
-	// it, and refresh adds it again); santad refuses one whose time has come
-	expires := f.at.Add(time.Duration(f.v.ttl) * time.Second)
-	if err == nil && f.v.ttl >= 0 && (f.v.ttl < 2 || expires.Unix() <= time.Now().Unix()) {
+	// memcached's clock ticks once a second, at the phase of its start: a
+	// value with ttl seconds left may expire up to a second sooner. The rule
+	// stops answering at the last whole second before then, also if this
+	// controller is gone or late (santad then removes it, and refresh adds
+	// it again); santad refuses one whose time has come
+	earliestExpiry := f.at.Add(time.Duration(f.v.ttl-1) * time.Second)
+	if err == nil && f.v.ttl >= 0 && (f.v.ttl < 2 || earliestExpiry.Unix() <= time.Now().Unix()) {
 		err = fmt.Errorf("%w: %s expires in %d s (as of its fetch)", errNotOffloadable, f.key, f.v.ttl)
 	}
 	if err != nil {
@@ -689,9 +691,9 @@ func (c *Controller) build(f fetched) (api.Rule, *entry, bool) {
 	}
 	r.Tag = c.cfg.Tag
 	e := &entry{key: f.key, slot: KeySlot(f.key), keyVersion: f.keyVersion, epochVersion: f.epochVersion}
-	if f.v.ttl >= 0 { // memcached's clock ticks in seconds: refresh a second early
-		e.expires = expires.Add(-time.Second)
-		r.Expires = uint64(expires.Unix())
+	if f.v.ttl >= 0 {
+		e.expires = earliestExpiry
+		r.Expires = uint64(earliestExpiry.Unix())
 	}
 	return r, e, true
 }

@@ -1,6 +1,8 @@
 package mcctl_test
 
 import (
+	"bufio"
+	"fmt"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -8,30 +10,60 @@ import (
 	"time"
 
 	"github.com/santa-offload/santa/clients/go/santa"
+	"github.com/santa-offload/santa/internal/testbed"
 )
 
 // TestExpiryWithoutController: a value memcached expires is no longer
-// answered from the kernel once it expires, although its controller was
-// killed (SIGKILL leaves its rules): the rule carries the expiry.
+// answered from the kernel once memcached says it is gone, although its
+// controller was killed (SIGKILL leaves its rules): the rule carries the
+// expiry. memcached's clock ticks once a second at the phase of its start,
+// so a value with t seconds left as of its fetch expires up to a second
+// sooner; memcached is started 0.7 s into a second, and the keys are
+// fetched at phases spread over a second. A rule answered until the whole
+// second before t ran out, up to a second after memcached's miss.
 func TestExpiryWithoutController(t *testing.T) {
 	r := newRig(t)
-	const key, value, ttl = "expiry:key", "short-lived", 4
-	udp, conns := r.clients(false)
-	if err := conns["text"].Set(key, []byte(value), 0, ttl); err != nil {
+	if err := r.mc.Stop(); err != nil {
 		t.Fatal(err)
 	}
-	set := time.Now()
+	time.Sleep(time.Until(time.Now().Truncate(time.Second).Add(1700 * time.Millisecond)))
+	mc, err := r.tb.StartMemcached(testbed.MemcachedOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.mc = mc
+	const value, ttl = "short-lived", 4
+	udp, conns := r.clients(false)
+	var keys []string
+	for i := range 10 {
+		keys = append(keys, fmt.Sprintf("expiry:key:%d", i))
+	}
+	for _, k := range keys {
+		if err := conns["text"].Set(k, []byte("lasting"), 0, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
 	file := filepath.Join(t.TempDir(), "keys")
-	writeKeys(t, file, []string{key})
+	writeKeys(t, file, keys)
 	ctl := r.startController("static", "--keys", file)
-	get := func() (string, bool) {
+	// each write is fetched again within --refresh: the fetches' phases
+	// follow the writes'
+	for _, k := range keys {
+		if err := conns["text"].Set(k, []byte(value), 0, ttl); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	get := func(key string) (string, bool) {
 		it, ok, err := udp.Get(key, time.Second)
 		if err != nil {
 			t.Fatal(err)
 		}
 		return string(it.Value), ok
 	}
-	r.waitAnswered(func() { get() }, r.counters()["answered"])
+	for _, k := range keys {
+		r.waitAnswered(func() { get(k) }, r.counters()["answered"])
+	}
 	if err := syscall.Kill(ctl.PID(), syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
@@ -39,20 +71,33 @@ func TestExpiryWithoutController(t *testing.T) {
 		t.Fatal("the controller outlived SIGKILL")
 	}
 	answered := r.counters()["answered"]
-	if v, ok := get(); !ok || v != value || r.counters()["answered"] != answered+1 {
+	if v, ok := get(keys[len(keys)-1]); !ok || v != value || r.counters()["answered"] != answered+1 {
 		t.Fatalf("with the controller gone, before the expiry: GET gave %q (found %v), want %q from the kernel", v, ok, value)
 	}
-	// memcached's clock ticks in seconds: it drops the value within a
-	// second of the ttl; the kernel must not answer with it after that
-	time.Sleep(time.Until(set.Add(ttl*time.Second + 1100*time.Millisecond)))
-	answered = r.counters()["answered"]
-	for range 10 {
-		if v, ok := get(); ok {
-			t.Fatalf("%v after a set with a ttl of %d s, with its controller killed: GET found %q", time.Since(set).Round(time.Millisecond), ttl, v)
+	// the moment memcached says a key is gone, the kernel must say so too
+	tcp := r.dialTCP(t)
+	replies := bufio.NewReader(tcp)
+	deadline := time.Now().Add(2 * ttl * time.Second)
+	for len(keys) > 0 && time.Now().Before(deadline) {
+		k := keys[0]
+		if _, err := fmt.Fprintf(tcp, "mg %s\r\n", k); err != nil {
+			t.Fatal(err)
 		}
+		line, err := replies.ReadString('\n')
+		if err != nil {
+			t.Fatal(err)
+		}
+		if line == "HD\r\n" {
+			time.Sleep(5 * time.Millisecond)
+			continue
+		}
+		if v, ok := get(k); ok {
+			t.Errorf("%s: memcached says %q, and then a GET found %q", k, strings.TrimSpace(line), v)
+		}
+		keys = keys[1:]
 	}
-	if n := r.counters()["answered"] - answered; n != 0 {
-		t.Errorf("the kernel answered %d GETs of the expired value", n)
+	if len(keys) > 0 {
+		t.Fatalf("memcached still holds %q %v after its set with a ttl of %d s", keys, 2*ttl*time.Second, ttl)
 	}
 }
 
