@@ -1155,7 +1155,7 @@ func (c *Controller) watch(ctx context.Context) (<-chan error, error) {
 	opts := follow.WatchOnly
 	var each func(uint64, santa.Sample) // nil: only watched
 	if c.cfg.Mode == Adaptive {
-		opts = santa.SampleOptions{Bytes: 256, Rate: c.cfg.SampleRate}
+		opts = santa.SampleOptions{Bytes: uint32(longestGet), Rate: c.cfg.SampleRate}
 		each = func(_ uint64, s santa.Sample) {
 			if key, ok := sampledKey(s.Data, s.RequestLen); ok {
 				select {
@@ -1167,6 +1167,10 @@ func (c *Controller) watch(ctx context.Context) (<-chan error, error) {
 	}
 	return follow.Watch(ctx, c.cfg.Socket, c.cookies, opts, each)
 }
+
+// longestGet is the length of a plain UDP GET of the longest key memcached
+// takes: a miss sample holds it whole, else sampledKey cannot read its key.
+const longestGet = len(udpHeader) + 2 + len("get ") + maxKeyLen + len("\r\n")
 
 // sampledKey is the key of a missed plain UDP GET (the request a rule
 // would answer), from its miss sample.
