@@ -115,6 +115,25 @@ func TestParsePort(t *testing.T) {
 	}
 }
 
+// TestReadKeys: a key listed twice is one key, at its first place, with
+// its counts added up: top --count N used to offload fewer than N keys.
+func TestReadKeys(t *testing.T) {
+	for content, want := range map[string]string{
+		"a 1\nb 5\na 7\nc 2\n": "a b c",
+		"x\ny\nx\n# x\nz\n":    "x y z",
+		"a 3\nb 2\nb 2\n":      "b a",
+	} {
+		file := filepath.Join(t.TempDir(), "keys")
+		if err := os.WriteFile(file, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		keys, err := readKeys(file)
+		if got := strings.Join(keys, " "); err != nil || got != want {
+			t.Errorf("readKeys of %q = %q, %v; want %q", content, got, err, want)
+		}
+	}
+}
+
 // TestMatches checks how rules ls shows conditions, masks, length bounds and guards.
 func TestMatches(t *testing.T) {
 	for want, r := range map[string]api.Rule{

@@ -131,7 +131,8 @@ rules without hits for --idle.`,
 }
 
 // readKeys reads a key list: the first field of each line, in order, ranked
-// by a second field (a count) where every line has one.
+// by a second field (a count) where every line has one. A key listed again
+// is one key, at its first place, with its counts added up.
 func readKeys(path string) ([]string, error) {
 	if path == "" {
 		return nil, errors.New("give --keys FILE")
@@ -150,6 +151,7 @@ func readKeys(path string) ([]string, error) {
 		count uint64
 	}
 	var list []ranked
+	at := map[string]int{} // a key's place in list: listed again, its counts add up
 	counted := true
 	sc := bufio.NewScanner(r)
 	for n := 1; sc.Scan(); n++ {
@@ -168,6 +170,11 @@ func readKeys(path string) ([]string, error) {
 		default:
 			return nil, fmt.Errorf("%s:%d: want KEY [COUNT], got %d fields", path, n, len(fields))
 		}
+		if i, ok := at[fields[0]]; ok {
+			list[i].count += c
+			continue
+		}
+		at[fields[0]] = len(list)
 		list = append(list, ranked{fields[0], c})
 	}
 	if err := sc.Err(); err != nil {
