@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"maps"
 	"net"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -250,3 +251,60 @@ func TestTrackerReadsFlushDelays(t *testing.T) {
 		t.Fatalf("flush_all -5000000000: held for %v, want for good", left)
 	}
 }
+
+// A storage command whose flags, exptime or cas unique memcached cannot
+// read (or an ms with too many flags) is refused without its data block,
+// which memcached then reads as commands: the tracker loses the flow
+// (bumping the epoch) instead of taking the block for the value, where a
+// write hid unseen (before: the set of hot inside was not seen, and its
+// old value was answered from the kernel until the next write of it).
+// Plain numbers in range, a negative exptime and a 19-digit cas unique
+// keep the flow.
+func TestTrackerUnreadableStorageNumbers(t *testing.T) {
+	r, tr := newTrackerRig(t)
+	inner := "set hot 0 0 3\r\nnew\r\n"
+	block := inner + "\r\n" // the data block, if memcached takes one
+	for _, tc := range []struct {
+		name, request, first string
+		lost                 bool
+	}{
+		{"plain set", "set x 0 0 " + itoa(len(inner)) + "\r\n" + block, "STORED", false},
+		{"negative exptime", "set x 0 -1 " + itoa(len(inner)) + "\r\n" + block, "STORED", false},
+		{"cas of 19 digits", "cas x 0 0 " + itoa(len(inner)) + " 1234567890123456789\r\n" + block, "NOT_FOUND", false},
+		{"exptime not a number", "set x 0 1.5 " + itoa(len(inner)) + "\r\n" + block, "CLIENT_ERROR", true},
+		{"flags not a number", "set x abc 0 " + itoa(len(inner)) + "\r\n" + block, "CLIENT_ERROR", true},
+		{"exptime past 2^31-1 (memcached 1.6.18 takes it; the tracker does not try)", "set x 0 2147483648 " + itoa(len(inner)) + "\r\n" + block, "STORED", true},
+		{"cas unique not a number", "cas x 0 0 " + itoa(len(inner)) + " abc\r\n" + block, "CLIENT_ERROR", true},
+		{"ms with too many flags", "ms x " + itoa(len(inner)) + strings.Repeat(" F0", 19) + "\r\n" + block, "CLIENT_ERROR", true},
+	} {
+		var tcp net.Conn
+		if err := r.tb.Client.Do(func() (err error) {
+			tcp, err = net.Dial("tcp", r.mc.Addr4.String())
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		before, err := tr.Counters()
+		if err != nil {
+			t.Fatal(err)
+		}
+		tcp.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := tcp.Write([]byte(tc.request)); err != nil {
+			t.Fatal(err)
+		}
+		line, err := bufio.NewReader(tcp).ReadString('\n')
+		tcp.Close()
+		if err != nil || !strings.HasPrefix(line, tc.first) {
+			t.Fatalf("%s: memcached answered %q (%v), want %s first", tc.name, line, err, tc.first)
+		}
+		after, err := tr.Counters()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if lost := after["lost_flows"] > before["lost_flows"]; lost != tc.lost {
+			t.Errorf("%s: flow lost %v, want %v (counters %v)", tc.name, lost, tc.lost, after)
+		}
+	}
+}
+
+func itoa(n int) string { return strconv.Itoa(n) }

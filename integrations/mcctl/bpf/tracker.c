@@ -410,27 +410,55 @@ __noinline int mc_token_is(const struct mc_stream *s, const struct tokens *t, __
 		mc_token_is(s, t, k, &_w);                                       \
 	})
 
-/* Token k as a decimal number, or -1. */
-__noinline __s64 mc_token_num(const struct mc_stream *s, const struct tokens *t, __u32 k)
+#define MC_SIGNED 0x100 /* mc_token_digits' form: a minus sign may come first */
+
+/* Token k is 1 to form's low byte (at most 19) decimal digits, with a
+ * minus sign first if form has MC_SIGNED; their value goes to *v. */
+__noinline int mc_token_digits(const struct mc_stream *s, const struct tokens *t, __u32 k, __u32 form, __s64 *v)
 {
-	if (!s || !t || k >= t->n || k >= 8)
-		return -1;
+	if (!s || !t || !v || k >= t->n || k >= 8)
+		return 0;
 	k = bounded8(k);
-	__u32 at = t->start[k], len = t->len[k];
-	if (len == 0 || len > 10)
-		return -1;
-	__s64 v = 0;
-	for (__u32 i = 0; i < 10; i++) {
+	__u32 at = t->start[k], len = t->len[k], max_digits = form & 0xff;
+	int negative = (form & MC_SIGNED) && len > 1 && s->head[at & (MC_HEAD - 1)] == '-';
+	at += negative;
+	len -= negative;
+	if (len == 0 || len > max_digits || len > 19)
+		return 0;
+	__s64 n = 0;
+	for (__u32 i = 0; i < 19; i++) {
 		if (i >= len)
 			break;
 		__u8 c = s->head[(at + i) & (MC_HEAD - 1)];
 		if (c < '0' || c > '9')
-			return -1;
-		v = v * 10 + (c - '0');
+			return 0;
+		n = n * 10 + (c - '0');
 	}
-	return v;
+	*v = negative ? -n : n;
+	return 1;
 }
-#define token_num mc_token_num
+
+/* Token k as a decimal number of up to 10 digits, or -1. */
+static __always_inline __s64 token_num(const struct mc_stream *s, const struct tokens *t, __u32 k)
+{
+	__s64 v;
+	return mc_token_digits(s, t, k, 10, &v) ? v : -1;
+}
+
+/* The flags, exptime and (cas) unique of a storage command read as
+ * memcached reads them (safe_strtoul, safe_strtol, safe_strtoull). One
+ * it cannot read makes it refuse the command without taking the data
+ * block, which it then reads as commands: a write there would go unseen.
+ * Only plain numbers in range pass here; anything else (a sign on flags,
+ * spaces memcached would skip) is taken for unreadable, which costs the
+ * flow, never a write. */
+static __always_inline int storage_numbers_ok(const struct mc_stream *s, const struct tokens *t, int cas)
+{
+	__s64 flags, exptime, unique;
+	return mc_token_digits(s, t, 2, 10, &flags) && flags <= 0xffffffffll &&
+	       mc_token_digits(s, t, 3, 10 | MC_SIGNED, &exptime) && exptime <= 0x7fffffffll &&
+	       exptime >= -0x80000000ll && (!cas || mc_token_digits(s, t, 5, 19, &unique));
+}
 
 struct digits_walk {
 	const struct mc_stream *s;
@@ -614,7 +642,7 @@ __noinline int mc_classify(const struct mc_stream *s, struct verdict *v)
 		__s64 bytes = token_num(s, t, 4);
 		__u32 want = IS(0, "cas") ? 6 : 5; /* tokens without noreply */
 		if (t->n < want || t->n > want + 1 || bytes < 0 || bytes > (1 << 30) ||
-		    (t->n == want + 1 && !last_noreply)) {
+		    (t->n == want + 1 && !last_noreply) || !storage_numbers_ok(s, t, IS(0, "cas"))) {
 			v->kind = MC_BAD;
 			return 0;
 		}
@@ -650,8 +678,10 @@ __noinline int mc_classify(const struct mc_stream *s, struct verdict *v)
 		}
 		int write = !IS(0, "mg") || (t->flag_firsts & (FLAG('T') | FLAG('N') | FLAG('E')));
 		if (IS(0, "ms")) {
+			/* memcached refuses 19 tokens or more (MFLAG_MAX_OPT_LENGTH)
+			 * before it reads the size, taking no data block */
 			__s64 bytes = token_num(s, t, 2);
-			if (bytes < 0 || bytes > (1 << 30)) {
+			if (bytes < 0 || bytes > (1 << 30) || t->n >= 19) {
 				v->kind = MC_BAD;
 				return 0;
 			}
@@ -775,7 +805,12 @@ __noinline int mc_reply_done(struct mc_flow *f)
 		bump(e->slot); /* a noreply write, applied before this reply */
 		f->head++;
 	}
-	mc_uncount(f); /* a reply nobody asked for: the count is off */
+	/* a reply nobody asked for: the count is off, so memcached read the
+	 * stream otherwise than the tracker did, and may have taken a write
+	 * the tracker saw as a value: every rule goes, before this reply
+	 * reaches the client */
+	bump(MC_EPOCH_SLOT);
+	mc_uncount(f);
 	mc_bump_sticky(f);
 	return 0;
 }
