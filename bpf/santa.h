@@ -260,6 +260,8 @@ struct santa_reasons {
 	__u64 tcp_reset_rule_gone;  /* the rule of a reply in flight went and the client has part of it: reset */
 	__u64 tcp_resend_limit;     /* a repeated ack after SANTA_TCP_RESENDS resends without progress
 				     * (a segment the path cannot carry): not resent */
+	__u64 tcp_drop_rst_seq;     /* RST on a flow, not at the client's next byte (RFC 5961): dropped,
+				     * the flow stays */
 };
 
 /* A miss sample as it appears in the ring buffer. */

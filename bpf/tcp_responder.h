@@ -299,8 +299,18 @@ __noinline int tcp_segment(struct xdp_md *ctx, struct pkt_info *req)
 	__u64 unit = stamp_unit();
 
 	if (flags & TCP_RST) {
-		/* the kernel ignores a RST to a listener too */
-		bpf_map_delete_elem(&santa_tcp_flows, &req->tuple);
+		/* Only a RST at the client's next byte (after its FIN: that + 1)
+		 * ends the flow (RFC 5961 3.2): a blind or stale one must not
+		 * drop the state of a reply in flight, or the client's next
+		 * retransmission would be answered from the wrong sequence
+		 * number. The kernel ignores a RST to a listener too. */
+		struct santa_tcp_flow *f = bpf_map_lookup_elem(&santa_tcp_flows, &req->tuple);
+		if (f && bpf_ntohl(th->seq) - f->req_end > 1) {
+			COUNT(tcp_drop_rst_seq);
+			return XDP_DROP;
+		}
+		if (f)
+			bpf_map_delete_elem(&santa_tcp_flows, &req->tuple);
 		COUNT(tcp_rst_consumed);
 		return XDP_DROP;
 	}

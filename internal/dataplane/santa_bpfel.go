@@ -190,6 +190,7 @@ type santaSantaReasons struct {
 	TcpDropRuleGone      uint64
 	TcpResetRuleGone     uint64
 	TcpResendLimit       uint64
+	TcpDropRstSeq        uint64
 }
 
 type santaSantaRegion struct {

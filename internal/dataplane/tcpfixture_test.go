@@ -467,3 +467,48 @@ func mustTCP(t *testing.T, frame []byte) *layers.TCP {
 
 // stampMSS is the MSS a stamp's option bits carry (bpf/tcp.h stamp_mss).
 func stampMSS(stamp uint32) uint16 { return [...]uint16{536, 1220, 1440, 1460}[stamp>>23&3] }
+
+// TestTCPResetSequence: only a RST at the client's next byte resets a
+// socket-less connection (RFC 5961 3.2). One at another sequence number
+// (blind, stale or spoofed) must leave the flow of a reply in flight: else
+// the client's retransmitted request, acking part of that reply, would be
+// taken for a new one and the reply sent again from byte 0 at the client's
+// ack, into the middle of the byte stream.
+func TestTCPResetSequence(t *testing.T) {
+	e := newEnv(t, Config{})
+	addr := netip.AddrPortFrom(e.tb.Server.IP4, 8081)
+	srv := startTCPServer(t, e.tb, addr)
+	long, reply := httpGet("/long", ""), httpReply(strings.Repeat("o", 3000), "")
+	e.bindRules(e.known(srv.sock()), Rule{Conditions: []Condition{cond(0, long)}, Processors: []Processor{put(0, reply)},
+		ReplyLen: len(reply), MinLen: len(long), MaxLen: len(long)})
+	conn := connect(e, netip.AddrPortFrom(e.tb.Client.IP4, 40001), addr, 1460)
+	reqLen := uint32(len(long))
+	if verdict, _ := e.run(conn.segment(0, 0, long)); verdict != xdpPass {
+		t.Fatalf("long request: verdict %d", verdict)
+	}
+	e.expect("first segment acked", conn.segment(reqLen, 1448, ""), xdpDrop, nil, "tcp_ack_consumed")
+
+	rst := func(off uint32) []byte {
+		return tcpFrame(t, conn.client, conn.server, &layers.TCP{RST: true, Seq: 1001 + off, Window: 0}, "")
+	}
+	for _, off := range []uint32{0, reqLen + 1000, reqLen - 1, reqLen + 2} {
+		e.expect(fmt.Sprintf("RST at client byte %d", off), rst(off), xdpDrop, nil, "tcp_drop_rst_seq")
+	}
+	if n := flowCount(t, e.d); n != 1 {
+		t.Fatalf("%d flows after RSTs at other sequence numbers, want the flow of the reply in flight", n)
+	}
+	before := e.counters()
+	verdict, out := e.run(conn.segment(0, 1448, long))
+	if after := e.counters(); verdict != xdpPass || after["tcp_request_repeated"] != before["tcp_request_repeated"]+1 {
+		t.Fatalf("request again: verdict %d, counters %v", verdict, after)
+	}
+	if from := binary.LittleEndian.Uint16(out[24:]); from != 1448 {
+		t.Fatalf("request again: TC is to send the reply from byte %d, want 1448 (what the client acks)", from)
+	}
+
+	e.expect("RST at the client's next byte", rst(reqLen), xdpDrop, nil, "tcp_rst_consumed")
+	if n := flowCount(t, e.d); n != 0 {
+		t.Fatalf("%d flows after the RST at the client's next byte, want 0", n)
+	}
+	e.expect("RST without a flow", rst(reqLen+5), xdpDrop, nil, "tcp_rst_consumed")
+}
