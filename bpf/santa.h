@@ -262,6 +262,7 @@ struct santa_reasons {
 				     * (a segment the path cannot carry): not resent */
 	__u64 tcp_drop_rst_seq;     /* RST on a flow, not at the client's next byte (RFC 5961): dropped,
 				     * the flow stays */
+	__u64 tcp_drop_fin_gap;     /* FIN after bytes eBPF has not taken (dropped or lost): dropped, not acked */
 };
 
 /* A miss sample as it appears in the ring buffer. */

@@ -369,6 +369,13 @@ __noinline int tcp_segment(struct xdp_md *ctx, struct pkt_info *req)
 		 * (see FIN with data above). Else it goes when the client acks
 		 * eBPF's FIN, below, or when swept. */
 		struct santa_tcp_flow *f = bpf_map_lookup_elem(&santa_tcp_flows, &req->tuple);
+		/* a FIN after bytes eBPF has not taken (a request dropped as
+		 * pipelined, or lost): its ACK would ack them, and the client
+		 * would never send them again. It sends them again first. */
+		if (f && seq != f->req_end) {
+			COUNT(tcp_drop_fin_gap);
+			return XDP_DROP;
+		}
 		if (f && t->seq == f->reply_end && (!f->multi || fin))
 			bpf_map_delete_elem(&santa_tcp_flows, &req->tuple);
 		t->flags |= fin ? 0 : TCP_FIN;

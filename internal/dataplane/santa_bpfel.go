@@ -191,6 +191,7 @@ type santaSantaReasons struct {
 	TcpResetRuleGone     uint64
 	TcpResendLimit       uint64
 	TcpDropRstSeq        uint64
+	TcpDropFinGap        uint64
 }
 
 type santaSantaRegion struct {

@@ -512,3 +512,47 @@ func TestTCPResetSequence(t *testing.T) {
 	}
 	e.expect("RST without a flow", rst(reqLen+5), xdpDrop, nil, "tcp_rst_consumed")
 }
+
+// TestTCPFinAfterMissingBytes: a FIN is answered only at the client's next
+// byte. A FIN after bytes eBPF has not taken (a request it dropped as
+// pipelined, or one lost on the way) must not be acked: its ACK would ack
+// those bytes too, and the client would never send them again.
+func TestTCPFinAfterMissingBytes(t *testing.T) {
+	e := newEnv(t, Config{})
+	addr := netip.AddrPortFrom(e.tb.Server.IP4, 8081)
+	srv := startTCPServer(t, e.tb, addr)
+	request, reply := httpGet("/", ""), httpReply("hi", "")
+	e.bindRules(e.known(srv.sock()), Rule{Conditions: []Condition{cond(0, request)}, Processors: []Processor{put(0, reply)},
+		ReplyLen: len(reply), MinLen: len(request), MaxLen: len(request)})
+	reqLen, replyLen := uint32(len(request)), uint32(len(reply))
+	fin := func(c *fixtureConn, off, acked uint32) []byte {
+		return tcpFrame(t, c.client, c.server, &layers.TCP{ACK: true, FIN: true, Seq: 1001 + off,
+			Ack: c.serverSeq + 1 + acked, Window: 502, Options: []layers.TCPOption{{OptionType: layers.TCPOptionKindNop},
+				{OptionType: layers.TCPOptionKindNop}, tsOption(778, c.stamp)}}, "")
+	}
+	answer := func(name string, c *fixtureConn, payload string) {
+		t.Helper()
+		if verdict, _ := e.run(c.segment(0, 0, payload)); verdict != xdpTx {
+			t.Fatalf("%s: verdict %d, counters %v", name, verdict, e.counters())
+		}
+	}
+
+	// the second request, sent before the first reply arrived, is dropped
+	pipelined := connect(e, netip.AddrPortFrom(e.tb.Client.IP4, 40001), addr, 1460)
+	answer("first request", pipelined, request)
+	e.expect("pipelined request", pipelined.segment(reqLen, 0, request), xdpDrop, nil, "tcp_drop_pipelined")
+	e.expect("FIN after the pipelined request", fin(pipelined, 2*reqLen, replyLen), xdpDrop, nil, "tcp_drop_fin_gap")
+
+	// the second request is lost on the way
+	lost := connect(e, netip.AddrPortFrom(e.tb.Client.IP4, 40002), addr, 1460)
+	answer("first request", lost, request)
+	e.expect("FIN after a lost request", fin(lost, 2*reqLen, replyLen), xdpDrop, nil, "tcp_drop_fin_gap")
+	before := e.counters()
+	verdict, out := e.run(fin(lost, reqLen, replyLen))
+	if after := e.counters(); verdict != xdpTx || after["tcp_fin_answered"] != before["tcp_fin_answered"]+1 {
+		t.Fatalf("FIN at the client's next byte: verdict %d, counters %v", verdict, after)
+	}
+	if r, _ := parseTCP(t, out); !r.FIN || r.Ack != 1001+reqLen+1 {
+		t.Fatalf("FIN at the client's next byte: %+v, want a FIN-ACK acking the FIN", r)
+	}
+}
