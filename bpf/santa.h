@@ -263,6 +263,7 @@ struct santa_reasons {
 	__u64 tcp_drop_rst_seq;     /* RST on a flow, not at the client's next byte (RFC 5961): dropped,
 				     * the flow stays */
 	__u64 tcp_drop_fin_gap;     /* FIN after bytes eBPF has not taken (dropped or lost): dropped, not acked */
+	__u64 tcp_syn_challenged;   /* SYN on a connection with a flow: challenge ACK (RFC 5961), the flow stays */
 };
 
 /* A miss sample as it appears in the ring buffer. */

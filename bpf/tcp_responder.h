@@ -217,10 +217,20 @@ static __always_inline int tcp_syn(struct xdp_md *ctx, struct pkt_info *req, str
 		COUNT(pass_bad_checksum);
 		return XDP_PASS;
 	}
-	/* a new connection on this 4-tuple: an old one's flow goes (looked up
-	 * first: a delete takes the bucket's lock even when nothing is there) */
-	if (bpf_map_lookup_elem(&santa_tcp_flows, &req->tuple))
-		bpf_map_delete_elem(&santa_tcp_flows, &req->tuple);
+	/* A SYN on a connection with a flow gets a challenge ACK (RFC 5961
+	 * 4.2): a duplicate or blind SYN must not drop the state of a reply
+	 * in flight. A client that opened a new connection on the 4-tuple
+	 * answers the ACK with a RST at its ack, which ends the flow, and
+	 * sends its SYN again. */
+	const struct santa_tcp_flow *f = bpf_map_lookup_elem(&santa_tcp_flows, &req->tuple);
+	if (f) {
+		t.flags = TCP_ACK;
+		t.syn = 0;
+		t.seq = f->reply_end;
+		t.ack = f->req_end;
+		COUNT(tcp_syn_challenged);
+		return tcp_send(ctx, req, &t, 0);
+	}
 	COUNT(tcp_syn_answered);
 	return tcp_send(ctx, req, &t, 0);
 }

@@ -192,6 +192,7 @@ type santaSantaReasons struct {
 	TcpResendLimit       uint64
 	TcpDropRstSeq        uint64
 	TcpDropFinGap        uint64
+	TcpSynChallenged     uint64
 }
 
 type santaSantaRegion struct {

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/binary"
 	"fmt"
 	"io"
 	"net"
@@ -521,5 +522,60 @@ func TestCloseEndsTCPUpkeep(t *testing.T) {
 		if stacks := string(buf[:runtime.Stack(buf, true)]); strings.Contains(stacks, "startTCPUpkeep.func") {
 			t.Fatalf("after Close, an upkeep goroutine still runs:\n%s", stacks)
 		}
+	}
+}
+
+// TestTCPSynOnAStaleFlow: a real client that opens a connection on the
+// 4-tuple of a flow eBPF still keeps (one whose end it never saw) gets a
+// challenge ACK for its SYN, answers it with a RST at the ACK's ack, which
+// ends the flow, and its SYN sent again is answered: the connection is made
+// and its request answered by eBPF.
+func TestTCPSynOnAStaleFlow(t *testing.T) {
+	tb := testbed.New(t)
+	d := loadAttached(t, tb, Config{})
+	addr := netip.AddrPortFrom(tb.Server.IP4, 8080)
+	srv := startTCPServer(t, tb, addr)
+	hot, reply := httpGet("/hot", ""), httpReply("from eBPF", "")
+	if err := d.Bind(srv.sock(), SampleOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.AddRules(srv.cookie, []Rule{{Conditions: []Condition{cond(0, hot)},
+		Processors: []Processor{put(0, reply)}, ReplyLen: len(reply), MinLen: len(hot), MaxLen: len(hot)}}); err != nil {
+		t.Fatal(err)
+	}
+	client := netip.AddrPortFrom(tb.Client.IP4, 40100)
+	// the key as bpf_sock_tuple holds it: addresses and ports in network order
+	var k santaBpfSockTuple
+	ca, sa := client.Addr().As4(), addr.Addr().As4()
+	k.Ipv4.Saddr, k.Ipv4.Daddr = binary.NativeEndian.Uint32(ca[:]), binary.NativeEndian.Uint32(sa[:])
+	k.Ipv4.Sport = binary.NativeEndian.Uint16(binary.BigEndian.AppendUint16(nil, client.Port()))
+	k.Ipv4.Dport = binary.NativeEndian.Uint16(binary.BigEndian.AppendUint16(nil, addr.Port()))
+	if err := d.objs.SantaTcpFlows.Put(&k, &santaSantaTcpFlow{ReqSeq: 100, ReqEnd: 200, ReplyStart: 300,
+		ReplyEnd: 400, Seen: uint32(nowUnit(t))}); err != nil {
+		t.Fatal(err)
+	}
+	before := counterNames(t, d)
+	var c net.Conn
+	err := tb.Client.Do(func() error {
+		dialer := net.Dialer{Timeout: 10 * time.Second, LocalAddr: net.TCPAddrFromAddrPort(client)}
+		dialer.SetMultipathTCP(false)
+		var err error
+		c, err = dialer.Dial("tcp", addr.String())
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	io.WriteString(c, hot)
+	if got := readReply(t, c, bufio.NewReader(c)); got != reply {
+		t.Fatalf("reply %q, want %q", got, reply)
+	}
+	after := counterNames(t, d)
+	if after["tcp_syn_challenged"] != before["tcp_syn_challenged"]+1 || after["tcp_rst_consumed"] != before["tcp_rst_consumed"]+1 ||
+		after["answered"] != before["answered"]+1 {
+		t.Fatalf("SYN challenged +%d, RST consumed +%d, answered +%d; want 1 each",
+			after["tcp_syn_challenged"]-before["tcp_syn_challenged"], after["tcp_rst_consumed"]-before["tcp_rst_consumed"],
+			after["answered"]-before["answered"])
 	}
 }

@@ -203,16 +203,28 @@ func TestTCPFixtures(t *testing.T) {
 	if tsecr != 778 || !stampValid(t, e.d, client, addr, tsval, nowUnit(t)) {
 		t.Fatalf("reply timestamps %#x %d", tsval, tsecr)
 	}
-	// a new connection on the same 4-tuple drops the old one's flow
+	// a SYN on the 4-tuple of a flow gets a challenge ACK (RFC 5961 4.2);
+	// a client that opened a new connection answers it with a RST at its
+	// ack, which drops the old flow, and its next SYN is answered
 	if n := flowCount(t, e.d); n != 1 {
 		t.Fatalf("%d flows after the answer, want 1", n)
 	}
-	if verdict, _ = e.run(tcpFrame(t, client, addr, syn, "")); verdict != xdpTx {
-		t.Fatalf("SYN again: verdict %d", verdict)
+	before = e.counters()
+	verdict, out = e.run(tcpFrame(t, client, addr, syn, ""))
+	if after := e.counters(); verdict != xdpTx || after["tcp_syn_challenged"] != before["tcp_syn_challenged"]+1 {
+		t.Fatalf("SYN again: verdict %d, counters %v", verdict, after)
 	}
-	if n := flowCount(t, e.d); n != 0 {
-		t.Fatalf("%d flows after a SYN on the same 4-tuple, want 0", n)
+	challenge, _ := parseTCP(t, out)
+	if challenge.SYN || !challenge.ACK || challenge.Seq != synack.Seq+1+uint32(len(reply)) ||
+		challenge.Ack != 1001+uint32(len(request)) {
+		t.Fatalf("SYN again: %+v, want an ACK at eBPF's next byte acking the client's", challenge)
 	}
+	if n := flowCount(t, e.d); n != 1 {
+		t.Fatalf("%d flows after a SYN on the same 4-tuple, want 1", n)
+	}
+	e.expect("RST at the challenge's ack", tcpFrame(t, client, addr, &layers.TCP{RST: true, Seq: challenge.Ack}, ""),
+		xdpDrop, nil, "tcp_rst_consumed")
+	e.expect("SYN after the RST", tcpFrame(t, client, addr, syn, ""), xdpTx, nil, "tcp_syn_answered")
 }
 
 // nowUnit is the current stamp unit.
@@ -469,7 +481,7 @@ func mustTCP(t *testing.T, frame []byte) *layers.TCP {
 func stampMSS(stamp uint32) uint16 { return [...]uint16{536, 1220, 1440, 1460}[stamp>>23&3] }
 
 // TestTCPResetSequence: only a RST at the client's next byte resets a
-// socket-less connection (RFC 5961 3.2). One at another sequence number
+// socket-less connection (RFC 5961 3.2), and a SYN does not (4.2). One at another sequence number
 // (blind, stale or spoofed) must leave the flow of a reply in flight: else
 // the client's retransmitted request, acking part of that reply, would be
 // taken for a new one and the reply sent again from byte 0 at the client's
@@ -494,17 +506,27 @@ func TestTCPResetSequence(t *testing.T) {
 	for _, off := range []uint32{0, reqLen + 1000, reqLen - 1, reqLen + 2} {
 		e.expect(fmt.Sprintf("RST at client byte %d", off), rst(off), xdpDrop, nil, "tcp_drop_rst_seq")
 	}
-	if n := flowCount(t, e.d); n != 1 {
-		t.Fatalf("%d flows after RSTs at other sequence numbers, want the flow of the reply in flight", n)
+	// the request again, acking the reply's first segment: the rest of it
+	resumed := func(name string) {
+		t.Helper()
+		if n := flowCount(t, e.d); n != 1 {
+			t.Fatalf("%s: %d flows, want the flow of the reply in flight", name, n)
+		}
+		before := e.counters()
+		verdict, out := e.run(conn.segment(0, 1448, long))
+		if after := e.counters(); verdict != xdpPass || after["tcp_request_repeated"] != before["tcp_request_repeated"]+1 {
+			t.Fatalf("%s: request again: verdict %d, counters %v", name, verdict, after)
+		}
+		if from := binary.LittleEndian.Uint16(out[24:]); from != 1448 {
+			t.Fatalf("%s: TC is to send the reply from byte %d, want 1448 (what the client acks)", name, from)
+		}
 	}
-	before := e.counters()
-	verdict, out := e.run(conn.segment(0, 1448, long))
-	if after := e.counters(); verdict != xdpPass || after["tcp_request_repeated"] != before["tcp_request_repeated"]+1 {
-		t.Fatalf("request again: verdict %d, counters %v", verdict, after)
-	}
-	if from := binary.LittleEndian.Uint16(out[24:]); from != 1448 {
-		t.Fatalf("request again: TC is to send the reply from byte %d, want 1448 (what the client acks)", from)
-	}
+	resumed("RSTs at other sequence numbers")
+
+	// so must a SYN on the 4-tuple (a duplicate of the first, or blind)
+	e.expect("SYN on the flow", tcpFrame(t, conn.client, conn.server, &layers.TCP{SYN: true, Seq: 1000, Window: 64240,
+		Options: []layers.TCPOption{tsOption(777, 0)}}, ""), xdpTx, nil, "tcp_syn_challenged")
+	resumed("SYN on the flow")
 
 	e.expect("RST at the client's next byte", rst(reqLen), xdpDrop, nil, "tcp_rst_consumed")
 	if n := flowCount(t, e.d); n != 0 {
