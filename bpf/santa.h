@@ -262,7 +262,8 @@ struct santa_reasons {
 				     * (a segment the path cannot carry): not resent */
 	__u64 tcp_drop_rst_seq;     /* RST on a flow, not at the client's next byte (RFC 5961): dropped,
 				     * the flow stays */
-	__u64 tcp_drop_fin_gap;     /* FIN after bytes eBPF has not taken (dropped or lost): dropped, not acked */
+	__u64 tcp_drop_gap;         /* request or FIN after bytes eBPF has not taken (dropped or lost):
+				     * dropped, not acked nor handed over */
 	__u64 tcp_syn_challenged;   /* SYN on a connection with a flow: challenge ACK (RFC 5961), the flow stays */
 };
 

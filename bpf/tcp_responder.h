@@ -350,6 +350,10 @@ __noinline int tcp_segment(struct xdp_md *ctx, struct pkt_info *req)
 		 * kernel's. */
 		struct santa_tcp_flow *f = bpf_map_lookup_elem(&santa_tcp_flows, &req->tuple);
 		int answered = f ? (__s32)(seq - f->req_seq) <= 0 && seq + req->payload_len == f->req_end : fin;
+		if (!answered && f && (__s32)(seq - f->req_end) > 0) {
+			COUNT(tcp_drop_gap); /* as a request after a gap, below */
+			return XDP_DROP;
+		}
 		if (!answered) {
 			COUNT(tcp_handover_flags);
 			return XDP_PASS;
@@ -379,11 +383,8 @@ __noinline int tcp_segment(struct xdp_md *ctx, struct pkt_info *req)
 		 * (see FIN with data above). Else it goes when the client acks
 		 * eBPF's FIN, below, or when swept. */
 		struct santa_tcp_flow *f = bpf_map_lookup_elem(&santa_tcp_flows, &req->tuple);
-		/* a FIN after bytes eBPF has not taken (a request dropped as
-		 * pipelined, or lost): its ACK would ack them, and the client
-		 * would never send them again. It sends them again first. */
 		if (f && seq != f->req_end) {
-			COUNT(tcp_drop_fin_gap);
+			COUNT(tcp_drop_gap); /* as a request after a gap, below */
 			return XDP_DROP;
 		}
 		if (f && t->seq == f->reply_end && (!f->multi || fin))
@@ -505,6 +506,13 @@ __noinline int tcp_segment(struct xdp_md *ctx, struct pkt_info *req)
 		trimmed = 1;
 	} else if (in_flight) {
 		COUNT(tcp_drop_pipelined);
+		return XDP_DROP;
+	} else if (f && seq != f->req_end) {
+		/* after bytes eBPF has not taken (a request dropped as
+		 * pipelined, or lost): an answer, or the kernel's socket made
+		 * from this segment, would ack them, and the client would never
+		 * send them again. It sends them again first. */
+		COUNT(tcp_drop_gap);
 		return XDP_DROP;
 	}
 	__u32 slot = 0;

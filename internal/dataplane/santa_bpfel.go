@@ -191,7 +191,7 @@ type santaSantaReasons struct {
 	TcpResetRuleGone     uint64
 	TcpResendLimit       uint64
 	TcpDropRstSeq        uint64
-	TcpDropFinGap        uint64
+	TcpDropGap           uint64
 	TcpSynChallenged     uint64
 }
 

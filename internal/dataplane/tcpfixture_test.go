@@ -535,11 +535,12 @@ func TestTCPResetSequence(t *testing.T) {
 	e.expect("RST without a flow", rst(reqLen+5), xdpDrop, nil, "tcp_rst_consumed")
 }
 
-// TestTCPFinAfterMissingBytes: a FIN is answered only at the client's next
-// byte. A FIN after bytes eBPF has not taken (a request it dropped as
-// pipelined, or one lost on the way) must not be acked: its ACK would ack
-// those bytes too, and the client would never send them again.
-func TestTCPFinAfterMissingBytes(t *testing.T) {
+// TestTCPAfterMissingBytes: a FIN or a request is answered only at the
+// client's next byte. One after bytes eBPF has not taken (a request it
+// dropped as pipelined, or one lost on the way) must not be acked, nor
+// handed over: the ACK would ack those bytes too, and the client would never
+// send them again (and take the reply to the next request for theirs).
+func TestTCPAfterMissingBytes(t *testing.T) {
 	e := newEnv(t, Config{})
 	addr := netip.AddrPortFrom(e.tb.Server.IP4, 8081)
 	srv := startTCPServer(t, e.tb, addr)
@@ -563,12 +564,12 @@ func TestTCPFinAfterMissingBytes(t *testing.T) {
 	pipelined := connect(e, netip.AddrPortFrom(e.tb.Client.IP4, 40001), addr, 1460)
 	answer("first request", pipelined, request)
 	e.expect("pipelined request", pipelined.segment(reqLen, 0, request), xdpDrop, nil, "tcp_drop_pipelined")
-	e.expect("FIN after the pipelined request", fin(pipelined, 2*reqLen, replyLen), xdpDrop, nil, "tcp_drop_fin_gap")
+	e.expect("FIN after the pipelined request", fin(pipelined, 2*reqLen, replyLen), xdpDrop, nil, "tcp_drop_gap")
 
 	// the second request is lost on the way
 	lost := connect(e, netip.AddrPortFrom(e.tb.Client.IP4, 40002), addr, 1460)
 	answer("first request", lost, request)
-	e.expect("FIN after a lost request", fin(lost, 2*reqLen, replyLen), xdpDrop, nil, "tcp_drop_fin_gap")
+	e.expect("FIN after a lost request", fin(lost, 2*reqLen, replyLen), xdpDrop, nil, "tcp_drop_gap")
 	before := e.counters()
 	verdict, out := e.run(fin(lost, reqLen, replyLen))
 	if after := e.counters(); verdict != xdpTx || after["tcp_fin_answered"] != before["tcp_fin_answered"]+1 {
@@ -576,5 +577,25 @@ func TestTCPFinAfterMissingBytes(t *testing.T) {
 	}
 	if r, _ := parseTCP(t, out); !r.FIN || r.Ack != 1001+reqLen+1 {
 		t.Fatalf("FIN at the client's next byte: %+v, want a FIN-ACK acking the FIN", r)
+	}
+
+	// the second request is lost, the third arrives after the first reply
+	// was acked: neither answered nor handed over
+	gap := connect(e, netip.AddrPortFrom(e.tb.Client.IP4, 40003), addr, 1460)
+	answer("first request", gap, request)
+	e.expect("first reply acked", gap.segment(reqLen, replyLen, ""), xdpDrop, nil, "tcp_ack_consumed")
+	e.expect("request after a lost one", gap.segment(2*reqLen, replyLen, request), xdpDrop, nil, "tcp_drop_gap")
+	e.expect("other request after a lost one", gap.segment(2*reqLen, replyLen, httpGet("/x", "")), xdpDrop, nil, "tcp_drop_gap")
+	finWithData := tcpFrame(t, gap.client, gap.server, &layers.TCP{ACK: true, FIN: true, Seq: 1001 + 2*reqLen,
+		Ack: gap.serverSeq + 1 + replyLen, Window: 502, Options: []layers.TCPOption{{OptionType: layers.TCPOptionKindNop},
+			{OptionType: layers.TCPOptionKindNop}, tsOption(778, gap.stamp)}}, request)
+	e.expect("request and FIN after a lost one", finWithData, xdpDrop, nil, "tcp_drop_gap")
+	before = e.counters()
+	verdict, out = e.run(gap.segment(reqLen, replyLen, request))
+	if after := e.counters(); verdict != xdpTx || after["answered"] != before["answered"]+1 {
+		t.Fatalf("the lost request again: verdict %d, counters %v", verdict, after)
+	}
+	if r, _ := parseTCP(t, out); r.Ack != 1001+2*reqLen {
+		t.Fatalf("the lost request again: ack %d, want %d", r.Ack, 1001+2*reqLen)
 	}
 }
