@@ -350,9 +350,25 @@ __noinline int tcp_segment(struct xdp_md *ctx, struct pkt_info *req)
 		 * kernel's. */
 		struct santa_tcp_flow *f = bpf_map_lookup_elem(&santa_tcp_flows, &req->tuple);
 		int answered = f ? (__s32)(seq - f->req_seq) <= 0 && seq + req->payload_len == f->req_end : fin;
-		if (!answered && f && (__s32)(seq - f->req_end) > 0) {
-			COUNT(tcp_drop_gap); /* as a request after a gap, below */
-			return XDP_DROP;
+		if (!answered && f) {
+			/* the kernel's socket, made from this segment, must not
+			 * miss bytes, get answered ones again, or miss eBPF's
+			 * in flight */
+			int in_flight = (__s32)(t->seq - f->reply_end) < 0;
+			if ((__s32)(seq - f->req_end) > 0) {
+				COUNT(tcp_drop_gap); /* as a request after a gap, below */
+				return XDP_DROP;
+			}
+			if ((__s32)(seq - f->req_end) < 0) {
+				/* answered bytes, then new ones: the reply (or the
+				 * ACK) first; the client then sends the rest alone */
+				COUNT(tcp_request_repeated);
+				return answer_again(ctx, req, s, f, t, o, unit, in_flight, fin);
+			}
+			if (in_flight) {
+				COUNT(tcp_drop_pipelined);
+				return XDP_DROP;
+			}
 		}
 		if (!answered) {
 			COUNT(tcp_handover_flags);

@@ -599,3 +599,53 @@ func TestTCPAfterMissingBytes(t *testing.T) {
 		t.Fatalf("the lost request again: ack %d, want %d", r.Ack, 1001+2*reqLen)
 	}
 }
+
+// TestTCPFinWithDataOverAReply: a FIN with data that is not just the
+// request answered (a client's retransmission that took in a new request
+// and its FIN) goes to the kernel only at the client's next byte and with
+// eBPF's reply all acked: the kernel's socket, made from that segment,
+// would give the application the answered request again and answer it at
+// the client's ack, in the middle of eBPF's reply, or not know eBPF's
+// bytes in flight. The answered request's reply (or its ACK) comes first;
+// the client then sends the rest alone.
+func TestTCPFinWithDataOverAReply(t *testing.T) {
+	e := newEnv(t, Config{})
+	addr := netip.AddrPortFrom(e.tb.Server.IP4, 8081)
+	srv := startTCPServer(t, e.tb, addr)
+	long, reply := httpGet("/long", ""), httpReply(strings.Repeat("o", 3000), "")
+	e.bindRules(e.known(srv.sock()), Rule{Conditions: []Condition{cond(0, long)}, Processors: []Processor{put(0, reply)},
+		ReplyLen: len(reply), MinLen: len(long), MaxLen: len(long)})
+	conn := connect(e, netip.AddrPortFrom(e.tb.Client.IP4, 40001), addr, 1460)
+	reqLen, next := uint32(len(long)), httpGet("/next", "")
+	finWithData := func(off, acked uint32, payload string) []byte {
+		return tcpFrame(t, conn.client, conn.server, &layers.TCP{ACK: true, FIN: true, PSH: true, Seq: 1001 + off,
+			Ack: conn.serverSeq + 1 + acked, Window: 502, Options: []layers.TCPOption{{OptionType: layers.TCPOptionKindNop},
+				{OptionType: layers.TCPOptionKindNop}, tsOption(778, conn.stamp)}}, payload)
+	}
+	if verdict, _ := e.run(conn.segment(0, 0, long)); verdict != xdpPass {
+		t.Fatalf("long request: verdict %d", verdict)
+	}
+	e.expect("first segment acked", conn.segment(reqLen, 1448, ""), xdpDrop, nil, "tcp_ack_consumed")
+
+	e.expect("new request and FIN during the reply", finWithData(reqLen, 1448, next), xdpDrop, nil, "tcp_drop_pipelined")
+	before := e.counters()
+	verdict, out := e.run(finWithData(0, 1448, long+next))
+	if after := e.counters(); verdict != xdpPass || after["tcp_request_repeated"] != before["tcp_request_repeated"]+1 {
+		t.Fatalf("both requests and FIN during the reply: verdict %d, counters %v", verdict, after)
+	}
+	if from := binary.LittleEndian.Uint16(out[24:]); binary.LittleEndian.Uint32(out) != santaTCPEmitMagic || from != 1448 {
+		t.Fatalf("both requests and FIN during the reply: TC is to send the reply from byte %d, want 1448", from)
+	}
+
+	replyLen := uint32(len(reply))
+	e.expect("reply acked", conn.segment(reqLen, replyLen, ""), xdpTx, nil, "tcp_request_acked")
+	before = e.counters()
+	verdict, out = e.run(finWithData(0, replyLen, long+next))
+	if after := e.counters(); verdict != xdpTx || after["tcp_request_repeated"] != before["tcp_request_repeated"]+1 {
+		t.Fatalf("both requests and FIN after the reply: verdict %d, counters %v", verdict, after)
+	}
+	if r, payload := parseTCP(t, out); r.Ack != 1001+reqLen || r.FIN || payload != "" {
+		t.Fatalf("both requests and FIN after the reply: %+v, want an ACK of the answered request", r)
+	}
+	e.expect("new request and FIN alone", finWithData(reqLen, replyLen, next), xdpPass, nil, "tcp_handover_flags")
+}
