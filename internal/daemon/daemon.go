@@ -226,6 +226,15 @@ func Start(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 		interfaces.End()
 		return nil, err
 	}
+	if prev != nil && len(d.sets) > 0 {
+		// at once: until then a reply in flight finds its rule gone
+		if n, err := d.dp.RetargetFlows(prev); err != nil {
+			log.Warn("could not point the TCP flows with a reply in flight at the restored rules: those replies are gone "+
+				"(their clients are reset, or answered anew)", "retargeted", n, "error", err)
+		} else if n > 0 {
+			log.Info("TCP replies in flight carried over", "flows", n)
+		}
+	}
 	d.detachUnconfigured()
 	if prev != nil && len(d.sets) > 0 {
 		d.carryStats(prev, expired)

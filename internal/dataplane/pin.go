@@ -224,15 +224,9 @@ func (p *Previous) Alive(cookie uint64) bool {
 // linked into the bucket chains of its bound rule sets, each slot's base and
 // per-CPU counters. It fails if the predecessor's layout is not this version's.
 func (p *Previous) RuleStats() (map[RuleID]RuleStats, error) {
-	live := map[uint32]bool{}
-	var cookie uint64
-	var rsID uint32
-	it := p.sockets.Iterate()
-	for it.Next(&cookie, &rsID) {
-		live[rsID] = true
-	}
-	if err := it.Err(); err != nil {
-		return nil, fmt.Errorf("read previous sockets: %w", err)
+	live, err := p.liveRulesets()
+	if err != nil {
+		return nil, err
 	}
 	var arrays []*mmapArray
 	defer func() {
@@ -270,26 +264,7 @@ func (p *Previous) RuleStats() (map[RuleID]RuleStats, error) {
 	}
 	defer stats.Close()
 
-	// A modified rule's old version stays linked for a moment (retireGrace)
-	// beside the new one, which already carries its counts (setBase): of a
-	// rule's slots, count the newest version's only.
-	type version struct{ slot, generation uint32 }
-	newest := map[RuleID]version{}
-	var end uint32 // one past the highest slot
-	limit := min(rules.entries, bases.entries)
-	for b := range buckets.entries {
-		for s, n := buckets.load32(b, offBucketHead), 0; s != 0 && s < limit && n < MaxChain; s, n = rules.load32(s, offRuleNext), n+1 {
-			if !live[rules.load32(s, offRuleRuleset)] {
-				continue
-			}
-			id := RuleID(binary.LittleEndian.Uint64(rules.value(s)[offRuleID:]))
-			v := version{s, rules.load32(s, offRuleGeneration)}
-			if seen, ok := newest[id]; !ok || v.generation > seen.generation {
-				newest[id] = v
-			}
-			end = max(end, s+1)
-		}
-	}
+	newest, end := newestSlots(live, buckets, rules, bases.entries)
 	counts, err := sumPerCPU(stats, end)
 	if err != nil {
 		return nil, fmt.Errorf("read previous rule counters: %w", err)
@@ -299,6 +274,165 @@ func (p *Previous) RuleStats() (map[RuleID]RuleStats, error) {
 		out[id] = baseOf(bases, v.slot).add(counts[v.slot])
 	}
 	return out, nil
+}
+
+// liveRulesets are the ids of the predecessor's bound rule sets.
+func (p *Previous) liveRulesets() (map[uint32]bool, error) {
+	live := map[uint32]bool{}
+	var cookie uint64
+	var rsID uint32
+	it := p.sockets.Iterate()
+	for it.Next(&cookie, &rsID) {
+		live[rsID] = true
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("read previous sockets: %w", err)
+	}
+	return live, nil
+}
+
+// RetargetFlows points the TCP flows with a reply in flight at the rule that
+// made it in this data plane, for a restart that shares its predecessor's
+// flow table (Config.FlowsPin). A flow names its rule by slot, rule set,
+// generation and id, and eBPF sends the rest of a reply only while that
+// slot still holds that rule (else it drops the flow, or resets the
+// connection if the client holds part of the reply); restored rules lie
+// elsewhere, so without this every reply in flight would be gone. A flow is
+// retargeted only if its rule was the newest version in the predecessor and
+// the restored rule has the same reply length and template checksum (the
+// same bytes). Call it right after this data plane's programs are swapped
+// in: the predecessor's program no longer writes flows, and until then it
+// needs their old coordinates. It returns how many flows it retargeted.
+func (d *Dataplane) RetargetFlows(p *Previous) (int, error) {
+	if d.cfg.FlowsPin == "" {
+		return 0, nil
+	}
+	live, err := p.liveRulesets()
+	if err != nil {
+		return 0, err
+	}
+	m, err := p.open("santa_rules", false)
+	if err != nil {
+		return 0, err
+	}
+	old, err := mapArray(m, false)
+	m.Close() // the mapping holds the map
+	if err != nil {
+		return 0, err
+	}
+	defer old.close()
+	bm, err := p.open("santa_buckets", false)
+	if err != nil {
+		return 0, err
+	}
+	buckets, err := mapArray(bm, false)
+	bm.Close()
+	if err != nil {
+		return 0, err
+	}
+	defer buckets.close()
+	newest, _ := newestSlots(live, buckets, old, old.entries)
+
+	flows := d.objs.SantaTcpFlows
+	const batch = 4096
+	keys := make([]santaBpfSockTuple, batch)
+	vals := make([]santaSantaTcpFlow, batch)
+	type change struct {
+		key santaBpfSockTuple
+		was santaSantaTcpFlow
+	}
+	var changes []change
+	var cursor ebpf.MapBatchCursor
+	for {
+		n, err := flows.BatchLookup(&cursor, keys, vals, nil)
+		for i := 0; i < n; i++ {
+			// only a reply in flight needs its rule: the client has not acked all of it
+			if f := vals[i]; int32(f.LastAck-f.ReplyEnd) < 0 && f.Rule.Id != 0 {
+				changes = append(changes, change{keys[i], f})
+			}
+		}
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			break
+		}
+		if err != nil {
+			return 0, fmt.Errorf("read flows: %w", err)
+		}
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	done := 0
+	for _, c := range changes {
+		ref := c.was.Rule
+		v, ok := newest[RuleID(ref.Id)]
+		if !ok || v.slot != ref.Slot || ref.Slot >= old.entries || old.load32(ref.Slot, offRuleRuleset) != ref.Ruleset ||
+			old.load32(ref.Slot, offRuleGeneration) != ref.Generation {
+			continue // not the newest version of a live rule: its reply is gone
+		}
+		r, ok := d.byID[RuleID(ref.Id)]
+		if !ok || r.slot == 0 || !sameReply(old.value(ref.Slot), d.rules.value(r.slot)) {
+			continue
+		}
+		f := c.was
+		f.Rule.Slot = r.slot
+		f.Rule.Ruleset = d.rules.load32(r.slot, offRuleRuleset)
+		f.Rule.Generation = d.rules.load32(r.slot, offRuleGeneration)
+		if f.Rule == ref {
+			continue
+		}
+		// look again right before: eBPF may have moved the flow on since
+		var now santaSantaTcpFlow
+		if err := flows.Lookup(&c.key, &now); err != nil || now != c.was {
+			if err == nil && now.Rule == ref && now.ReqSeq == c.was.ReqSeq && now.ReplyStart == c.was.ReplyStart {
+				f = now // only acks moved on: same reply
+				f.Rule.Slot, f.Rule.Ruleset, f.Rule.Generation = r.slot, d.rules.load32(r.slot, offRuleRuleset), d.rules.load32(r.slot, offRuleGeneration)
+			} else {
+				continue
+			}
+		}
+		if err := flows.Update(&c.key, &f, ebpf.UpdateExist); err != nil {
+			if errors.Is(err, ebpf.ErrKeyNotExist) {
+				continue
+			}
+			return done, fmt.Errorf("retarget flow: %w", err)
+		}
+		done++
+	}
+	return done, nil
+}
+
+// sameReply says two rules (santa_rules values) have the same reply
+// template: length and checksum.
+func sameReply(a, b []byte) bool {
+	return binary.LittleEndian.Uint16(a[offRuleReplyLen:]) == binary.LittleEndian.Uint16(b[offRuleReplyLen:]) &&
+		binary.LittleEndian.Uint16(a[offRuleTplCsum:]) == binary.LittleEndian.Uint16(b[offRuleTplCsum:]) &&
+		a[offRuleNcopies] == b[offRuleNcopies]
+}
+
+// prevVersion is where the newest version of a rule lies in a predecessor.
+type prevVersion struct{ slot, generation uint32 }
+
+// newestSlots finds, of the rules linked into the bucket chains of the
+// live rule sets, each rule's newest version: a modified rule's old version
+// stays linked for a moment (retireGrace) beside the new one. end is one
+// past the highest slot linked; slots are below limit.
+func newestSlots(live map[uint32]bool, buckets, rules *mmapArray, limit uint32) (map[RuleID]prevVersion, uint32) {
+	newest := map[RuleID]prevVersion{}
+	var end uint32
+	limit = min(rules.entries, limit)
+	for b := range buckets.entries {
+		for s, n := buckets.load32(b, offBucketHead), 0; s != 0 && s < limit && n < MaxChain; s, n = rules.load32(s, offRuleNext), n+1 {
+			if !live[rules.load32(s, offRuleRuleset)] {
+				continue
+			}
+			id := RuleID(binary.LittleEndian.Uint64(rules.value(s)[offRuleID:]))
+			v := prevVersion{s, rules.load32(s, offRuleGeneration)}
+			if seen, ok := newest[id]; !ok || v.generation > seen.generation {
+				newest[id] = v
+			}
+			end = max(end, s+1)
+		}
+	}
+	return newest, end
 }
 
 // sumPerCPU reads the per-CPU rule counters of slots 0..end-1 in batches

@@ -1,0 +1,106 @@
+package daemon_test
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/santa-offload/santa/api"
+	santa "github.com/santa-offload/santa/clients/go/santa"
+	"github.com/santa-offload/santa/internal/testbed"
+)
+
+// TestRepliesInFlightSurviveRestart: long replies of socket-less TCP
+// connections that their clients hold only part of when santad restarts
+// are completed by the new santad. A flow names the rule of its reply by
+// slot, rule set, generation and id, and the restored rules lie elsewhere
+// (here: the long reply's rule came with a second add, a later generation
+// than the restore gives it): before the new santad pointed the flows at
+// them, eBPF found the rule gone and reset every such connection
+// (tcp_reset_rule_gone; 5 of 6 here).
+func TestRepliesInFlightSurviveRestart(t *testing.T) {
+	tb, link := testbed.NewImpaired(t, testbed.Options{}, testbed.ImpairOptions{Seed: 3})
+	for _, side := range []testbed.Side{tb.Client, tb.Server} {
+		if _, err := side.Run("sysctl", "-q", "-w", "net.ipv4.tcp_rto_min_us=10000", "net.ipv4.tcp_rto_max_ms=1000"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sd := newSantad(t, tb)
+	sd.start()
+	c := sd.client()
+	server := netip.AddrPortFrom(tb.Server.IP4, 7980)
+	l := listenTCP(t, tb, server)
+	target, err := santa.Socket(l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Bind(target, santa.SampleOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	long := strings.Repeat("0123456789abcdef", 700) // 8 segments
+	for _, r := range []api.Rule{httpRule("/short", "short", false), httpRule("/long", long, false)} {
+		if _, err := c.Add(target, []api.Rule{r}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var conns []net.Conn
+	for range 6 {
+		var conn net.Conn
+		if err := tb.Client.Do(func() (err error) {
+			conn, err = net.Dial("tcp", server.String())
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		conns = append(conns, conn)
+	}
+	// half of the replies' segments arrive, then none: each client holds
+	// part of its reply (or none) while santad restarts
+	if err := link.Set(testbed.ToClient, testbed.Impairment{Loss: 0.5}); err != nil {
+		t.Fatal(err)
+	}
+	for _, conn := range conns {
+		if _, err := io.WriteString(conn, "GET /long HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(time.Millisecond)
+	if err := link.Set(testbed.ToClient, testbed.Impairment{Loss: 1}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	sd.stop(syscall.SIGTERM)
+	sd.start()
+	if err := link.Set(testbed.ToClient, testbed.Impairment{}); err != nil {
+		t.Fatal(err)
+	}
+	for i, conn := range conns {
+		conn.SetDeadline(time.Now().Add(10 * time.Second))
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		if err != nil {
+			t.Errorf("connection %d, its reply in flight across the restart: %v", i, err)
+			continue
+		}
+		body, err := io.ReadAll(resp.Body)
+		if err != nil || string(body) != long {
+			t.Errorf("connection %d, its reply in flight across the restart: %d of %d bytes (%v)", i, len(body), len(long), err)
+		}
+	}
+	if !strings.Contains(sd.Log(), "TCP replies in flight carried over") {
+		t.Errorf("no reply was in flight at the restart (the test needs some):\n%s", sd.Log())
+	}
+	metrics := sd.scrape()
+	for _, gone := range []string{"tcp_reset_rule_gone", "tcp_drop_rule_gone"} {
+		if line := fmt.Sprintf("santa_dataplane_events_total{event=%q} 0", gone); !strings.Contains(metrics, line) {
+			t.Errorf("after the restart eBPF found the rule of a reply in flight gone: want %s", line)
+		}
+	}
+}
