@@ -227,7 +227,13 @@ func Start(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 		return nil, err
 	}
 	if prev != nil && len(d.sets) > 0 {
-		// at once: until then a reply in flight finds its rule gone
+		// at once: until then a reply in flight finds its flow or rule gone
+		if n, err := d.dp.MigrateFlows(prev); err != nil {
+			log.Warn("could not copy the TCP flows of the replaced flow table: replies in flight are gone "+
+				"(a client holding part of one is answered anew at the wrong place)", "copied", n, "error", err)
+		} else if n > 0 {
+			log.Info("TCP flows copied from the replaced flow table", "flows", n)
+		}
 		if n, err := d.dp.RetargetFlows(prev); err != nil {
 			log.Warn("could not point the TCP flows with a reply in flight at the restored rules: those replies are gone "+
 				"(their clients are reset, or answered anew)", "retargeted", n, "error", err)

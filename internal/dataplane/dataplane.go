@@ -24,6 +24,9 @@ type Dataplane struct {
 	mask uint32
 	// the shared maps Load pinned because none were pinned there
 	freshPins []string
+	// oldFlows is the predecessor's TCP flow table Load replaced, for
+	// MigrateFlows.
+	oldFlows *ebpf.Map
 
 	mu         sync.Mutex
 	rules      *mmapArray // santa_rules
@@ -137,9 +140,14 @@ func Load(cfg Config) (*Dataplane, error) {
 	opts := &ebpf.CollectionOptions{MapReplacements: map[string]*ebpf.Map{}}
 	var toPin []sharedMap
 	for _, sm := range cfg.sharedMaps() {
-		m, fresh, err := openShared(sm, spec.Maps[sm.name])
+		m, fresh, replaced, err := openShared(sm, spec.Maps[sm.name])
 		if err != nil {
 			return nil, err
+		}
+		if replaced != nil && sm.name == "santa_tcp_flows" {
+			d.oldFlows = replaced
+		} else if replaced != nil {
+			replaced.Close()
 		}
 		if m != nil {
 			defer m.Close()
@@ -218,34 +226,37 @@ func (c Config) sharedMaps() []sharedMap {
 }
 
 // openShared opens the map pinned at sm.pin, if there is one of spec's
-// layout and size; fresh says a new map is to be pinned there.
-func openShared(sm sharedMap, spec *ebpf.MapSpec) (m *ebpf.Map, fresh bool, err error) {
+// layout and size; fresh says a new map is to be pinned there, and
+// replaced is the one pinned there before, of another layout or size, still
+// open (the caller closes it).
+func openShared(sm sharedMap, spec *ebpf.MapSpec) (m *ebpf.Map, fresh bool, replaced *ebpf.Map, err error) {
 	if sm.pin == "" {
-		return nil, false, nil
+		return nil, false, nil, nil
 	}
 	m, err = ebpf.LoadPinnedMap(sm.pin, nil)
 	if errors.Is(err, os.ErrNotExist) {
-		return nil, true, nil
+		return nil, true, nil, nil
 	}
 	if err != nil {
-		return nil, false, fmt.Errorf("open %s: %w", sm.pin, err)
+		return nil, false, nil, fmt.Errorf("open %s: %w", sm.pin, err)
 	}
 	err = sameLayout(m, spec)
 	if err == nil && m.MaxEntries() != spec.MaxEntries {
 		err = fmt.Errorf("%d entries, want %d", m.MaxEntries(), spec.MaxEntries)
 	}
 	if err == nil {
-		return m, false, nil
+		return m, false, nil, nil
 	}
-	m.Close()
 	if !sm.replace {
-		return nil, false, fmt.Errorf("%s pinned at %s: not this version's (%v); remove it", sm.name, sm.pin, err)
+		m.Close()
+		return nil, false, nil, fmt.Errorf("%s pinned at %s: not this version's (%v); remove it", sm.name, sm.pin, err)
 	}
 	slog.Warn("pinned map replaced: its state is lost", "map", sm.name, "pin", sm.pin, "reason", err)
 	if err := os.Remove(sm.pin); err != nil {
-		return nil, false, fmt.Errorf("replace %s: %w", sm.pin, err)
+		m.Close()
+		return nil, false, nil, fmt.Errorf("replace %s: %w", sm.pin, err)
 	}
-	return nil, true, nil
+	return nil, true, m, nil
 }
 
 // loadSpec reads every entry file's object into one collection spec: the
@@ -294,6 +305,10 @@ func (d *Dataplane) Close() error {
 	d.closed = true
 	d.stopTCPUpkeep()
 	var errs []error
+	if d.oldFlows != nil {
+		errs = append(errs, d.oldFlows.Close())
+		d.oldFlows = nil
+	}
 	for _, a := range []*mmapArray{d.rules, d.buckets, d.pages, d.rulesets, d.bases, d.gens} {
 		errs = append(errs, a.close())
 	}
