@@ -219,6 +219,11 @@ func Start(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 	if err != nil {
 		return nil, err
 	}
+	if prev != nil {
+		if err := d.dp.CarryCounters(prev); err != nil {
+			log.Warn("previous rule processor counters unreadable: santa_dataplane_events_total restarts at zero", "error", err)
+		}
+	}
 	// Attaching is the last step that may fail, and undoes itself if it
 	// does: a failed start leaves the interfaces, and the predecessor's
 	// pins, as they were.

@@ -117,3 +117,44 @@ func TestDamagedJournalRefused(t *testing.T) {
 		t.Fatalf("santad started without a journal still has socket %d's rule set: %d rules", cookie, len(rules))
 	}
 }
+
+// TestEventCountersCarried: santa_dataplane_events_total does not fall
+// when santad restarts (gracefully or killed): a new santad adds its
+// predecessor's counts, by name, to its own. It used to start at zero.
+func TestEventCountersCarried(t *testing.T) {
+	tb := testbed.New(t)
+	sd := newSantad(t, tb)
+	sd.start()
+	server := netip.AddrPortFrom(tb.Server.IP4, 7952)
+	conn, cookie := boundEchoServer(t, tb, sd.client(), server)
+	defer conn.Close()
+	addPingPong(t, sd.client(), santa.Cookie(cookie))
+	answered := func() int {
+		t.Helper()
+		for _, l := range strings.Split(sd.scrape(), "\n") {
+			var n int
+			if _, err := fmt.Sscanf(l, `santa_dataplane_events_total{event="answered"} %d`, &n); err == nil {
+				return n
+			}
+		}
+		t.Fatal("no answered counter in the metrics")
+		return 0
+	}
+	want := 0
+	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL} {
+		for range 5 {
+			if got := exchange(t, tb, server, "ping"); got != "pong" {
+				t.Fatalf("ping: %q", got)
+			}
+		}
+		want += 5
+		if n := answered(); n != want {
+			t.Fatalf("before a restart (%v): answered %d, want %d", sig, n, want)
+		}
+		sd.stop(sig)
+		sd.start()
+		if n := answered(); n != want {
+			t.Fatalf("after a restart (%v): answered %d, want the %d before it", sig, n, want)
+		}
+	}
+}

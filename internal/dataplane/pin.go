@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strings"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/btf"
@@ -542,6 +543,66 @@ func (d *Dataplane) MigrateFlows(p *Previous) (int, error) {
 		return done, fmt.Errorf("read old flow table: %w", err)
 	}
 	return done, nil
+}
+
+// CarryCounters adds the predecessor's answer and pass reasons (santa_counters)
+// to this data plane's, by name, so that they do not fall across a restart
+// or an upgrade: reasons this version does not have are left out, and its
+// new ones start at zero. Call it before this data plane's programs are
+// swapped in (they count nothing yet; the predecessor's counts between this
+// read and the swap are lost: a few events less, never more).
+func (d *Dataplane) CarryCounters(p *Previous) error {
+	m, err := ebpf.LoadPinnedMap(filepath.Join(p.dir, "santa_counters"), &ebpf.LoadPinOptions{ReadOnly: true})
+	if err != nil {
+		return fmt.Errorf("open previous santa_counters: %w", err)
+	}
+	defer m.Close()
+	if m.Type() != ebpf.PerCPUArray || m.ValueSize()%8 != 0 {
+		return fmt.Errorf("previous santa_counters: %v with %d-byte values, want a per-CPU array of 64-bit counters", m.Type(), m.ValueSize())
+	}
+	h, err := m.Handle()
+	if err != nil {
+		return fmt.Errorf("previous santa_counters' type information: %w", err)
+	}
+	defer h.Close()
+	types, err := h.Spec(nil)
+	if err != nil {
+		return fmt.Errorf("previous santa_counters' type information: %w", err)
+	}
+	var st *btf.Struct
+	if err := types.TypeByName("santa_reasons", &st); err != nil {
+		return fmt.Errorf("previous santa_counters: %w", err)
+	}
+	// each CPU's value as 64-bit words
+	words := int(m.ValueSize() / 8)
+	per := reflect.New(reflect.SliceOf(reflect.ArrayOf(words, reflect.TypeOf(uint64(0)))))
+	if err := m.Lookup(uint32(0), per.Interface()); err != nil {
+		return fmt.Errorf("read previous santa_counters: %w", err)
+	}
+	old := map[string]uint64{}
+	for _, mem := range st.Members {
+		size, err := btf.Sizeof(mem.Type)
+		if err != nil || size != 8 || mem.BitfieldSize != 0 || mem.Offset%64 != 0 || int(mem.Offset/64) >= words {
+			continue
+		}
+		for cpu := 0; cpu < per.Elem().Len(); cpu++ {
+			old[mem.Name] += per.Elem().Index(cpu).Index(int(mem.Offset / 64)).Uint()
+		}
+	}
+	vals := make([]santaSantaReasons, ebpf.MustPossibleCPU())
+	if err := d.objs.SantaCounters.Lookup(uint32(0), &vals); err != nil {
+		return fmt.Errorf("read counters: %w", err)
+	}
+	v := reflect.ValueOf(&vals[0]).Elem()
+	for i := 0; i < v.NumField(); i++ {
+		if f := v.Field(i); f.Kind() == reflect.Uint64 {
+			f.SetUint(f.Uint() + old[strings.ToLower(camel.ReplaceAllString(v.Type().Field(i).Name, "${1}_${2}"))])
+		}
+	}
+	if err := d.objs.SantaCounters.Update(uint32(0), vals, ebpf.UpdateExist); err != nil {
+		return fmt.Errorf("carry counters: %w", err)
+	}
+	return nil
 }
 
 // sameReply says two rules (santa_rules values) have the same reply
