@@ -225,9 +225,16 @@ func hungUp(t *testing.T, conn *api.Conn, d time.Duration) bool {
 		t.Fatal(err)
 	}
 	var events int16
+	deadline := time.Now().Add(d)
 	raw.Control(func(fd uintptr) {
 		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLRDHUP}}
-		if _, err = unix.Poll(fds, int(max(d, 0).Milliseconds())); err == nil {
+		for { // a signal to the Go runtime (preemption) interrupts poll: poll again for the rest
+			_, err = unix.Poll(fds, int(max(time.Until(deadline), 0).Milliseconds()))
+			if err != unix.EINTR {
+				break
+			}
+		}
+		if err == nil {
 			events = fds[0].Revents
 		}
 	})
