@@ -123,6 +123,13 @@ func httpGet(path string, extra string) string {
 	return "GET " + path + " HTTP/1.1\r\nHost: santa\r\n" + extra + "\r\n"
 }
 
+// exactRule answers exactly req (the whole payload) with reply, ending the
+// connection if close.
+func exactRule(req, reply string, close bool) Rule {
+	return Rule{Conditions: []Condition{cond(0, req)}, Processors: []Processor{put(0, reply)},
+		ReplyLen: len(reply), MinLen: len(req), MaxLen: len(req), Close: close}
+}
+
 func httpReply(body string, extra string) string {
 	return fmt.Sprintf("HTTP/1.1 200 OK\r\nContent-Length: %d\r\n%s\r\n%s", len(body), extra, body)
 }
@@ -201,14 +208,10 @@ func TestTCPSocketless(t *testing.T) {
 			bigBody := strings.Repeat("0123456789abcdef", 1000)[:10000] // 7 segments
 			bigReply, bigCloseReply := httpReply(bigBody, ""), httpReply(bigBody[:3000], "Connection: close\r\n")
 			rules := []Rule{
-				{Conditions: []Condition{cond(0, big)}, Processors: []Processor{put(0, bigReply)},
-					ReplyLen: len(bigReply), MinLen: len(big), MaxLen: len(big)},
-				{Conditions: []Condition{cond(0, bigClose)}, Processors: []Processor{put(0, bigCloseReply)},
-					ReplyLen: len(bigCloseReply), MinLen: len(bigClose), MaxLen: len(bigClose), Close: true},
-				{Conditions: []Condition{cond(0, hot)}, Processors: []Processor{put(0, hotReply)},
-					ReplyLen: len(hotReply), MinLen: len(hot), MaxLen: len(hot)},
-				{Conditions: []Condition{cond(0, bye)}, Processors: []Processor{put(0, byeReply)},
-					ReplyLen: len(byeReply), MinLen: len(bye), MaxLen: len(bye), Close: true},
+				exactRule(big, bigReply, false),
+				exactRule(bigClose, bigCloseReply, true),
+				exactRule(hot, hotReply, false),
+				exactRule(bye, byeReply, true),
 			}
 			if _, err := d.AddRules(srv.cookie, rules); err != nil {
 				t.Fatal(err)
@@ -320,8 +323,7 @@ func TestTCPSocketlessSmallMTU(t *testing.T) {
 	if err := d.Bind(srv.sock(), SampleOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := d.AddRules(srv.cookie, []Rule{{Conditions: []Condition{cond(0, big)}, Processors: []Processor{put(0, bigReply)},
-		ReplyLen: len(bigReply), MinLen: len(big), MaxLen: len(big)}}); err != nil {
+	if _, err := d.AddRules(srv.cookie, []Rule{exactRule(big, bigReply, false)}); err != nil {
 		t.Fatal(err)
 	}
 	before := counterNames(t, d)
@@ -377,12 +379,8 @@ func TestTCPSocketlessLoss(t *testing.T) {
 	body := strings.Repeat("0123456789abcdef", 625)
 	hotReply, bigReply, bigCloseReply := httpReply("from eBPF", ""), httpReply(body, ""),
 		httpReply(body[:5000], "Connection: close\r\n")
-	exact := func(req, reply string, close bool) Rule {
-		return Rule{Conditions: []Condition{cond(0, req)}, Processors: []Processor{put(0, reply)},
-			ReplyLen: len(reply), MinLen: len(req), MaxLen: len(req), Close: close}
-	}
-	if _, err := d.AddRules(srv.cookie, []Rule{exact(hot, hotReply, false), exact(big, bigReply, false),
-		exact(bigClose, bigCloseReply, true)}); err != nil {
+	if _, err := d.AddRules(srv.cookie, []Rule{exactRule(hot, hotReply, false), exactRule(big, bigReply, false),
+		exactRule(bigClose, bigCloseReply, true)}); err != nil {
 		t.Fatal(err)
 	}
 	if err := link.SetBoth(testbed.Impairment{Loss: 0.15, Reorder: 0.05, ReorderWait: time.Millisecond}); err != nil {
@@ -452,8 +450,7 @@ func TestTCPKeepalive(t *testing.T) {
 	if err := d.Bind(srv.sock(), SampleOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := d.AddRules(srv.cookie, []Rule{{Conditions: []Condition{cond(0, hot)},
-		Processors: []Processor{put(0, reply)}, ReplyLen: len(reply), MinLen: len(hot), MaxLen: len(hot)}}); err != nil {
+	if _, err := d.AddRules(srv.cookie, []Rule{exactRule(hot, reply, false)}); err != nil {
 		t.Fatal(err)
 	}
 	c := dialFromClient(t, tb, addr)
@@ -539,8 +536,7 @@ func TestTCPSynOnAStaleFlow(t *testing.T) {
 	if err := d.Bind(srv.sock(), SampleOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := d.AddRules(srv.cookie, []Rule{{Conditions: []Condition{cond(0, hot)},
-		Processors: []Processor{put(0, reply)}, ReplyLen: len(reply), MinLen: len(hot), MaxLen: len(hot)}}); err != nil {
+	if _, err := d.AddRules(srv.cookie, []Rule{exactRule(hot, reply, false)}); err != nil {
 		t.Fatal(err)
 	}
 	client := netip.AddrPortFrom(tb.Client.IP4, 40100)

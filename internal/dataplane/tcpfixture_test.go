@@ -1,8 +1,8 @@
 package dataplane
 
 import (
-	"fmt"
 	"encoding/binary"
+	"fmt"
 	"math/bits"
 	"net"
 	"net/netip"
@@ -150,8 +150,7 @@ func TestTCPFixtures(t *testing.T) {
 	srv := startTCPServer(t, e.tb, addr)
 	request := "GET / HTTP/1.1\r\n\r\n"
 	reply := "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nhi"
-	e.bindRules(e.known(srv.sock()), Rule{Conditions: []Condition{cond(0, request)}, Processors: []Processor{put(0, reply)},
-		ReplyLen: len(reply), MinLen: len(request), MaxLen: len(request)})
+	e.bindRules(e.known(srv.sock()), exactRule(request, reply, false))
 	client := netip.AddrPortFrom(e.tb.Client.IP4, 40001)
 
 	syn := &layers.TCP{SYN: true, Seq: 1000, Window: 64240, Options: []layers.TCPOption{
@@ -343,10 +342,6 @@ func TestTCPReplyOfAGoneRule(t *testing.T) {
 	e := newEnv(t, Config{})
 	addr := netip.AddrPortFrom(e.tb.Server.IP4, 8081)
 	srv := startTCPServer(t, e.tb, addr)
-	exact := func(req, reply string) Rule {
-		return Rule{Conditions: []Condition{cond(0, req)}, Processors: []Processor{put(0, reply)},
-			ReplyLen: len(reply), MinLen: len(req), MaxLen: len(req)}
-	}
 	// passed to TC, with what TC is to send before the frame
 	emitted := func(name string, frame []byte, counter string) {
 		t.Helper()
@@ -359,7 +354,7 @@ func TestTCPReplyOfAGoneRule(t *testing.T) {
 	}
 	short, long := httpGet("/short", ""), httpGet("/long", "")
 	cookie := e.known(srv.sock())
-	ids := e.bindRules(cookie, exact(short, httpReply("old short", "")), exact(long, httpReply(strings.Repeat("o", 3000), "")))
+	ids := e.bindRules(cookie, exactRule(short, httpReply("old short", ""), false), exactRule(long, httpReply(strings.Repeat("o", 3000), ""), false))
 	oldSlots := map[uint32]bool{e.d.byID[ids[0]].slot: true, e.d.byID[ids[1]].slot: true}
 
 	shortConn := connect(e, netip.AddrPortFrom(e.tb.Client.IP4, 40001), addr, 1460)
@@ -386,13 +381,13 @@ func TestTCPReplyOfAGoneRule(t *testing.T) {
 
 	// new versions, then (a quarantine later) other rules in the old slots
 	newShort := httpReply("new short", "")
-	if err := e.d.ModifyRules(cookie, []RuleUpdate{{ID: ids[0], Rule: exact(short, newShort)},
-		{ID: ids[1], Rule: exact(long, httpReply(strings.Repeat("n", 3000), ""))}}); err != nil {
+	if err := e.d.ModifyRules(cookie, []RuleUpdate{{ID: ids[0], Rule: exactRule(short, newShort, false)},
+		{ID: ids[1], Rule: exactRule(long, httpReply(strings.Repeat("n", 3000), ""), false)}}); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(retireGrace + quarantine + cohortSpan + 100*time.Millisecond)
-	_, err := e.d.AddRules(cookie, []Rule{exact(httpGet("/x", ""), httpReply("other x", "")),
-		exact(httpGet("/y", ""), httpReply(strings.Repeat("y", 3000), ""))})
+	_, err := e.d.AddRules(cookie, []Rule{exactRule(httpGet("/x", ""), httpReply("other x", ""), false),
+		exactRule(httpGet("/y", ""), httpReply(strings.Repeat("y", 3000), ""), false)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -491,8 +486,7 @@ func TestTCPResetSequence(t *testing.T) {
 	addr := netip.AddrPortFrom(e.tb.Server.IP4, 8081)
 	srv := startTCPServer(t, e.tb, addr)
 	long, reply := httpGet("/long", ""), httpReply(strings.Repeat("o", 3000), "")
-	e.bindRules(e.known(srv.sock()), Rule{Conditions: []Condition{cond(0, long)}, Processors: []Processor{put(0, reply)},
-		ReplyLen: len(reply), MinLen: len(long), MaxLen: len(long)})
+	e.bindRules(e.known(srv.sock()), exactRule(long, reply, false))
 	conn := connect(e, netip.AddrPortFrom(e.tb.Client.IP4, 40001), addr, 1460)
 	reqLen := uint32(len(long))
 	if verdict, _ := e.run(conn.segment(0, 0, long)); verdict != xdpPass {
@@ -545,8 +539,7 @@ func TestTCPAfterMissingBytes(t *testing.T) {
 	addr := netip.AddrPortFrom(e.tb.Server.IP4, 8081)
 	srv := startTCPServer(t, e.tb, addr)
 	request, reply := httpGet("/", ""), httpReply("hi", "")
-	e.bindRules(e.known(srv.sock()), Rule{Conditions: []Condition{cond(0, request)}, Processors: []Processor{put(0, reply)},
-		ReplyLen: len(reply), MinLen: len(request), MaxLen: len(request)})
+	e.bindRules(e.known(srv.sock()), exactRule(request, reply, false))
 	reqLen, replyLen := uint32(len(request)), uint32(len(reply))
 	fin := func(c *fixtureConn, off, acked uint32) []byte {
 		return tcpFrame(t, c.client, c.server, &layers.TCP{ACK: true, FIN: true, Seq: 1001 + off,
@@ -613,8 +606,7 @@ func TestTCPFinWithDataOverAReply(t *testing.T) {
 	addr := netip.AddrPortFrom(e.tb.Server.IP4, 8081)
 	srv := startTCPServer(t, e.tb, addr)
 	long, reply := httpGet("/long", ""), httpReply(strings.Repeat("o", 3000), "")
-	e.bindRules(e.known(srv.sock()), Rule{Conditions: []Condition{cond(0, long)}, Processors: []Processor{put(0, reply)},
-		ReplyLen: len(reply), MinLen: len(long), MaxLen: len(long)})
+	e.bindRules(e.known(srv.sock()), exactRule(long, reply, false))
 	conn := connect(e, netip.AddrPortFrom(e.tb.Client.IP4, 40001), addr, 1460)
 	reqLen, next := uint32(len(long)), httpGet("/next", "")
 	finWithData := func(off, acked uint32, payload string) []byte {
