@@ -224,6 +224,13 @@ func Start(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 			log.Warn("previous rule processor counters unreadable: santa_dataplane_events_total restarts at zero", "error", err)
 		}
 	}
+	// the TCP flows (replies in flight), in this data plane's coordinates:
+	// before the swap, and what the predecessor did meanwhile right after
+	before, carryErr := d.dp.CarryFlows(prev)
+	if carryErr != nil {
+		log.Warn("could not carry the TCP flows over: replies in flight are gone "+
+			"(a client holding part of one is answered anew at the wrong place)", "error", carryErr)
+	}
 	// Attaching is the last step that may fail, and undoes itself if it
 	// does: a failed start leaves the interfaces, and the predecessor's
 	// pins, as they were.
@@ -231,20 +238,18 @@ func Start(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 		interfaces.End()
 		return nil, err
 	}
-	if prev != nil && len(d.sets) > 0 {
-		// at once: until then a reply in flight finds its flow or rule gone
-		if n, err := d.dp.MigrateFlows(prev); err != nil {
-			log.Warn("could not copy the TCP flows of the replaced flow table: replies in flight are gone "+
-				"(a client holding part of one is answered anew at the wrong place)", "copied", n, "error", err)
-		} else if n > 0 {
-			log.Info("TCP flows copied from the replaced flow table", "flows", n)
+	if carryErr == nil {
+		after, err := d.dp.CarryFlows(prev)
+		if err != nil {
+			log.Warn("could not carry over the TCP flows the previous rule processor changed during the swap", "error", err)
 		}
-		if n, err := d.dp.RetargetFlows(prev); err != nil {
-			log.Warn("could not point the TCP flows with a reply in flight at the restored rules: those replies are gone "+
-				"(their clients are reset, or answered anew)", "retargeted", n, "error", err)
-		} else if n > 0 {
-			log.Info("TCP replies in flight carried over", "flows", n)
+		if n := before.Flows + after.Flows; n > 0 {
+			log.Info("TCP flows carried over", "flows", n, "replies_in_flight", before.InFlight+after.InFlight,
+				"replies_gone", before.Gone+after.Gone)
 		}
+	}
+	if err := d.dp.PublishFlows(); err != nil {
+		log.Warn("could not pin the TCP flow table: the next santad will not carry its flows over", "error", err)
 	}
 	d.detachUnconfigured()
 	if prev != nil && len(d.sets) > 0 {

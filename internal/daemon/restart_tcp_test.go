@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -26,9 +27,13 @@ import (
 // (here: the long reply's rule came with a second add, a later generation
 // than the restore gives it): before the new santad pointed the flows at
 // them, eBPF found the rule gone and reset every such connection
-// (tcp_reset_rule_gone; 5 of 6 here).
+// (tcp_reset_rule_gone; 5 of 6 here). When it pointed them there right
+// after the swap, a client that retransmitted in between still found it
+// gone, and with the reset lost got the reply anew at the wrong place (6 of
+// 6 on CI's slower machine): the flows are now carried into the new
+// santad's own table, before the swap and again after it.
 func TestRepliesInFlightSurviveRestart(t *testing.T) {
-	repliesInFlightAcross(t, "", "TCP replies in flight carried over")
+	repliesInFlightAcross(t, "")
 }
 
 // flowLayoutChange is the last commit whose santa_tcp_flow is laid out as
@@ -53,13 +58,13 @@ func TestUpgradeRepliesInFlight(t *testing.T) {
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build santad %s: %v\n%s", flowLayoutChange, err, out)
 	}
-	repliesInFlightAcross(t, filepath.Join(dir, "bin", "santad"), "TCP flows copied from the replaced flow table")
+	repliesInFlightAcross(t, filepath.Join(dir, "bin", "santad"))
 }
 
 // repliesInFlightAcross has clients hold part of long replies while santad
 // (first the one at oldBin, if not empty) stops and santad starts again,
-// and checks that each gets the whole reply and that santad logged want.
-func repliesInFlightAcross(t *testing.T, oldBin, want string) {
+// and checks that each gets the whole reply.
+func repliesInFlightAcross(t *testing.T, oldBin string) {
 	tb, link := testbed.NewImpaired(t, testbed.Options{}, testbed.ImpairOptions{Seed: 3})
 	for _, side := range []testbed.Side{tb.Client, tb.Server} {
 		if _, err := side.Run("sysctl", "-q", "-w", "net.ipv4.tcp_rto_min_us=10000", "net.ipv4.tcp_rto_max_ms=1000"); err != nil {
@@ -139,7 +144,7 @@ func repliesInFlightAcross(t *testing.T, oldBin, want string) {
 			t.Errorf("connection %d, its reply in flight across the restart: %d bytes that are not the reply, from byte %d on", i, len(body), first)
 		}
 	}
-	if !strings.Contains(sd.Log(), want) {
+	if !regexp.MustCompile(`TCP flows carried over.* replies_in_flight=[1-9]`).MatchString(sd.Log()) {
 		t.Errorf("no reply was in flight at the restart (the test needs some):\n%s", sd.Log())
 	}
 	metrics := sd.scrape()

@@ -9,11 +9,13 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
 	"github.com/santa-offload/santa/api"
 	santa "github.com/santa-offload/santa/clients/go/santa"
 	"github.com/santa-offload/santa/internal/testbed"
@@ -132,10 +134,12 @@ func TestTCPListener(t *testing.T) {
 	}
 
 	// the protocol and close survive a restart (journal and compaction),
-	// and the restarted santad shares the TCP flow table (replies in flight)
+	// and the restarted santad pins its own TCP flow table in place of the
+	// predecessor's (whose flows it carried over)
+	bpffs := filepath.Join("/sys/fs/bpf", filepath.Base(sd.dir))
 	flowTable := func() ebpf.MapID {
 		t.Helper()
-		m, err := ebpf.LoadPinnedMap(filepath.Join("/sys/fs/bpf", filepath.Base(sd.dir), "tcp_flows"), nil)
+		m, err := ebpf.LoadPinnedMap(filepath.Join(bpffs, "tcp_flows"), nil)
 		if err != nil {
 			t.Fatalf("pinned TCP flow table: %v", err)
 		}
@@ -145,6 +149,27 @@ func TestTCPListener(t *testing.T) {
 			t.Fatal(err)
 		}
 		id, _ := info.ID()
+		xdp, err := link.LoadPinnedLink(filepath.Join(bpffs, "links", "xdp-"+tb.Server.Dev), nil)
+		if err != nil {
+			t.Fatalf("pinned XDP link: %v", err)
+		}
+		defer xdp.Close()
+		li, err := xdp.Info()
+		if err != nil {
+			t.Fatal(err)
+		}
+		prog, err := ebpf.NewProgramFromID(li.Program)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer prog.Close()
+		pi, err := prog.Info()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if maps, _ := pi.MapIDs(); !slices.Contains(maps, id) {
+			t.Errorf("the pinned TCP flow table (map %d) is not the attached rule processor's (maps %v)", id, maps)
+		}
 		return id
 	}
 	flows := flowTable()
@@ -152,8 +177,8 @@ func TestTCPListener(t *testing.T) {
 	sd.start()
 	c = sd.client()
 	check("after a restart")
-	if got := flowTable(); got != flows {
-		t.Errorf("TCP flow table after a restart: map %d, want the predecessor's %d", got, flows)
+	if got := flowTable(); got == flows {
+		t.Errorf("TCP flow table after a restart: the predecessor's (map %d), want the successor's own", got)
 	}
 
 	// IPv6 listeners too; binding again is idempotent

@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"log/slog"
 	"math/bits"
 	"os"
 	"path/filepath"
@@ -24,9 +23,11 @@ type Dataplane struct {
 	mask uint32
 	// the shared maps Load pinned because none were pinned there
 	freshPins []string
-	// oldFlows is the predecessor's TCP flow table Load replaced, for
-	// MigrateFlows.
-	oldFlows *ebpf.Map
+	// prevFlows is the predecessor's TCP flow table (pinned at
+	// Config.FlowsPin when Load ran) until PublishFlows, and carried what
+	// CarryFlows copied of it.
+	prevFlows *ebpf.Map
+	carried   map[string]carriedFlow
 
 	mu         sync.Mutex
 	rules      *mmapArray // santa_rules
@@ -140,14 +141,9 @@ func Load(cfg Config) (*Dataplane, error) {
 	opts := &ebpf.CollectionOptions{MapReplacements: map[string]*ebpf.Map{}}
 	var toPin []sharedMap
 	for _, sm := range cfg.sharedMaps() {
-		m, fresh, replaced, err := openShared(sm, spec.Maps[sm.name])
+		m, fresh, err := openShared(sm, spec.Maps[sm.name])
 		if err != nil {
 			return nil, err
-		}
-		if replaced != nil && sm.name == "santa_tcp_flows" {
-			d.oldFlows = replaced
-		} else if replaced != nil {
-			replaced.Close()
 		}
 		if m != nil {
 			defer m.Close()
@@ -156,6 +152,13 @@ func Load(cfg Config) (*Dataplane, error) {
 		if fresh {
 			toPin = append(toPin, sm)
 		}
+	}
+	if cfg.FlowsPin != "" {
+		m, err := ebpf.LoadPinnedMap(cfg.FlowsPin, &ebpf.LoadPinOptions{ReadOnly: true})
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("open the previous TCP flow table: %w", err)
+		}
+		d.prevFlows = m
 	}
 	if err := spec.LoadAndAssign(&d.objs, opts); err != nil {
 		var ve *ebpf.VerifierError
@@ -214,49 +217,37 @@ func (d *Dataplane) UnpinFresh() error {
 type sharedMap struct {
 	name string // in bpf/
 	pin  string // empty: not pinned
-	// replace says one pinned of another layout or size is replaced (its
-	// state is lost) rather than refused.
-	replace bool
 }
 
 // sharedMaps: the guard map, since write trackers and controllers hold on
-// to it; the TCP flow table, so that replies in flight survive a restart.
+// to it. (The TCP flow table is pinned apart too, but each data plane has
+// its own: see CarryFlows.)
 func (c Config) sharedMaps() []sharedMap {
-	return []sharedMap{{"santa_guards", c.GuardsPin, false}, {"santa_tcp_flows", c.FlowsPin, true}}
+	return []sharedMap{{"santa_guards", c.GuardsPin}}
 }
 
-// openShared opens the map pinned at sm.pin, if there is one of spec's
-// layout and size; fresh says a new map is to be pinned there, and
-// replaced is the one pinned there before, of another layout or size, still
-// open (the caller closes it).
-func openShared(sm sharedMap, spec *ebpf.MapSpec) (m *ebpf.Map, fresh bool, replaced *ebpf.Map, err error) {
+// openShared opens the map pinned at sm.pin, if there is one; fresh says a
+// new map is to be pinned there. One of another layout or size is refused.
+func openShared(sm sharedMap, spec *ebpf.MapSpec) (m *ebpf.Map, fresh bool, err error) {
 	if sm.pin == "" {
-		return nil, false, nil, nil
+		return nil, false, nil
 	}
 	m, err = ebpf.LoadPinnedMap(sm.pin, nil)
 	if errors.Is(err, os.ErrNotExist) {
-		return nil, true, nil, nil
+		return nil, true, nil
 	}
 	if err != nil {
-		return nil, false, nil, fmt.Errorf("open %s: %w", sm.pin, err)
+		return nil, false, fmt.Errorf("open %s: %w", sm.pin, err)
 	}
 	err = sameLayout(m, spec)
 	if err == nil && m.MaxEntries() != spec.MaxEntries {
 		err = fmt.Errorf("%d entries, want %d", m.MaxEntries(), spec.MaxEntries)
 	}
-	if err == nil {
-		return m, false, nil, nil
-	}
-	if !sm.replace {
+	if err != nil {
 		m.Close()
-		return nil, false, nil, fmt.Errorf("%s pinned at %s: not this version's (%v); remove it", sm.name, sm.pin, err)
+		return nil, false, fmt.Errorf("%s pinned at %s: not this version's (%v); remove it", sm.name, sm.pin, err)
 	}
-	slog.Warn("pinned map replaced: its state is lost", "map", sm.name, "pin", sm.pin, "reason", err)
-	if err := os.Remove(sm.pin); err != nil {
-		m.Close()
-		return nil, false, nil, fmt.Errorf("replace %s: %w", sm.pin, err)
-	}
-	return nil, true, m, nil
+	return m, false, nil
 }
 
 // loadSpec reads every entry file's object into one collection spec: the
@@ -305,9 +296,9 @@ func (d *Dataplane) Close() error {
 	d.closed = true
 	d.stopTCPUpkeep()
 	var errs []error
-	if d.oldFlows != nil {
-		errs = append(errs, d.oldFlows.Close())
-		d.oldFlows = nil
+	if d.prevFlows != nil {
+		errs = append(errs, d.prevFlows.Close())
+		d.prevFlows = nil
 	}
 	for _, a := range []*mmapArray{d.rules, d.buckets, d.pages, d.rulesets, d.bases, d.gens} {
 		errs = append(errs, a.close())

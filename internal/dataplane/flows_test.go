@@ -2,14 +2,17 @@ package dataplane
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"github.com/santa-offload/santa/internal/testbed"
 )
 
@@ -153,35 +156,104 @@ func TestSweepFlows(t *testing.T) {
 	}
 }
 
-// TestFlowsPinned: a successor shares the pinned flow table, entries and
-// all; one of another size is replaced, not refused.
-func TestFlowsPinned(t *testing.T) {
-	pin := filepath.Join(mountBPFFS(t), "tcp_flows")
+// TestFlowsCarried: a successor has a flow table of its own and carries
+// the predecessor's flows over in two passes (CarryFlows, before and after
+// the swap): the second copies what the predecessor made or changed in
+// between, and leaves alone what the successor's program made, changed or
+// ended. A table of another size is carried over too. PublishFlows pins the
+// successor's in the predecessor's place. (Before, a successor shared the
+// table, and pointed its flows at the restored rules only after the swap:
+// a client that retransmitted in between found its rule gone, and was
+// reset, or answered anew at the wrong place.)
+func TestFlowsCarried(t *testing.T) {
+	bpffs := mountBPFFS(t)
+	pin := filepath.Join(bpffs, "tcp_flows")
 	first, err := Load(Config{TCPFlows: 16, FlowsPin: pin})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer first.Close()
-	var k santaBpfSockTuple
-	k.Ipv4.Sport = 80
-	if err := first.objs.SantaTcpFlows.Put(&k, &santaSantaTcpFlow{ReplyEnd: 1234}); err != nil {
+	if err := first.PublishFlows(); err != nil {
 		t.Fatal(err)
 	}
-	next, err := Load(Config{TCPFlows: 16, FlowsPin: pin})
+	gen := filepath.Join(bpffs, "gen")
+	if err := first.Pin(gen); err != nil {
+		t.Fatal(err)
+	}
+	prev, err := OpenPrevious(gen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer prev.Close()
+	key := func(port uint16) *santaBpfSockTuple {
+		var k santaBpfSockTuple
+		k.Ipv4.Sport = port
+		return &k
+	}
+	put := func(d *Dataplane, port uint16, replyEnd uint32) {
+		t.Helper()
+		if err := d.objs.SantaTcpFlows.Put(key(port), &santaSantaTcpFlow{ReplyEnd: replyEnd}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	replyEnd := func(d *Dataplane, port uint16) uint32 {
+		var v santaSantaTcpFlow
+		if err := d.objs.SantaTcpFlows.Lookup(key(port), &v); err != nil {
+			return 0
+		}
+		return v.ReplyEnd
+	}
+	put(first, 1, 100)
+	put(first, 2, 200)
+	put(first, 3, 300)
+
+	next, err := Load(Config{TCPFlows: 32, FlowsPin: pin})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer next.Close()
-	var v santaSantaTcpFlow
-	if err := next.objs.SantaTcpFlows.Lookup(&k, &v); err != nil || v.ReplyEnd != 1234 {
-		t.Fatalf("successor's flow: %+v, %v; want reply end 1234", v, err)
+	if n := flowCount(t, next); n != 0 {
+		t.Fatalf("a new data plane's flow table holds %d flows, want its own, empty", n)
 	}
-	bigger, err := Load(Config{TCPFlows: 32, FlowsPin: pin})
+	if c, err := next.CarryFlows(prev); err != nil || c.Flows != 3 {
+		t.Fatalf("before the swap: %+v, %v; want 3 flows carried", c, err)
+	}
+	// between the passes both programs run their tables
+	put(first, 1, 101) // the predecessor moves a flow on
+	put(first, 4, 400) // and makes one
+	put(first, 2, 201)
+	put(next, 2, 202) // which the successor moved on too
+	put(first, 3, 301)
+	if err := next.objs.SantaTcpFlows.Delete(key(3)); err != nil { // and ended
+		t.Fatal(err)
+	}
+	if c, err := next.CarryFlows(prev); err != nil || c.Flows != 2 {
+		t.Fatalf("after the swap: %+v, %v; want 2 flows carried (1 and 4)", c, err)
+	}
+	for port, want := range map[uint16]uint32{1: 101, 2: 202, 3: 0, 4: 400} {
+		if got := replyEnd(next, port); got != want {
+			t.Errorf("flow %d: reply end %d, want %d", port, got, want)
+		}
+	}
+	if c, err := next.CarryFlows(prev); err != nil || c.Flows != 0 {
+		t.Errorf("a pass with nothing new: %+v, %v; want none carried", c, err)
+	}
+	if err := next.PublishFlows(); err != nil {
+		t.Fatal(err)
+	}
+	m, err := ebpf.LoadPinnedMap(pin, nil)
 	if err != nil {
-		t.Fatalf("a pinned flow table of another size: %v", err)
+		t.Fatal(err)
 	}
-	defer bigger.Close()
-	if n := flowCount(t, bigger); n != 0 || bigger.objs.SantaTcpFlows.MaxEntries() != 32 {
-		t.Fatalf("replacement: %d flows, %d entries; want a new table of 32", n, bigger.objs.SantaTcpFlows.MaxEntries())
+	defer m.Close()
+	pinned, _ := m.Info()
+	own, _ := next.objs.SantaTcpFlows.Info()
+	pinnedID, _ := pinned.ID()
+	ownID, _ := own.ID()
+	if pinnedID != ownID {
+		t.Errorf("pinned at %s: map %d, want the successor's %d", pin, pinnedID, ownID)
+	}
+	if _, err := os.Stat(pin + "-new"); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("publishing left %s-new: %v", pin, err)
 	}
 }

@@ -1,7 +1,6 @@
 package dataplane
 
 import (
-	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -84,7 +83,7 @@ func (d *Dataplane) Pin(dir string) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
-	apart := map[string]bool{}
+	apart := map[string]bool{"santa_tcp_flows": d.cfg.FlowsPin != ""} // see PublishFlows
 	for _, sm := range d.cfg.sharedMaps() {
 		apart[sm.name] = sm.pin != "" // pinning again would move it
 	}
@@ -293,82 +292,6 @@ func (p *Previous) liveRulesets() (map[uint32]bool, error) {
 	return live, nil
 }
 
-// RetargetFlows points the TCP flows with a reply in flight at the rule that
-// made it in this data plane, for a restart that shares its predecessor's
-// flow table (Config.FlowsPin). A flow names its rule by slot, rule set,
-// generation and id, and eBPF sends the rest of a reply only while that
-// slot still holds that rule (else it drops the flow, or resets the
-// connection if the client holds part of the reply); restored rules lie
-// elsewhere, so without this every reply in flight would be gone. A flow is
-// retargeted only if its rule was the newest version in the predecessor and
-// the restored rule has the same reply length and template checksum (the
-// same bytes). Call it right after this data plane's programs are swapped
-// in: the predecessor's program no longer writes flows, and until then it
-// needs their old coordinates. It returns how many flows it retargeted.
-func (d *Dataplane) RetargetFlows(p *Previous) (int, error) {
-	if d.cfg.FlowsPin == "" {
-		return 0, nil
-	}
-	newest, old, err := p.newestRules()
-	if err != nil {
-		return 0, err
-	}
-	defer old.close()
-
-	flows := d.objs.SantaTcpFlows
-	const batch = 4096
-	keys := make([]santaBpfSockTuple, batch)
-	vals := make([]santaSantaTcpFlow, batch)
-	type change struct {
-		key santaBpfSockTuple
-		was santaSantaTcpFlow
-	}
-	var changes []change
-	var cursor ebpf.MapBatchCursor
-	for {
-		n, err := flows.BatchLookup(&cursor, keys, vals, nil)
-		for i := 0; i < n; i++ {
-			// only a reply in flight needs its rule: the client has not acked all of it
-			if f := vals[i]; int32(f.LastAck-f.ReplyEnd) < 0 && f.Rule.Id != 0 {
-				changes = append(changes, change{keys[i], f})
-			}
-		}
-		if errors.Is(err, ebpf.ErrKeyNotExist) {
-			break
-		}
-		if err != nil {
-			return 0, fmt.Errorf("read flows: %w", err)
-		}
-	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	done := 0
-	for _, c := range changes {
-		ref := c.was.Rule
-		f := c.was
-		if !d.retargetLocked(&f, newest, old) || f.Rule == ref {
-			continue
-		}
-		// look again right before: eBPF may have moved the flow on since
-		var now santaSantaTcpFlow
-		if err := flows.Lookup(&c.key, &now); err != nil || now != c.was {
-			if err != nil || now.Rule != ref || now.ReqSeq != c.was.ReqSeq || now.ReplyStart != c.was.ReplyStart {
-				continue
-			}
-			now.Rule = f.Rule // only acks moved on: the same reply
-			f = now
-		}
-		if err := flows.Update(&c.key, &f, ebpf.UpdateExist); err != nil {
-			if errors.Is(err, ebpf.ErrKeyNotExist) {
-				continue
-			}
-			return done, fmt.Errorf("retarget flow: %w", err)
-		}
-		done++
-	}
-	return done, nil
-}
-
 // retargetLocked points f's rule, in the predecessor's coordinates, at the
 // same rule in this data plane, if it was the newest version of a live rule
 // there and the rule here has the same reply; else it leaves f as it is and
@@ -420,129 +343,6 @@ func (p *Previous) newestRules() (map[RuleID]prevVersion, *mmapArray, error) {
 	defer buckets.close()
 	newest, _ := newestSlots(live, buckets, rules, rules.entries)
 	return newest, rules, nil
-}
-
-// MigrateFlows copies the flows of the predecessor's TCP flow table that
-// Load replaced because its entries were laid out differently (an upgrade)
-// into this data plane's table, field by field as their names in the old
-// table's BTF say, so that replies in flight survive the upgrade: a client
-// that holds part of a long reply and finds no flow would be answered
-// anew, the reply's first bytes where it expects the rest. The rule of a
-// flow is found as RetargetFlows finds it; a flow whose rule is not found
-// keeps none (eBPF then finds it gone). Flows this data plane's program
-// made meanwhile are kept. Call it right after the programs are swapped in,
-// as RetargetFlows. It returns how many flows it copied.
-func (d *Dataplane) MigrateFlows(p *Previous) (int, error) {
-	if d.oldFlows == nil {
-		return 0, nil
-	}
-	defer func() {
-		d.oldFlows.Close()
-		d.oldFlows = nil
-	}()
-	src := d.oldFlows
-	if src.KeySize() != uint32(binary.Size(santaBpfSockTuple{})) {
-		return 0, fmt.Errorf("old flow table: %d-byte keys, want %d", src.KeySize(), binary.Size(santaBpfSockTuple{}))
-	}
-	h, err := src.Handle()
-	if err != nil {
-		return 0, fmt.Errorf("old flow table's type information: %w", err)
-	}
-	defer h.Close()
-	types, err := h.Spec(nil)
-	if err != nil {
-		return 0, fmt.Errorf("old flow table's type information: %w", err)
-	}
-	var st *btf.Struct
-	if err := types.TypeByName("santa_tcp_flow", &st); err != nil {
-		return 0, fmt.Errorf("old flow table: %w", err)
-	}
-	field := map[string]btf.Member{}
-	for _, m := range st.Members {
-		field[m.Name] = m
-	}
-	read := func(v []byte, name string) (uint64, bool) {
-		m, ok := field[name]
-		if !ok || m.BitfieldSize != 0 || m.Offset%8 != 0 {
-			return 0, false
-		}
-		size, err := btf.Sizeof(m.Type)
-		off := int(m.Offset / 8)
-		if err != nil || off+size > len(v) {
-			return 0, false
-		}
-		switch size {
-		case 1:
-			return uint64(v[off]), true
-		case 2:
-			return uint64(binary.LittleEndian.Uint16(v[off:])), true
-		case 4:
-			return uint64(binary.LittleEndian.Uint32(v[off:])), true
-		case 8:
-			return binary.LittleEndian.Uint64(v[off:]), true
-		}
-		return 0, false
-	}
-	for _, name := range []string{"req_seq", "req_end", "reply_start", "reply_end", "last_ack", "seen"} {
-		if _, ok := read(make([]byte, src.ValueSize()), name); !ok {
-			return 0, fmt.Errorf("old flow table: no field %s to copy", name)
-		}
-	}
-	newest, old, err := p.newestRules()
-	if err != nil {
-		return 0, err
-	}
-	defer old.close()
-	dst := d.objs.SantaTcpFlows
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	key, val := make([]byte, src.KeySize()), make([]byte, src.ValueSize())
-	done := 0
-	it := src.Iterate()
-	for it.Next(&key, &val) {
-		u32 := func(name string) uint32 { x, _ := read(val, name); return uint32(x) }
-		f := santaSantaTcpFlow{ReqSeq: u32("req_seq"), ReqEnd: u32("req_end"), ReplyStart: u32("reply_start"),
-			ReplyEnd: u32("reply_end"), LastAck: u32("last_ack"), Seen: u32("seen")}
-		if multi, _ := read(val, "multi"); multi != 0 {
-			f.Multi = 1
-		}
-		f.Rule.Slot = ^uint32(0) // no rule: eBPF finds it gone
-		if ref, ok := field["rule"]; ok && ref.Offset%8 == 0 && int(ref.Offset/8)+binary.Size(f.Rule) <= len(val) {
-			// a table of another size only: the same reference
-			if s, isStruct := btf.UnderlyingType(ref.Type).(*btf.Struct); isStruct && s.Name == "santa_rule_ref" && s.Size == uint32(binary.Size(f.Rule)) {
-				r := val[ref.Offset/8:]
-				f.Rule.Id, f.Rule.Slot = binary.LittleEndian.Uint64(r), binary.LittleEndian.Uint32(r[8:])
-				f.Rule.Ruleset, f.Rule.Generation = binary.LittleEndian.Uint32(r[12:]), binary.LittleEndian.Uint32(r[16:])
-				if !d.retargetLocked(&f, newest, old) {
-					f.Rule.Id, f.Rule.Slot, f.Rule.Ruleset, f.Rule.Generation = 0, ^uint32(0), 0, 0
-				}
-			}
-		} else if slot, ok := read(val, "slot"); ok && uint32(slot) < old.entries {
-			// an entry before rule references: its rule is the one in its slot
-			f.Rule.Slot = uint32(slot)
-			f.Rule.Id = binary.LittleEndian.Uint64(old.value(uint32(slot))[offRuleID:])
-			f.Rule.Ruleset = old.load32(uint32(slot), offRuleRuleset)
-			f.Rule.Generation = old.load32(uint32(slot), offRuleGeneration)
-			if !d.retargetLocked(&f, newest, old) {
-				f.Rule.Id, f.Rule.Slot, f.Rule.Ruleset, f.Rule.Generation = 0, ^uint32(0), 0, 0
-			}
-		}
-		var k santaBpfSockTuple
-		if err := binary.Read(bytes.NewReader(key), binary.LittleEndian, &k); err != nil {
-			return done, err
-		}
-		if err := dst.Update(&k, &f, ebpf.UpdateNoExist); err != nil {
-			if errors.Is(err, ebpf.ErrKeyExist) || errors.Is(err, unix.E2BIG) {
-				continue // made meanwhile, or the new table is full
-			}
-			return done, fmt.Errorf("copy flow: %w", err)
-		}
-		done++
-	}
-	if err := it.Err(); err != nil {
-		return done, fmt.Errorf("read old flow table: %w", err)
-	}
-	return done, nil
 }
 
 // CarryCounters adds the predecessor's answer and pass reasons (santa_counters)

@@ -69,7 +69,7 @@ func TestPortSets(t *testing.T) {
 // ports that had a rule set, still hands the connection to the listener,
 // which serves it with an intact stream. So does a successor that takes
 // over from the pinned data plane as santad does (its stamp keys and that
-// set of ports, the shared flow table) after the rule set went: for a
+// set of ports, the flows it carries over) after the rule set went: for a
 // connection eBPF answered a request on, and for one it only shook hands
 // with (no flow entry).
 func TestSocketlessOutlivesRuleSet(t *testing.T) {
@@ -111,7 +111,8 @@ func TestSocketlessOutlivesRuleSet(t *testing.T) {
 				detach()
 				d.Close()
 				d, _ = loadAttachedUntil(t, tb, cfg)
-				if err := errors.Join(d.AdoptSocketless(prev), prev.Close(), Unpin(gen)); err != nil {
+				_, carryErr := d.CarryFlows(prev)
+				if err := errors.Join(d.AdoptSocketless(prev), carryErr, d.PublishFlows(), prev.Close(), Unpin(gen)); err != nil {
 					t.Fatal(err)
 				}
 			} else if err := d.Unbind(srv.cookie); err != nil {

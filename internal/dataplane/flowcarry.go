@@ -1,0 +1,235 @@
+package dataplane
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/btf"
+	"golang.org/x/sys/unix"
+)
+
+// A successor carries the TCP flows over (where eBPF's replies on socket-less
+// connections stand): a client that holds part of a long reply and finds no
+// flow, or one whose rule is gone, would be answered anew (the reply's first
+// bytes where it expects the rest) or reset. Each data plane has a flow table
+// of its own, so that neither program ever reads a flow in the other's
+// coordinates: the predecessor's keeps answering from its table until the
+// swap, and the successor copies it before and right after the swap
+// (CarryFlows), then pins its own in its place (PublishFlows).
+
+// FlowsCarried counts what a CarryFlows pass copied.
+type FlowsCarried struct {
+	Flows int // flows copied
+	// InFlight counts those with a reply the client had not all acked,
+	// pointed at the restored rule that made it; Gone those whose rule was
+	// not restored as it was (eBPF finds their reply gone).
+	InFlight, Gone int
+}
+
+// carriedFlow is what CarryFlows last copied for a key: the predecessor's
+// entry as it was, and what it wrote into this data plane's table.
+type carriedFlow struct {
+	was   string
+	wrote santaSantaTcpFlow
+}
+
+// CarryFlows copies into this data plane's flow table the flows of the
+// predecessor's (the one pinned at Config.FlowsPin when Load ran, of any
+// layout: fields are read by their names in its BTF) that it has not copied
+// yet or that the predecessor changed since, each pointed at the same rule
+// in this data plane (by id, if it was the newest version of a live rule
+// there and the restored rule has the same reply; else at no rule). A flow
+// this data plane's program made, changed or ended is left alone. Call it
+// once before the programs are swapped in (AttachPinned) and once right
+// after, for what the predecessor did in between.
+func (d *Dataplane) CarryFlows(p *Previous) (FlowsCarried, error) {
+	var done FlowsCarried
+	if d.prevFlows == nil || p == nil {
+		return done, nil
+	}
+	src := d.prevFlows
+	if src.KeySize() != uint32(binary.Size(santaBpfSockTuple{})) {
+		return done, fmt.Errorf("previous flow table: %d-byte keys, want %d", src.KeySize(), binary.Size(santaBpfSockTuple{}))
+	}
+	read, err := flowReader(src)
+	if err != nil {
+		return done, err
+	}
+	newest, old, err := p.newestRules()
+	if err != nil {
+		return done, err
+	}
+	defer old.close()
+	dst := d.objs.SantaTcpFlows
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.carried == nil {
+		d.carried = map[string]carriedFlow{}
+	}
+	key, val := make([]byte, src.KeySize()), make([]byte, src.ValueSize())
+	it := src.Iterate()
+	for it.Next(&key, &val) {
+		last, copied := d.carried[string(key)]
+		if copied && last.was == string(val) {
+			continue
+		}
+		var k santaBpfSockTuple
+		if err := binary.Read(bytes.NewReader(key), binary.LittleEndian, &k); err != nil {
+			return done, err
+		}
+		var now santaSantaTcpFlow
+		switch err := dst.Lookup(&k, &now); {
+		case err == nil && (!copied || now != last.wrote):
+			continue // this program's own, or moved on by it
+		case errors.Is(err, ebpf.ErrKeyNotExist) && copied:
+			continue // this program ended it
+		case err != nil && !errors.Is(err, ebpf.ErrKeyNotExist):
+			return done, fmt.Errorf("read flow: %w", err)
+		}
+		f, ruled := read(val, old)
+		inFlight := ruled && int32(f.LastAck-f.ReplyEnd) < 0
+		pointed := ruled && d.retargetLocked(&f, newest, old)
+		if !pointed {
+			f.Rule.Id, f.Rule.Slot, f.Rule.Ruleset, f.Rule.Generation = 0, ^uint32(0), 0, 0 // no rule: eBPF finds it gone
+		}
+		if err := dst.Update(&k, &f, ebpf.UpdateAny); err != nil {
+			if errors.Is(err, unix.E2BIG) {
+				continue // this table is full (a smaller tcp_flows)
+			}
+			return done, fmt.Errorf("copy flow: %w", err)
+		}
+		d.carried[string(key)] = carriedFlow{string(val), f}
+		done.Flows++
+		if inFlight && pointed {
+			done.InFlight++
+		} else if inFlight {
+			done.Gone++
+		}
+	}
+	if err := it.Err(); err != nil {
+		return done, fmt.Errorf("read previous flow table: %w", err)
+	}
+	return done, nil
+}
+
+// flowReader reads entries of flow table m as this version's flows, field
+// by field as m's BTF names them, the rule in the predecessor's coordinates:
+// ruled says the entry names one. Entries from before rule references
+// (48e38bb and older) name it by slot alone: the rule then in that slot.
+func flowReader(m *ebpf.Map) (func(v []byte, rules *mmapArray) (f santaSantaTcpFlow, ruled bool), error) {
+	h, err := m.Handle()
+	if err != nil {
+		return nil, fmt.Errorf("previous flow table's type information: %w", err)
+	}
+	defer h.Close()
+	types, err := h.Spec(nil)
+	if err != nil {
+		return nil, fmt.Errorf("previous flow table's type information: %w", err)
+	}
+	var st *btf.Struct
+	if err := types.TypeByName("santa_tcp_flow", &st); err != nil {
+		return nil, fmt.Errorf("previous flow table: %w", err)
+	}
+	field := map[string]btf.Member{}
+	for _, m := range st.Members {
+		field[m.Name] = m
+	}
+	get := func(v []byte, name string) (uint64, bool) {
+		m, ok := field[name]
+		if !ok || m.BitfieldSize != 0 || m.Offset%8 != 0 {
+			return 0, false
+		}
+		size, err := btf.Sizeof(m.Type)
+		off := int(m.Offset / 8)
+		if err != nil || off+size > len(v) {
+			return 0, false
+		}
+		switch size {
+		case 1:
+			return uint64(v[off]), true
+		case 2:
+			return uint64(binary.LittleEndian.Uint16(v[off:])), true
+		case 4:
+			return uint64(binary.LittleEndian.Uint32(v[off:])), true
+		case 8:
+			return binary.LittleEndian.Uint64(v[off:]), true
+		}
+		return 0, false
+	}
+	for _, name := range []string{"req_seq", "req_end", "reply_start", "reply_end", "last_ack", "seen"} {
+		if _, ok := get(make([]byte, m.ValueSize()), name); !ok {
+			return nil, fmt.Errorf("previous flow table: no field %s to copy", name)
+		}
+	}
+	var refOff = -1
+	if ref, ok := field["rule"]; ok && ref.Offset%8 == 0 {
+		s, isStruct := btf.UnderlyingType(ref.Type).(*btf.Struct)
+		if isStruct && s.Name == "santa_rule_ref" && s.Size == uint32(binary.Size(santaSantaTcpFlow{}.Rule)) {
+			refOff = int(ref.Offset / 8)
+		}
+	}
+	return func(v []byte, rules *mmapArray) (santaSantaTcpFlow, bool) {
+		u32 := func(name string) uint32 { x, _ := get(v, name); return uint32(x) }
+		f := santaSantaTcpFlow{ReqSeq: u32("req_seq"), ReqEnd: u32("req_end"), ReplyStart: u32("reply_start"),
+			ReplyEnd: u32("reply_end"), LastAck: u32("last_ack"), Seen: u32("seen")}
+		if multi, _ := get(v, "multi"); multi != 0 {
+			f.Multi = 1
+		}
+		if refOff >= 0 && refOff+binary.Size(f.Rule) <= len(v) {
+			r := v[refOff:]
+			f.Rule.Id, f.Rule.Slot = binary.LittleEndian.Uint64(r), binary.LittleEndian.Uint32(r[8:])
+			f.Rule.Ruleset, f.Rule.Generation = binary.LittleEndian.Uint32(r[12:]), binary.LittleEndian.Uint32(r[16:])
+			return f, f.Rule.Id != 0
+		}
+		if slot, ok := get(v, "slot"); ok && uint32(slot) < rules.entries {
+			f.Rule.Slot = uint32(slot)
+			f.Rule.Id = binary.LittleEndian.Uint64(rules.value(uint32(slot))[offRuleID:])
+			f.Rule.Ruleset = rules.load32(uint32(slot), offRuleRuleset)
+			f.Rule.Generation = rules.load32(uint32(slot), offRuleGeneration)
+			return f, f.Rule.Id != 0
+		}
+		return f, false
+	}, nil
+}
+
+// PublishFlows pins this data plane's flow table at Config.FlowsPin, in
+// place of the predecessor's, for a successor, and lets go of the
+// predecessor's (CarryFlows copies no more). Call it once the programs are
+// swapped in and CarryFlows has run after the swap.
+func (d *Dataplane) PublishFlows() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.prevFlows != nil {
+		d.prevFlows.Close()
+		d.prevFlows, d.carried = nil, nil
+	}
+	if d.cfg.FlowsPin == "" {
+		return nil
+	}
+	m, err := d.objs.SantaTcpFlows.Clone() // its pin moves below, not the table's
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	tmp := d.cfg.FlowsPin + "-new" // bpffs names have no dots
+	if err := os.MkdirAll(filepath.Dir(tmp), 0o700); err != nil {
+		return fmt.Errorf("publish the TCP flow table: %w", err)
+	}
+	if err := os.Remove(tmp); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("publish the TCP flow table: %w", err)
+	}
+	if err := m.Pin(tmp); err != nil {
+		return fmt.Errorf("publish the TCP flow table: %w", err)
+	}
+	// one step: a successor finds the predecessor's table or this one
+	if err := os.Rename(tmp, d.cfg.FlowsPin); err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("publish the TCP flow table: %w", err)
+	}
+	return nil
+}
