@@ -27,8 +27,9 @@ type Config struct {
 	GuardsPin string
 	// FlowsPin is where the TCP flow table is pinned, on a bpffs, so that a
 	// successor (a restarted santad) keeps the state of connections whose
-	// replies are in flight. One pinned there of this version's layout and
-	// size is reused; another is replaced. Empty: not pinned.
+	// replies are in flight: Load opens the one pinned there, CarryFlows
+	// copies its flows, PublishFlows pins this data plane's own in its
+	// place. Empty: not pinned.
 	FlowsPin string
 	// LeaveVethPeer keeps Attach from giving the other end of a veth an XDP
 	// program (PeerPassName) when it has none: replies sent with XDP_TX are

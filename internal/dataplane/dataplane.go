@@ -161,6 +161,9 @@ func Load(cfg Config) (*Dataplane, error) {
 		d.prevFlows = m
 	}
 	if err := spec.LoadAndAssign(&d.objs, opts); err != nil {
+		if d.prevFlows != nil {
+			d.prevFlows.Close()
+		}
 		var ve *ebpf.VerifierError
 		if errors.As(err, &ve) {
 			return nil, fmt.Errorf("load rule processor: %+v", ve)
