@@ -21,6 +21,7 @@ import (
 	"github.com/santa-offload/santa/api"
 	santa "github.com/santa-offload/santa/clients/go/santa"
 	"github.com/santa-offload/santa/internal/testbed"
+	"golang.org/x/sys/unix"
 )
 
 const nobody = 65534
@@ -285,6 +286,16 @@ func TestRestartUnderLoad(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer client.Close()
+	// Room for every answer even if the reader below is slow to be
+	// scheduled (2 CPUs, other tests running): the default receive buffer
+	// holds a few hundred of them, a tenth of a second at this rate.
+	if rc, err := client.SyscallConn(); err != nil {
+		t.Fatal(err)
+	} else if rc.Control(func(fd uintptr) {
+		err = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 16<<20)
+	}); err != nil {
+		t.Fatalf("SO_RCVBUFFORCE: %v", err)
+	}
 	got := make([]bool, total)
 	var received int
 	var wg sync.WaitGroup
