@@ -389,19 +389,46 @@ func TestMetrics(t *testing.T) {
 	if err == nil {
 		t.Fatalf("removing a rule that does not exist succeeded: %s", out)
 	}
-	// santa top: one refresh, while requests arrive
+	// santa top: one refresh, while requests arrive. The Hellos go on until
+	// the CLI has returned, so some land inside its window however long the
+	// CLI takes to start; each is written once, so the hits are counted.
 	sent := make(chan struct{})
+	topDone := make(chan struct{})
+	hellos := 0
 	go func() {
 		defer close(sent)
-		for i := 0; i < 5; i++ {
-			if got := exchangeOnce(tb, netip.AddrPortFrom(tb.Server.IP4, 7300), "Hello"); got != "COMSYS" {
-				t.Errorf("Hello during santa top got %q", got)
+		buf := make([]byte, 64)
+		for {
+			select {
+			case <-topDone:
+				return
+			default:
 			}
-			time.Sleep(50 * time.Millisecond)
+			c, err := tb.DialUDP(netip.AddrPortFrom(tb.Server.IP4, 7300))
+			if err != nil {
+				t.Errorf("dial during santa top: %v", err)
+				return
+			}
+			if _, err := c.Write([]byte("Hello")); err != nil {
+				c.Close()
+				t.Errorf("Hello during santa top: %v", err)
+				return
+			}
+			hellos++
+			c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			n, err := c.Read(buf)
+			c.Close()
+			if got := string(buf[:n]); err != nil || got != "COMSYS" {
+				t.Errorf("Hello during santa top got %q, %v", got, err)
+				return
+			}
+			time.Sleep(20 * time.Millisecond)
 		}
 	}()
 	out, err = sd.cli(nobody, "top", "--count", "1", "--interval", "400ms", "--json")
+	close(topDone)
 	if err != nil {
+		<-sent
 		t.Fatal(err)
 	}
 	var frame struct {
@@ -431,8 +458,8 @@ func TestMetrics(t *testing.T) {
 	conn.Close()
 	body := sd.scrape()
 	for _, want := range []string{
-		fmt.Sprintf(`santa_rule_hits_total{rule="%d",socket="%d"} 6`, a.Rule, a.Cookie),
-		`santa_dataplane_events_total{event="answered"} 6`,
+		fmt.Sprintf(`santa_rule_hits_total{rule="%d",socket="%d"} %d`, a.Rule, a.Cookie, 1+hellos),
+		fmt.Sprintf(`santa_dataplane_events_total{event="answered"} %d`, 1+hellos),
 		`santa_dataplane_events_total{event="pass_no_match"} 1`,
 		`santa_api_errors_total{op="delete",status="not found"} 1`,
 		`santa_api_errors_total{op="unknown",status="unsupported"} 3`,
