@@ -664,7 +664,11 @@ func TestRulesExpire(t *testing.T) {
 		!strings.Contains(err.Error(), "which has passed") {
 		t.Fatalf("a rule that expired a second ago: %v, want invalid (has passed)", err)
 	}
-	soon := time.Now().Add(2 * time.Second)
+	// Expires is in whole seconds: deadlines are second-aligned, and far
+	// enough off that the steps before them fit on a slow machine (a
+	// deadline of now+2s, truncated, could be 1.0 s away).
+	inSeconds := func(n int64) time.Time { return time.Unix(time.Now().Unix()+n, 0) }
+	soon := inSeconds(4) // 3 to 4 s from now
 	if _, err := c.Add(target, []api.Rule{rule("Hello", "Taken", soon), rule("Bye", "Gone", time.Time{})}); err != nil {
 		t.Fatal(err)
 	}
@@ -691,7 +695,7 @@ func TestRulesExpire(t *testing.T) {
 			time.Sleep(20 * time.Millisecond)
 		}
 	}
-	waitRules(1, time.Unix(soon.Unix(), 0).Add(time.Second))
+	waitRules(1, soon.Add(2*time.Second))
 	if got := exchange(t, tb, server, "Hello"); got != "Hello" {
 		t.Fatalf("Hello after its rule expired: %q, want the server's echo", got)
 	}
@@ -700,7 +704,7 @@ func TestRulesExpire(t *testing.T) {
 	}
 
 	// a deadline survives santad's restart
-	later := time.Now().Add(4 * time.Second)
+	later := inSeconds(8) // 7 to 8 s from now: santad's restart comes first
 	if _, err := c.Add(target, []api.Rule{rule("Later", "Soon gone", later)}); err != nil {
 		t.Fatal(err)
 	}
@@ -711,13 +715,13 @@ func TestRulesExpire(t *testing.T) {
 	if err != nil || len(rules) != 2 || rules[1].Expires != uint64(later.Unix()) {
 		t.Fatalf("after the restart: %+v %v; want Later still expiring at %d", rules, err, later.Unix())
 	}
-	waitRules(1, time.Unix(later.Unix(), 0).Add(time.Second))
+	waitRules(1, later.Add(2*time.Second))
 	if got := exchange(t, tb, server, "Later"); got != "Later" {
 		t.Fatalf("Later after its rule expired: %q, want the server's echo", got)
 	}
 
 	// with santad killed the data plane keeps to the deadline by itself
-	brief := time.Now().Add(2 * time.Second)
+	brief := inSeconds(4)
 	if _, err := c.Add(target, []api.Rule{rule("Short", "Answered", brief)}); err != nil {
 		t.Fatal(err)
 	}
@@ -734,7 +738,7 @@ func TestRulesExpire(t *testing.T) {
 			t.Errorf("santad killed, its link %s is not pinned: %v", pin, err)
 		}
 	}
-	time.Sleep(time.Until(time.Unix(brief.Unix(), 0).Add(50 * time.Millisecond)))
+	time.Sleep(time.Until(brief.Add(50 * time.Millisecond)))
 	if got := exchange(t, tb, server, "Short"); got != "Short" {
 		t.Fatalf("Short after its rule expired, no santad running: %q, want the server's echo", got)
 	}

@@ -81,8 +81,10 @@ func TestSocketHitsNeverFall(t *testing.T) {
 		}
 	}
 
+	// Expires is in whole seconds: now+2s, truncated, could leave 1.0 s for
+	// the add and the answers below; 3 to 4 s is room on a slow machine
 	expiring := rule("Brief", "B", "")
-	expiring.Expires = uint64(time.Now().Add(2 * time.Second).Unix())
+	expiring.Expires = uint64(time.Now().Unix() + 4)
 	ids, err := c.Add(target, []api.Rule{rule("One", "1", ""), rule("Two", "2", ""), rule("Tagged", "T", "gone"), expiring})
 	if err != nil {
 		t.Fatal(err)
@@ -106,7 +108,7 @@ func TestSocketHitsNeverFall(t *testing.T) {
 	}
 	ask("Two", "II")
 	check("a modify")
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+	for deadline := time.Unix(int64(expiring.Expires), 0).Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 		if rules, err := c.ListRules(target); err != nil || len(rules) == 1 {
 			break
 		}
@@ -134,7 +136,7 @@ func TestSocketHitsNeverFall(t *testing.T) {
 	// a rule whose time comes while no santad runs
 	c = sd.client()
 	brief := rule("Short", "S", "")
-	brief.Expires = uint64(time.Now().Add(2 * time.Second).Unix())
+	brief.Expires = uint64(time.Now().Unix() + 4) // 3 to 4 s: the add and an answer come first
 	if _, err := c.Add(target, []api.Rule{brief}); err != nil {
 		t.Fatal(err)
 	}
