@@ -90,10 +90,21 @@ func TestSubscribersWidestSampling(t *testing.T) {
 
 	learner.cancel()
 	<-learner.done
-	time.Sleep(200 * time.Millisecond) // santad sees the hang-up
-	for _, n := range miss(watcher, 1, "the watcher alone") {
+	// santad sees the hang-up in its own time, and samples taken before
+	// that may still be on their way: misses until a 1-byte sample comes
+	// (at most 5 s), then the next must be 1 byte too
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		s := miss(watcher, 1, "the watcher alone")
+		if s[len(s)-1] == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the watcher alone still got %d-byte samples 5 s after the learner left, want 1", s[len(s)-1])
+		}
+	}
+	for _, n := range miss(watcher, 1, "the watcher alone, sampling narrowed") {
 		if n != 1 {
-			t.Errorf("the watcher alone got a %d-byte sample, want 1", n)
+			t.Errorf("the watcher alone got a %d-byte sample after a 1-byte one, want 1", n)
 		}
 	}
 
