@@ -60,24 +60,7 @@ func TestMissSamples(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	var got []MissSample
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for len(got) < 4 {
-			m, err := ms.Read()
-			if err != nil {
-				return
-			}
-			got = append(got, m)
-		}
-	}()
-	select {
-	case <-done:
-	case <-time.After(500 * time.Millisecond):
-		ms.Close()
-		<-done
-	}
+	got := readSamples(ms, 3)
 	if len(got) != 3 {
 		t.Fatalf("got %d samples, want 3 (the rate limit)", len(got))
 	}
@@ -149,26 +132,15 @@ func TestKernelDataSampledOnSampledPorts(t *testing.T) {
 	wantPorts(sampledAddr.Port(), true, false)
 	exchange(c, r, "/third")
 
-	var got []string
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			m, err := ms.Read()
-			if err != nil {
-				return
-			}
-			if m.Cookie != sampled.cookie {
-				got = append(got, fmt.Sprintf("cookie %#x: %q", m.Cookie, m.Payload))
-				continue
-			}
-			got = append(got, string(m.Payload))
-		}
-	}()
-	time.Sleep(500 * time.Millisecond) // the reader drains the ring every 100 ms
-	ms.Close()
-	<-done
 	want := []string{httpGet("/first", ""), httpGet("/second", "")}
+	var got []string
+	for _, m := range readSamples(ms, len(want)) {
+		if m.Cookie != sampled.cookie {
+			got = append(got, fmt.Sprintf("cookie %#x: %q", m.Cookie, m.Payload))
+			continue
+		}
+		got = append(got, string(m.Payload))
+	}
 	if !slices.Equal(got, want) {
 		t.Errorf("samples %q, want %q (the socket-less miss, then the kernel-owned one)", got, want)
 	}
@@ -185,5 +157,47 @@ func TestKernelDataSampledOnSampledPorts(t *testing.T) {
 	if !portInSet(t, d, portsTCPSeen, sampledAddr.Port()) || portInSet(t, d, portsTCPSeen, plainAddr.Port()) {
 		t.Errorf("TCP ports seen with a rule set: %d %v, %d %v; want true, false", sampledAddr.Port(),
 			portInSet(t, d, portsTCPSeen, sampledAddr.Port()), plainAddr.Port(), portInSet(t, d, portsTCPSeen, plainAddr.Port()))
+	}
+}
+
+// readSamples reads ms until want samples have come (at most 5 s), then
+// for 300 ms more, so that one too many shows; it closes ms. (Read looks
+// at the ring every 100 ms: how soon the samples come depends on the
+// machine's load.)
+func readSamples(ms *MissSamples, want int) []MissSample {
+	samples := make(chan MissSample)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			m, err := ms.Read()
+			if err != nil {
+				return
+			}
+			samples <- m
+		}
+	}()
+	var got []MissSample
+	timeout := time.After(5 * time.Second)
+wait:
+	for {
+		select {
+		case m := <-samples:
+			got = append(got, m)
+			if len(got) == want {
+				timeout = time.After(300 * time.Millisecond) // for one too many
+			}
+		case <-timeout:
+			break wait
+		}
+	}
+	ms.Close()
+	for {
+		select {
+		case m := <-samples: // a Read that returned as ms closed
+			got = append(got, m)
+		case <-done:
+			return got
+		}
 	}
 }
