@@ -6,6 +6,7 @@ import (
 	"math/bits"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -385,7 +386,21 @@ func TestTCPReplyOfAGoneRule(t *testing.T) {
 		{ID: ids[1], Rule: exactRule(long, httpReply(strings.Repeat("n", 3000), ""), false)}}); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(retireGrace + quarantine + cohortSpan + 100*time.Millisecond)
+	// the old versions are unlinked a grace period after the modify (a
+	// timer, late on a busy machine), their slots then quarantined: wait
+	// until both are over (at most 5 s), so AddRules can reuse the slots
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		e.d.mu.Lock()
+		ready := len(e.d.retiring) == 0 && !slices.ContainsFunc(e.d.slots.cooling.cohorts,
+			func(c cohort[uint32]) bool { return time.Since(c.last) < quarantine })
+		e.d.mu.Unlock()
+		if ready {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the old versions' slots are not free 5 s after the modify")
+		}
+	}
 	_, err := e.d.AddRules(cookie, []Rule{exactRule(httpGet("/x", ""), httpReply("other x", ""), false),
 		exactRule(httpGet("/y", ""), httpReply(strings.Repeat("y", 3000), ""), false)})
 	if err != nil {
