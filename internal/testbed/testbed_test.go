@@ -257,11 +257,31 @@ func TestPlacement(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	for i := 0; i < 2000; i++ {
-		c.Write([]byte("x"))
-		if i%50 == 49 {
-			time.Sleep(time.Millisecond) // the veth ring holds 256 frames
+	// 2000 frames through the server's NAPI thread: batches of 50, each
+	// sent once the thread has taken the last (the veth ring holds 256
+	// frames; a busy CPU may still drop some, which are sent again).
+	// RxPackets counts the frames the thread has taken off the ring.
+	rx := func() uint64 {
+		t.Helper()
+		st, err := tb.Server.Stats()
+		if err != nil {
+			t.Fatal(err)
 		}
+		return st.RxPackets
+	}
+	base := rx()
+	for deadline, want := time.Now().Add(20*time.Second), base; rx()-base < 2000; {
+		if time.Now().After(deadline) {
+			t.Fatalf("server veth rx %d packets in 20 s, want 2000", rx()-base)
+		}
+		for i := 0; i < 50; i++ {
+			c.Write([]byte("x"))
+		}
+		want += 50
+		for caught := time.Now().Add(2 * time.Second); rx() < want && time.Now().Before(caught); {
+			time.Sleep(time.Millisecond)
+		}
+		want = min(want, rx()) // frames dropped: the next batch is waited for on its own
 	}
 	time.Sleep(100 * time.Millisecond)
 	after, _ := RunTimes(srvNAPI...)
