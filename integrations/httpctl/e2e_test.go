@@ -926,8 +926,9 @@ func TestE2ELostAckAfterCloseReply(t *testing.T) {
 	q := "GET /m.bin HTTP/1.1\r\nHost: " + r.ng.Addr4.String() + "\r\nConnection: close\r\n\r\n"
 	r.converse(r.ng.Addr4, []string{q}, 0)
 	r.waitRequests(q)
-	// the replies take 100 ms to the client: time to cut the way back
-	if err := r.link.Set(testbed.ToClient, testbed.Impairment{Delay: 100 * time.Millisecond}); err != nil {
+	// the replies take 300 ms to the client: time to cut the way back
+	// (the client's RTO stays under 1 s)
+	if err := r.link.Set(testbed.ToClient, testbed.Impairment{Delay: 300 * time.Millisecond}); err != nil {
 		t.Fatal(err)
 	}
 	c := r.dial(r.ng.Addr4)
@@ -936,8 +937,15 @@ func TestE2ELostAckAfterCloseReply(t *testing.T) {
 	if _, err := io.WriteString(c, q); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(30 * time.Millisecond) // eBPF has answered; the reply is on its way
+	// until eBPF has answered: the reply is on its way (not the request:
+	// cut, it would not reach eBPF)
+	for deadline := time.Now().Add(2 * time.Second); r.counters()["answered"] == before["answered"]; time.Sleep(2 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("eBPF did not answer the request within 2 s: counters %v", delta(before, r.counters()))
+		}
+	}
 	// the client's acks of the reply (and its retransmissions) are lost
+	lost0 := r.link.Counters(testbed.ToServer).Dropped
 	if err := r.link.Set(testbed.ToServer, testbed.Impairment{Loss: 1}); err != nil {
 		t.Fatal(err)
 	}
@@ -947,6 +955,9 @@ func TestE2ELostAckAfterCloseReply(t *testing.T) {
 		t.Fatalf("read %d bytes (%v)", len(resp), err)
 	}
 	time.Sleep(200 * time.Millisecond)
+	if r.link.Counters(testbed.ToServer).Dropped == lost0 {
+		t.Fatal("none of the client's acks was lost: the test proves nothing")
+	}
 	r.link.Set(testbed.ToServer, testbed.Impairment{})
 	r.link.Set(testbed.ToClient, testbed.Impairment{})
 	// the link is whole again: the client's next retransmission of its
