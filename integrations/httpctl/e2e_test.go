@@ -1070,7 +1070,10 @@ func TestE2EFollowRestart(t *testing.T) {
 // to remove them; from then on nginx answers, and the next santad does
 // not bring them back.
 func TestE2ESantadGone(t *testing.T) {
-	const lease = minLease
+	// not minLease: renewed with half of it left, a rule may have only 2 s
+	// after the kill, too little on a slow machine for the controller to
+	// end and the "stale" fetch to be answered before the lease ends
+	const lease = 2 * minLease
 	r, get, killed := offloadThenKillSantad(t, lease)
 	// renewed last before the kill, for lease rounded up to the second
 	time.Sleep(time.Until(killed.Add(lease + time.Second + 100*time.Millisecond)))
