@@ -418,7 +418,9 @@ type conversation struct {
 
 // converse sends each request on one connection and reads its response
 // before the next (no pipelining); after the last it waits up to wait for
-// the end of the connection (and fails on any further byte).
+// the end of the connection (and fails on any further byte). If the last
+// response says Connection: close, a wait > 0 is at least 2 s: the end
+// is expected, and a slow machine may take more than a blink to send it.
 func (r *e2eRig) converse(addr netip.AddrPort, reqs []string, wait time.Duration) conversation {
 	r.t.Helper()
 	c := r.dial(addr)
@@ -436,6 +438,9 @@ func (r *e2eRig) converse(addr netip.AddrPort, reqs []string, wait time.Duration
 			r.t.Fatalf("request %d %q: %v (counters %v)", i, requestLine(q), err, r.counters())
 		}
 		conv.resps = append(conv.resps, h)
+	}
+	if wait > 0 && len(conv.resps) > 0 && conv.resps[len(conv.resps)-1].get("Connection") == "close" {
+		wait = max(wait, 2*time.Second)
 	}
 	c.SetReadDeadline(time.Now().Add(wait))
 	rest, err := io.ReadAll(br)
