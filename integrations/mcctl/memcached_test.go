@@ -403,22 +403,29 @@ func TestUnoffloadableFetchedAfterWrites(t *testing.T) {
 func TestWriteWithoutReplySettles(t *testing.T) {
 	r := newRig(t)
 	const key = "settle:key"
-	_, ctl, get := r.offloadOld(key, "--settle", "2s")
+	// long enough for the value to be written before the head's write has
+	// settled, even on a slow machine
+	const settle = 5 * time.Second
+	_, ctl, get := r.offloadOld(key, "--settle", settle.String())
 	raw := r.dialTCP(t) // open until the end: memcached's FIN would bump the slot
 	if _, err := raw.Write([]byte("set " + key + " 0 0 3 noreply\r\n")); err != nil {
 		t.Fatal(err)
 	}
+	head := time.Now()
 	time.Sleep(200 * time.Millisecond) // the controller rebuilds the rule the head retired
 	r.waitAnswered(func() { get() }, r.counters()["answered"])
 	if v := get(); v != "old" {
 		t.Fatalf("before the write's value: GET gave %q, want old", v)
+	}
+	if d := time.Since(head); d >= settle {
+		t.Fatalf("the premise: the value is written within --settle %v of the head, here %v after it", settle, d)
 	}
 	if _, err := raw.Write([]byte("new\r\n")); err != nil {
 		t.Fatal(err)
 	}
 	written := time.Now()
 	for get() != "new" {
-		if time.Since(written) > 5*time.Second {
+		if time.Since(written) > 10*time.Second {
 			t.Fatalf("GET still gives the value from before a write without a reply %v after it (counters %v)",
 				time.Since(written), r.counters())
 		}
