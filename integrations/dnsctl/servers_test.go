@@ -947,7 +947,6 @@ func TestTTLBound(t *testing.T) {
 	short := "short." + r.zone.Origin
 	r.startController("static", "--port", "53/udp", "--names", r.namesFile([]string{short}, []uint16{dns.TypeA}),
 		"--shape", "rd,ad,edns", "--poll", "0")
-	fetched := time.Now()
 	if got, kernel := r.dig(short, "A"); got != "198.18.255.77" || !kernel {
 		t.Fatalf("%q, from the rule processor %v", got, kernel)
 	}
@@ -963,12 +962,88 @@ func TestTTLBound(t *testing.T) {
 			syscall.Kill(p, syscall.SIGCONT)
 		}
 	}()
-	time.Sleep(time.Until(fetched.Add(3 * time.Second)))
+	waitStopped(t, pids)
+	// every answer the controller has (it may have refreshed it before the
+	// server stopped) was sent before now
+	r.waitRulesExpired(time.Now().Add(3 * time.Second))
 	if got, kernel := r.dig(short, "A"); got != "" || kernel {
 		t.Errorf("after the TTL with the server stopped: %q, from the rule processor %v (want no answer)", got, kernel)
 	}
 	if n := r.rules(); n != 0 {
 		t.Errorf("%d rules after the TTL ran out", n)
+	}
+}
+
+// waitStopped waits until every process of pids is stopped (SIGSTOP
+// delivered: state T), at most 5 s.
+func waitStopped(t *testing.T, pids []int) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for _, p := range pids {
+		for {
+			stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p))
+			if err != nil {
+				t.Fatal(err)
+			}
+			// pid (comm) state ...: comm may hold spaces and parentheses
+			f := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
+			if len(f) > 0 && f[0] == "T" {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("process %d not stopped 5 s after SIGSTOP: %s", p, stat)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+}
+
+// waitRulesExpired waits for santad's rules to go at their Expires time,
+// read again each round (a refresh sent before the server stopped may
+// still move it), and fails the test if one stays 500 ms past it or if one
+// expires after ttlEnd, when the TTL of the last answer the controller can
+// have runs out.
+func (r *rig) waitRulesExpired(ttlEnd time.Time) {
+	r.t.Helper()
+	c, err := santa.Dial(r.santad.Socket)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	defer c.Close()
+	var seen uint64 // the latest Expires time listed
+	for {
+		socks, err := c.ListSockets()
+		if err != nil {
+			r.t.Fatal(err)
+		}
+		var n int
+		var latest uint64
+		for _, s := range socks {
+			rules, err := c.ListRules(santa.Cookie(s.Cookie))
+			if err != nil {
+				r.t.Fatal(err)
+			}
+			for _, rule := range rules {
+				if rule.Expires == 0 || rule.Expires > uint64(ttlEnd.Unix()) {
+					r.t.Fatalf("rule %d on socket %d expires at %d, after the answer's TTL runs out (%d)",
+						rule.ID, s.Cookie, rule.Expires, ttlEnd.Unix())
+				}
+				n, latest = n+1, max(latest, rule.Expires)
+			}
+		}
+		if n == 0 {
+			if seen == 0 {
+				r.t.Fatalf("no rule listed: nothing to expire")
+			}
+			r.t.Logf("the rules expiring at %d (the TTL ends by %d) went %v after it", seen, ttlEnd.Unix(),
+				time.Since(time.Unix(int64(seen), 0)).Round(time.Millisecond))
+			return
+		}
+		seen = max(seen, latest)
+		if late := time.Since(time.Unix(int64(latest), 0)); late > 500*time.Millisecond {
+			r.t.Fatalf("%d rules %v after they expired (at %d)", n, late.Round(time.Millisecond), latest)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
 
@@ -980,7 +1055,6 @@ func TestTTLBoundControllerKilled(t *testing.T) {
 	short := "short." + r.zone.Origin
 	ctl := r.startController("static", "--port", "53/udp", "--names", r.namesFile([]string{short}, []uint16{dns.TypeA}),
 		"--shape", "rd,ad,edns", "--poll", "0")
-	fetched := time.Now()
 	if got, kernel := r.dig(short, "A"); got != "198.18.255.77" || !kernel {
 		t.Fatalf("%q, from the rule processor %v", got, kernel)
 	}
@@ -990,10 +1064,11 @@ func TestTTLBoundControllerKilled(t *testing.T) {
 	if err := ctl.Stop(5 * time.Second); err == nil {
 		t.Fatal("the controller survived SIGKILL")
 	}
+	died := time.Now() // every answer the controller had was fetched before
 	if n := r.rules(); n != 2 { // one per socket (IPv4, IPv6)
 		t.Fatalf("%d rules right after the controller died, want its 2", n)
 	}
-	time.Sleep(time.Until(fetched.Add(3 * time.Second)))
+	r.waitRulesExpired(died.Add(3 * time.Second))
 	if got, kernel := r.dig(short, "A"); got != "198.18.255.77" || kernel {
 		t.Errorf("after the TTL: %q, from the rule processor %v (want the server's answer)", got, kernel)
 	}
