@@ -1064,7 +1064,7 @@ func TestTTLBoundControllerKilled(t *testing.T) {
 	if err := ctl.Stop(5 * time.Second); err == nil {
 		t.Fatal("the controller survived SIGKILL")
 	}
-	died := time.Now() // every answer the controller had was fetched before
+	died := time.Now()          // every answer the controller had was fetched before
 	if n := r.rules(); n != 2 { // one per socket (IPv4, IPv6)
 		t.Fatalf("%d rules right after the controller died, want its 2", n)
 	}
