@@ -247,6 +247,12 @@ func Start(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 			log.Info("TCP flows carried over", "flows", n, "replies_in_flight", before.InFlight+after.InFlight,
 				"replies_gone", before.Gone+after.Gone)
 		}
+		// the second pass tried again each flow the first had no room for
+		if after.Left > 0 {
+			log.Warn("the TCP flow table is too small for the previous rule processor's flows: the least recently active "+
+				"were left behind (their connections' next requests start new flows, or go to the kernel; raise dataplane.tcp_flows)",
+				"flows_left", after.Left, "replies_in_flight_left", after.LeftInFlight, "size", d.dp.Config().TCPFlows)
+		}
 	}
 	if err := d.dp.PublishFlows(); err != nil {
 		log.Warn("could not pin the TCP flow table: the next santad will not carry its flows over", "error", err)

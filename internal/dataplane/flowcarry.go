@@ -2,12 +2,14 @@ package dataplane
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/btf"
@@ -26,10 +28,14 @@ import (
 // FlowsCarried counts what a CarryFlows pass copied.
 type FlowsCarried struct {
 	Flows int // flows copied
-	// InFlight counts those with a reply the client had not all acked,
-	// pointed at the restored rule that made it; Gone those whose rule was
-	// not restored as it was (eBPF finds their reply gone).
+	// InFlight counts those with a long reply the client had not all
+	// acked, pointed at the restored rule that made it; Gone those whose
+	// rule was not restored as it was (eBPF finds their reply gone).
 	InFlight, Gone int
+	// Left counts the predecessor's flows this data plane's table had no
+	// room for (a smaller tcp_flows), or gave up for one of a reply in
+	// flight; LeftInFlight those of them with a long reply in flight.
+	Left, LeftInFlight int
 }
 
 // carriedFlow is what CarryFlows last copied for a key: the predecessor's
@@ -37,6 +43,15 @@ type FlowsCarried struct {
 type carriedFlow struct {
 	was   string
 	wrote santaSantaTcpFlow
+}
+
+// replyInFlight says the client had not acked all of f's long reply. Only
+// a long reply's flow follows the client's acks; without its flow, a client
+// that has part of it and sends its request again is answered anew, the
+// reply's first bytes where it expects the rest. A one-segment reply is
+// sent again as it was.
+func replyInFlight(f *santaSantaTcpFlow) bool {
+	return f.Multi != 0 && int32(f.LastAck-f.ReplyEnd) < 0
 }
 
 // CarryFlows copies into this data plane's flow table the flows of the
@@ -48,6 +63,11 @@ type carriedFlow struct {
 // this data plane's program made, changed or ended is left alone. Call it
 // once before the programs are swapped in (AttachPinned) and once right
 // after, for what the predecessor did in between.
+//
+// A table too small for them all (a smaller tcp_flows) takes the flows of
+// long replies in flight first, then the most recently active; for one of
+// a reply in flight it gives up a flow it carried that was idle and that
+// this program has not touched since.
 func (d *Dataplane) CarryFlows(p *Previous) (FlowsCarried, error) {
 	var done FlowsCarried
 	if d.prevFlows == nil || p == nil {
@@ -72,6 +92,14 @@ func (d *Dataplane) CarryFlows(p *Previous) (FlowsCarried, error) {
 	if d.carried == nil {
 		d.carried = map[string]carriedFlow{}
 	}
+	type pending struct {
+		k        santaBpfSockTuple
+		key, was string
+		f        santaSantaTcpFlow
+		ruled    bool // it named a rule
+		pointed  bool // at the restored one
+	}
+	var todo []pending
 	entries, err := readRaw(src)
 	if err != nil {
 		return done, fmt.Errorf("read previous flow table: %w", err)
@@ -96,22 +124,80 @@ func (d *Dataplane) CarryFlows(p *Previous) (FlowsCarried, error) {
 			return done, fmt.Errorf("read flow: %w", err)
 		}
 		f, ruled := read(val, old)
-		inFlight := ruled && int32(f.LastAck-f.ReplyEnd) < 0
 		pointed := ruled && d.retargetLocked(&f, newest, old)
 		if !pointed {
 			f.Rule.Id, f.Rule.Slot, f.Rule.Ruleset, f.Rule.Generation = 0, ^uint32(0), 0, 0 // no rule: eBPF finds it gone
 		}
-		if err := dst.Update(&k, &f, ebpf.UpdateAny); err != nil {
-			if errors.Is(err, unix.E2BIG) {
-				continue // this table is full (a smaller tcp_flows)
+		todo = append(todo, pending{k, string(key), string(val), f, ruled, pointed})
+	}
+	// replies in flight first, then the most recently active
+	slices.SortStableFunc(todo, func(a, b pending) int {
+		if x, y := replyInFlight(&a.f), replyInFlight(&b.f); x != y {
+			if x {
+				return -1
 			}
+			return 1
+		}
+		return cmp.Compare(int32(b.f.Seen-a.f.Seen), 0)
+	})
+	var idle []string // carried idle flows to give up for replies in flight, least recently active first
+	idleListed := false
+	evict := func() bool {
+		if !idleListed {
+			idleListed = true
+			for k, c := range d.carried {
+				if !replyInFlight(&c.wrote) {
+					idle = append(idle, k)
+				}
+			}
+			slices.SortFunc(idle, func(a, b string) int {
+				return cmp.Compare(int32(d.carried[a].wrote.Seen-d.carried[b].wrote.Seen), 0)
+			})
+		}
+		for len(idle) > 0 {
+			ks := idle[0]
+			idle = idle[1:]
+			c, ok := d.carried[ks]
+			if !ok {
+				continue
+			}
+			var k santaBpfSockTuple
+			if binary.Read(bytes.NewReader([]byte(ks)), binary.LittleEndian, &k) != nil {
+				continue
+			}
+			var now santaSantaTcpFlow
+			if dst.Lookup(&k, &now) != nil || now != c.wrote || replyInFlight(&now) {
+				continue // this program's by now
+			}
+			if dst.Delete(&k) == nil {
+				delete(d.carried, ks)
+				done.Left++
+				return true
+			}
+		}
+		return false
+	}
+	for _, e := range todo {
+		inFlight := replyInFlight(&e.f)
+		err := dst.Update(&e.k, &e.f, ebpf.UpdateAny)
+		if errors.Is(err, unix.E2BIG) && inFlight && evict() {
+			err = dst.Update(&e.k, &e.f, ebpf.UpdateAny)
+		}
+		if errors.Is(err, unix.E2BIG) { // this table is full (a smaller tcp_flows)
+			done.Left++
+			if inFlight {
+				done.LeftInFlight++
+			}
+			continue
+		}
+		if err != nil {
 			return done, fmt.Errorf("copy flow: %w", err)
 		}
-		d.carried[string(key)] = carriedFlow{string(val), f}
+		d.carried[e.key] = carriedFlow{e.was, e.f}
 		done.Flows++
-		if inFlight && pointed {
+		if inFlight && e.pointed {
 			done.InFlight++
-		} else if inFlight {
+		} else if inFlight && e.ruled {
 			done.Gone++
 		}
 	}

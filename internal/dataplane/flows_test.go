@@ -257,3 +257,88 @@ func TestFlowsCarried(t *testing.T) {
 		t.Errorf("publishing left %s-new: %v", pin, err)
 	}
 }
+
+// TestFlowsCarriedIntoSmallerTable: a successor whose table is smaller than
+// the predecessor's flows takes the flows of long replies in flight first,
+// then the most recently active, and in its second pass gives up an idle
+// flow it carried for one of a reply in flight. (It took them in the
+// table's order: most replies in flight were left behind, and their
+// clients, asking again, were answered anew at the wrong place, or hung.)
+func TestFlowsCarriedIntoSmallerTable(t *testing.T) {
+	bpffs := mountBPFFS(t)
+	pin := filepath.Join(bpffs, "tcp_flows")
+	first, err := Load(Config{TCPFlows: 64, FlowsPin: pin})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Close()
+	if err := first.PublishFlows(); err != nil {
+		t.Fatal(err)
+	}
+	gen := filepath.Join(bpffs, "gen")
+	if err := first.Pin(gen); err != nil {
+		t.Fatal(err)
+	}
+	prev, err := OpenPrevious(gen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer prev.Close()
+	key := func(port uint16) *santaBpfSockTuple {
+		var k santaBpfSockTuple
+		k.Ipv4.Sport = port
+		return &k
+	}
+	put := func(port uint16, f santaSantaTcpFlow) {
+		t.Helper()
+		if err := first.objs.SantaTcpFlows.Put(key(port), &f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	has := func(d *Dataplane, port uint16) bool {
+		var v santaSantaTcpFlow
+		return d.objs.SantaTcpFlows.Lookup(key(port), &v) == nil
+	}
+	// 40 idle flows (1-40: one-segment replies, and long ones all acked),
+	// seen at 1000 + port; 4 long replies in flight (101-104), seen earlier
+	for port := uint16(1); port <= 40; port++ {
+		f := santaSantaTcpFlow{ReplyStart: 10, ReplyEnd: 20, LastAck: 10, Seen: 1000 + uint32(port)}
+		if port%2 == 0 {
+			f.Multi, f.LastAck = 1, 20
+		}
+		put(port, f)
+	}
+	inFlight := santaSantaTcpFlow{ReplyStart: 10, ReplyEnd: 9000, LastAck: 1000, Multi: 1, Seen: 500}
+	for port := uint16(101); port <= 104; port++ {
+		put(port, inFlight)
+	}
+	next, err := Load(Config{TCPFlows: 6, FlowsPin: pin})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer next.Close()
+	c, err := next.CarryFlows(prev)
+	if err != nil || c.Flows != 6 || c.Left != 38 || c.LeftInFlight != 0 {
+		t.Errorf("before the swap: %+v, %v; want 6 flows carried, 38 left, none in flight", c, err)
+	}
+	for port := uint16(101); port <= 104; port++ {
+		if !has(next, port) {
+			t.Errorf("flow %d, its long reply in flight, not carried", port)
+		}
+	}
+	for _, port := range []uint16{39, 40} {
+		if !has(next, port) {
+			t.Errorf("flow %d, the most recently active, not carried", port)
+		}
+	}
+	// a long reply the predecessor started between the passes
+	put(105, inFlight)
+	c, err = next.CarryFlows(prev)
+	if err != nil || c.Flows != 1 || c.LeftInFlight != 0 {
+		t.Errorf("after the swap: %+v, %v; want the reply in flight carried", c, err)
+	}
+	if !has(next, 105) || has(next, 39) || !has(next, 40) {
+		t.Errorf("after the swap: flows 105 %v, 39 %v, 40 %v; want 105 carried in place of 39, the least recently active",
+			has(next, 105), has(next, 39), has(next, 40))
+	}
+}
