@@ -207,6 +207,17 @@ struct {
 	__uint(max_entries, SANTA_TCP_FLOWS); /* set by user space */
 } santa_tcp_flows SEC(".maps");
 
+/* Index 0: 1 while santad carries the flows of the rule processor it
+ * replaced into santa_tcp_flows (from the swap until they are all in):
+ * segments that would read or change a flow are dropped, and sent again by
+ * their clients, rather than answered from a flow not carried yet. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(max_entries, 1);
+} santa_tcp_carrying SEC(".maps");
+
 /* Emit the miss sample's layout into BTF for bpf2go (the ring buffer has no value type). */
 const struct santa_miss_sample *santa_miss_sample_layout __attribute__((unused));
 const enum santa_limit *santa_limit_layout __attribute__((unused));

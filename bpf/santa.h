@@ -265,6 +265,8 @@ struct santa_reasons {
 	__u64 tcp_drop_gap;         /* request or FIN after bytes eBPF has not taken (dropped or lost):
 				     * dropped, not acked nor handed over */
 	__u64 tcp_syn_challenged;   /* SYN on a connection with a flow: challenge ACK (RFC 5961), the flow stays */
+	__u64 tcp_drop_carrying;    /* a segment while santad carries a predecessor's flows over (moments
+				     * after a restart): dropped, the client sends it again */
 };
 
 /* A miss sample as it appears in the ring buffer. */

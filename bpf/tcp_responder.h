@@ -308,6 +308,15 @@ __noinline int tcp_segment(struct xdp_md *ctx, struct pkt_info *req)
 	tcp_parse_options(s, req->l4_len, o);
 	__u64 unit = stamp_unit();
 
+	/* Right after a restart the flows are not all carried over yet: one
+	 * not here yet would be taken for none (a retransmitted request
+	 * answered anew, at the client's ack). A SYN needs none. */
+	__u32 zero = 0;
+	const __u32 *carrying = bpf_map_lookup_elem(&santa_tcp_carrying, &zero);
+	if (carrying && *carrying && (flags & (TCP_SYN | TCP_RST)) != TCP_SYN) {
+		COUNT(tcp_drop_carrying);
+		return XDP_DROP;
+	}
 	if (flags & TCP_RST) {
 		/* Only a RST at the client's next byte (after its FIN: that + 1)
 		 * ends the flow (RFC 5961 3.2): a blind or stale one must not

@@ -181,6 +181,14 @@ func Load(cfg Config) (*Dataplane, error) {
 			return nil, err
 		}
 	}
+	if d.prevFlows != nil {
+		// until PublishFlows: the program must not run on a flow table
+		// that lacks the predecessor's flows
+		if err := d.objs.SantaTcpCarrying.Put(uint32(0), uint32(1)); err != nil {
+			d.Close()
+			return nil, fmt.Errorf("mark the TCP flows as being carried over: %w", err)
+		}
+	}
 	named := d.objs.named()
 	for _, sm := range toPin {
 		err := os.MkdirAll(filepath.Dir(sm.pin), 0o700)

@@ -23,7 +23,12 @@ import (
 // of its own, so that neither program ever reads a flow in the other's
 // coordinates: the predecessor's keeps answering from its table until the
 // swap, and the successor copies it before and right after the swap
-// (CarryFlows), then pins its own in its place (PublishFlows).
+// (CarryFlows), then pins its own in its place (PublishFlows). From the swap
+// until the second copy is done the successor's program drops the segments
+// of socket-less connections but SYNs (their clients send them again): a
+// flow the predecessor made or moved on after the first copy would
+// otherwise be taken for none, or for where it stood, and a retransmitted
+// request answered anew at the wrong place.
 
 // FlowsCarried counts what a CarryFlows pass copied.
 type FlowsCarried struct {
@@ -310,14 +315,20 @@ func flowReader(m *ebpf.Map) (func(v []byte, rules *mmapArray) (f santaSantaTcpF
 	}, nil
 }
 
-// PublishFlows pins this data plane's flow table at Config.FlowsPin, in
-// place of the predecessor's, for a successor, and lets go of the
-// predecessor's (CarryFlows copies no more). Call it once the programs are
-// swapped in and CarryFlows has run after the swap.
+// PublishFlows lets the program use its flows, which until then it drops
+// every segment of a socket-less connection but a SYN for (counter
+// tcp_drop_carrying: Load marks them as being carried over when there is a
+// predecessor's table), lets go of the predecessor's table (CarryFlows copies
+// no more), and pins this data plane's at Config.FlowsPin in its place, for
+// a successor. Call it once the programs are swapped in and CarryFlows has
+// run after the swap.
 func (d *Dataplane) PublishFlows() error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.prevFlows != nil {
+		if err := d.objs.SantaTcpCarrying.Put(uint32(0), uint32(0)); err != nil {
+			return fmt.Errorf("end carrying the TCP flows over: %w", err)
+		}
 		d.prevFlows.Close()
 		d.prevFlows, d.carried = nil, nil
 	}

@@ -215,6 +215,17 @@ func TestFlowsCarried(t *testing.T) {
 	if n := flowCount(t, next); n != 0 {
 		t.Fatalf("a new data plane's flow table holds %d flows, want its own, empty", n)
 	}
+	carrying := func() uint32 {
+		t.Helper()
+		var v uint32
+		if err := next.objs.SantaTcpCarrying.Lookup(uint32(0), &v); err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	if carrying() != 1 {
+		t.Fatal("a data plane loaded over a predecessor's flow table is not marked as carrying its flows over")
+	}
 	if c, err := next.CarryFlows(prev); err != nil || c.Flows != 3 {
 		t.Fatalf("before the swap: %+v, %v; want 3 flows carried", c, err)
 	}
@@ -240,6 +251,9 @@ func TestFlowsCarried(t *testing.T) {
 	}
 	if err := next.PublishFlows(); err != nil {
 		t.Fatal(err)
+	}
+	if carrying() != 0 {
+		t.Error("published, the data plane is still marked as carrying flows over: it would drop every segment")
 	}
 	m, err := ebpf.LoadPinnedMap(pin, nil)
 	if err != nil {

@@ -33,6 +33,7 @@ const (
 	handoverMapSantaSampleBudget     = "santa_sample_budget"
 	handoverMapSantaScratch          = "santa_scratch"
 	handoverMapSantaSockets          = "santa_sockets"
+	handoverMapSantaTcpCarrying      = "santa_tcp_carrying"
 	handoverMapSantaTcpFlows         = "santa_tcp_flows"
 	handoverMapSantaTcpKeys          = "santa_tcp_keys"
 	handoverProgSantaHandover        = "santa_handover"
@@ -106,6 +107,7 @@ type handoverMapSpecs struct {
 	SantaSampleBudget *ebpf.MapSpec `ebpf:"santa_sample_budget"`
 	SantaScratch      *ebpf.MapSpec `ebpf:"santa_scratch"`
 	SantaSockets      *ebpf.MapSpec `ebpf:"santa_sockets"`
+	SantaTcpCarrying  *ebpf.MapSpec `ebpf:"santa_tcp_carrying"`
 	SantaTcpFlows     *ebpf.MapSpec `ebpf:"santa_tcp_flows"`
 	SantaTcpKeys      *ebpf.MapSpec `ebpf:"santa_tcp_keys"`
 }
@@ -155,6 +157,7 @@ type handoverMaps struct {
 	SantaSampleBudget *ebpf.Map `ebpf:"santa_sample_budget"`
 	SantaScratch      *ebpf.Map `ebpf:"santa_scratch"`
 	SantaSockets      *ebpf.Map `ebpf:"santa_sockets"`
+	SantaTcpCarrying  *ebpf.Map `ebpf:"santa_tcp_carrying"`
 	SantaTcpFlows     *ebpf.Map `ebpf:"santa_tcp_flows"`
 	SantaTcpKeys      *ebpf.Map `ebpf:"santa_tcp_keys"`
 }
@@ -178,6 +181,7 @@ func (m *handoverMaps) Close() error {
 		m.SantaSampleBudget,
 		m.SantaScratch,
 		m.SantaSockets,
+		m.SantaTcpCarrying,
 		m.SantaTcpFlows,
 		m.SantaTcpKeys,
 	)

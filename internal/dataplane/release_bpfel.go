@@ -33,6 +33,7 @@ const (
 	releaseMapSantaSampleBudget     = "santa_sample_budget"
 	releaseMapSantaScratch          = "santa_scratch"
 	releaseMapSantaSockets          = "santa_sockets"
+	releaseMapSantaTcpCarrying      = "santa_tcp_carrying"
 	releaseMapSantaTcpFlows         = "santa_tcp_flows"
 	releaseMapSantaTcpKeys          = "santa_tcp_keys"
 	releaseProgSantaRelease         = "santa_release"
@@ -106,6 +107,7 @@ type releaseMapSpecs struct {
 	SantaSampleBudget *ebpf.MapSpec `ebpf:"santa_sample_budget"`
 	SantaScratch      *ebpf.MapSpec `ebpf:"santa_scratch"`
 	SantaSockets      *ebpf.MapSpec `ebpf:"santa_sockets"`
+	SantaTcpCarrying  *ebpf.MapSpec `ebpf:"santa_tcp_carrying"`
 	SantaTcpFlows     *ebpf.MapSpec `ebpf:"santa_tcp_flows"`
 	SantaTcpKeys      *ebpf.MapSpec `ebpf:"santa_tcp_keys"`
 }
@@ -155,6 +157,7 @@ type releaseMaps struct {
 	SantaSampleBudget *ebpf.Map `ebpf:"santa_sample_budget"`
 	SantaScratch      *ebpf.Map `ebpf:"santa_scratch"`
 	SantaSockets      *ebpf.Map `ebpf:"santa_sockets"`
+	SantaTcpCarrying  *ebpf.Map `ebpf:"santa_tcp_carrying"`
 	SantaTcpFlows     *ebpf.Map `ebpf:"santa_tcp_flows"`
 	SantaTcpKeys      *ebpf.Map `ebpf:"santa_tcp_keys"`
 }
@@ -178,6 +181,7 @@ func (m *releaseMaps) Close() error {
 		m.SantaSampleBudget,
 		m.SantaScratch,
 		m.SantaSockets,
+		m.SantaTcpCarrying,
 		m.SantaTcpFlows,
 		m.SantaTcpKeys,
 	)

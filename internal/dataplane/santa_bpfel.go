@@ -193,6 +193,7 @@ type santaSantaReasons struct {
 	TcpDropRstSeq        uint64
 	TcpDropGap           uint64
 	TcpSynChallenged     uint64
+	TcpDropCarrying      uint64
 }
 
 type santaSantaRegion struct {
@@ -340,6 +341,7 @@ const (
 	santaMapSantaSampleBudget     = "santa_sample_budget"
 	santaMapSantaScratch          = "santa_scratch"
 	santaMapSantaSockets          = "santa_sockets"
+	santaMapSantaTcpCarrying      = "santa_tcp_carrying"
 	santaMapSantaTcpFlows         = "santa_tcp_flows"
 	santaMapSantaTcpKeys          = "santa_tcp_keys"
 	santaProgSantaXdp             = "santa_xdp"
@@ -415,6 +417,7 @@ type santaMapSpecs struct {
 	SantaSampleBudget *ebpf.MapSpec `ebpf:"santa_sample_budget"`
 	SantaScratch      *ebpf.MapSpec `ebpf:"santa_scratch"`
 	SantaSockets      *ebpf.MapSpec `ebpf:"santa_sockets"`
+	SantaTcpCarrying  *ebpf.MapSpec `ebpf:"santa_tcp_carrying"`
 	SantaTcpFlows     *ebpf.MapSpec `ebpf:"santa_tcp_flows"`
 	SantaTcpKeys      *ebpf.MapSpec `ebpf:"santa_tcp_keys"`
 }
@@ -466,6 +469,7 @@ type santaMaps struct {
 	SantaSampleBudget *ebpf.Map `ebpf:"santa_sample_budget"`
 	SantaScratch      *ebpf.Map `ebpf:"santa_scratch"`
 	SantaSockets      *ebpf.Map `ebpf:"santa_sockets"`
+	SantaTcpCarrying  *ebpf.Map `ebpf:"santa_tcp_carrying"`
 	SantaTcpFlows     *ebpf.Map `ebpf:"santa_tcp_flows"`
 	SantaTcpKeys      *ebpf.Map `ebpf:"santa_tcp_keys"`
 }
@@ -489,6 +493,7 @@ func (m *santaMaps) Close() error {
 		m.SantaSampleBudget,
 		m.SantaScratch,
 		m.SantaSockets,
+		m.SantaTcpCarrying,
 		m.SantaTcpFlows,
 		m.SantaTcpKeys,
 	)
