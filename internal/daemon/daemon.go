@@ -255,7 +255,9 @@ func Start(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 		}
 	}
 	if err := d.dp.PublishFlows(); err != nil {
-		log.Warn("could not pin the TCP flow table: the next santad will not carry its flows over", "error", err)
+		// the error says which: socket-less TCP still held back, or the
+		// table not pinned for the next santad
+		log.Error("could not finish taking the TCP flow table over", "error", err)
 	}
 	d.detachUnconfigured()
 	if prev != nil && len(d.sets) > 0 {
