@@ -48,17 +48,24 @@ const flowLayoutChange = "48e38bb"
 // 6 clients here got 11200 bytes that were not the reply. It now copies
 // the old flows.
 func TestUpgradeRepliesInFlight(t *testing.T) {
+	repliesInFlightAcross(t, buildOldSantad(t, flowLayoutChange))
+}
+
+// buildOldSantad builds santad at commit rev from git into a temporary
+// directory (skips the test without git history).
+func buildOldSantad(t *testing.T, rev string) string {
+	t.Helper()
 	dir := t.TempDir()
-	archive := exec.Command("sh", "-c", "git -C ../.. archive --format=tar "+flowLayoutChange+" | tar -x -C "+dir)
+	archive := exec.Command("sh", "-c", "git -C ../.. archive --format=tar "+rev+" | tar -x -C "+dir)
 	if out, err := archive.CombinedOutput(); err != nil {
-		t.Skipf("no git history to build santad %s from: %v %s", flowLayoutChange, err, out)
+		t.Skipf("no git history to build santad %s from: %v %s", rev, err, out)
 	}
 	build := exec.Command("go", "build", "-o", filepath.Join(dir, "bin", "santad"), "./cmd/santad")
 	build.Dir = dir
 	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build santad %s: %v\n%s", flowLayoutChange, err, out)
+		t.Fatalf("build santad %s: %v\n%s", rev, err, out)
 	}
-	repliesInFlightAcross(t, filepath.Join(dir, "bin", "santad"))
+	return filepath.Join(dir, "bin", "santad")
 }
 
 // repliesInFlightAcross has clients hold part of long replies while santad
