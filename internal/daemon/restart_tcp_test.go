@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -33,7 +34,7 @@ import (
 // 6 on CI's slower machine): the flows are now carried into the new
 // santad's own table, before the swap and again after it.
 func TestRepliesInFlightSurviveRestart(t *testing.T) {
-	repliesInFlightAcross(t, "")
+	repliesInFlightAcross(t, inFlightRestart{})
 }
 
 // flowLayoutChange is the last commit whose santa_tcp_flow is laid out as
@@ -48,7 +49,7 @@ const flowLayoutChange = "48e38bb"
 // 6 clients here got 11200 bytes that were not the reply. It now copies
 // the old flows.
 func TestUpgradeRepliesInFlight(t *testing.T) {
-	repliesInFlightAcross(t, buildOldSantad(t, flowLayoutChange))
+	repliesInFlightAcross(t, inFlightRestart{oldBin: buildOldSantad(t, flowLayoutChange)})
 }
 
 // buildOldSantad builds santad at commit rev from git into a temporary
@@ -68,20 +69,22 @@ func buildOldSantad(t *testing.T, rev string) string {
 	return filepath.Join(dir, "bin", "santad")
 }
 
-// repliesInFlightAcross has clients hold part of long replies while santad
-// (first the one at oldBin, if not empty) stops and santad starts again,
-// and checks that each gets the whole reply.
-func repliesInFlightAcross(t *testing.T, oldBin string) {
-	tb, link := testbed.NewImpaired(t, testbed.Options{}, testbed.ImpairOptions{Seed: 3})
-	for _, side := range []testbed.Side{tb.Client, tb.Server} {
-		if _, err := side.Run("sysctl", "-q", "-w", "net.ipv4.tcp_rto_min_us=10000", "net.ipv4.tcp_rto_max_ms=1000"); err != nil {
-			t.Fatal(err)
-		}
-	}
+// inFlightRestart is how repliesInFlightAcross restarts santad.
+type inFlightRestart struct {
+	oldBin string // the santad before the restart (empty: this one)
+	idle   int    // connections whose short replies are all acked, first
+	config string // the restarted santad's config file (empty: none)
+}
+
+// repliesInFlightAcross has six clients hold part of long replies while
+// santad stops and starts again as r says, checks that each gets the whole
+// reply and that eBPF found no rule of theirs gone, and returns santad.
+func repliesInFlightAcross(t *testing.T, r inFlightRestart) *santadProc {
+	tb, link := impairedFastRetransmits(t, testbed.ImpairOptions{Seed: 3})
 	sd := newSantad(t, tb)
 	newBin := sd.Bin
-	if oldBin != "" {
-		sd.Bin = oldBin
+	if r.oldBin != "" {
+		sd.Bin = r.oldBin
 	}
 	sd.start()
 	c := sd.client()
@@ -95,13 +98,12 @@ func repliesInFlightAcross(t *testing.T, oldBin string) {
 		t.Fatal(err)
 	}
 	long := strings.Repeat("0123456789abcdef", 700) // 8 segments
-	for _, r := range []api.Rule{httpRule("/short", "short", false), httpRule("/long", long, false)} {
-		if _, err := c.Add(target, []api.Rule{r}); err != nil {
+	for _, rule := range []api.Rule{httpRule("/short", "short", false), httpRule("/long", long, false)} {
+		if _, err := c.Add(target, []api.Rule{rule}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	var conns []net.Conn
-	for range 6 {
+	dial := func() net.Conn {
 		var conn net.Conn
 		if err := tb.Client.Do(func() (err error) {
 			conn, err = net.Dial("tcp", server.String())
@@ -109,8 +111,24 @@ func repliesInFlightAcross(t *testing.T, oldBin string) {
 		}); err != nil {
 			t.Fatal(err)
 		}
-		defer conn.Close()
-		conns = append(conns, conn)
+		t.Cleanup(func() { conn.Close() })
+		return conn
+	}
+	for i := range r.idle {
+		conn := dial()
+		conn.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := io.WriteString(conn, "GET /short HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		if err != nil {
+			t.Fatalf("idle connection %d: %v", i, err)
+		}
+		io.ReadAll(resp.Body)
+	}
+	var conns []net.Conn
+	for range 6 {
+		conns = append(conns, dial())
 	}
 	// half of the replies' segments arrive, then none: each client holds
 	// part of its reply (or none) while santad restarts
@@ -129,6 +147,13 @@ func repliesInFlightAcross(t *testing.T, oldBin string) {
 	time.Sleep(100 * time.Millisecond)
 	sd.stop(syscall.SIGTERM)
 	sd.Bin = newBin
+	if r.config != "" {
+		cfg := filepath.Join(sd.dir, "restart.yaml")
+		if err := os.WriteFile(cfg, []byte(r.config), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		sd.Args = append(sd.Args, "--config", cfg)
+	}
 	sd.start()
 	if err := link.Set(testbed.ToClient, testbed.Impairment{}); err != nil {
 		t.Fatal(err)
@@ -160,4 +185,5 @@ func repliesInFlightAcross(t *testing.T, oldBin string) {
 			t.Errorf("after the restart eBPF found the rule of a reply in flight gone: want %s", line)
 		}
 	}
+	return sd
 }

@@ -156,6 +156,39 @@ func TestSweepFlows(t *testing.T) {
 	}
 }
 
+// pinnedPredecessor loads a data plane with a flow table of size flows,
+// pinned as santad pins it (its flows at pin, the rest for OpenPrevious), and
+// opens it as a successor's predecessor.
+func pinnedPredecessor(t *testing.T, size int) (first *Dataplane, prev *Previous, pin string) {
+	t.Helper()
+	bpffs := mountBPFFS(t)
+	pin = filepath.Join(bpffs, "tcp_flows")
+	first, err := Load(Config{TCPFlows: size, FlowsPin: pin})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { first.Close() })
+	if err := first.PublishFlows(); err != nil {
+		t.Fatal(err)
+	}
+	gen := filepath.Join(bpffs, "gen")
+	if err := first.Pin(gen); err != nil {
+		t.Fatal(err)
+	}
+	if prev, err = OpenPrevious(gen); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { prev.Close() })
+	return first, prev, pin
+}
+
+// flowKey is the key of a flow from port, for tests.
+func flowKey(port uint16) *santaBpfSockTuple {
+	var k santaBpfSockTuple
+	k.Ipv4.Sport = port
+	return &k
+}
+
 // TestFlowsCarried: a successor has a flow table of its own and carries
 // the predecessor's flows over in two passes (CarryFlows, before and after
 // the swap): the second copies what the predecessor made or changed in
@@ -166,39 +199,16 @@ func TestSweepFlows(t *testing.T) {
 // a client that retransmitted in between found its rule gone, and was
 // reset, or answered anew at the wrong place.)
 func TestFlowsCarried(t *testing.T) {
-	bpffs := mountBPFFS(t)
-	pin := filepath.Join(bpffs, "tcp_flows")
-	first, err := Load(Config{TCPFlows: 16, FlowsPin: pin})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer first.Close()
-	if err := first.PublishFlows(); err != nil {
-		t.Fatal(err)
-	}
-	gen := filepath.Join(bpffs, "gen")
-	if err := first.Pin(gen); err != nil {
-		t.Fatal(err)
-	}
-	prev, err := OpenPrevious(gen)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer prev.Close()
-	key := func(port uint16) *santaBpfSockTuple {
-		var k santaBpfSockTuple
-		k.Ipv4.Sport = port
-		return &k
-	}
+	first, prev, pin := pinnedPredecessor(t, 16)
 	put := func(d *Dataplane, port uint16, replyEnd uint32) {
 		t.Helper()
-		if err := d.objs.SantaTcpFlows.Put(key(port), &santaSantaTcpFlow{ReplyEnd: replyEnd}); err != nil {
+		if err := d.objs.SantaTcpFlows.Put(flowKey(port), &santaSantaTcpFlow{ReplyEnd: replyEnd}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	replyEnd := func(d *Dataplane, port uint16) uint32 {
 		var v santaSantaTcpFlow
-		if err := d.objs.SantaTcpFlows.Lookup(key(port), &v); err != nil {
+		if err := d.objs.SantaTcpFlows.Lookup(flowKey(port), &v); err != nil {
 			return 0
 		}
 		return v.ReplyEnd
@@ -235,7 +245,7 @@ func TestFlowsCarried(t *testing.T) {
 	put(first, 2, 201)
 	put(next, 2, 202) // which the successor moved on too
 	put(first, 3, 301)
-	if err := next.objs.SantaTcpFlows.Delete(key(3)); err != nil { // and ended
+	if err := next.objs.SantaTcpFlows.Delete(flowKey(3)); err != nil { // and ended
 		t.Fatal(err)
 	}
 	if c, err := next.CarryFlows(prev); err != nil || c.Flows != 2 {
@@ -279,39 +289,16 @@ func TestFlowsCarried(t *testing.T) {
 // table's order: most replies in flight were left behind, and their
 // clients, asking again, were answered anew at the wrong place, or hung.)
 func TestFlowsCarriedIntoSmallerTable(t *testing.T) {
-	bpffs := mountBPFFS(t)
-	pin := filepath.Join(bpffs, "tcp_flows")
-	first, err := Load(Config{TCPFlows: 64, FlowsPin: pin})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer first.Close()
-	if err := first.PublishFlows(); err != nil {
-		t.Fatal(err)
-	}
-	gen := filepath.Join(bpffs, "gen")
-	if err := first.Pin(gen); err != nil {
-		t.Fatal(err)
-	}
-	prev, err := OpenPrevious(gen)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer prev.Close()
-	key := func(port uint16) *santaBpfSockTuple {
-		var k santaBpfSockTuple
-		k.Ipv4.Sport = port
-		return &k
-	}
+	first, prev, pin := pinnedPredecessor(t, 64)
 	put := func(port uint16, f santaSantaTcpFlow) {
 		t.Helper()
-		if err := first.objs.SantaTcpFlows.Put(key(port), &f); err != nil {
+		if err := first.objs.SantaTcpFlows.Put(flowKey(port), &f); err != nil {
 			t.Fatal(err)
 		}
 	}
 	has := func(d *Dataplane, port uint16) bool {
 		var v santaSantaTcpFlow
-		return d.objs.SantaTcpFlows.Lookup(key(port), &v) == nil
+		return d.objs.SantaTcpFlows.Lookup(flowKey(port), &v) == nil
 	}
 	// 40 idle flows (1-40: one-segment replies, and long ones all acked),
 	// seen at 1000 + port; 4 long replies in flight (101-104), seen earlier
