@@ -109,7 +109,8 @@ func TestUpgradeUnderLoad(t *testing.T) {
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	// UDP: one try per ping (the link loses ~4% at random); a santad
-	// restart that stopped the answers would show as a run of losses
+	// restart that stopped the answers would show as a run of losses (10 in
+	// a row, a second without an answer: a slow machine may delay a few)
 	var udpRun, udpLongestRun atomic.Int64
 	wg.Add(1)
 	go func() {
@@ -222,7 +223,7 @@ func TestUpgradeUnderLoad(t *testing.T) {
 	load.end(t, sd, fmt.Sprintf("transitions %d, TCP", len(transitions)))
 	t.Logf("UDP: ok %d, unanswered %d (longest run %d)", udpOK.Load(), udpFailed.Load(), udpLongestRun.Load())
 	metrics := sd.scrape()
-	if udpOK.Load() < 200 || udpLongestRun.Load() >= 4 || udpFailed.Load()*10 > udpOK.Load() {
+	if udpOK.Load() < 200 || udpLongestRun.Load() >= 10 || udpFailed.Load()*10 > udpOK.Load() {
 		t.Errorf("UDP ping-pong: %d answered, %d not, longest run unanswered %d", udpOK.Load(), udpFailed.Load(), udpLongestRun.Load())
 	}
 	for _, gone := range []string{"tcp_reset_rule_gone", "tcp_drop_rule_gone"} {
