@@ -435,6 +435,23 @@ func TestTCPSocketlessLoss(t *testing.T) {
 	}
 }
 
+// answeringHot attaches a data plane to tb whose TCP listener at 8080 has
+// one rule: reply answers exactly hot.
+func answeringHot(t *testing.T, tb *testbed.Testbed) (d *Dataplane, addr netip.AddrPort, hot, reply string) {
+	t.Helper()
+	d = loadAttached(t, tb, Config{})
+	addr = netip.AddrPortFrom(tb.Server.IP4, 8080)
+	srv := startTCPServer(t, tb, addr)
+	hot, reply = httpGet("/hot", ""), httpReply("from eBPF", "")
+	if err := d.Bind(srv.sock(), SampleOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.AddRules(srv.cookie, []Rule{exactRule(hot, reply, false)}); err != nil {
+		t.Fatal(err)
+	}
+	return d, addr, hot, reply
+}
+
 // TestTCPKeepalive leaves a socket-less connection idle while the client's
 // keepalive probes (every second, 2 unanswered ones kill it) run for 12 s,
 // across a stamp unit (8.6 s): eBPF answers every one (the flow of the
@@ -443,16 +460,7 @@ func TestTCPSocketlessLoss(t *testing.T) {
 // survives, and its next request is answered by eBPF.
 func TestTCPKeepalive(t *testing.T) {
 	tb := testbed.New(t)
-	d := loadAttached(t, tb, Config{})
-	addr := netip.AddrPortFrom(tb.Server.IP4, 8080)
-	srv := startTCPServer(t, tb, addr)
-	hot, reply := httpGet("/hot", ""), httpReply("from eBPF", "")
-	if err := d.Bind(srv.sock(), SampleOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := d.AddRules(srv.cookie, []Rule{exactRule(hot, reply, false)}); err != nil {
-		t.Fatal(err)
-	}
+	d, addr, hot, reply := answeringHot(t, tb)
 	c := dialFromClient(t, tb, addr)
 	tc := c.(*net.TCPConn)
 	if err := tc.SetKeepAliveConfig(net.KeepAliveConfig{Enable: true, Idle: time.Second,
@@ -529,16 +537,7 @@ func TestCloseEndsTCPUpkeep(t *testing.T) {
 // and its request answered by eBPF.
 func TestTCPSynOnAStaleFlow(t *testing.T) {
 	tb := testbed.New(t)
-	d := loadAttached(t, tb, Config{})
-	addr := netip.AddrPortFrom(tb.Server.IP4, 8080)
-	srv := startTCPServer(t, tb, addr)
-	hot, reply := httpGet("/hot", ""), httpReply("from eBPF", "")
-	if err := d.Bind(srv.sock(), SampleOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := d.AddRules(srv.cookie, []Rule{exactRule(hot, reply, false)}); err != nil {
-		t.Fatal(err)
-	}
+	d, addr, hot, reply := answeringHot(t, tb)
 	client := netip.AddrPortFrom(tb.Client.IP4, 40100)
 	// the key as bpf_sock_tuple holds it: addresses and ports in network order
 	var k santaBpfSockTuple

@@ -143,15 +143,22 @@ func stampValid(t *testing.T, d *Dataplane, c, s netip.AddrPort, stamp uint32, u
 	return uint32(siphash24(k.K0, k.K1, m))&(1<<18-1) == stamp&(1<<18-1)
 }
 
-// TestTCPFixtures runs single segments through the XDP program: the
-// SYN-ACK and its stamp, a forged stamp, a request answered in place.
-func TestTCPFixtures(t *testing.T) {
+// tcpEnv is an env whose TCP listener at 8081 has one rule: reply answers
+// exactly request.
+func tcpEnv(t *testing.T, request, reply string) (*env, netip.AddrPort) {
 	e := newEnv(t, Config{})
 	addr := netip.AddrPortFrom(e.tb.Server.IP4, 8081)
 	srv := startTCPServer(t, e.tb, addr)
+	e.bindRules(e.known(srv.sock()), exactRule(request, reply, false))
+	return e, addr
+}
+
+// TestTCPFixtures runs single segments through the XDP program: the
+// SYN-ACK and its stamp, a forged stamp, a request answered in place.
+func TestTCPFixtures(t *testing.T) {
 	request := "GET / HTTP/1.1\r\n\r\n"
 	reply := "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nhi"
-	e.bindRules(e.known(srv.sock()), exactRule(request, reply, false))
+	e, addr := tcpEnv(t, request, reply)
 	client := netip.AddrPortFrom(e.tb.Client.IP4, 40001)
 
 	syn := &layers.TCP{SYN: true, Seq: 1000, Window: 64240, Options: []layers.TCPOption{
@@ -497,11 +504,8 @@ func stampMSS(stamp uint32) uint16 { return [...]uint16{536, 1220, 1440, 1460}[s
 // taken for a new one and the reply sent again from byte 0 at the client's
 // ack, into the middle of the byte stream.
 func TestTCPResetSequence(t *testing.T) {
-	e := newEnv(t, Config{})
-	addr := netip.AddrPortFrom(e.tb.Server.IP4, 8081)
-	srv := startTCPServer(t, e.tb, addr)
 	long, reply := httpGet("/long", ""), httpReply(strings.Repeat("o", 3000), "")
-	e.bindRules(e.known(srv.sock()), exactRule(long, reply, false))
+	e, addr := tcpEnv(t, long, reply)
 	conn := connect(e, netip.AddrPortFrom(e.tb.Client.IP4, 40001), addr, 1460)
 	reqLen := uint32(len(long))
 	if verdict, _ := e.run(conn.segment(0, 0, long)); verdict != xdpPass {
@@ -550,11 +554,8 @@ func TestTCPResetSequence(t *testing.T) {
 // handed over: the ACK would ack those bytes too, and the client would never
 // send them again (and take the reply to the next request for theirs).
 func TestTCPAfterMissingBytes(t *testing.T) {
-	e := newEnv(t, Config{})
-	addr := netip.AddrPortFrom(e.tb.Server.IP4, 8081)
-	srv := startTCPServer(t, e.tb, addr)
 	request, reply := httpGet("/", ""), httpReply("hi", "")
-	e.bindRules(e.known(srv.sock()), exactRule(request, reply, false))
+	e, addr := tcpEnv(t, request, reply)
 	reqLen, replyLen := uint32(len(request)), uint32(len(reply))
 	fin := func(c *fixtureConn, off, acked uint32) []byte {
 		return tcpFrame(t, c.client, c.server, &layers.TCP{ACK: true, FIN: true, Seq: 1001 + off,
@@ -617,11 +618,8 @@ func TestTCPAfterMissingBytes(t *testing.T) {
 // bytes in flight. The answered request's reply (or its ACK) comes first;
 // the client then sends the rest alone.
 func TestTCPFinWithDataOverAReply(t *testing.T) {
-	e := newEnv(t, Config{})
-	addr := netip.AddrPortFrom(e.tb.Server.IP4, 8081)
-	srv := startTCPServer(t, e.tb, addr)
 	long, reply := httpGet("/long", ""), httpReply(strings.Repeat("o", 3000), "")
-	e.bindRules(e.known(srv.sock()), exactRule(long, reply, false))
+	e, addr := tcpEnv(t, long, reply)
 	conn := connect(e, netip.AddrPortFrom(e.tb.Client.IP4, 40001), addr, 1460)
 	reqLen, next := uint32(len(long)), httpGet("/next", "")
 	finWithData := func(off, acked uint32, payload string) []byte {
@@ -665,11 +663,8 @@ func TestTCPFinWithDataOverAReply(t *testing.T) {
 // anew, at the client's ack); a SYN needs no flow and is answered. (CI's
 // soak of restarts under loss: a few replies in 50 000 were other bytes.)
 func TestTCPWhileCarrying(t *testing.T) {
-	e := newEnv(t, Config{})
-	addr := netip.AddrPortFrom(e.tb.Server.IP4, 8081)
-	srv := startTCPServer(t, e.tb, addr)
 	request, reply := httpGet("/x", ""), httpReply("x", "")
-	e.bindRules(e.known(srv.sock()), exactRule(request, reply, false))
+	e, addr := tcpEnv(t, request, reply)
 	conn := connect(e, netip.AddrPortFrom(e.tb.Client.IP4, 40002), addr, 1460)
 	if err := e.d.objs.SantaTcpCarrying.Put(uint32(0), uint32(1)); err != nil {
 		t.Fatal(err)
