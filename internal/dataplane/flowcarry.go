@@ -240,17 +240,8 @@ func readRaw(m *ebpf.Map) ([][2][]byte, error) {
 // ruled says the entry names one. Entries from before rule references
 // (48e38bb and older) name it by slot alone: the rule then in that slot.
 func flowReader(m *ebpf.Map) (func(v []byte, rules *mmapArray) (f santaSantaTcpFlow, ruled bool), error) {
-	h, err := m.Handle()
+	st, err := mapStruct(m, "santa_tcp_flow")
 	if err != nil {
-		return nil, fmt.Errorf("previous flow table's type information: %w", err)
-	}
-	defer h.Close()
-	types, err := h.Spec(nil)
-	if err != nil {
-		return nil, fmt.Errorf("previous flow table's type information: %w", err)
-	}
-	var st *btf.Struct
-	if err := types.TypeByName("santa_tcp_flow", &st); err != nil {
 		return nil, fmt.Errorf("previous flow table: %w", err)
 	}
 	field := map[string]btf.Member{}

@@ -158,6 +158,25 @@ func (p *Previous) open(name string, readOnly bool) (*ebpf.Map, error) {
 	return m, nil
 }
 
+// mapStruct is the struct named name in m's type information (BTF): a
+// predecessor's map is read by its own version's field names and offsets.
+func mapStruct(m *ebpf.Map, name string) (*btf.Struct, error) {
+	h, err := m.Handle()
+	if err != nil {
+		return nil, fmt.Errorf("type information: %w", err)
+	}
+	defer h.Close()
+	types, err := h.Spec(nil)
+	if err != nil {
+		return nil, fmt.Errorf("type information: %w", err)
+	}
+	var st *btf.Struct
+	if err := types.TypeByName(name, &st); err != nil {
+		return nil, fmt.Errorf("no struct %s: %w", name, err)
+	}
+	return st, nil
+}
+
 // sameLayout checks that m has the type and key and value sizes of ms and,
 // for a struct value, the same fields at the same offsets, as m's BTF says.
 func sameLayout(m *ebpf.Map, ms *ebpf.MapSpec) error {
@@ -169,18 +188,12 @@ func sameLayout(m *ebpf.Map, ms *ebpf.MapSpec) error {
 	if !ok {
 		return nil
 	}
-	h, err := m.Handle()
-	if err != nil {
-		return fmt.Errorf("type information: %w", err)
+	have, err := mapStruct(m, want.Name)
+	if errors.Is(err, btf.ErrNotFound) {
+		return fmt.Errorf("%w: %v", errLayout, err)
 	}
-	defer h.Close()
-	types, err := h.Spec(nil)
 	if err != nil {
-		return fmt.Errorf("type information: %w", err)
-	}
-	var have *btf.Struct
-	if err := types.TypeByName(want.Name, &have); err != nil {
-		return fmt.Errorf("%w: no struct %s: %v", errLayout, want.Name, err)
+		return err
 	}
 	var gf btf.GoFormatter
 	a, err := gf.TypeDeclaration(want.Name, want)
@@ -360,17 +373,8 @@ func (d *Dataplane) CarryCounters(p *Previous) error {
 	if m.Type() != ebpf.PerCPUArray || m.ValueSize()%8 != 0 {
 		return fmt.Errorf("previous santa_counters: %v with %d-byte values, want a per-CPU array of 64-bit counters", m.Type(), m.ValueSize())
 	}
-	h, err := m.Handle()
+	st, err := mapStruct(m, "santa_reasons")
 	if err != nil {
-		return fmt.Errorf("previous santa_counters' type information: %w", err)
-	}
-	defer h.Close()
-	types, err := h.Spec(nil)
-	if err != nil {
-		return fmt.Errorf("previous santa_counters' type information: %w", err)
-	}
-	var st *btf.Struct
-	if err := types.TypeByName("santa_reasons", &st); err != nil {
 		return fmt.Errorf("previous santa_counters: %w", err)
 	}
 	// each CPU's value as 64-bit words
