@@ -52,7 +52,13 @@ enum santa_limit {
 	SANTA_TCP_SEGMENTS = 10,     /* segments of one reply: the initial window (RFC 6928) */
 	SANTA_TCP_RESENDS = 8,       /* resends for repeated acks while the client's ack stands still */
 	SANTA_MAX_TCP_REPLY = 14480, /* longest TCP reply: 10 segments of a 1500-byte MTU with timestamps */
-	SANTA_TCP_EMIT_MAGIC = 0x53545345, /* santa_tcp_emit.magic */
+	/* santa_tcp_emit.magic: a new value whenever santa_tcp_emit's layout
+	 * changes (TestEmitLayoutHasItsMagic), so that a TC program of another
+	 * version, running beside this XDP program for moments of an upgrade,
+	 * drops the frame (tcp_drop_emit_layout) instead of misreading it.
+	 * 0x53545345 named two layouts, before and after the rule ref came in
+	 * (up to commit 3257ea6). */
+	SANTA_TCP_EMIT_MAGIC = 0x53545346,
 };
 
 /* n in [1, mask + 1] for the verifier, where the caller knows 1 <= n <= mask + 1. */
@@ -267,6 +273,8 @@ struct santa_reasons {
 	__u64 tcp_syn_challenged;   /* SYN on a connection with a flow: challenge ACK (RFC 5961), the flow stays */
 	__u64 tcp_drop_carrying;    /* a segment while santad carries a predecessor's flows over (moments
 				     * after a restart): dropped, the client sends it again */
+	__u64 tcp_drop_emit_layout; /* TC: a frame XDP passed with metadata TC cannot read (an XDP program of
+				     * another version, moments of an upgrade): dropped, the client sends it again */
 };
 
 /* A miss sample as it appears in the ring buffer. */

@@ -176,9 +176,16 @@ int santa_handover(struct __sk_buff *skb)
 	    req.proto != IPPROTO_TCP)
 		return TC_ACT_OK;
 	struct santa_tcp_emit *meta = (void *)(long)skb->data_meta;
-	if ((void *)(meta + 1) <= (void *)(long)skb->data && meta->magic == SANTA_TCP_EMIT_MAGIC) {
-		struct emit_state st = { .e = *meta, .req = req };
-		return emit_reply(skb, &st);
+	if ((void *)&meta->seq <= (void *)(long)skb->data) { /* XDP asked for segments */
+		if ((void *)(meta + 1) <= (void *)(long)skb->data && meta->magic == SANTA_TCP_EMIT_MAGIC) {
+			struct emit_state st = { .e = *meta, .req = req };
+			return emit_reply(skb, &st);
+		}
+		/* in another version's layout: neither send it nor hand the
+		 * connection over (it may be a resend of a reply the client
+		 * holds part of) */
+		COUNT(tcp_drop_emit_layout);
+		return TC_ACT_SHOT;
 	}
 	/* no socket-less connection can be on a port that never had a rule set:
 	 * the kernel's own connections there skip the stamp check */

@@ -190,15 +190,19 @@ func (d *Dataplane) attach(ifname string, mode AttachMode, pinPath string) (*Att
 		return nil, fmt.Errorf("attach to %s: %w", ifname, err)
 	}
 	att := &Attachment{Interface: ifname, ifindex: iface.Index, local: local, pin: pinPath}
-	if err := d.linkXDP(att, iface.Index, mode); err != nil {
+	// TC first: while a predecessor's XDP program still runs, this TC
+	// program drops what it passes in another version's layout
+	// (tcp_drop_emit_layout); the other way round, the predecessor's TC
+	// program would misread this XDP program's requests for segments.
+	if err := d.linkHandover(att, iface.Index); err != nil {
 		local.stop()
 		return nil, err
 	}
+	if err := d.linkXDP(att, iface.Index, mode); err != nil {
+		return nil, errors.Join(err, att.undo())
+	}
 	if att.Native {
 		d.watchPeer(att, local.ns, iface.Index)
-	}
-	if err := d.linkHandover(att, iface.Index); err != nil {
-		return nil, errors.Join(err, att.undo())
 	}
 	return att, nil
 }

@@ -103,7 +103,7 @@ const (
 	santaSantaLimitSANTA_TCP_SEGMENTS       santaSantaLimit = 10
 	santaSantaLimitSANTA_TCP_RESENDS        santaSantaLimit = 8
 	santaSantaLimitSANTA_MAX_TCP_REPLY      santaSantaLimit = 14480
-	santaSantaLimitSANTA_TCP_EMIT_MAGIC     santaSantaLimit = 1398035269
+	santaSantaLimitSANTA_TCP_EMIT_MAGIC     santaSantaLimit = 1398035270
 )
 
 type santaSantaLocalAddr struct {
@@ -194,6 +194,7 @@ type santaSantaReasons struct {
 	TcpDropGap           uint64
 	TcpSynChallenged     uint64
 	TcpDropCarrying      uint64
+	TcpDropEmitLayout    uint64
 }
 
 type santaSantaRegion struct {
