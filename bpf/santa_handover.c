@@ -226,10 +226,16 @@ int santa_handover(struct __sk_buff *skb)
 		.sack_ok = opts_sack(opts),
 		.tstamp_ok = 1,
 	};
-	if (bpf_sk_assign_tcp_reqsk(skb, listener, &attrs, sizeof(attrs)) == 0)
+	if (bpf_sk_assign_tcp_reqsk(skb, listener, &attrs, sizeof(attrs)) == 0) {
+		/* the kernel's now: XDP passes its segments before it looks at
+		 * flows, and nothing of eBPF's is in flight (XDP hands over only
+		 * once the client has all of eBPF's replies). Left to the sweep,
+		 * the flow would hold its place in the table for minutes. */
+		bpf_map_delete_elem(&santa_tcp_flows, &req.tuple);
 		COUNT(tcp_handed_over);
-	else
+	} else {
 		COUNT(tcp_handover_failed);
+	}
 release:
 	bpf_sk_release(sk);
 	return TC_ACT_OK;

@@ -237,9 +237,13 @@ func TestTCPSocketless(t *testing.T) {
 				}
 			}
 			cold := httpGet("/cold", "")
+			flows := flowCount(t, d)
 			io.WriteString(c, cold)
 			if got, want := readReply(t, c, r), httpReply("kernel GET /cold HTTP/1.1", ""); got != want {
 				t.Fatalf("after handover: %q, want %q", got, want)
+			}
+			if n := flowCount(t, d); n != flows-1 { // not left to the sweep
+				t.Errorf("%d flows after the handover, want %d: the connection's flow stays", n, flows-1)
 			}
 			io.WriteString(c, hot) // the kernel owns the connection now
 			if got, want := readReply(t, c, r), httpReply("kernel GET /hot HTTP/1.1", ""); got != want {
