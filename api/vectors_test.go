@@ -32,7 +32,7 @@ var vectorMessages = []Vector{
 		Daemon: &DaemonInfo{Version: "0.3.0", Protocol: 1, PID: 4242, UptimeSeconds: 3600,
 			Interfaces: []Interface{{Name: "veth0", Mode: "native", Peer: "veth1: XDP program 12 (santa_peer_pass)"}}, Sockets: 2, Rules: 1000,
 			MaxRules: 65536, DataBytes: 24576, MaxDataBytes: 16 << 20, UID: 65534,
-			QuotaRules: 100000, QuotaBytes: 64 << 20, UsedRules: 1000, UsedBytes: 24576},
+			QuotaRules: 100000, QuotaBytes: 64 << 20, UsedRules: 1000, UsedBytes: 24576, QuotaRulesets: 64, UsedRulesets: 2},
 		Counters: map[string]uint64{"answered": 123456789, "pass_no_match": 42, "pass_not_udp": 0}}},
 	{Name: "bind the passed socket, with miss samples", PassFD: true,
 		Message: Message{V: 1, Op: OpBind, Seq: 2, SampleBytes: 64, SampleRate: 100}},

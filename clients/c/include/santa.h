@@ -105,6 +105,8 @@ struct santa_health {
 	uint64_t quota_bytes;    /**< the caller's pattern, mask and template byte quota (0 = unlimited) */
 	uint64_t used_rules;     /**< rules the caller holds */
 	uint64_t used_bytes;     /**< pattern, mask and template bytes the caller holds */
+	uint64_t quota_rulesets; /**< rule sets the caller may bind (0 = unlimited; libsanta 4.0.0) */
+	uint64_t used_rulesets;  /**< rule sets the caller holds (libsanta 4.0.0) */
 };
 
 /** One rule of a rule set, as santa_list_rules() reports it. */

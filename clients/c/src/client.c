@@ -386,6 +386,8 @@ int santa_health(struct santa_client *c, struct santa_health *out)
 		.quota_bytes = d->quota_bytes,
 		.used_rules = d->used_rules,
 		.used_bytes = d->used_bytes,
+		.quota_rulesets = d->quota_rulesets,
+		.used_rulesets = d->used_rulesets,
 	};
 	snprintf(out->version, sizeof out->version, "%s", d->version ? d->version : "");
 	santa_proto_msg_free(&resp);

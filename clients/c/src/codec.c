@@ -116,6 +116,8 @@ static const struct sp_field daemon_info_fields[] = {
 	F_UINT(12, struct sp_daemon_info, quota_bytes),
 	F_UINT(13, struct sp_daemon_info, used_rules),
 	F_UINT(14, struct sp_daemon_info, used_bytes),
+	F_UINT(15, struct sp_daemon_info, quota_rulesets),
+	F_UINT(16, struct sp_daemon_info, used_rulesets),
 };
 static const struct sp_schema daemon_info_schema = SCHEMA(struct sp_daemon_info, "daemon info", daemon_info_fields);
 

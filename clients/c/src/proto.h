@@ -125,6 +125,8 @@ struct sp_daemon_info {
 	uint64_t quota_bytes;
 	uint64_t used_rules;
 	uint64_t used_bytes;
+	uint64_t quota_rulesets;
+	uint64_t used_rulesets;
 };
 
 /* One entry of the text -> uint "counters" map. */

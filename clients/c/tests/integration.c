@@ -510,8 +510,9 @@ static void test_health(struct santa_client *c)
 	check(h.max_rules > 0 && h.rules <= h.max_rules && h.max_data_bytes > 0 && h.data_bytes <= h.max_data_bytes,
 	      "health: rules %" PRIu64 "/%" PRIu64 ", data %" PRIu64 "/%" PRIu64 " bytes", h.rules, h.max_rules,
 	      h.data_bytes, h.max_data_bytes);
-	check(h.quota_rules == 0 && h.quota_bytes == 0, "health: root has no quota (rules %" PRIu64 ", bytes %" PRIu64 ")",
-	      h.quota_rules, h.quota_bytes);
+	check(h.quota_rules == 0 && h.quota_bytes == 0 && h.quota_rulesets == 0,
+	      "health: root has no quota (rules %" PRIu64 ", bytes %" PRIu64 ", rule sets %" PRIu64 ")",
+	      h.quota_rules, h.quota_bytes, h.quota_rulesets);
 }
 
 /* Operations on a cookie no socket has: each is "not found". */

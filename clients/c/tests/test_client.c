@@ -15,6 +15,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <netinet/in.h>
+#include <inttypes.h>
 #include <stdint.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -134,7 +135,8 @@ static uint64_t fake_answer(struct fake *f, const struct sp_msg *req, uint64_t c
 	case SP_OP_HEALTH:
 		*d = (struct sp_daemon_info){ .version = "fake-1.0", .protocol = 1, .pid = (uint32_t)getpid(),
 			                      .interfaces = &lo, .ninterfaces = 1, .uid = (uint32_t)getuid(),
-			                      .rules = f->nrules, .sockets = f->cookie != 0 };
+			                      .rules = f->nrules, .sockets = f->cookie != 0,
+			                      .quota_rulesets = 64, .used_rulesets = f->cookie != 0 };
 		resp->daemon = d;
 		return 0;
 	case SP_OP_BIND:
@@ -376,6 +378,8 @@ static void test_calls(const char *path)
 	CHECK(santa_health(c, &h) == 0, "health: %s", santa_error(c));
 	CHECK(strcmp(h.version, "fake-1.0") == 0 && h.protocol == 1 && h.interfaces == 1 && h.uid == getuid(),
 	      "health fields: %s %u %u", h.version, h.protocol, h.interfaces);
+	CHECK(h.quota_rulesets == 64 && h.used_rulesets == 0, "health: rule-set quota %" PRIu64 ", used %" PRIu64,
+	      h.quota_rulesets, h.used_rulesets);
 	CHECK(santa_status(c) == SANTA_STATUS_OK && santa_error(c)[0] == '\0', "status after success");
 
 	CHECK(santa_bind(c, udp, 64, 10, &cookie) == 0, "bind: %s", santa_error(c));
