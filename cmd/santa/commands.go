@@ -1,12 +1,14 @@
 package main
 
 import (
+	"encoding"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
+	"reflect"
 	"sort"
 	"strconv"
 	"strings"
@@ -19,10 +21,108 @@ import (
 	"github.com/spf13/cobra"
 )
 
+// printJSON prints v for --json with every field of its structs, zero ones
+// included: the protocol leaves zero values out (`omitempty`), but a
+// script should not have to know which fields can be absent (`jq
+// 'select(.hits == 0)'` must find a rule never hit).
 func printJSON(w io.Writer, v any) error {
+	return printIndented(w, allFields(reflect.ValueOf(v)))
+}
+
+// printRuleFile prints rules as a rule file (`santa rules ls --json`),
+// which leaves out what is zero, as a file written by hand would.
+func printRuleFile(w io.Writer, rules []api.Rule) error {
+	return printIndented(w, rulefile.FromAPI(rules))
+}
+
+func printIndented(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	return enc.Encode(v)
+}
+
+// jsonObject is a struct's fields in their order, for printJSON.
+type jsonObject []jsonField
+
+type jsonField struct {
+	name  string
+	value any
+}
+
+func (o jsonObject) MarshalJSON() ([]byte, error) {
+	var b strings.Builder
+	b.WriteByte('{')
+	for i, f := range o {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		name, _ := json.Marshal(f.name)
+		value, err := json.Marshal(f.value)
+		if err != nil {
+			return nil, err
+		}
+		b.Write(name)
+		b.WriteByte(':')
+		b.Write(value)
+	}
+	b.WriteByte('}')
+	return []byte(b.String()), nil
+}
+
+// allFields is v with its structs as jsonObjects of all their exported
+// fields (named as their json tags name them, embedded structs' fields
+// inline), and nil slices as empty ones.
+func allFields(v reflect.Value) any {
+	if !v.IsValid() {
+		return nil
+	}
+	if t := v.Type(); t.Implements(reflect.TypeFor[json.Marshaler]()) || t.Implements(reflect.TypeFor[encoding.TextMarshaler]()) {
+		return v.Interface() // as it prints itself
+	}
+	switch v.Kind() {
+	case reflect.Pointer, reflect.Interface:
+		if v.IsNil() {
+			return nil
+		}
+		return allFields(v.Elem())
+	case reflect.Struct:
+		return structFields(v)
+	case reflect.Slice, reflect.Array:
+		out := make([]any, v.Len())
+		for i := range out {
+			out[i] = allFields(v.Index(i))
+		}
+		return out
+	case reflect.Map:
+		out := make(map[string]any, v.Len())
+		for it := v.MapRange(); it.Next(); {
+			out[fmt.Sprint(it.Key().Interface())] = allFields(it.Value())
+		}
+		return out
+	}
+	return v.Interface()
+}
+
+func structFields(v reflect.Value) jsonObject {
+	var o jsonObject
+	for i := 0; i < v.NumField(); i++ {
+		f := v.Type().Field(i)
+		if !f.IsExported() {
+			continue
+		}
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		switch {
+		case name == "-":
+			continue
+		case f.Anonymous && name == "" && f.Type.Kind() == reflect.Struct:
+			o = append(o, structFields(v.Field(i))...)
+			continue
+		case name == "":
+			name = f.Name
+		}
+		o = append(o, jsonField{name, allFields(v.Field(i))})
+	}
+	return o
 }
 
 func table(w io.Writer) *tabwriter.Writer { return tabwriter.NewWriter(w, 0, 4, 2, ' ', 0) }
@@ -358,7 +458,7 @@ func listSockets(e env, g *globals, c *santa.Client) error {
 
 func listRules(e env, g *globals, c *santa.Client, cookie uint64, rules []api.Rule) error {
 	if g.json {
-		return printJSON(e.stdout, rulefile.FromAPI(rules))
+		return printRuleFile(e.stdout, rules)
 	}
 	stats, err := c.Stats(santa.Cookie(cookie))
 	if err != nil {
