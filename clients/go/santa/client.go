@@ -8,6 +8,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"os"
 	"sync"
 	"syscall"
@@ -73,11 +75,39 @@ func Socket(sc syscall.Conn) (Target, error) {
 
 // Client is a connection to santad. It is safe for concurrent use; requests
 // are sent one at a time.
+//
+// A Client outlives santad's restarts (upgrades, crashes, systemctl
+// restart; santad keeps its rule sets across them): it remembers the path it
+// was dialed with, and a request that finds the connection closed by santad
+// before santad read it (the send fails with EPIPE or ECONNRESET and no
+// answer follows) is sent once more on a new connection to that path, with
+// the same seq; the caller sees only its result. A refusal santad sent
+// before closing (quota.connections) is returned as it is, without a
+// redial. If the connection ends after the request was sent and before its
+// answer, santad may or may not have carried the request out: the call
+// returns an error matching ErrOutcomeUnknown, does not resend, and the next
+// call dials anew first. If dialing anew fails (santad not running), the
+// call returns an error naming the lost connection and the dial's failure,
+// and the next call tries again. Sequence numbers go on increasing across
+// redials. A Subscription is never redialed (see Subscribe).
 type Client struct {
-	mu   sync.Mutex
-	conn *api.Conn
+	mu   sync.Mutex // serializes calls, and guards seq
+	path string
 	seq  uint64
+	// connMu guards conn and closed, so that Close need not wait for a
+	// call; a call replaces conn only while it holds mu.
+	connMu sync.Mutex
+	conn   *api.Conn // nil while lost: the next call dials anew
+	closed bool
 }
+
+// ErrOutcomeUnknown matches (errors.Is) the error of a call whose request
+// was sent but whose connection ended before santad answered: santad may or
+// may not have carried it out (e.g. it stopped or crashed meanwhile). The
+// request is not sent again; the next call dials santad anew. Find out what
+// happened, e.g. by listing the rules, before trying again where doing a
+// request twice matters (an add would add its rules twice).
+var ErrOutcomeUnknown = errors.New("santad closed the connection before answering: the request may or may not have been carried out")
 
 // SocketPath is the santad socket Dial uses for an empty path: $SANTA_SOCKET,
 // else api.DefaultSocket.
@@ -88,7 +118,8 @@ func SocketPath() string {
 	return api.DefaultSocket
 }
 
-// Dial connects to santad at path ("" for SocketPath()).
+// Dial connects to santad at path ("" for SocketPath()). The Client dials
+// the same path again when santad has closed the connection (see Client).
 func Dial(path string) (*Client, error) {
 	if path == "" {
 		path = SocketPath()
@@ -97,13 +128,74 @@ func Dial(path string) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Client{conn: c}, nil
+	return &Client{path: path, conn: c}, nil
 }
 
-// Close closes the connection.
-func (c *Client) Close() error { return c.conn.Close() }
+// Close closes the connection. A call after Close fails (net.ErrClosed);
+// a call in progress is interrupted.
+func (c *Client) Close() error {
+	c.connMu.Lock()
+	defer c.connMu.Unlock()
+	c.closed = true
+	if c.conn == nil {
+		return nil
+	}
+	err := c.conn.Close()
+	c.conn = nil
+	return err
+}
 
-// call sends a request about target t (if any) and returns santad's response.
+// current is the connection, nil if it was lost; an error once closed.
+func (c *Client) current() (*api.Conn, error) {
+	c.connMu.Lock()
+	defer c.connMu.Unlock()
+	if c.closed {
+		return nil, net.ErrClosed
+	}
+	return c.conn, nil
+}
+
+// drop closes conn, which santad closed or which is out of step: the next
+// call dials anew.
+func (c *Client) drop(conn *api.Conn) {
+	c.connMu.Lock()
+	defer c.connMu.Unlock()
+	if c.conn == conn {
+		c.conn = nil
+	}
+	conn.Close()
+}
+
+// redial connects to c.path again. The caller holds mu.
+func (c *Client) redial() (*api.Conn, error) {
+	conn, err := api.Dial(c.path)
+	if err != nil {
+		return nil, err
+	}
+	c.connMu.Lock()
+	defer c.connMu.Unlock()
+	if c.closed {
+		conn.Close()
+		return nil, net.ErrClosed
+	}
+	c.conn = conn
+	return conn, nil
+}
+
+// ended says whether err is the end of the connection: santad closed it.
+func ended(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET)
+}
+
+// errUnread is an exchange's failure when santad had closed the connection
+// before the request was sent: santad never read it.
+type errUnread struct{ send error }
+
+func (e *errUnread) Error() string { return "santad had closed the connection: " + e.send.Error() }
+func (e *errUnread) Unwrap() error { return e.send }
+
+// call sends a request about target t (if any) and returns santad's
+// response, dialing anew if santad closed the connection (see Client).
 func (c *Client) call(req *api.Message, t *Target) (*api.Message, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -117,20 +209,61 @@ func (c *Client) call(req *api.Message, t *Target) (*api.Message, error) {
 			req.Socket = t.cookie
 		}
 	}
-	sendErr := c.conn.Send(req, fd)
-	if sendErr != nil && !errors.Is(sendErr, syscall.EPIPE) {
+	conn, err := c.current()
+	if err != nil {
+		return nil, fmt.Errorf("santad %s: %w", req.Op, err)
+	}
+	if conn == nil { // lost in an earlier call
+		if conn, err = c.redial(); err != nil {
+			return nil, fmt.Errorf("santad %s: the connection to santad at %s was lost and dialing it again failed: %w", req.Op, c.path, err)
+		}
+	}
+	resp, err := c.exchange(conn, req, fd)
+	var unread *errUnread
+	if errors.As(err, &unread) {
+		// santad closed the connection before the request went out (it
+		// restarted): it never saw it, so send it once more on a new one
+		if conn, err = c.redial(); err != nil {
+			return nil, fmt.Errorf("santad %s: the connection to santad at %s was lost (%w) and dialing it again failed: %w", req.Op, c.path, unread.send, err)
+		}
+		resp, err = c.exchange(conn, req, fd)
+		if errors.As(err, &unread) {
+			return nil, fmt.Errorf("santad %s: santad at %s closed the new connection too before reading the request: %w", req.Op, c.path, unread.send)
+		}
+	}
+	return resp, err
+}
+
+// exchange sends req on conn and reads its answer. It returns an *errUnread
+// if santad had closed conn before the request was sent, and an error
+// matching ErrOutcomeUnknown if conn ended after it was sent; either way
+// conn is dropped.
+func (c *Client) exchange(conn *api.Conn, req *api.Message, fd int) (*api.Message, error) {
+	sendErr := conn.Send(req, fd)
+	if sendErr != nil && !errors.Is(sendErr, syscall.EPIPE) && !errors.Is(sendErr, syscall.ECONNRESET) {
 		return nil, fmt.Errorf("santad %s: send: %w", req.Op, sendErr)
 	}
 	// On EPIPE santad closed the connection, perhaps refusing it with an
 	// answer first (quota.connections): read it, it says why.
-	resp, files, err := c.conn.Recv()
+	resp, files, err := conn.Recv()
 	for _, f := range files {
 		f.Close()
 	}
-	if err != nil && sendErr != nil {
-		return nil, fmt.Errorf("santad %s: send: %w", req.Op, sendErr)
-	}
-	if err != nil {
+	if sendErr != nil {
+		c.drop(conn) // santad closed it: the next call dials anew
+		if err != nil && ended(err) {
+			// the frame never went out whole, so santad cannot have
+			// carried the request out
+			return nil, &errUnread{send: sendErr}
+		}
+		if err != nil {
+			return nil, fmt.Errorf("santad %s: send: %w", req.Op, sendErr)
+		}
+	} else if err != nil {
+		if ended(err) {
+			c.drop(conn)
+			return nil, fmt.Errorf("santad %s: %w (%v)", req.Op, ErrOutcomeUnknown, err)
+		}
 		return nil, fmt.Errorf("santad %s: receive: %w", req.Op, err)
 	}
 	if resp.Status != api.StatusOK && resp.Seq == 0 { // santad could not read the request
@@ -338,7 +471,9 @@ type Subscription struct {
 
 // Subscribe sets the target's miss sampling and streams its samples until
 // the subscription is closed. With several subscribers santad samples as
-// widely as any of them asks (docs/protocol.md).
+// widely as any of them asks (docs/protocol.md). The stream is not redialed:
+// when santad stops or restarts, Next returns an error (the stream ended)
+// and the caller subscribes again.
 func Subscribe(path string, t Target, s SampleOptions) (*Subscription, error) {
 	c, err := Dial(path)
 	if err != nil {
@@ -353,7 +488,14 @@ func Subscribe(path string, t Target, s SampleOptions) (*Subscription, error) {
 
 // Next blocks for the next sample.
 func (s *Subscription) Next() (Sample, error) {
-	m, files, err := s.c.conn.Recv()
+	conn, err := s.c.current()
+	if err == nil && conn == nil {
+		err = errors.New("santad subscription: the connection was lost")
+	}
+	if err != nil {
+		return Sample{}, err
+	}
+	m, files, err := conn.Recv()
 	for _, f := range files {
 		f.Close()
 	}

@@ -1,0 +1,257 @@
+package santa
+
+import (
+	"errors"
+	"net"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/santa-offload/santa/api"
+)
+
+// fakeSantad listens at a path and hands each connection it accepts to the
+// test, which plays santad's part on it.
+type fakeSantad struct {
+	path  string
+	ln    *net.UnixListener
+	conns chan *api.Conn
+}
+
+func newFake(t *testing.T, path string) *fakeSantad {
+	t.Helper()
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &fakeSantad{path: path, ln: ln, conns: make(chan *api.Conn, 8)}
+	go func() {
+		for {
+			c, err := ln.AcceptUnix()
+			if err != nil {
+				close(f.conns)
+				return
+			}
+			f.conns <- api.NewConn(c)
+		}
+	}()
+	t.Cleanup(f.stop)
+	return f
+}
+
+// stop closes the listener (which removes its path).
+func (f *fakeSantad) stop() { f.ln.Close() }
+
+// accept is the next connection a client made.
+func (f *fakeSantad) accept(t *testing.T) *api.Conn {
+	t.Helper()
+	select {
+	case c, ok := <-f.conns:
+		if !ok {
+			t.Fatal("the fake santad stopped listening")
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	case <-time.After(10 * time.Second):
+		t.Fatal("no connection to the fake santad in 10 s")
+		return nil
+	}
+}
+
+// noConnection fails if a client made another connection.
+func (f *fakeSantad) noConnection(t *testing.T) {
+	t.Helper()
+	select {
+	case c, ok := <-f.conns:
+		if ok {
+			c.Close()
+			t.Fatal("the client dialed again")
+		}
+	default:
+	}
+}
+
+// read is the next request on c.
+func read(t *testing.T, c *api.Conn) *api.Message {
+	t.Helper()
+	m, files, err := c.Recv()
+	for _, f := range files {
+		f.Close()
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// answer reads a request on c and answers it ok (health: with daemon info).
+func answer(t *testing.T, c *api.Conn) *api.Message {
+	t.Helper()
+	req := read(t, c)
+	resp := &api.Message{V: api.Version, Op: req.Op, Seq: req.Seq}
+	if req.Op == api.OpHealth {
+		resp.Daemon = &api.DaemonInfo{Version: "fake", Protocol: api.Version}
+	}
+	if err := c.Send(resp, -1); err != nil {
+		t.Fatal(err)
+	}
+	return req
+}
+
+func health(c *Client) <-chan error {
+	done := make(chan error, 1)
+	go func() {
+		_, _, err := c.Health()
+		done <- err
+	}()
+	return done
+}
+
+func wait(t *testing.T, done <-chan error) error {
+	t.Helper()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(10 * time.Second):
+		t.Fatal("the call did not return in 10 s")
+		return nil
+	}
+}
+
+// TestRedialUnread: santad closed the connection before the request was
+// sent (it restarted): the client dials again and sends the same request
+// there, once.
+func TestRedialUnread(t *testing.T) {
+	f := newFake(t, filepath.Join(t.TempDir(), "santa.sock"))
+	c, err := Dial(f.path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	first := f.accept(t)
+	done := health(c)
+	answer(t, first)
+	if err := wait(t, done); err != nil {
+		t.Fatal(err)
+	}
+	first.Close() // santad stops; the client has sent nothing since
+
+	done = health(c)
+	second := f.accept(t)
+	if req := answer(t, second); req.Seq != 2 || req.Op != api.OpHealth {
+		t.Errorf("request on the new connection: seq %d op %s, want seq 2 health", req.Seq, req.Op)
+	}
+	if err := wait(t, done); err != nil {
+		t.Fatalf("health after santad closed the connection: %v", err)
+	}
+	done = health(c) // and the new connection stays
+	if req := answer(t, second); req.Seq != 3 {
+		t.Errorf("next request: seq %d, want 3", req.Seq)
+	}
+	if err := wait(t, done); err != nil {
+		t.Fatal(err)
+	}
+	f.noConnection(t)
+}
+
+// TestRefusalNotRedialed: santad refused the connection (quota.connections:
+// an answer with seq 0, then close) before the request was sent: the
+// refusal is the call's error, and the request is not sent again.
+func TestRefusalNotRedialed(t *testing.T) {
+	f := newFake(t, filepath.Join(t.TempDir(), "santa.sock"))
+	c, err := Dial(f.path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	first := f.accept(t)
+	if err := first.Send(&api.Message{V: api.Version, Status: api.StatusQuota, Error: "uid 65534 holds 64 connections"}, -1); err != nil {
+		t.Fatal(err)
+	}
+	first.Close()
+	// a redial would send the request again on a connection nobody
+	// answers: the call would not return
+	err = wait(t, health(c))
+	if !errors.Is(err, ErrQuota) || !strings.Contains(err.Error(), "64 connections") {
+		t.Fatalf("health on a refused connection: %v, want the quota refusal", err)
+	}
+	done := health(c) // the next call dials anew
+	if req := answer(t, f.accept(t)); req.Seq != 2 {
+		t.Errorf("the call after the refusal sent seq %d, want 2 (the refused request was sent again)", req.Seq)
+	}
+	if err := wait(t, done); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestRedialFails: santad is gone: the call names the lost connection and
+// the failed dial, and a later call dials again.
+func TestRedialFails(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "santa.sock")
+	f := newFake(t, path)
+	c, err := Dial(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	f.accept(t).Close()
+	f.stop() // removes path
+	for i := 0; i < 2; i++ {
+		_, _, err = c.Health()
+		if err == nil {
+			t.Fatal("health without santad succeeded")
+		}
+		if !errors.Is(err, syscall.ENOENT) || !strings.Contains(err.Error(), "lost") ||
+			!strings.Contains(err.Error(), "dialing it again failed") || !strings.Contains(err.Error(), path) {
+			t.Errorf("call %d without santad: %v", i, err)
+		}
+		if i == 0 && !errors.Is(err, syscall.EPIPE) {
+			t.Errorf("the first call's error does not name the lost connection's EPIPE: %v", err)
+		}
+	}
+	f = newFake(t, path)
+	done := health(c)
+	if req := answer(t, f.accept(t)); req.Seq != 3 {
+		t.Errorf("the call after santad came back sent seq %d, want 3", req.Seq)
+	}
+	if err := wait(t, done); err != nil {
+		t.Fatalf("health after santad came back: %v", err)
+	}
+}
+
+// TestOutcomeUnknown: santad read the request and closed the connection
+// without answering: the call says the outcome is unknown, nothing is sent
+// again, and the next call dials anew.
+func TestOutcomeUnknown(t *testing.T) {
+	f := newFake(t, filepath.Join(t.TempDir(), "santa.sock"))
+	c, err := Dial(f.path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	first := f.accept(t)
+	done := health(c)
+	if req := read(t, first); req.Seq != 1 || req.Op != api.OpHealth {
+		t.Fatalf("first request: seq %d op %s", req.Seq, req.Op)
+	}
+	first.Close()
+	err = wait(t, done)
+	if !errors.Is(err, ErrOutcomeUnknown) {
+		t.Fatalf("health with the connection closed after the request: %v, want ErrOutcomeUnknown", err)
+	}
+	if !strings.Contains(err.Error(), "may or may not have been carried out") {
+		t.Errorf("error %q does not say the outcome is unknown", err)
+	}
+	f.noConnection(t) // nothing resent
+
+	done = health(c)
+	second := f.accept(t)
+	if req := answer(t, second); req.Seq != 2 {
+		t.Errorf("the call after the lost one sent seq %d, want 2", req.Seq)
+	}
+	if err := wait(t, done); err != nil {
+		t.Fatalf("the call after the lost one: %v", err)
+	}
+}
