@@ -24,6 +24,27 @@
  *    rule at once as long as none modifies it.
  *  - Calls block until santad answers; EINTR is retried, so a signal does not
  *    abort a call. santa_next_sample() is the only call with a timeout.
+ *  - Restarts of santad (since libsanta 3.2): a client outlives them (santad
+ *    keeps its rule sets across restarts). It remembers the path it was
+ *    connected to. A request that meets a connection santad closed before
+ *    reading it (the send fails with EPIPE or ECONNRESET and no answer
+ *    follows) is sent once more, with the same seq, on a new connection to
+ *    that path; the caller sees only its result. An answer santad sent
+ *    before closing (a refusal past quota.connections, status quota) is the
+ *    call's result, with no new connection. If the connection ends after the
+ *    request went out and before its answer, santad may or may not have
+ *    carried the request out: the call fails with errno ECONNRESET and
+ *    santa_error() says the outcome is unknown; nothing is resent (find out,
+ *    e.g. by listing the rules, before you repeat an add). A connection that
+ *    was lost, or left out of step by an earlier failure, is replaced at the
+ *    start of the next request. If connecting again fails (santad is not
+ *    running), the call fails with the connect's errno (ENOENT,
+ *    ECONNREFUSED, ...) and santa_error() names the lost connection, the
+ *    path and the reason; a later call tries again. santa_fd() may return
+ *    another descriptor after this (-1 while there is no connection). A
+ *    subscribed client (santa_subscribe()) is never reconnected: when
+ *    santad stops, its stream ends with an error and the caller subscribes
+ *    again on a new client.
  */
 #ifndef SANTA_H
 #define SANTA_H
@@ -140,7 +161,10 @@ SANTA_API void santa_close(struct santa_client *c);
 
 /**
  * The connection's file descriptor, e.g. to poll() for miss samples after
- * santa_subscribe(). Do not read, write or close it.
+ * santa_subscribe(). Do not read, write or close it. A request may replace
+ * a connection santad closed with a new one (see "Restarts of santad"
+ * above), whose descriptor may differ: ask again after each call. -1 while
+ * the client has no connection (connecting again failed).
  */
 SANTA_API int santa_fd(const struct santa_client *c);
 
@@ -162,8 +186,11 @@ SANTA_API const char *santa_error(const struct santa_client *c);
  * A refusal also sets errno: EINVAL (invalid), EACCES (permission denied),
  * ENOENT (not found), EDQUOT (quota), ENOSPC (full), EOPNOTSUPP
  * (unsupported), EPROTO (the others). Local failures set the errno of their
- * cause; EPROTO and EBADMSG mean santad's answer made no sense, EPIPE that
- * an earlier failure left the connection out of step (reconnect).
+ * cause; EPROTO and EBADMSG mean santad's answer made no sense (the next
+ * call connects again), ECONNRESET that santad closed the connection after
+ * the request went out and before its answer (the outcome is unknown),
+ * EPIPE that santad closed a connection it had just accepted anew too, or
+ * that a subscription's stream ended.
  */
 SANTA_API int santa_status(const struct santa_client *c);
 
@@ -420,7 +447,9 @@ SANTA_API void santa_rule_info_free(struct santa_rule_info *infos);
  * second and CPU (more if another subscriber of the socket asks for more:
  * santad samples as widely as any asks). Read them with santa_next_sample(). Afterwards the
  * connection carries only samples (other calls fail with EINVAL); close the
- * client to unsubscribe.
+ * client to unsubscribe. The stream is not reconnected: when santad stops or
+ * restarts, santa_next_sample() fails (the stream ended) and the caller
+ * subscribes again on a new client.
  */
 SANTA_API int santa_subscribe(struct santa_client *c, int sockfd, uint64_t cookie, uint32_t sample_bytes,
                               uint32_t sample_rate);

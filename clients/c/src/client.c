@@ -3,7 +3,9 @@
  *
  * Every operation fills a struct sp_msg and goes through request(), which
  * frames it, passes the socket fd, reads the response and checks that it
- * answers this request.
+ * answers this request. When santad has closed the connection (it stopped
+ * or restarted), request() connects to the same path again (santa.h,
+ * "Restarts of santad").
  */
 #include <errno.h>
 #include <limits.h>
@@ -23,9 +25,11 @@ struct santa_client {
 	int fd;
 	uint64_t seq;      /* of the last request */
 	int status;        /* of the most recent call */
-	bool broken;       /* a frame was cut or a response did not fit: the stream is out of step */
+	bool broken;       /* santad closed the connection, a frame was cut or a response did not fit: the
+	                      stream is lost or out of step, and the next request connects again */
 	bool subscribed;   /* the connection carries only sample events now */
 	uint64_t sub_seq;  /* the subscribe request's seq, which the events carry */
+	char path[sizeof ((struct sockaddr_un *)0)->sun_path]; /* santad's socket, to connect again */
 	char err[512];
 };
 
@@ -137,9 +141,27 @@ static int connect_eintr(int fd, const struct sockaddr_un *sa)
 	return err ? -1 : 0;
 }
 
-struct santa_client *santa_connect(const char *path)
+/* A new connection to santad at path (shorter than sun_path), or -1 with errno. */
+static int dial(const char *path)
 {
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	int fd, e;
+
+	memcpy(sa.sun_path, path, strlen(path));
+	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return -1;
+	if (connect_eintr(fd, &sa) < 0) {
+		e = errno;
+		close(fd);
+		errno = e;
+		return -1;
+	}
+	return fd;
+}
+
+struct santa_client *santa_connect(const char *path)
+{
 	struct santa_client *c;
 	int e;
 
@@ -148,24 +170,22 @@ struct santa_client *santa_connect(const char *path)
 		if (!path || !*path)
 			path = SANTA_DEFAULT_SOCKET;
 	}
-	if (strlen(path) >= sizeof sa.sun_path) {
+	if (strlen(path) >= sizeof c->path) {
 		snprintf(connect_err, sizeof connect_err, "santad socket path %s: longer than %zu bytes", path,
-		         sizeof sa.sun_path - 1);
+		         sizeof c->path - 1);
 		errno = ENAMETOOLONG;
 		return NULL;
 	}
-	memcpy(sa.sun_path, path, strlen(path));
 	if (!(c = calloc(1, sizeof *c))) {
 		snprintf(connect_err, sizeof connect_err, "connect to santad: out of memory");
 		return NULL;
 	}
-	c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	if (c->fd < 0 || connect_eintr(c->fd, &sa) < 0) {
+	memcpy(c->path, path, strlen(path));
+	c->fd = dial(path);
+	if (c->fd < 0) {
 		e = errno;
 		snprintf(connect_err, sizeof connect_err, "connect to santad at %s: %s (is santad running?)", path,
 		         strerror(e));
-		if (c->fd >= 0)
-			close(c->fd);
 		free(c);
 		errno = e;
 		return NULL;
@@ -174,11 +194,25 @@ struct santa_client *santa_connect(const char *path)
 	return c;
 }
 
+/* Replaces a lost connection with a new one to the same path: 0, or -1
+ * with errno (the old connection is closed either way). */
+static int redial(struct santa_client *c)
+{
+	if (c->fd >= 0)
+		close(c->fd);
+	c->fd = dial(c->path);
+	if (c->fd < 0)
+		return -1;
+	c->broken = false;
+	return 0;
+}
+
 void santa_close(struct santa_client *c)
 {
 	if (!c)
 		return;
-	close(c->fd);
+	if (c->fd >= 0)
+		close(c->fd);
 	free(c);
 }
 
@@ -320,8 +354,8 @@ static int begin(struct santa_client *c, bool sample)
 		return fail(NULL, EINVAL, "no client");
 	c->err[0] = '\0';
 	c->status = SANTA_STATUS_OK;
-	if (c->broken)
-		return fail(c, EPIPE, "the connection to santad is out of step after an earlier error; reconnect");
+	if (c->broken && c->subscribed) /* a stream is not redialed */
+		return fail(c, EPIPE, "the sample stream ended with an earlier error; subscribe again on a new client");
 	if (c->subscribed && !sample)
 		return fail(c, EINVAL, "this connection carries miss samples since santa_subscribe; use another client");
 	if (!c->subscribed && sample)
@@ -329,15 +363,55 @@ static int begin(struct santa_client *c, bool sample)
 	return 0;
 }
 
+/* What exchange() returns when santad had closed the connection before the
+ * request went out (errno says how the send failed): it never saw it. */
+#define UNREAD 1
+
+/* Sends req on c's connection and reads its response into *resp: 0 if
+ * santad answered ok, -1 on failure, UNREAD. A connection that ends after
+ * the request went out fails with ECONNRESET: the outcome is unknown. */
+static int exchange(struct santa_client *c, struct sp_msg *req, int sockfd, struct sp_msg *resp)
+{
+	if (send_msg(c, req, sockfd) < 0) {
+		int send_errno = errno;
+		if (send_errno != EPIPE && send_errno != ECONNRESET)
+			return -1;
+		/* santad closed the connection, perhaps refusing it with an
+		 * answer first (quota.connections): read it, it says why */
+		c->broken = true;
+		if (recv_msg(c, resp) < 0) {
+			if (errno != ECONNRESET && errno != EPIPE)
+				return -1;
+			/* no answer, and the frame never went out whole */
+			errno = send_errno;
+			return UNREAD;
+		}
+		return check_answer(c, req->op, req->seq, resp);
+	}
+	if (recv_msg(c, resp) < 0) {
+		if (errno == ECONNRESET || errno == EPIPE)
+			return fail(c, ECONNRESET,
+			            "%s: santad closed the connection before answering: the outcome is unknown (santad may "
+			            "or may not have carried the request out); the next call connects again",
+			            op_name(req->op));
+		return -1;
+	}
+	return check_answer(c, req->op, req->seq, resp);
+}
+
 /*
  * request sends req and reads its response into *resp (free it with
  * santa_proto_msg_free): 0 if santad answered ok. A targeted request names
  * the rule set by the passed sockfd or by cookie; an untargeted one still
- * passes sockfd if it is >= 0 (bind).
+ * passes sockfd if it is >= 0 (bind). A lost connection is replaced first;
+ * a request santad closed the connection on without reading it is sent once
+ * more on a new connection.
  */
 static int request(struct santa_client *c, struct sp_msg *req, bool targeted, int sockfd, uint64_t cookie,
                    struct sp_msg *resp)
 {
+	int rc;
+
 	memset(resp, 0, sizeof *resp);
 	if (begin(c, false) < 0)
 		return -1;
@@ -347,13 +421,24 @@ static int request(struct santa_client *c, struct sp_msg *req, bool targeted, in
 		req->socket = cookie;
 	req->v = SP_VERSION;
 	req->seq = ++c->seq;
-	/* On EPIPE santad closed the connection, perhaps refusing it with an
-	 * answer first (quota.connections): read it, it says why. */
-	if (send_msg(c, req, sockfd) < 0 && errno != EPIPE)
-		return -1;
-	if (recv_msg(c, resp) < 0)
-		return -1;
-	return check_answer(c, req->op, req->seq, resp);
+	if (c->broken && redial(c) < 0)
+		return fail(c, errno, "%s: the connection to santad at %s was lost and connecting again failed: %s (is "
+		            "santad running?)", op_name(req->op), c->path, strerror(errno));
+	rc = exchange(c, req, sockfd, resp);
+	if (rc == UNREAD) {
+		int send_errno = errno;
+		if (redial(c) < 0)
+			return fail(c, errno, "%s: the connection to santad at %s was lost (%s) and connecting again "
+			            "failed: %s (is santad running?)", op_name(req->op), c->path, strerror(send_errno),
+			            strerror(errno));
+		c->err[0] = '\0'; /* what the lost connection's read said */
+		c->status = SANTA_STATUS_OK;
+		rc = exchange(c, req, sockfd, resp);
+		if (rc == UNREAD)
+			return fail(c, EPIPE, "%s: santad at %s closed the new connection too before reading the request",
+			            op_name(req->op), c->path);
+	}
+	return rc;
 }
 
 /* ---- operations ------------------------------------------------------------ */

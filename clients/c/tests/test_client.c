@@ -10,6 +10,9 @@
  * The fake's rules of thumb: rule ids count from 1; rule n has 10n hits and
  * 100n bytes; a cookie of 666 gets an answer with the wrong seq, 667 gets
  * the connection closed, 668 the answer to a request santad cannot parse.
+ * With drop_next set it closes the next connection at once, as a santad
+ * that stops; with refuse_next it answers it quota (seq 0) and closes it, as
+ * santad past quota.connections.
  */
 #include <errno.h>
 #include <poll.h>
@@ -36,6 +39,8 @@ struct fake {
 	size_t nrules;
 	_Atomic int requests; /* frames received, to tell whether a call reached santad */
 	_Atomic int fd_misplaced; /* fds that arrived after a frame's first read */
+	_Atomic int accepted; /* connections accepted */
+	_Atomic int drop_next, refuse_next;
 };
 
 static uint64_t socket_cookie(int fd)
@@ -292,6 +297,16 @@ static void *fake_run(void *arg)
 		if (p[1].revents && n < 2 + MAX_CONNS) {
 			int conn = accept4(f->listen_fd, NULL, NULL, SOCK_CLOEXEC);
 			if (conn >= 0)
+				f->accepted++;
+			if (conn >= 0 && f->refuse_next) {
+				struct sp_msg no = { .v = 1, .status = 5, .error = "uid 0 holds 64 connections to santad" };
+				f->refuse_next = 0;
+				fake_send(conn, &no);
+				close(conn);
+			} else if (conn >= 0 && f->drop_next) {
+				f->drop_next = 0;
+				close(conn);
+			} else if (conn >= 0)
 				p[n++] = (struct pollfd){ .fd = conn, .events = POLLIN };
 		}
 		for (size_t i = 2; i < n; i++) {
@@ -489,13 +504,100 @@ static void test_out_of_step(const char *path)
 	errno = 0;
 	CHECK(santa_unbind(c, -1, 666) == -1 && errno == EPROTO && strstr(santa_error(c), "out of step"),
 	      "wrong seq: %s", santa_error(c));
-	CHECK(santa_health(c, &h) == -1 && errno == EPIPE && strstr(santa_error(c), "reconnect"), "after wrong seq");
+	int accepted = fake.accepted;
+	CHECK(santa_health(c, &h) == 0 && santa_error(c)[0] == '\0', "after wrong seq: %s", santa_error(c));
+	CHECK(fake.accepted == accepted + 1, "the call after an out-of-step answer did not connect again");
+	santa_close(c);
+}
+
+/* Waits until santad's end of c's connection is closed (10 s at most). */
+static void wait_closed(struct santa_client *c)
+{
+	struct pollfd p = { .fd = santa_fd(c), .events = POLLRDHUP };
+	while (poll(&p, 1, 10000) < 0 && errno == EINTR)
+		;
+	CHECK(p.revents & (POLLRDHUP | POLLHUP), "the fake did not close the connection in 10 s");
+}
+
+static void test_redial(const char *path)
+{
+	struct santa_client *c;
+	struct santa_health h;
+	int accepted, requests;
+
+	/* santad closed the connection (it stopped) before the request: sent
+	 * again, once, on a new connection */
+	fake.drop_next = 1;
+	c = santa_connect(path);
+	CHECK(c != NULL, "connect: %s", santa_error(NULL));
+	wait_closed(c);
+	accepted = fake.accepted, requests = fake.requests;
+	CHECK(santa_health(c, &h) == 0 && santa_error(c)[0] == '\0' && santa_status(c) == SANTA_STATUS_OK,
+	      "health after santad closed the connection: %s", santa_error(c));
+	CHECK(fake.accepted == accepted + 1 && fake.requests == requests + 1, "%d connections and %d requests, want 1 and 1",
+	      fake.accepted - accepted, fake.requests - requests);
+	CHECK(santa_health(c, &h) == 0 && fake.accepted == accepted + 1, "the new connection was not kept");
+
+	/* santad read the request and closed the connection: the outcome is
+	 * unknown, nothing is resent, the next call connects again */
+	requests = fake.requests;
+	errno = 0;
+	CHECK(santa_unbind(c, -1, 667) == -1 && errno == ECONNRESET && santa_status(c) == SANTA_STATUS_LOCAL &&
+	          strstr(santa_error(c), "closed the connection") && strstr(santa_error(c), "outcome is unknown"),
+	      "closed after the request: errno %d: %s", errno, santa_error(c));
+	CHECK(fake.requests == requests + 1 && fake.accepted == accepted + 1, "the request was sent again");
+	CHECK(santa_health(c, &h) == 0 && fake.accepted == accepted + 2, "the call after an unknown outcome: %s",
+	      santa_error(c));
 	santa_close(c);
 
+	/* santad refused the connection (quota.connections) and closed it:
+	 * the refusal is the error, no redial */
+	fake.refuse_next = 1;
 	c = santa_connect(path);
+	CHECK(c != NULL, "connect: %s", santa_error(NULL));
+	wait_closed(c);
+	accepted = fake.accepted, requests = fake.requests;
 	errno = 0;
-	CHECK(santa_unbind(c, -1, 667) == -1 && errno == ECONNRESET && strstr(santa_error(c), "closed the connection"),
-	      "closed: %s", santa_error(c));
+	CHECK(santa_health(c, &h) == -1 && errno == EDQUOT && santa_status(c) == SANTA_STATUS_QUOTA &&
+	          strstr(santa_error(c), "64 connections"),
+	      "refused connection: errno %d: %s", errno, santa_error(c));
+	CHECK(fake.accepted == accepted && fake.requests == requests, "the refused request was sent again");
+	CHECK(santa_health(c, &h) == 0 && fake.accepted == accepted + 1, "the call after a refusal: %s", santa_error(c));
+	santa_close(c);
+}
+
+/* santad is gone: the call names the lost connection and the failed
+ * connect, and the client stays usable for a later call. */
+static void test_redial_fails(void)
+{
+	char path[64];
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	struct santa_client *c;
+	struct santa_health h;
+	int l, conn;
+
+	snprintf(path, sizeof path, "/tmp/santa-test-gone-%d.sock", (int)getpid());
+	snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
+	unlink(path);
+	l = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	CHECK(l >= 0 && bind(l, (struct sockaddr *)&sa, sizeof sa) == 0 && listen(l, 1) == 0, "listen: %s",
+	      strerror(errno));
+	c = santa_connect(path);
+	CHECK(c != NULL, "connect: %s", santa_error(NULL));
+	conn = accept(l, NULL, NULL);
+	close(conn);
+	close(l);
+	unlink(path);
+	wait_closed(c);
+	for (int i = 0; i < 2; i++) {
+		errno = 0;
+		CHECK(santa_health(c, &h) == -1 && errno == ENOENT && strstr(santa_error(c), path) &&
+		          strstr(santa_error(c), "was lost") && strstr(santa_error(c), "connecting again failed") &&
+		          strstr(santa_error(c), "No such file"),
+		      "call %d without santad: errno %d: %s", i, errno, santa_error(c));
+		CHECK(santa_fd(c) == -1, "santa_fd %d with no connection", santa_fd(c));
+	}
+	CHECK(strstr(santa_error(c), "Broken pipe") == NULL, "the second call names the first's send error");
 	santa_close(c);
 }
 
@@ -524,6 +626,8 @@ int main(int argc, char **argv)
 	test_calls(path);
 	test_subscribe(path);
 	test_out_of_step(path);
+	test_redial(path);
+	test_redial_fails();
 	test_names();
 	if (write(fake.stop[1], "x", 1) != 1)
 		return 1;
