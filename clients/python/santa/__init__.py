@@ -20,7 +20,7 @@ Example::
 from .client import Client, Cookie, Health, Sample, Target, socket_path
 from .protocol import (
     DEFAULT_SOCKET, MAX_FRAME, VERSION, Condition, Copy, DaemonInfo, Error, Guard, Interface, Op,
-    Processor, ProtocolError, Put, Rule, RuleStats, SocketInfo, Status,
+    OutcomeUnknownError, Processor, ProtocolError, Put, Rule, RuleStats, SocketInfo, Status,
 )
 
 __version__ = "0.1.0"
@@ -28,6 +28,6 @@ __version__ = "0.1.0"
 __all__ = [
     "Client", "Cookie", "Health", "Sample", "Target", "socket_path",
     "Condition", "Put", "Copy", "Processor", "Guard", "Rule", "SocketInfo", "RuleStats", "Interface",
-    "DaemonInfo", "Error", "ProtocolError", "Status", "Op",
+    "DaemonInfo", "Error", "ProtocolError", "OutcomeUnknownError", "Status", "Op",
     "VERSION", "DEFAULT_SOCKET", "MAX_FRAME", "__version__",
 ]

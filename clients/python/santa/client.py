@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
 import threading
@@ -10,10 +11,10 @@ from typing import Protocol
 from collections.abc import Iterable, Iterator, Sequence
 
 from .protocol import (
-    DEFAULT_SOCKET, VERSION, DaemonInfo, Error, Message, Op, ProtocolError, Rule,
+    DEFAULT_SOCKET, VERSION, DaemonInfo, Error, Message, Op, OutcomeUnknownError, ProtocolError, Rule,
     RuleStats, SocketInfo, Status,
 )
-from .transport import recv_message, send_message
+from .transport import TruncatedFrame, recv_message, send_message
 
 __all__ = ["Client", "Cookie", "Health", "Sample", "Target", "socket_path"]
 
@@ -80,20 +81,41 @@ class Client:
 
     A client may be shared by threads; requests go one at a time. Use it as a
     context manager, or call :meth:`close`.
+
+    A client outlives santad's restarts (santad keeps its rule sets across
+    them). A request that meets a connection santad closed before reading
+    it (the send fails with ``EPIPE`` or ``ECONNRESET`` and no answer
+    follows) is sent once more, with the same seq, on a new connection to
+    :attr:`path`; the caller sees only its result. An answer santad sent
+    before closing (the ``QUOTA`` refusal of a connection past
+    ``quota.connections``) is raised as it is, without a new connection. If
+    the connection ends after the request was sent and before its answer,
+    the request raises :class:`santa.OutcomeUnknownError` and is not sent
+    again. A connection lost (or failed) in one request is replaced at the
+    start of the next; if connecting fails (santad not running), the request
+    raises :class:`OSError` (e.g. :class:`FileNotFoundError`) naming the lost
+    connection, the path and the reason, and a later request tries again. A
+    subscription is never reconnected (see :meth:`subscribe`).
     """
 
     def __init__(self, path: str | None = None, *, timeout: float | None = None) -> None:
         self.path = socket_path(path)
-        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._sock.settimeout(timeout)
-        try:
-            self._sock.connect(self.path)
-        except OSError as e:
-            self._sock.close()
-            raise OSError(e.errno, f"connect to santad at {self.path}: {e.strerror or e} (is santad running?)") from e
+        self._timeout = timeout
         self._lock = threading.RLock()
         self._seq = 0
         self._subscribed = False
+        self._closed = False
+        self._sock: socket.socket | None = self._connect()
+
+    def _connect(self) -> socket.socket:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self._timeout)
+        try:
+            sock.connect(self.path)
+        except OSError as e:
+            sock.close()
+            raise OSError(e.errno, f"connect to santad at {self.path}: {e.strerror or e} (is santad running?)") from e
+        return sock
 
     def __enter__(self) -> Client:
         return self
@@ -103,7 +125,10 @@ class Client:
 
     def close(self) -> None:
         """Close the connection (and end a subscription on it)."""
-        self._sock.close()
+        self._closed = True
+        sock = self._sock
+        if sock is not None:
+            sock.close()
 
     # -- requests ----------------------------------------------------------
 
@@ -209,7 +234,9 @@ class Client:
         After this call the connection carries only sample events: the
         returned iterator yields a :class:`Sample` per event and ends when the
         connection closes; other requests on this client raise
-        :class:`RuntimeError`. Close the client to unsubscribe (the socket's
+        :class:`RuntimeError`. The stream is not reconnected: when santad
+        stops or restarts the iterator ends, and the caller subscribes again
+        (on a new client). Close the client to unsubscribe (the socket's
         sampling returns to what bind set, or to the widest other subscribers
         ask for). Errors in the request itself are
         raised here, not on iteration.
@@ -226,7 +253,7 @@ class Client:
             try:
                 event = self._recv()
             except OSError:
-                if self._sock.fileno() == -1:  # the client was closed: the subscription ended
+                if self._closed:  # the client was closed: the subscription ended
                     return
                 raise
             if event is None:
@@ -253,41 +280,101 @@ class Client:
     def _call(self, op: Op, target: Target | None = None, **fields: object) -> Message:
         """Send a request about ``target`` (if any) and return santad's successful response."""
         fd, cookie = _resolve(target)
+        name = op.name.lower()
         with self._lock:
             if self._subscribed:
                 raise RuntimeError("this connection carries sample events since subscribe(); use another Client")
+            if self._closed:
+                raise OSError(errno.EBADF, f"santad {name}: the client is closed")
             self._seq += 1
             request = Message(v=VERSION, op=op, seq=self._seq, socket=cookie, **fields)  # type: ignore[arg-type]
-            try:
-                try:
-                    send_message(self._sock, request, fd)
-                except BrokenPipeError:
-                    # santad closed the connection, perhaps refusing it with an
-                    # answer first (quota.connections): read it, it says why
-                    resp = self._recv()
-                    if resp is None:
-                        raise
-                else:
-                    resp = self._recv()
-            except OSError:
-                self.close()  # a frame may be half sent or half read: the stream is lost
-                raise
-        if resp is None:
-            raise ConnectionError(f"santad {op.name.lower()}: santad closed the connection")
+            if self._sock is None:  # lost in an earlier request
+                self._redial(name, "")
+            resp = self._exchange(request, fd)
+            if isinstance(resp, OSError):
+                # santad closed the connection before the request went out
+                # (it restarted): it never saw it, so send it once more
+                self._redial(name, f" ({resp.strerror or resp})")
+                resp = self._exchange(request, fd)
+                if isinstance(resp, OSError):
+                    raise ConnectionError(errno.EPIPE, f"santad {name}: santad at {self.path} closed the new "
+                                          "connection too before reading the request")
         answered = resp.seq == request.seq and resp.op == op
         # santad answers a request it could not parse with seq 0: still this request's answer.
         if resp.status != Status.OK and (answered or resp.seq == 0):
             raise Error(resp.status, resp.error)
         if not answered:
-            raise ProtocolError(f"{op.name.lower()}: response out of order (op {resp.op} seq {resp.seq}, want seq {request.seq})")
+            raise ProtocolError(f"{name}: response out of order (op {resp.op} seq {resp.seq}, want seq {request.seq})")
         if resp.v != VERSION:
-            raise ProtocolError(f"{op.name.lower()}: response speaks protocol version {resp.v}, want {VERSION}")
+            raise ProtocolError(f"{name}: response speaks protocol version {resp.v}, want {VERSION}")
         return resp
 
-    def _recv(self) -> Message | None:
-        """The next message, or ``None`` if santad closed the connection."""
+    def _exchange(self, request: Message, fd: int | None) -> Message | OSError:
+        """Send ``request`` and read its answer; the caller holds the lock.
+
+        Returns the send's error if santad had closed the connection before
+        the request went out and no answer was waiting (santad never saw the
+        request). Raises :class:`OutcomeUnknownError` if the connection ended
+        after the request went out. Either way, and on any other failure of
+        the connection, the connection is dropped: the next request makes a
+        new one.
+        """
+        name = Op(request.op).name.lower()
+        sock = self._sock
+        assert sock is not None
         try:
-            message, fds = recv_message(self._sock)
+            try:
+                send_message(sock, request, fd)
+            except (BrokenPipeError, ConnectionResetError) as e:
+                # santad closed the connection, perhaps refusing it with an
+                # answer first (quota.connections): read it, it says why
+                try:
+                    resp = self._recv(sock)
+                except (ConnectionResetError, TruncatedFrame):
+                    resp = None
+                self._drop()
+                if resp is None:  # the frame never went out whole
+                    return e
+                return resp
+            try:
+                resp = self._recv(sock)
+            except (ConnectionResetError, TruncatedFrame) as e:
+                resp, why = None, str(e)
+            else:
+                why = "end of file"
+            if resp is None:
+                raise OutcomeUnknownError(
+                    f"santad {name}: santad closed the connection before answering ({why}): the outcome is "
+                    "unknown, santad may or may not have carried the request out; the next request connects again")
+            return resp
+        except OSError:
+            self._drop()  # a frame may be half sent or half read: the stream is lost
+            raise
+
+    def _drop(self) -> None:
+        """Close the connection; the next request makes a new one."""
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            sock.close()
+
+    def _redial(self, name: str, lost: str) -> None:
+        """Replace the lost connection with a new one to :attr:`path`; the caller holds the lock."""
+        try:
+            sock = self._connect()
+        except OSError as e:
+            raise OSError(e.errno, f"santad {name}: the connection to santad at {self.path} was lost{lost} and "
+                          f"connecting again failed: {os.strerror(e.errno) if e.errno else e} "
+                          "(is santad running?)") from e
+        self._sock = sock
+        if self._closed:  # closed meanwhile by another thread
+            self._drop()
+            raise OSError(errno.EBADF, f"santad {name}: the client is closed")
+
+    def _recv(self, sock: socket.socket | None = None) -> Message | None:
+        """The next message on ``sock`` (the client's connection if ``None``),
+        or ``None`` if santad closed the connection."""
+        try:
+            message, fds = recv_message(sock or self._sock)  # type: ignore[arg-type]
         except EOFError:
             return None
         for fd in fds:  # santad passes no fds to clients

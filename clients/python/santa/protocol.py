@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import errno
 import ipaddress
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar
@@ -27,6 +28,7 @@ import cbor2
 
 __all__ = [
     "VERSION", "DEFAULT_SOCKET", "MAX_FRAME", "Op", "Status", "Error", "ProtocolError",
+    "OutcomeUnknownError",
     "Condition", "Put", "Copy", "Processor", "Guard", "Rule", "SocketInfo", "RuleStats",
     "Interface", "DaemonInfo", "Message", "encode", "decode",
 ]
@@ -108,6 +110,27 @@ class ProtocolError(Error):
 
     def __init__(self, message: str) -> None:
         super().__init__(Status.MALFORMED, message)
+
+
+class OutcomeUnknownError(Error, ConnectionError):
+    """santad closed the connection after the request was sent and before its
+    answer: santad may or may not have carried the request out (it stopped
+    or crashed meanwhile).
+
+    The client does not send the request again, and its next request
+    connects anew. Find out what happened (e.g. list the rules) before you
+    repeat a request that must not be done twice, such as an add. A
+    :class:`ConnectionError` too (``errno`` ``ECONNRESET``); ``status`` is
+    ``INTERNAL``.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(Status.INTERNAL, message)
+        self.errno = errno.ECONNRESET
+        self.strerror = message
+
+    def __str__(self) -> str:
+        return self.message
 
 
 # ---------------------------------------------------------------------------

@@ -14,9 +14,14 @@ import struct
 
 from .protocol import MAX_FRAME, Message, ProtocolError, decode, encode
 
-__all__ = ["send_message", "recv_message"]
+__all__ = ["send_message", "recv_message", "TruncatedFrame"]
 
 _HEADER = struct.Struct(">I")
+
+
+class TruncatedFrame(ProtocolError):
+    """The connection closed part way through a frame."""
+
 # Room for the ancillary data of a few fds; a request carries at most one.
 _MAX_FDS = 4
 
@@ -41,8 +46,9 @@ def recv_message(sock: socket.socket) -> tuple[Message, list[int]]:
     """Read one framed message and any fds passed with it; the caller owns the fds.
 
     Raises :class:`EOFError` if the peer closed the connection before a frame
-    began and :class:`~santa.ProtocolError` for a bad frame or message (any
-    passed fds are closed then).
+    began, :class:`TruncatedFrame` (a :class:`~santa.ProtocolError`) if it
+    closed it part way through one, and :class:`~santa.ProtocolError` for a
+    bad frame or message (any passed fds are closed then).
     """
     header, fds = _recv_head(sock)
     try:
@@ -79,7 +85,7 @@ def _recv_exactly(sock: socket.socket, size: int) -> bytes:
     while got < size:
         n = sock.recv_into(view[got:])
         if n == 0:
-            raise ProtocolError(f"connection closed {size - got} bytes short of the frame's end")
+            raise TruncatedFrame(f"connection closed {size - got} bytes short of the frame's end")
         got += n
     return bytes(buf)
 
