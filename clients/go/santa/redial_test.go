@@ -13,6 +13,18 @@ import (
 )
 
 // fakeSantad listens at a path and hands each connection it accepts to the
+// dialFake starts a stand-in santad and a Client dialed to it.
+func dialFake(t *testing.T) (*fakeSantad, *Client) {
+	t.Helper()
+	f := newFake(t, filepath.Join(t.TempDir(), "santa.sock"))
+	c, err := Dial(f.path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return f, c
+}
+
 // test, which plays santad's part on it.
 type fakeSantad struct {
 	path  string
@@ -124,12 +136,7 @@ func wait(t *testing.T, done <-chan error) error {
 // sent (it restarted): the client dials again and sends the same request
 // there, once.
 func TestRedialUnread(t *testing.T) {
-	f := newFake(t, filepath.Join(t.TempDir(), "santa.sock"))
-	c, err := Dial(f.path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	f, c := dialFake(t)
 	first := f.accept(t)
 	done := health(c)
 	answer(t, first)
@@ -160,12 +167,7 @@ func TestRedialUnread(t *testing.T) {
 // an answer with seq 0, then close) before the request was sent: the
 // refusal is the call's error, and the request is not sent again.
 func TestRefusalNotRedialed(t *testing.T) {
-	f := newFake(t, filepath.Join(t.TempDir(), "santa.sock"))
-	c, err := Dial(f.path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	f, c := dialFake(t)
 	first := f.accept(t)
 	if err := first.Send(&api.Message{V: api.Version, Status: api.StatusQuota, Error: "uid 65534 holds 64 connections"}, -1); err != nil {
 		t.Fatal(err)
@@ -173,7 +175,7 @@ func TestRefusalNotRedialed(t *testing.T) {
 	first.Close()
 	// a redial would send the request again on a connection nobody
 	// answers: the call would not return
-	err = wait(t, health(c))
+	err := wait(t, health(c))
 	if !errors.Is(err, ErrQuota) || !strings.Contains(err.Error(), "64 connections") {
 		t.Fatalf("health on a refused connection: %v, want the quota refusal", err)
 	}
@@ -225,19 +227,14 @@ func TestRedialFails(t *testing.T) {
 // without answering: the call says the outcome is unknown, nothing is sent
 // again, and the next call dials anew.
 func TestOutcomeUnknown(t *testing.T) {
-	f := newFake(t, filepath.Join(t.TempDir(), "santa.sock"))
-	c, err := Dial(f.path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	f, c := dialFake(t)
 	first := f.accept(t)
 	done := health(c)
 	if req := read(t, first); req.Seq != 1 || req.Op != api.OpHealth {
 		t.Fatalf("first request: seq %d op %s", req.Seq, req.Op)
 	}
 	first.Close()
-	err = wait(t, done)
+	err := wait(t, done)
 	if !errors.Is(err, ErrOutcomeUnknown) {
 		t.Fatalf("health with the connection closed after the request: %v, want ErrOutcomeUnknown", err)
 	}
