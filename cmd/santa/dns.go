@@ -71,7 +71,7 @@ Modes:
 	pf.StringVar(&f.cfg.Notify, "notify", "", "accept DNS NOTIFY on this address, e.g. 127.0.0.1:5354 (point the server's notify at it)")
 	pf.IntVar(&f.cfg.Parallel, "parallel", f.cfg.Parallel, "questions in flight to the server")
 	pf.DurationVar(&f.cfg.Timeout, "timeout", f.cfg.Timeout, "wait for each answer (3 tries)")
-	pf.IntVar(&f.cfg.MaxRules, "max-rules", f.cfg.MaxRules, "adaptive: rules per server address; static and top: rules for learned shapes")
+	pf.IntVar(&f.cfg.MaxRules, "max-rules", f.cfg.MaxRules, "adaptive: rules per server address; static and top: rules of shapes learned from misses installed at a time, per server address (shapes not offloaded do not count; a rule that goes frees its place)")
 	pf.DurationVar(&f.duration, "duration", 0, "stop after this long (0: run until SIGINT or SIGTERM)")
 	pf.BoolVar(&f.verbose, "verbose", false, "log every refresh and sample decision")
 	pf.StringVar(&f.cfg.Tag, "tag", f.cfg.Tag, "tag every rule with this: at start the controller takes over or deletes the rules with it on its sockets, which a predecessor left (two controllers on one port need different tags: a second one with this tag refuses to start while this one runs)")

@@ -22,6 +22,7 @@ type waitingQuery struct {
 	next     time.Time     // when to ask again
 	wait     time.Duration // from a failed ask to the next one
 	forRoom  bool          // left to the server for want of room in santad
+	learned  bool          // of a shape learned from misses (endpoint.waitingLearned)
 	order    uint64        // when it was left: room goes to the first ones
 }
 
@@ -51,18 +52,50 @@ func (c *Controller) waitForRoom(ep *endpoint, queries []*Query, questions []Que
 }
 
 // keepWaiting returns q's waiting query in Static and Top mode, new or
-// not, and nil in Adaptive mode.
+// not, and nil in Adaptive mode, or for a query of a shape learned from
+// misses when MaxRules such queries wait already (it is not asked again:
+// a later miss may learn it again once it is no longer pending).
 func (c *Controller) keepWaiting(ep *endpoint, q *Query, question Question) *waitingQuery {
 	if c.cfg.Mode == Adaptive {
 		return nil
 	}
 	key := string(q.Wire[2:]) // the query up to its ID
 	if ep.waiting[key] == nil {
+		learned := c.isLearned(q)
+		if learned && ep.waitingLearned >= c.cfg.MaxRules {
+			c.log.Debug("not asking again for a learned shape: --max-rules learned shapes are waiting already", "question", q)
+			return nil
+		}
+		if learned {
+			ep.waitingLearned++
+		}
 		c.waitOrder++
-		ep.waiting[key] = &waitingQuery{query: q, question: question, order: c.waitOrder,
+		ep.waiting[key] = &waitingQuery{query: q, question: question, order: c.waitOrder, learned: learned,
 			next: time.Now().Add(firstAskAgainWait), wait: firstAskAgainWait}
 	}
 	return ep.waiting[key]
+}
+
+// placesFor leaves out of waiting the queries of learned shapes beyond the
+// places MaxRules leaves for their rules: those wait on, asked again when
+// a place is free (and their backoff is due).
+func (c *Controller) placesFor(ep *endpoint, waiting []*waitingQuery) []*waitingQuery {
+	free := c.cfg.MaxRules - ep.learned
+	kept := make([]*waitingQuery, 0, len(waiting))
+	for _, wq := range waiting {
+		if wq.learned {
+			if free <= 0 {
+				wq.next = time.Now().Add(wq.wait)
+				continue
+			}
+			free--
+		}
+		kept = append(kept, wq)
+	}
+	if n := len(waiting) - len(kept); n > 0 {
+		c.log.Debug("learned shapes not asked again: their rules are at --max-rules", "server", ep.addr, "queries", n)
+	}
+	return kept
 }
 
 // askAgainDue asks again for every endpoint's waiting queries that are due.
@@ -142,7 +175,7 @@ func (c *Controller) askAgainWithRoom() error {
 // twice as long as last time (up to maxAskAgainWait). They are not
 // counted as not offloaded again: Report.Skipped counts questions, not asks.
 func (c *Controller) askAgain(ep *endpoint, waiting []*waitingQuery) (full bool, err error) {
-	if len(waiting) == 0 {
+	if waiting = c.placesFor(ep, waiting); len(waiting) == 0 {
 		return false, nil
 	}
 	queries := make([]*Query, len(waiting))
@@ -168,6 +201,9 @@ func (c *Controller) askAgain(ep *endpoint, waiting []*waitingQuery) (full bool,
 			c.log.Debug("a question is still not offloaded", "question", wq.query, "error", errs[i], "next_ask_in", wq.wait)
 		case ep.entries[Rule(wq.query, answers[i], ep.b).MatchKey()] != nil:
 			delete(ep.waiting, string(wq.query.Wire[2:]))
+			if wq.learned {
+				ep.waitingLearned--
+			}
 			if wq.forRoom {
 				fitted = append(fitted, wq.query)
 			} else {

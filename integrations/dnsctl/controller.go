@@ -116,6 +116,10 @@ type Controller struct {
 	eps    []*endpoint
 
 	allowed map[Question]bool // Static and Top: the questions that may be offloaded
+	// initial are the queries installed up front (Static and Top: every
+	// question in every shape), by their bytes after the ID: any other
+	// query is of a shape learned from misses (isLearned)
+	initial map[string]bool
 	zones   map[string]*zone  // apex -> zone
 	zoneOf  map[string]string // question name -> apex
 
@@ -156,8 +160,15 @@ type endpoint struct {
 	order   orderCheck
 	entries map[string]*entry // match key -> entry
 	pending map[string]bool   // form keys (see formKey) installed or tried
-	learned int               // rules installed for shapes learned from misses
-	sketch  *sketch.Sketch    // Adaptive: hot form keys
+	// learned is how many of entries are of shapes learned from misses
+	// (Static, Top): at most MaxRules, a rule that goes frees its place
+	learned int
+	// waitingLearned is how many of waiting are of shapes learned from
+	// misses: at most MaxRules, so that shapes the server does not answer
+	// in a way that can be offloaded take bounded memory and queries
+	waitingLearned int
+	saidMaxRules   bool           // that learned shapes have MaxRules rules is logged (until one goes)
+	sketch         *sketch.Sketch // Adaptive: hot form keys
 	// samplesOf is a recent sample of each form key the sketch counts.
 	samplesOf map[string]*Query
 	// waiting are the queries not offloaded for now (Static, Top), by their
@@ -175,6 +186,7 @@ type entry struct {
 	fetched  time.Time // when the answer was asked for: its TTL runs from here
 	ep       *endpoint
 	dead     bool
+	learned  bool // of a shape learned from misses (Static, Top): counts towards MaxRules
 	lastHits uint64
 	lastHit  time.Time
 }
@@ -248,6 +260,7 @@ func New(cfg Config) (*Controller, error) {
 	c := &Controller{
 		cfg: cfg, log: cfg.Log,
 		allowed: map[Question]bool{},
+		initial: map[string]bool{},
 		zones:   map[string]*zone{},
 		zoneOf:  map[string]string{},
 		wheel:   map[int64][]*entry{},
@@ -478,6 +491,7 @@ func (c *Controller) installInitial(ctx context.Context) error {
 			}
 			queries = append(queries, pq)
 			questions = append(questions, q)
+			c.initial[string(pq.Wire[2:])] = true
 		}
 	}
 	for _, ep := range c.eps {
@@ -549,6 +563,8 @@ const progressEvery = 5 * time.Second
 // load to the server until they are learned again.
 func (c *Controller) installInherited(ctx context.Context) error {
 	for _, ep := range c.eps {
+		// learned shapes (Static, Top) and every rule (Adaptive) count
+		// towards MaxRules: installAnswers counts the learned ones it installs
 		room := c.cfg.MaxRules - ep.learned
 		if c.cfg.Mode == Adaptive {
 			room = c.cfg.MaxRules - len(ep.entries)
@@ -557,14 +573,21 @@ func (c *Controller) installInherited(ctx context.Context) error {
 		var questions []Question
 		for _, r := range c.inherited.Rules(ep.cookies[0]) { // an endpoint's sockets hold the same rules
 			q := queryOf(r)
-			if len(queries) >= room || q == nil || ep.entries[r.MatchKey()] != nil {
+			if q == nil || ep.entries[r.MatchKey()] != nil {
 				continue
 			}
 			question := Question{q.Name, q.Type}
-			if c.cfg.Mode == Adaptive || c.allowed[question] {
-				queries = append(queries, q)
-				questions = append(questions, question)
+			if c.cfg.Mode != Adaptive && !c.allowed[question] {
+				continue
 			}
+			if c.cfg.Mode == Adaptive || c.isLearned(q) {
+				if room <= 0 {
+					continue
+				}
+				room--
+			}
+			queries = append(queries, q)
+			questions = append(questions, question)
 		}
 		if len(queries) == 0 {
 			continue
@@ -572,9 +595,6 @@ func (c *Controller) installInherited(ctx context.Context) error {
 		c.probe(ep, questions)
 		for _, q := range queries {
 			ep.pending[formKey(q, ep.b)] = true
-		}
-		if c.cfg.Mode != Adaptive {
-			ep.learned += len(queries)
 		}
 		before := len(ep.entries)
 		if err := c.installMany(ctx, []*endpoint{ep}, queries, questions); err != nil {
@@ -584,6 +604,13 @@ func (c *Controller) installInherited(ctx context.Context) error {
 			"queries", len(queries), "rules", len(ep.entries)-before)
 	}
 	return nil
+}
+
+// isLearned reports whether q is of a shape learned from misses (Static
+// and Top mode): not one of the queries installed up front. Those count
+// towards MaxRules.
+func (c *Controller) isLearned(q *Query) bool {
+	return c.cfg.Mode != Adaptive && !c.initial[string(q.Wire[2:])]
 }
 
 // skip counts a question that is not offloaded, by the kind of reason.
@@ -742,7 +769,8 @@ func (c *Controller) installAnswers(ep *endpoint, queries []*Query, questions []
 		if ep.entries[key] != nil {
 			continue
 		}
-		e := &entry{key: key, question: questions[i], query: q, answer: answers[i], fetched: asked, lastHit: asked, ep: ep}
+		e := &entry{key: key, question: questions[i], query: q, answer: answers[i], fetched: asked, lastHit: asked, ep: ep,
+			learned: c.isLearned(q)}
 		r.Expires, r.Tag = uint64(e.expires().Unix()), c.cfg.Tag
 		ep.entries[key] = e
 		fresh = append(fresh, e)
@@ -777,6 +805,9 @@ func (c *Controller) installAnswers(ep *endpoint, queries []*Query, questions []
 				delete(ep.entries, e.key)
 			} else {
 				c.schedule(e)
+				if e.learned {
+					ep.learned++
+				}
 			}
 		}
 		c.count(func(r *Report) { r.Installed += uint64(added * len(ep.cookies)) })
@@ -1183,6 +1214,10 @@ func (c *Controller) remove(ep *endpoint, es []*entry) error {
 		for _, e := range batch {
 			e.dead = true
 			delete(ep.entries, e.key)
+			if e.learned { // its place is free for another learned shape
+				ep.learned--
+				ep.saidMaxRules = false
+			}
 			// a later miss of this form may install it again
 			delete(ep.pending, formKey(e.query, ep.b))
 			c.askAgainLater(ep, e.query, e.question)
@@ -1204,6 +1239,7 @@ func (c *Controller) removeAll() {
 		n := len(ep.entries) * len(ep.cookies)
 		c.count(func(r *Report) { r.Removed += uint64(n) })
 		clear(ep.entries)
+		ep.learned = 0
 		c.log.Info("removed the controller's rules", "server", ep.addr, "rules", n)
 	}
 	follow.UnbindEmpty(c.client, c.created, c.log)

@@ -92,16 +92,26 @@ func (c *Controller) learn(ev sampleEvent) error {
 	if q.Class != dns.ClassINET || !c.allowed[question] { // the questions given are of class IN
 		return nil
 	}
+	if ep.learned >= c.cfg.MaxRules {
+		// not marked tried: a later miss learns it once a place is free
+		if !ep.saidMaxRules {
+			ep.saidMaxRules = true
+			c.log.Info("the rules of shapes learned from misses are at --max-rules: new shapes stay with the server until one of those rules goes",
+				"server", ep.addr, "max_rules", c.cfg.MaxRules)
+		}
+		return nil
+	}
 	if len(ep.pending) >= maxAttempted {
 		clear(ep.pending)
 	}
 	ep.pending[key] = true
-	if ep.learned >= c.cfg.MaxRules {
-		return nil
-	}
-	ep.learned++
-	c.log.Debug("new query shape", "question", q)
-	if err := c.install(ep, []*Query{q}, []Question{question}); !errors.Is(err, errNoRoom) {
+	// only a rule installed counts towards MaxRules (installAnswers): a
+	// shape the server does not answer in a way that can be offloaded is
+	// asked again (askagain.go), and takes no place from the shapes it does
+	before := ep.learned
+	err = c.install(ep, []*Query{q}, []Question{question})
+	c.log.Debug("new query shape", "question", q, "installed", ep.learned > before, "learned_rules", ep.learned)
+	if !errors.Is(err, errNoRoom) {
 		return err
 	}
 	return nil
