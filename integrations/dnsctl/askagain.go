@@ -132,9 +132,15 @@ func (c *Controller) askAgainInZone(ep *endpoint, apex string) error {
 // askAgainWithRoom asks again for the queries left to the server for want
 // of room once rules have gone from santad (follow.Room), as many as fit
 // in the room it has then: the first ones left, the endpoints taking turns
-// a batch at a time, until they are all in or santad has no room again.
+// a batch at a time, until they are all in, the room is taken or santad
+// has no room again. A query whose answer cannot be offloaded now takes no
+// room (it waits on its backoff instead): the next ones are asked in its
+// place, up to a batch (Config.Batch) of such queries a second, so that
+// many of them do not cost the server a burst; the room left is used the
+// next second (roomLeft).
 func (c *Controller) askAgainWithRoom() error {
 	forRoom := map[*endpoint][]*waitingQuery{}
+	waiting := 0
 	for _, ep := range c.eps {
 		for _, wq := range ep.waiting {
 			if wq.forRoom {
@@ -142,27 +148,57 @@ func (c *Controller) askAgainWithRoom() error {
 			}
 		}
 		slices.SortFunc(forRoom[ep], func(a, b *waitingQuery) int { return cmp.Compare(a.order, b.order) })
+		waiting += len(forRoom[ep])
 	}
-	if len(forRoom) == 0 {
+	if waiting == 0 {
 		return nil
 	}
 	free, err := c.room.Freed(c.client)
-	if err != nil || free == 0 {
+	if err != nil {
 		return err
 	}
-	c.log.Info("rules went from santad: asking again for questions it had no room for", "room", free)
-	for asked := true; asked; {
-		asked = false
+	if free > 0 {
+		c.roomLeft = 0 // santad's room now
+		c.log.Info("rules went from santad: asking again for questions it had no room for", "room", free, "waiting", waiting)
+	} else if free, c.roomLeft = c.roomLeft, 0; free > 0 {
+		c.log.Info("santad has room left: asking again for more questions that waited for it", "room", free, "waiting", waiting)
+	} else {
+		return nil
+	}
+	var asked, added, unfit int // queries asked; of them, rules added (per endpoint) and not offloadable now
+	defer func() {
+		c.log.Info("asked again for questions that waited for room", "asked", asked, "installed", added,
+			"not_offloadable", unfit, "still_waiting", waiting-added-unfit)
+	}()
+	for more := true; more; {
+		more = false
 		for _, ep := range c.eps {
 			n := min(c.cfg.Batch, len(forRoom[ep]), free/len(ep.cookies))
+			if unfit >= c.cfg.Batch {
+				c.roomLeft = free // the next second
+				return nil
+			}
 			if n == 0 {
 				continue
 			}
 			batch := forRoom[ep][:n]
-			forRoom[ep], free, asked = forRoom[ep][n:], free-n*len(ep.cookies), true
+			forRoom[ep], more = forRoom[ep][n:], true
+			before := len(ep.entries)
 			full, err := c.askAgain(ep, batch)
-			if full || err != nil {
+			if err != nil {
 				return err
+			}
+			// only the rules added take room
+			in := max(len(ep.entries)-before, 0)
+			free -= in * len(ep.cookies)
+			asked, added = asked+n, added+in
+			for _, wq := range batch {
+				if !wq.forRoom && ep.waiting[string(wq.query.Wire[2:])] == wq {
+					unfit++
+				}
+			}
+			if full {
+				return nil
 			}
 		}
 	}

@@ -131,6 +131,7 @@ type Controller struct {
 	attached  int               // sockets attached to (Report.Sockets once started)
 	inherited *follow.Inherited // a predecessor's rules, until installed again or deleted
 	room      follow.Room       // when rules went from santad, after it had no room (askAgainWithRoom)
+	roomLeft  int               // room askAgainWithRoom found and has not used yet (it asks a batch of unoffloadable questions a second)
 	saidFull  bool              // that santad has no room is logged once
 	waitOrder uint64            // waiting queries so far (waitingQuery.order)
 
@@ -853,6 +854,7 @@ const noRoomReason = "santad has no room"
 // outOfRoom notes santad's usage when it had no room for more rules
 // (follow.Room), and says so the first time.
 func (c *Controller) outOfRoom(ep *endpoint, err error) error {
+	c.roomLeft = 0
 	if !c.saidFull {
 		c.saidFull = true
 		c.log.Warn("santad has no room for more rules: the questions left stay with the server until rules go from santad",

@@ -73,29 +73,7 @@ func TestNoRoomAskedAgainWhenRulesGo(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := newRigWith(t, testbed.KindNSD, rigOptions{generated: generated, santadFlags: []string{"--config", config}})
-	c, err := santa.Dial(r.santad.Socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	other, err := r.tb.Server.ListenUDP(netip.AddrPortFrom(r.tb.Server.IP4, 7999))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer other.Close()
-	target, err := santa.Socket(other)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rules := make([]api.Rule, others)
-	for i := range rules {
-		rules[i] = api.Rule{Conditions: []api.Condition{santa.Match(0, fmt.Appendf(nil, "other %d", i))},
-			Processors: []api.Processor{santa.Put(0, []byte("x"))}, ReplyLen: 1}
-	}
-	ids, err := c.Add(target, rules)
-	if err != nil {
-		t.Fatal(err)
-	}
+	deleteOthers := r.otherProgramRules(others)
 	var names []string
 	for i := range generated {
 		names = append(names, testbed.GenName(r.zone.Origin, i))
@@ -120,9 +98,7 @@ func TestNoRoomAskedAgainWhenRulesGo(t *testing.T) {
 	}
 
 	// the other program's rules go: the questions that waited take their room
-	if err := c.Delete(target, ids); err != nil {
-		t.Fatal(err)
-	}
+	deleteOthers()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		if _, kernel := r.digAt(v6, last, "A"); kernel {
@@ -138,6 +114,88 @@ func TestNoRoomAskedAgainWhenRulesGo(t *testing.T) {
 		t.Errorf("santad holds %d rules, want %d: every question on both sockets", n, 2*generated)
 	}
 	if err := ctl.WaitOutput("santad had room for questions that waited for it", time.Second); err != nil {
+		t.Error(err)
+	}
+}
+
+// otherProgramRules has another program add n rules to a socket of its own
+// in santad, and returns what deletes them.
+func (r *rig) otherProgramRules(n int) (deleteThem func()) {
+	t := r.t
+	t.Helper()
+	c, err := santa.Dial(r.santad.Socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	other, err := r.tb.Server.ListenUDP(netip.AddrPortFrom(r.tb.Server.IP4, 7999))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { other.Close() })
+	target, err := santa.Socket(other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rules := make([]api.Rule, n)
+	for i := range rules {
+		rules[i] = api.Rule{Conditions: []api.Condition{santa.Match(0, fmt.Appendf(nil, "other %d", i))},
+			Processors: []api.Processor{santa.Put(0, []byte("x"))}, ReplyLen: 1}
+	}
+	ids, err := c.Add(target, rules)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return func() {
+		t.Helper()
+		if err := c.Delete(target, ids); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestNoRoomNotLostToUnoffloadable: room that appears in santad goes to
+// the questions that waited for it, first come first; one of them whose
+// answer cannot be offloaded (NSD truncates it) does not use up that room:
+// the next one takes it.
+func TestNoRoomNotLostToUnoffloadable(t *testing.T) {
+	// long (truncated) and txt2 on the IPv4 and the IPv6 socket; the other
+	// program's 2 rules fill santad: the IPv4 socket's txt2 has no room,
+	// and the IPv6 socket's questions are left to wait for room unasked
+	const maxRules, others = 2, 2
+	config := filepath.Join(t.TempDir(), "santad.yaml")
+	if err := os.WriteFile(config, fmt.Appendf(nil, "dataplane:\n  max_rules: %d\n", maxRules), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r := newRigWith(t, testbed.KindNSD, rigOptions{extra: []string{"long IN TXT " + longTXT, `txt2 IN TXT "second"`},
+		santadFlags: []string{"--config", config}})
+	deleteOthers := r.otherProgramRules(others)
+	long, txt2 := "long."+r.zone.Origin, "txt2."+r.zone.Origin
+	ctl := r.startController("static", "--port", "53/udp", "--names", r.namesFile([]string{long, txt2}, []uint16{dns.TypeTXT}),
+		"--shape", "rd,ad,edns", "--learn-shapes=false", "--poll", "0")
+	if want := "(4 questions not offloaded)"; !strings.Contains(ctl.Ready(), want) {
+		t.Fatalf("ready line %q, want %q", ctl.Ready(), want)
+	}
+	// room for 2: the IPv4 socket's txt2 takes one; the IPv6 socket's long,
+	// the first of its questions to wait, cannot be offloaded, and its
+	// txt2 takes the other
+	deleteOthers()
+	_, v6 := r.srv.Addrs()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, kernel := r.digAt(v6, txt2, "TXT"); kernel {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s TXT at %v is not answered by the rule processor 10 s after rules went (%d rules); controller output:\n%s",
+				txt2, v6, r.rules(), ctl.Output())
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if n := r.rules(); n != maxRules {
+		t.Errorf("santad holds %d rules, want %d: txt2 on both sockets", n, maxRules)
+	}
+	if err := ctl.WaitOutput("not_offloadable=1 still_waiting=0", time.Second); err != nil {
 		t.Error(err)
 	}
 }
