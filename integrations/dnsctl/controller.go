@@ -1180,7 +1180,11 @@ func (c *Controller) refreshEndpoint(ep *endpoint, es []*entry) error {
 			for k := range batch {
 				batch[k].ID = changed[i+k].ids[ci]
 			}
-			if err := c.client.Modify(santa.Cookie(cookie), batch); err != nil {
+			err := c.client.Modify(santa.Cookie(cookie), batch)
+			if follow.NoRoom(err) {
+				err = c.replaceRules(ep, changed[i:j], ci, cookie, batch)
+			}
+			if err != nil {
 				// the new answer cannot be offloaded as it is: drop the old one
 				c.log.Warn("santad refused updated rules: removing them", "rules", len(batch), "error", err)
 				gone = append(gone, changed[i:j]...)
@@ -1198,6 +1202,35 @@ func (c *Controller) refreshEndpoint(ep *endpoint, es []*entry) error {
 		c.log.Debug("answers refreshed", "server", ep.addr, "rules", len(changed))
 	}
 	return c.remove(ep, gone)
+}
+
+// replaceRules puts rules, the new versions of es's, on socket cookie (the
+// ci-th of ep's) when santad has no room to modify them in place (it
+// holds both versions while it swaps them, and a full santad has room for
+// neither): it deletes the old versions, which makes the room, and adds
+// the new ones. Until they are in, the server answers their queries.
+func (c *Controller) replaceRules(ep *endpoint, es []*entry, ci int, cookie uint64, rules []api.Rule) error {
+	old := make([]uint64, len(es))
+	for k, e := range es {
+		old[k] = e.ids[ci]
+	}
+	if err := follow.DeleteRules(c.client, cookie, old); err != nil {
+		return err
+	}
+	add := slices.Clone(rules)
+	for k := range add {
+		add[k].ID = 0
+	}
+	ids, err := c.client.Add(santa.Cookie(cookie), add)
+	if err != nil {
+		return err // the old versions are gone: the caller removes the entries
+	}
+	for k, e := range es {
+		e.ids[ci] = ids[k]
+	}
+	c.log.Info("santad has no room to update rules in place: replaced them (deleted, then added)",
+		"server", ep.addr, "socket", cookie, "rules", len(es))
+	return nil
 }
 
 // remove deletes entries' rules.

@@ -199,3 +199,36 @@ func TestNoRoomNotLostToUnoffloadable(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// TestFullSantadUpdatesRules: santad needs room for a rule's new version
+// to modify it in place. When it has none, an answer that changes still
+// gets its new rule (the old one deleted, then the new one added), rather
+// than losing it to a question that waited for room.
+func TestFullSantadUpdatesRules(t *testing.T) {
+	// txt and txt2 on the IPv4 and the IPv6 socket want 4 rules; santad
+	// has room for the IPv4 socket's 2, and the IPv6 socket's wait for room
+	const maxRules = 2
+	config := filepath.Join(t.TempDir(), "santad.yaml")
+	if err := os.WriteFile(config, fmt.Appendf(nil, "dataplane:\n  max_rules: %d\n", maxRules), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r := newRigWith(t, testbed.KindNSD, rigOptions{extra: []string{`txt2 IN TXT "second"`}, santadFlags: []string{"--config", config}})
+	txt, txt2 := "txt."+r.zone.Origin, "txt2."+r.zone.Origin
+	ctl := r.startController("static", "--port", "53/udp", "--names", r.namesFile([]string{txt, txt2}, []uint16{dns.TypeTXT}),
+		"--shape", "rd,ad,edns", "--learn-shapes=false", "--poll", "200ms")
+	if want := "(2 questions not offloaded)"; !strings.Contains(ctl.Ready(), want) {
+		t.Fatalf("ready line %q, want %q", ctl.Ready(), want)
+	}
+	r.waitKernelAnswer(txt, "TXT", "hello from the testbed", 0, ctl)
+	r.serveChangedZone("2024010102", func(rec string) string {
+		return strings.Replace(rec, `"hello from the testbed"`, `"hello, changed"`, 1)
+	})
+	// at the IPv4 address, which had the rules first
+	r.waitKernelAnswer(txt, "TXT", "hello, changed", 10*time.Second, ctl)
+	if got, kernel := r.dig(txt2, "TXT"); got != `"second"` || !kernel {
+		t.Errorf("txt2 TXT after the zone change: %q, from the rule processor %v", got, kernel)
+	}
+	if strings.Contains(ctl.Output(), "removing them") {
+		t.Errorf("the controller removed rules it could not modify:\n%s", ctl.Output())
+	}
+}
