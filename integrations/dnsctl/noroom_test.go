@@ -232,3 +232,46 @@ func TestFullSantadUpdatesRules(t *testing.T) {
 		t.Errorf("the controller removed rules it could not modify:\n%s", ctl.Output())
 	}
 }
+
+// TestNoRoomOwnRuleGoes: when a rule of the controller's own goes (its
+// answer grew past the shape's EDNS size: NSD truncates it), the room goes
+// to the questions that waited for it.
+func TestNoRoomOwnRuleGoes(t *testing.T) {
+	// txt and txt2 on the IPv4 and the IPv6 socket want 4 rules; santad
+	// has room for the IPv4 socket's 2, and the IPv6 socket's wait for room
+	const maxRules = 2
+	config := filepath.Join(t.TempDir(), "santad.yaml")
+	if err := os.WriteFile(config, fmt.Appendf(nil, "dataplane:\n  max_rules: %d\n", maxRules), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r := newRigWith(t, testbed.KindNSD, rigOptions{extra: []string{`txt2 IN TXT "second"`}, santadFlags: []string{"--config", config}})
+	txt, txt2 := "txt."+r.zone.Origin, "txt2."+r.zone.Origin
+	ctl := r.startController("static", "--port", "53/udp", "--names", r.namesFile([]string{txt, txt2}, []uint16{dns.TypeTXT}),
+		"--shape", "rd,ad,edns", "--learn-shapes=false", "--poll", "200ms")
+	if want := "(2 questions not offloaded)"; !strings.Contains(ctl.Ready(), want) {
+		t.Fatalf("ready line %q, want %q", ctl.Ready(), want)
+	}
+	// txt's IPv4 rule goes; the IPv6 socket's txt, the first to wait for
+	// room, is truncated too, and its txt2 takes the room
+	r.serveChangedZone("2024010102", func(rec string) string {
+		return strings.Replace(rec, `"hello from the testbed"`, longTXT, 1)
+	})
+	v4, v6 := r.srv.Addrs()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, kernel := r.digAt(v6, txt2, "TXT"); kernel {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s TXT at %v is not answered by the rule processor 10 s after the controller's rule went (%d rules); controller output:\n%s",
+				txt2, v6, r.rules(), ctl.Output())
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if _, kernel := r.digAt(v4, txt2, "TXT"); !kernel {
+		t.Errorf("%s TXT at %v, offloaded first, is no longer answered by the rule processor", txt2, v4)
+	}
+	if n := r.rules(); n != maxRules {
+		t.Errorf("santad holds %d rules, want %d: txt2 on both sockets", n, maxRules)
+	}
+}
