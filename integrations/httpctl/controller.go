@@ -242,6 +242,15 @@ type Controller struct {
 	hot       *sketch.Sketch
 	samples   chan sample
 
+	// binder binds the port's listening sockets (nil: the controller does
+	// not look for sockets nginx opens after its start); watchCtx is the
+	// context of the sample subscriptions, gone says when one ends.
+	binder     *santa.Client
+	watchCtx   context.Context
+	gone       chan error
+	unbindable map[uint64]bool // listening sockets santad did not bind when asked
+	scanWarned bool            // the failure to list the port's listeners is logged
+
 	idleChecked, reported time.Time
 	reportHits            uint64
 	ruleHits              map[uint64]uint64 // rule id -> its hits at the last statistics read
@@ -371,6 +380,7 @@ func (c *Controller) Run(ctx context.Context) error {
 		c.log.Warn(api.LoopbackWarning)
 	}
 	c.attach(client, socks)
+	c.binder = client
 	defer func() { follow.UnbindEmpty(client, c.created, c.log) }()
 	inherited, err := follow.Inherit(c.cfg.Socket, c.cfg.Tag, slices.Collect(maps.Keys(c.byCookie)), c.log)
 	if err != nil {
@@ -390,48 +400,22 @@ func (c *Controller) Run(ctx context.Context) error {
 	defer w.close()
 	subCtx, stop := context.WithCancel(ctx)
 	defer stop()
-	gone, err := c.watch(subCtx)
-	if err != nil {
+	c.watchCtx, c.gone = subCtx, make(chan error, 1)
+	if err := c.watch(slices.Collect(maps.Keys(c.byCookie))); err != nil {
 		return err
 	}
 	if c.cfg.Ready != nil {
 		c.cfg.Ready(c.Report())
 	}
-	return c.loop(ctx, w.changed, gone)
+	return c.loop(ctx, w.changed, c.gone)
 }
 
 // attach takes the listening sockets and groups them by the address their
 // responses are fetched from.
 func (c *Controller) attach(rules ruleClient, socks []api.SocketInfo) {
 	c.rules = rules
-	type gkey struct {
-		fetch  netip.AddrPort
-		family uint32
-	}
-	byKey := map[gkey]*group{}
 	for _, s := range socks {
-		k := gkey{c.cfg.Server, s.Family}
-		wildcard := false
-		if !k.fetch.IsValid() {
-			a := s.AddrPort().Addr().Unmap()
-			switch {
-			case a.IsValid() && !a.IsUnspecified():
-			case s.Family == 4:
-				a, wildcard = netip.AddrFrom4([4]byte{127, 0, 0, 1}), true
-			default:
-				a, wildcard = netip.IPv6Loopback(), true
-			}
-			k.fetch = netip.AddrPortFrom(a, c.cfg.Port)
-		}
-		g := byKey[k]
-		if g == nil {
-			g = &group{index: len(c.groups), fetch: k.fetch, family: s.Family, maxReply: c.cfg.MaxReply, wildcard: wildcard}
-			if s.Family == 6 { // each segment carries 20 bytes less
-				g.maxReply -= 20 * ((c.cfg.MaxReply + tcpSegment4 - 1) / tcpSegment4)
-			}
-			byKey[k] = g
-			c.groups = append(c.groups, g)
-		}
+		g := c.groupOf(s)
 		g.cookies = append(g.cookies, s.Cookie)
 		c.byCookie[s.Cookie] = g
 		if s.Created {
@@ -444,10 +428,38 @@ func (c *Controller) attach(rules ruleClient, socks []api.SocketInfo) {
 	}
 }
 
-// watch streams every listening socket's miss samples into c.samples,
-// and says when the server closes a socket.
-func (c *Controller) watch(ctx context.Context) (<-chan error, error) {
-	return follow.Watch(ctx, c.cfg.Socket, slices.Collect(maps.Keys(c.byCookie)),
+// groupOf is the group of listening socket s: the one whose responses
+// are fetched from the same address, made if there is none yet.
+func (c *Controller) groupOf(s api.SocketInfo) *group {
+	fetch, wildcard := c.cfg.Server, false
+	if !fetch.IsValid() {
+		a := s.AddrPort().Addr().Unmap()
+		switch {
+		case a.IsValid() && !a.IsUnspecified():
+		case s.Family == 4:
+			a, wildcard = netip.AddrFrom4([4]byte{127, 0, 0, 1}), true
+		default:
+			a, wildcard = netip.IPv6Loopback(), true
+		}
+		fetch = netip.AddrPortFrom(a, c.cfg.Port)
+	}
+	for _, g := range c.groups {
+		if g.fetch == fetch && g.family == s.Family {
+			return g
+		}
+	}
+	g := &group{index: len(c.groups), fetch: fetch, family: s.Family, maxReply: c.cfg.MaxReply, wildcard: wildcard}
+	if s.Family == 6 { // each segment carries 20 bytes less
+		g.maxReply -= 20 * ((c.cfg.MaxReply + tcpSegment4 - 1) / tcpSegment4)
+	}
+	c.groups = append(c.groups, g)
+	return g
+}
+
+// watch streams the miss samples of the listening sockets cookies into
+// c.samples, and says on c.gone when the server closes one.
+func (c *Controller) watch(cookies []uint64) error {
+	ended, err := follow.Watch(c.watchCtx, c.cfg.Socket, cookies,
 		santa.SampleOptions{Bytes: reqWindow, Rate: c.cfg.SampleRate},
 		func(cookie uint64, s santa.Sample) {
 			select {
@@ -455,6 +467,131 @@ func (c *Controller) watch(ctx context.Context) (<-chan error, error) {
 			default: // busy: a sample more or less does not matter
 			}
 		})
+	if err != nil {
+		return err
+	}
+	go func() {
+		select {
+		case err := <-ended:
+			select {
+			case c.gone <- err:
+			default: // one said so already
+			}
+		case <-c.watchCtx.Done():
+		}
+	}()
+	return nil
+}
+
+// attachNew attaches to the listening sockets nginx opened on the port
+// since the controller attached (a reload that adds a listen, or more
+// workers with reuseport: nginx keeps the old sockets and opens the new
+// ones beside them, and connections go to either). Without a rule set a
+// new socket's connections would never be offloaded; so each joins the
+// group of its address with the group's rules (a new address makes a new
+// group, which learns), and its misses are sampled.
+func (c *Controller) attachNew() error {
+	if c.binder == nil {
+		return nil
+	}
+	have, err := listenerCookies(c.cfg.Port)
+	if err != nil {
+		if !c.scanWarned {
+			c.scanWarned = true
+			c.log.Warn("cannot list the port's listening sockets: sockets nginx opens from now on (a reload) are not offloaded", "error", err)
+		}
+		return nil
+	}
+	fresh := false
+	for cookie := range have {
+		if c.byCookie[cookie] == nil && !c.unbindable[cookie] {
+			fresh = true
+			break
+		}
+	}
+	if !fresh {
+		return nil
+	}
+	socks, err := bindListeners(c.binder, c.cfg.Port)
+	if err != nil {
+		if follow.Gone(err) {
+			return nil // closing again (nginx stopping): the watch tells
+		}
+		return err
+	}
+	bound := map[uint64]bool{}
+	var added []uint64
+	for _, s := range socks {
+		bound[s.Cookie] = true
+		if c.byCookie[s.Cookie] != nil {
+			continue
+		}
+		if s.Created {
+			c.created = append(c.created, s.Cookie)
+		}
+		g := c.groupOf(s)
+		if err := c.join(g, s.Cookie); err != nil {
+			return err
+		}
+		added = append(added, s.Cookie)
+		c.log.Info("attached to a new listening socket", "port", c.cfg.Port, "socket", s.Cookie, "address", s.AddrPort(),
+			"family", g.family, "fetch_from", g.fetch, "sockets_of_group", len(g.cookies))
+	}
+	for cookie := range have {
+		if c.byCookie[cookie] == nil && !bound[cookie] {
+			if c.unbindable == nil {
+				c.unbindable = map[uint64]bool{}
+			}
+			c.unbindable[cookie] = true // not in santad's namespace, or MPTCP: not asked again
+		}
+	}
+	c.count(func(r *Report) { r.Sockets = len(c.byCookie) })
+	if len(added) == 0 {
+		return nil
+	}
+	return c.watch(added)
+}
+
+// join adds listening socket cookie to group g: the rules of g's
+// offloaded requests are added to it, and it takes part in all that
+// follows. A request whose rule the new socket cannot take (santad has no
+// room) is no longer offloaded on any socket of g, so that the group's
+// sockets stay alike.
+func (c *Controller) join(g *group, cookie uint64) error {
+	var es []*entry
+	for _, e := range c.entries {
+		if e.g == g && e.ids != nil {
+			es = append(es, e)
+		}
+	}
+	rules := make([]api.Rule, len(es))
+	for i, e := range es {
+		rules[i] = e.rule(e.leased, c.cfg.Tag)
+	}
+	ids, err := follow.AddFitting(c.rules, []uint64{cookie}, rules, nil, func(int, error) {})
+	if err != nil && !isRefusal(err) {
+		return fmt.Errorf("add the rules of %d requests to a new listening socket: %w", len(rules), err)
+	}
+	var left []*entry
+	for k, e := range es {
+		if ids[k] == nil {
+			left = append(left, e)
+		}
+	}
+	if len(left) > 0 {
+		c.log.Warn("santad took not every rule for a new listening socket: those requests are left to nginx", "requests", len(left), "error", err)
+		if err := c.remove(left); err != nil { // from the group's other sockets
+			return err
+		}
+	}
+	g.cookies = append(g.cookies, cookie)
+	c.byCookie[cookie] = g
+	for k, e := range es {
+		if ids[k] != nil {
+			e.ids = append(e.ids, ids[k][0])
+		}
+	}
+	return nil
 }
 
 // loop handles samples and changes on disk as they come; every
@@ -504,6 +641,9 @@ func untilNextSecond(now time.Time) time.Duration {
 }
 
 func (c *Controller) everySecond(now time.Time) error {
+	if err := c.attachNew(); err != nil {
+		return err
+	}
 	if err := c.refresh(now); err != nil {
 		return err
 	}

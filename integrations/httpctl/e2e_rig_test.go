@@ -44,6 +44,8 @@ type e2eOptions struct {
 	// impair: an impaired testbed (testbed.NewImpaired) with short TCP
 	// timers; the impairment itself is set by the test (rig.link).
 	impair bool
+	// reuseport: nginx listens with reuseport (NginxOptions.Reuseport)
+	reuseport bool
 }
 
 // e2eRig is nginx, santad and a running controller in a testbed.
@@ -78,7 +80,8 @@ func newE2E(t *testing.T, o e2eOptions) *e2eRig {
 	} else {
 		r.tb = testbed.New(t)
 	}
-	ng, err := r.tb.StartNginx(testbed.NginxOptions{Port: testPort, IPv6: true, Root: o.root, Files: o.files, AccessLog: o.accessLog, ExtraHTTPConfig: o.nginxHTTP})
+	ng, err := r.tb.StartNginx(testbed.NginxOptions{Port: testPort, IPv6: true, Root: o.root, Files: o.files, AccessLog: o.accessLog, ExtraHTTPConfig: o.nginxHTTP,
+		Reuseport: o.reuseport})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1165,3 +1165,96 @@ func offloadThenKillSantad(t *testing.T, lease time.Duration) (r *e2eRig, get fu
 	checkFile(t, get("stale"), fileBefore, "right after santad was killed")
 	return r, get, killed
 }
+
+// TestE2EReloadAddsListeners: a reload of nginx (SIGHUP) that opens more
+// listening sockets on the port (here more workers with reuseport, a
+// socket each per address) keeps the old ones, and connections are spread
+// over old and new alike. The controller attaches to the new sockets
+// within a second or so and gives them the rules of their group: every
+// connection is answered by eBPF, none goes to nginx for want of a rule
+// set (pass_no_ruleset) or a rule (tcp_handed_over).
+func TestE2EReloadAddsListeners(t *testing.T) {
+	files := map[string][]byte{"a.txt": []byte("answered on every socket of the port\n")}
+	r := newE2E(t, e2eOptions{files: files, reuseport: true})
+	r.curl("-o", "/dev/null", r.ng.URL4("/a.txt"))
+	r.curl("-o", "/dev/null", "-g", r.ng.URL6("/a.txt"))
+	r.waitLines(4, "GET /a.txt HTTP/1.1")
+	r.waitLines(6, "GET /a.txt HTTP/1.1")
+
+	listeners := func() int {
+		out, err := r.tb.Server.Run("ss", "-Hltn", fmt.Sprintf("sport = :%d", testPort))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(strings.Fields(strings.TrimSpace(out))) / 5 // State Recv-Q Send-Q Local Peer
+	}
+	if n := listeners(); n != 2 {
+		t.Fatalf("nginx listens on %d sockets before the reload, want 2", n)
+	}
+	conf, err := os.ReadFile(r.ng.Conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	more := strings.Replace(string(conf), "worker_processes 1;", "worker_processes 2;", 1)
+	if more == string(conf) {
+		t.Fatal("no worker_processes 1 in nginx.conf")
+	}
+	if err := os.WriteFile(r.ng.Conf, []byte(more), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(r.ng.PID(), syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for listeners() != 4 {
+		if time.Now().After(deadline) {
+			t.Fatalf("nginx listens on %d sockets 10 s after the reload, want 4", listeners())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	// every socket of the port has a rule set holding the group's rule
+	deadline = time.Now().Add(5 * time.Second)
+	for {
+		socks, err := r.client.ListSockets()
+		if err != nil {
+			t.Fatal(err)
+		}
+		withRule := 0
+		for _, s := range socks {
+			if s.Port == testPort && s.Rules == 1 {
+				withRule++
+			}
+		}
+		if withRule == 4 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("5 s after nginx opened them, %d of the port's 4 listening sockets have the controller's rule: %+v", withRule, socks)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	select {
+	case err := <-r.errc:
+		r.stopped = true
+		t.Fatalf("the controller ended after the reload: %v", err)
+	default:
+	}
+
+	const n = 24
+	before := r.counters()
+	for _, url := range []string{r.ng.URL4("/a.txt"), r.ng.URL6("/a.txt")} {
+		out, err := r.tb.Client.Run("sh", "-c", fmt.Sprintf(
+			`for i in $(seq %d); do curl -sS --fail --max-time 10 -g %s || echo FAILED; done`, n, url))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := strings.Repeat(string(files["a.txt"]), n); out != want {
+			t.Errorf("%d fetches of %s: got %q, want the file %d times", n, url, out, n)
+		}
+	}
+	d := delta(before, r.counters())
+	if d["answered"] != 2*n || d["tcp_handed_over"] != 0 || d["pass_no_ruleset"] != 0 {
+		t.Errorf("%d connections after the reload: answered +%d, tcp_handed_over +%d, pass_no_ruleset +%d; want every one answered by eBPF (counters %v)",
+			2*n, d["answered"], d["tcp_handed_over"], d["pass_no_ruleset"], d)
+	}
+}

@@ -47,6 +47,9 @@ type NginxOptions struct {
 	AccessLog bool
 	// IPv6 also listens on [::]:Port (Addr6 is invalid without it).
 	IPv6 bool
+	// Reuseport listens with reuseport: a socket of its own per worker
+	// and address, so that a reload with more workers opens more.
+	Reuseport bool
 	// Pin starts nginx under taskset, so master and workers run only on
 	// CPU.
 	Pin bool
@@ -210,9 +213,13 @@ http {
 	if o.ExtraHTTPConfig != "" {
 		fmt.Fprintf(&c, "%s\n", o.ExtraHTTPConfig)
 	}
-	fmt.Fprintf(&c, "\n\tserver {\n\t\tlisten %d;\n", o.Port)
+	reuseport := ""
+	if o.Reuseport {
+		reuseport = " reuseport"
+	}
+	fmt.Fprintf(&c, "\n\tserver {\n\t\tlisten %d%s;\n", o.Port, reuseport)
 	if o.IPv6 {
-		fmt.Fprintf(&c, "\t\tlisten [::]:%d ipv6only=on;\n", o.Port)
+		fmt.Fprintf(&c, "\t\tlisten [::]:%d ipv6only=on%s;\n", o.Port, reuseport)
 	}
 	fmt.Fprintf(&c, "\t\tserver_name _;\n\t\troot %s;\n\t\tindex index.html;\n", n.Root)
 	// StartNginx's readiness probe: not in the access log.
