@@ -72,8 +72,8 @@ run in nginx's network namespace, next to santad. See docs/http.md.`,
 			return runController(e, func() (*httpctl.Controller, error) { return httpctl.New(cfg) }, duration,
 				followpkg.Options{Follow: follow, Socket: cfg.Socket, Port: cfg.Port, Protocol: api.ProtocolTCP, Log: cfg.Log},
 				func(r httpctl.Report) string {
-					return fmt.Sprintf("done: installed %d, invalidated %d, changed %d, removed %d requests; dated %d, renewed %d rules; skipped %d (%d too big); %d hits; %d samples (%d ignored)",
-						r.Installed, r.Invalidated, r.Changed, r.Removed, r.Dated, r.Renewed, r.Skipped, r.TooBig, r.Hits, r.Samples, r.Ignored)
+					return fmt.Sprintf("done: installed %d, invalidated %d, changed %d, removed %d requests; dated %d, renewed %d rules; skipped %d (%d too big); %d failed fetches; %d hits; %d samples (%d ignored)",
+						r.Installed, r.Invalidated, r.Changed, r.Removed, r.Dated, r.Renewed, r.Skipped, r.TooBig, r.FetchErrors, r.Hits, r.Samples, r.Ignored)
 				})
 		},
 	}

@@ -667,7 +667,7 @@ func (c *Controller) everySecond(now time.Time) error {
 		c.log.Info("status", "rules", r.Rules, "sockets", r.Sockets,
 			"hits_per_second", float64(r.Hits-c.reportHits)/now.Sub(c.reported).Seconds(),
 			"installed", r.Installed, "invalidated", r.Invalidated, "changed", r.Changed, "removed", r.Removed,
-			"skipped", r.Skipped, "too_big", r.TooBig, "dated", r.Dated, "renewed", r.Renewed, "samples", r.Samples)
+			"skipped", r.Skipped, "too_big", r.TooBig, "fetch_errors", r.FetchErrors, "dated", r.Dated, "renewed", r.Renewed, "samples", r.Samples)
 		c.reported, c.reportHits = now, r.Hits
 	}
 	return nil

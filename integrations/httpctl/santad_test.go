@@ -255,3 +255,38 @@ func BenchmarkDateRefresh(b *testing.B) {
 	b.ReportMetric(float64((cpu1-cpu0).Nanoseconds())/float64(b.N*n), "santad-cpu-ns/rule")
 	b.ReportMetric(float64(journal()-j0)/float64(b.N*n), "journal-B/rule")
 }
+
+// TestCommandCountsFetchErrors: a request the controller cannot fetch
+// from nginx (here --server names a port nobody listens on) is neither
+// offloaded nor skipped; the done line (and the status line) count it as
+// a failed fetch, so that an operator sees that nothing is offloaded
+// because nginx cannot be asked.
+func TestCommandCountsFetchErrors(t *testing.T) {
+	r := newSantadRig(t, map[string][]byte{"a.txt": smallFile})
+	argv := testbed.ControllerArgv(filepath.Join(bin, "santa"), r.tb.Server.NS, r.santad.Socket, "http",
+		"--port", "8080", "--root", r.ng.Root, "--min-samples", "1", "--server", "127.0.0.1:8081", "--report", "1s")
+	ctl, err := testbed.StartController(context.Background(), argv, 20*time.Second, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// each request misses (no rule), is sampled and is tried within a second
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(ctl.Output(), `msg="not offloaded"`) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no fetch tried within 10 s:\n%s", ctl.Output())
+		}
+		if _, err := r.tb.Client.Run("curl", "-sS", "--fail", "--max-time", "5", "-o", "/dev/null", r.ng.URL4("/a.txt")); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err := ctl.WaitOutput("fetch_errors=1", 5*time.Second); err != nil {
+		t.Errorf("status line: %v", err)
+	}
+	if err := ctl.Stop(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if want := "skipped 0 (0 too big); 1 failed fetches;"; !strings.Contains(ctl.Output(), want) {
+		t.Errorf("the done line lacks %q:\n%s", want, ctl.Output())
+	}
+}
