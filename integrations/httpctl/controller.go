@@ -32,6 +32,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/santa-offload/santa/api"
@@ -251,6 +252,14 @@ type Controller struct {
 	unbindable map[uint64]bool // listening sockets santad did not bind when asked
 	scanWarned bool            // the failure to list the port's listeners is logged
 
+	// rootGiven is Config.Root as given (cfg.Root is the directory it
+	// resolved to); w watches cfg.Root, whose identity is rootID (nil
+	// w: the document root is not followed)
+	rootGiven  string
+	w          *watcher
+	rootID     fileID
+	rootWarned bool // the failure to watch the new document root is logged
+
 	idleChecked, reported time.Time
 	reportHits            uint64
 	ruleHits              map[uint64]uint64 // rule id -> its hits at the last statistics read
@@ -297,6 +306,10 @@ func New(cfg Config) (*Controller, error) {
 	if cfg.Root == "" {
 		return nil, errors.New("say where nginx's document root is (its root directive)")
 	}
+	given, err := filepath.Abs(cfg.Root)
+	if err != nil {
+		return nil, fmt.Errorf("document root: %w", err)
+	}
 	// Events and request paths are compared as paths under the real root.
 	root, err := filepath.EvalSymlinks(cfg.Root)
 	if err == nil {
@@ -328,7 +341,7 @@ func New(cfg Config) (*Controller, error) {
 	if err := api.CheckTag(cfg.Tag); err != nil {
 		return nil, err
 	}
-	c := &Controller{cfg: cfg, log: cfg.Log, byCookie: map[uint64]*group{}, entries: map[string]*entry{},
+	c := &Controller{cfg: cfg, rootGiven: given, log: cfg.Log, byCookie: map[uint64]*group{}, entries: map[string]*entry{},
 		pending: map[string]*entry{}, refused: map[string]refusal{}, logged: map[string]bool{},
 		hot: sketch.New(4 * min(cfg.MaxRules, 16384)), samples: make(chan sample, 4096)}
 	if len(cfg.Paths) > 0 {
@@ -397,7 +410,8 @@ func (c *Controller) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("watch %s: %w", c.cfg.Root, err)
 	}
-	defer w.close()
+	c.w, c.rootID = w, idOf(c.cfg.Root)
+	defer func() { c.w.close() }() // the watch of the root it follows now
 	subCtx, stop := context.WithCancel(ctx)
 	defer stop()
 	c.watchCtx, c.gone = subCtx, make(chan error, 1)
@@ -621,6 +635,11 @@ func (c *Controller) loop(ctx context.Context, changed <-chan string, gone <-cha
 				return err
 			}
 		case now := <-fine.C:
+			if nw, err := c.followRoot(now); err != nil {
+				return err
+			} else if nw != nil {
+				changed = nw
+			}
 			if err := c.refetchPending(now); err != nil {
 				return err
 			}
@@ -1088,6 +1107,74 @@ func (c *Controller) invalidate(p string, now time.Time) error {
 	c.count(func(r *Report) { r.Invalidated += uint64(len(hit)) })
 	c.log.Debug("file changed: rules deleted", "path", p, "requests", len(hit))
 	return err
+}
+
+// fileID names a file (a directory) by device and inode; the zero value
+// is none.
+type fileID struct{ dev, ino uint64 }
+
+func idOf(p string) fileID {
+	var st syscall.Stat_t
+	if err := syscall.Stat(p, &st); err != nil {
+		return fileID{}
+	}
+	return fileID{uint64(st.Dev), st.Ino}
+}
+
+// followRoot notices that the document root as given is another
+// directory now: a symbolic link on its way (nginx's root, or a directory
+// above it) points elsewhere, as when a deploy swaps a `current` link to
+// the next release, or the directory was renamed away and another put in
+// its place. nginx serves the new directory from its next request on (it
+// resolves the root for every request); so the controller watches the new
+// directory instead, and every request is fetched again (its rules
+// deleted at once, as for a change of every file), mapped to its file in
+// the new directory. It returns the new watch's changes, nil if nothing
+// moved. A root that is missing for a moment (between the steps of a
+// deploy) is looked for again at the next tick.
+func (c *Controller) followRoot(now time.Time) (<-chan string, error) {
+	if c.w == nil {
+		return nil, nil
+	}
+	root, err := filepath.EvalSymlinks(c.rootGiven)
+	if err == nil {
+		root, err = filepath.Abs(root)
+	}
+	if err != nil {
+		return nil, nil
+	}
+	id := idOf(root)
+	if id == (fileID{}) || (root == c.cfg.Root && id == c.rootID) {
+		return nil, nil
+	}
+	if fi, err := os.Stat(root); err != nil || !fi.IsDir() {
+		return nil, nil
+	}
+	w, err := watch(root, c.log)
+	if err != nil {
+		if !c.rootWarned {
+			c.rootWarned = true
+			c.log.Warn("the document root is another directory now, which cannot be watched: rules keep the old files until re-validation",
+				"root", c.rootGiven, "now", root, "error", err)
+		}
+		return nil, nil
+	}
+	old := c.cfg.Root
+	c.log.Info("the document root is another directory now: every request is fetched again", "root", c.rootGiven, "was", old, "now", root)
+	c.w.close()
+	c.w, c.cfg.Root, c.rootID, c.rootWarned, c.notInRoot = w, root, id, false, false
+	for _, e := range c.entries {
+		e.sources = append(e.sources, old) // every one of them goes
+	}
+	for _, e := range c.pending {
+		e.sources = append(e.sources, old)
+	}
+	err = c.invalidate(old, now)
+	for _, e := range c.pending { // now all of them: their files are under the new root
+		e.obj = objectPath(root, e.req.path)
+	}
+	clear(c.refused) // their files may be there now
+	return w.changed, err
 }
 
 // refetchPending fetches the requests whose files changed and have been

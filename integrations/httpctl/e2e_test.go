@@ -1258,3 +1258,94 @@ func TestE2EReloadAddsListeners(t *testing.T) {
 			2*n, d["answered"], d["tcp_handed_over"], d["pass_no_ruleset"], d)
 	}
 }
+
+// TestE2ERootSwapped: nginx's root is a symbolic link to a release
+// directory, and a deploy points it at the next release atomically (a new
+// link renamed over it), as deploy tools do. nginx serves the new release
+// at once; so must the kernel: the controller follows the link to the new
+// directory, fetches every rule again, and watches the new directory, so
+// that a later change in it is seen at once too. (It resolved the link
+// once at its start: the kernel served the old release until
+// re-validation, up to --interval later, and later changes in the new
+// release went unseen by inotify.)
+func TestE2ERootSwapped(t *testing.T) {
+	base := t.TempDir()
+	if err := os.Chmod(base, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	v1, v2, current := filepath.Join(base, "v1"), filepath.Join(base, "v2"), filepath.Join(base, "current")
+	for _, d := range []string{v1, v2} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Symlink(v1, current); err != nil {
+		t.Fatal(err)
+	}
+	files := map[string][]byte{"r.txt": []byte("release one\n")}
+	if err := os.WriteFile(filepath.Join(v2, "r.txt"), []byte("release two, longer\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r := newE2E(t, e2eOptions{files: files, root: current})
+	dir := t.TempDir()
+	get := func() string {
+		out := filepath.Join(dir, "r")
+		r.curl("-o", out, r.ng.URL4("/r.txt"))
+		b, err := os.ReadFile(out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	get()
+	rules := r.waitLines(4, "GET /r.txt HTTP/1.1")
+	if got := get(); got != "release one\n" {
+		t.Fatalf("before the deploy: %q", got)
+	}
+	answered := r.counters()["answered"]
+	if answered == 0 {
+		t.Fatalf("the rule (%v) did not answer before the deploy", rules)
+	}
+	within := func(what, want string) {
+		t.Helper()
+		deadline := time.Now().Add(2 * time.Second)
+		for {
+			got := get()
+			if got == want {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: still %q 2 s later, want %q (nginx serves it at once)", what, got, want)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	// the deploy: a new link renamed over the old one
+	if err := os.Symlink(v2, current+".new"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(current+".new", current); err != nil {
+		t.Fatal(err)
+	}
+	within("after the link was swapped", "release two, longer\n")
+	if err := os.WriteFile(filepath.Join(v2, "r.txt"), []byte("release two, fixed\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	within("after a file of the new release changed", "release two, fixed\n")
+	// and the kernel answers again
+	r.waitRules("the rule back with the new release", func(rs []e2eRule) bool {
+		for _, x := range rs {
+			if x.family == 4 && strings.HasSuffix(string(x.reply), "release two, fixed\n") {
+				return true
+			}
+		}
+		return false
+	})
+	before := r.counters()["answered"]
+	if got := get(); got != "release two, fixed\n" {
+		t.Errorf("after the rule came back: %q", got)
+	}
+	if r.counters()["answered"] == before {
+		t.Error("the kernel no longer answers after the deploy")
+	}
+}
