@@ -260,6 +260,10 @@ type Controller struct {
 	rootID     fileID
 	rootWarned bool // the failure to watch the new document root is logged
 
+	// done ends with the run (Run's context): the loops that fetch from
+	// nginx, one request after another, stop at it
+	done <-chan struct{}
+
 	idleChecked, reported time.Time
 	reportHits            uint64
 	ruleHits              map[uint64]uint64 // rule id -> its hits at the last statistics read
@@ -400,11 +404,15 @@ func (c *Controller) Run(ctx context.Context) error {
 		return err
 	}
 	defer c.removeAll()
+	c.done = ctx.Done()
 	if err := c.relearn(inherited, time.Now()); err != nil {
 		return err
 	}
 	if err := inherited.DeleteRest(client); err != nil {
 		return err
+	}
+	if ctx.Err() != nil {
+		return nil // stopped while taking over: nothing left behind
 	}
 	w, err := watch(c.cfg.Root, c.log)
 	if err != nil {
@@ -767,6 +775,9 @@ func (c *Controller) relearn(in *follow.Inherited, now time.Time) error {
 	seen := map[string]bool{}
 	for _, g := range c.groups {
 		for _, r := range in.Rules(g.cookies[0]) { // a group's sockets hold the same rules
+			if c.stopped() {
+				break // the rest go with DeleteRest
+			}
 			raw, ok := requestOf(r)
 			if !ok || len(c.entries)+len(news) >= c.cfg.MaxRules {
 				continue
@@ -790,6 +801,16 @@ func (c *Controller) relearn(in *follow.Inherited, now time.Time) error {
 	}
 	c.log.Info("offloaded again the requests of the rules a predecessor left", "requests", len(news), "offloaded", len(c.entries))
 	return nil
+}
+
+// stopped reports whether the run was told to end.
+func (c *Controller) stopped() bool {
+	select {
+	case <-c.done:
+		return true
+	default:
+		return false
+	}
 }
 
 func (c *Controller) newEntry(g *group, req request) *entry {
@@ -1181,7 +1202,11 @@ func (c *Controller) followRoot(now time.Time) (<-chan string, error) {
 // quiet since for Settle, and offloads them again if they still may be.
 func (c *Controller) refetchPending(now time.Time) error {
 	var again []*entry
+	start := time.Now()
 	for _, e := range c.pending {
+		if c.stopped() || time.Since(start) > workPerSecond {
+			break // the rest at the next tick: Dates, leases and a stop wait meanwhile
+		}
 		if now.Before(e.due) {
 			continue
 		}

@@ -290,3 +290,96 @@ func TestCommandCountsFetchErrors(t *testing.T) {
 		t.Errorf("the done line lacks %q:\n%s", want, ctl.Output())
 	}
 }
+
+// TestStopWhileTakingOverFromHungNginx: a controller that starts takes
+// over the rules a predecessor left by fetching each one's request from
+// nginx again. With nginx hung (stopped with SIGSTOP here), each of those
+// fetches waits for --timeout; a stop (SIGTERM, the context's end) must
+// not wait for all of them: the controller ends within about one fetch,
+// leaving none of the rules with its tag behind. (It went on fetching,
+// 2 s a request, 20 s for these ten, and then said it was ready.)
+func TestStopWhileTakingOverFromHungNginx(t *testing.T) {
+	r := newSantadRig(t, map[string][]byte{"a.txt": smallFile})
+	client, err := santa.Dial(r.santad.Socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	socks, err := client.BindPortProtocol(testPort, api.ProtocolTCP, santa.SampleOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// what a killed predecessor left: ten tagged rules on every socket
+	const n = 10
+	expires := uint64(time.Now().Add(time.Minute).Unix())
+	for _, s := range socks {
+		var rules []api.Rule
+		for i := range n {
+			req := fmt.Sprintf("GET /a.txt?q=%d HTTP/1.1\r\nHost: x\r\n\r\n", i)
+			rule := exactRule([]byte(req), []byte("HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"), false)
+			rule.Tag, rule.Expires = DefaultConfig.Tag, expires
+			rules = append(rules, rule)
+		}
+		if _, err := client.Add(santa.Cookie(s.Cookie), rules); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pids, err := r.ng.PIDs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	signalAll := func(sig syscall.Signal) {
+		for _, pid := range pids {
+			syscall.Kill(pid, sig)
+		}
+	}
+	signalAll(syscall.SIGSTOP)
+	t.Cleanup(func() { signalAll(syscall.SIGCONT) }) // before nginx's own Stop
+	ready := make(chan Report, 1)
+	c, err := New(Config{Socket: r.santad.Socket, Port: testPort, Root: r.ng.Root, MinSamples: 1, Timeout: 2 * time.Second,
+		Log:   slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo})),
+		Ready: func(rep Report) { ready <- rep }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() { errc <- r.tb.Server.Do(func() error { return c.Run(ctx) }) }()
+	deadline := time.Now().Add(10 * time.Second)
+	// into the takeover: its first fetch timed out, the next one hangs
+	for c.Report().FetchErrors == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("no fetch of the takeover failed within 10 s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	stopped := time.Now()
+	cancel()
+	select {
+	case err := <-errc:
+		if err != nil {
+			t.Errorf("Run: %v", err)
+		}
+		t.Logf("stopped %v after it was told", time.Since(stopped).Round(time.Millisecond))
+	case <-time.After(5 * time.Second):
+		signalAll(syscall.SIGCONT)
+		<-errc
+		t.Fatalf("the controller still ran 5 s after it was told to stop, taking over from a hung nginx (it stopped %v after)",
+			time.Since(stopped).Round(time.Millisecond))
+	}
+	select {
+	case <-ready:
+		t.Error("the controller said it was ready after it was told to stop")
+	default:
+	}
+	for _, s := range socks {
+		left, _, err := client.ListPage(santa.Cookie(s.Cookie), DefaultConfig.Tag, 0, 100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(left) != 0 {
+			t.Errorf("socket %d: %d rules with the controller's tag left behind", s.Cookie, len(left))
+		}
+	}
+}
