@@ -26,6 +26,16 @@ import (
 // went with it.
 var ErrServerGone = errors.New("the server closed a socket the controller attached to (it stopped or restarted); its rules are gone")
 
+// SocketGoneError is ErrServerGone for one socket: santad no longer has
+// its rule set (the server closed it).
+type SocketGoneError struct{ Cookie uint64 }
+
+func (e *SocketGoneError) Error() string {
+	return fmt.Sprintf("%v (socket %d)", ErrServerGone, e.Cookie)
+}
+
+func (e *SocketGoneError) Unwrap() error { return ErrServerGone }
+
 // ErrNoServer is why a controller cannot start: no process serves the
 // server's port (yet).
 var ErrNoServer = errors.New("no server on the port")
@@ -67,7 +77,7 @@ func Watch(ctx context.Context, socketPath string, cookies []uint64, opts santa.
 				sub, err = santa.Subscribe(socketPath, santa.Cookie(cookie), opts)
 				switch {
 				case errors.Is(err, santa.ErrNotFound):
-					ended <- fmt.Errorf("%w (socket %d)", ErrServerGone, cookie)
+					ended <- &SocketGoneError{Cookie: cookie}
 					return
 				case err != nil:
 					ended <- fmt.Errorf("the miss samples of socket %d stopped (%v) and santad does not take them up again: %w",

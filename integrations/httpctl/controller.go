@@ -493,16 +493,86 @@ func (c *Controller) watch(cookies []uint64) error {
 		return err
 	}
 	go func() {
-		select {
-		case err := <-ended:
+		for {
 			select {
-			case c.gone <- err:
-			default: // one said so already
+			case err := <-ended:
+				select {
+				case c.gone <- err:
+				case <-c.watchCtx.Done():
+					return
+				}
+			case <-c.watchCtx.Done():
+				return
 			}
-		case <-c.watchCtx.Done():
 		}
 	}()
 	return nil
+}
+
+// survive returns err unless it says that listening sockets went (a
+// socket's samples ended, or santad has no rule set for it) while every
+// group keeps another socket: a reload of nginx with fewer workers (with
+// reuseport, a socket each) closes some of the port's sockets and keeps
+// the rest. Their rules went with them; the controller drops them from
+// their groups and carries on with the others, their rules in place. When
+// a group loses all its sockets (nginx stopped or restarted), err stands:
+// the controller ends (with --follow, starts over).
+func (c *Controller) survive(err error) error {
+	if err == nil || !follow.Gone(err) {
+		return err
+	}
+	var sg *follow.SocketGoneError
+	named := errors.As(err, &sg)
+	if named && c.byCookie[sg.Cookie] == nil {
+		return nil // dropped already
+	}
+	have, lerr := listenerCookies(c.cfg.Port)
+	if lerr != nil {
+		return err
+	}
+	var closed []uint64
+	for cookie := range c.byCookie {
+		if !have[cookie] || (named && cookie == sg.Cookie) {
+			closed = append(closed, cookie)
+		}
+	}
+	if len(closed) == 0 {
+		return err
+	}
+	left := map[*group]int{}
+	for _, g := range c.groups {
+		left[g] = len(g.cookies)
+	}
+	for _, cookie := range closed {
+		left[c.byCookie[cookie]]--
+	}
+	for g, n := range left {
+		if n == 0 && len(g.cookies) > 0 {
+			return err
+		}
+	}
+	for _, cookie := range closed {
+		c.dropSocket(cookie)
+	}
+	c.count(func(r *Report) { r.Sockets = len(c.byCookie) })
+	return nil
+}
+
+// dropSocket forgets listening socket cookie, which nginx closed: its
+// rule set and rules went with it.
+func (c *Controller) dropSocket(cookie uint64) {
+	g := c.byCookie[cookie]
+	ci := slices.Index(g.cookies, cookie)
+	for _, e := range c.entries {
+		if e.g == g && e.ids != nil {
+			e.ids = slices.Delete(e.ids, ci, ci+1)
+		}
+	}
+	g.cookies = slices.Delete(g.cookies, ci, ci+1)
+	delete(c.byCookie, cookie)
+	c.created = slices.DeleteFunc(c.created, func(x uint64) bool { return x == cookie })
+	c.log.Info("nginx closed a listening socket (a reload): its rules went with it, the other sockets keep theirs",
+		"port", c.cfg.Port, "socket", cookie, "family", g.family, "sockets_of_group", len(g.cookies))
 }
 
 // attachNew attaches to the listening sockets nginx opened on the port
@@ -632,29 +702,31 @@ func (c *Controller) loop(ctx context.Context, changed <-chan string, gone <-cha
 		case <-ctx.Done():
 			return nil
 		case err := <-gone:
-			return err
+			if err := c.survive(err); err != nil {
+				return err
+			}
 		case s := <-c.samples:
 			c.sample(s.cookie, s.data, s.requestLen)
 		case p, ok := <-changed:
 			if !ok {
 				return errors.New("the watch of the document root stopped")
 			}
-			if err := c.invalidate(p, time.Now()); err != nil {
+			if err := c.survive(c.invalidate(p, time.Now())); err != nil {
 				return err
 			}
 		case now := <-fine.C:
-			if nw, err := c.followRoot(now); err != nil {
+			if nw, err := c.followRoot(now); c.survive(err) != nil {
 				return err
 			} else if nw != nil {
 				changed = nw
 			}
-			if err := c.refetchPending(now); err != nil {
+			if err := c.survive(c.refetchPending(now)); err != nil {
 				return err
 			}
 		case <-second.C:
 			now := time.Now()
 			second.Reset(untilNextSecond(now))
-			if err := c.everySecond(now); err != nil {
+			if err := c.survive(c.everySecond(now)); err != nil {
 				return err
 			}
 		}
@@ -1372,6 +1444,9 @@ func (c *Controller) readHits() error {
 	hits := map[uint64]uint64{}
 	for cookie := range c.byCookie {
 		stats, err := c.rules.Stats(santa.Cookie(cookie))
+		if errors.Is(err, santa.ErrNotFound) {
+			continue // closed by nginx, its rules with it: the others still count
+		}
 		if err != nil {
 			return fmt.Errorf("rule statistics: %w", err)
 		}

@@ -46,6 +46,9 @@ type e2eOptions struct {
 	impair bool
 	// reuseport: nginx listens with reuseport (NginxOptions.Reuseport)
 	reuseport bool
+	// workers is nginx's worker_processes (0: 1); with reuseport each has
+	// a listening socket of its own per address
+	workers int
 }
 
 // e2eRig is nginx, santad and a running controller in a testbed.
@@ -81,7 +84,7 @@ func newE2E(t *testing.T, o e2eOptions) *e2eRig {
 		r.tb = testbed.New(t)
 	}
 	ng, err := r.tb.StartNginx(testbed.NginxOptions{Port: testPort, IPv6: true, Root: o.root, Files: o.files, AccessLog: o.accessLog, ExtraHTTPConfig: o.nginxHTTP,
-		Reuseport: o.reuseport})
+		Reuseport: o.reuseport, Workers: o.workers})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -116,8 +119,12 @@ func (r *e2eRig) startController(o e2eOptions) {
 	go func() { r.errc <- r.tb.Server.Do(func() error { return r.ctl.Run(ctx) }) }()
 	select {
 	case rep := <-ready:
-		if rep.Sockets != 2 {
-			t.Fatalf("attached to %d sockets, want nginx's two listeners", rep.Sockets)
+		want := 2 // IPv4 and IPv6
+		if o.reuseport && o.workers > 1 {
+			want *= o.workers
+		}
+		if rep.Sockets != want {
+			t.Fatalf("attached to %d sockets, want nginx's %d listeners", rep.Sockets, want)
 		}
 	case err := <-r.errc:
 		r.stopped = true

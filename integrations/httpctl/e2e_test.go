@@ -1166,6 +1166,102 @@ func offloadThenKillSantad(t *testing.T, lease time.Duration) (r *e2eRig, get fu
 	return r, get, killed
 }
 
+// reloadNginx rewrites nginx's worker_processes from one count to another
+// and reloads it (SIGHUP), then waits until the port has want listening
+// sockets.
+func reloadNginx(t *testing.T, r *e2eRig, from, to, want int) {
+	t.Helper()
+	conf, err := os.ReadFile(r.ng.Conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := fmt.Sprintf("worker_processes %d;", from)
+	if !strings.Contains(string(conf), old) {
+		t.Fatalf("no %q in nginx.conf", old)
+	}
+	if err := os.WriteFile(r.ng.Conf, []byte(strings.Replace(string(conf), old, fmt.Sprintf("worker_processes %d;", to), 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(r.ng.PID(), syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		out, err := r.tb.Server.Run("ss", "-Hltn", fmt.Sprintf("sport = :%d", testPort))
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := len(strings.Fields(strings.TrimSpace(out))) / 5 // State Recv-Q Send-Q Local Peer
+		if n == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("nginx listens on %d sockets 10 s after the reload, want %d", n, want)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// allAnswered fetches a.txt n times over IPv4 and n over IPv6, each on a
+// connection of its own, and fails unless every one is the file and is
+// answered by eBPF.
+func allAnswered(t *testing.T, r *e2eRig, n int, file []byte, what string) {
+	t.Helper()
+	before := r.counters()
+	for _, url := range []string{r.ng.URL4("/a.txt"), r.ng.URL6("/a.txt")} {
+		out, err := r.tb.Client.Run("sh", "-c", fmt.Sprintf(
+			`for i in $(seq %d); do curl -sS --fail --max-time 10 -g %s || echo FAILED; done`, n, url))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := strings.Repeat(string(file), n); out != want {
+			t.Errorf("%s: %d fetches of %s: got %q, want the file %d times", what, n, url, out, n)
+		}
+	}
+	d := delta(before, r.counters())
+	if d["answered"] != uint64(2*n) || d["tcp_handed_over"] != 0 || d["pass_no_ruleset"] != 0 {
+		t.Errorf("%s: %d connections: answered +%d, tcp_handed_over +%d, pass_no_ruleset +%d; want every one answered by eBPF (counters %v)",
+			what, 2*n, d["answered"], d["tcp_handed_over"], d["pass_no_ruleset"], d)
+	}
+}
+
+// TestE2EReloadClosesListeners: a reload of nginx with fewer workers
+// (reuseport: a listening socket per worker and address) closes some of
+// the port's sockets and keeps the others. Their rules went with the
+// closed sockets; the controller carries on with the sockets left, their
+// rules in place, rather than ending (or, with --follow, deleting every
+// rule and learning again, which sent every request to nginx meanwhile
+// and handed its keep-alive connections over for good).
+func TestE2EReloadClosesListeners(t *testing.T) {
+	files := map[string][]byte{"a.txt": []byte("answered before and after the reload\n")}
+	r := newE2E(t, e2eOptions{files: files, reuseport: true, workers: 2})
+	r.curl("-o", "/dev/null", r.ng.URL4("/a.txt"))
+	r.curl("-o", "/dev/null", "-g", r.ng.URL6("/a.txt"))
+	r.waitLines(4, "GET /a.txt HTTP/1.1")
+	r.waitLines(6, "GET /a.txt HTTP/1.1")
+	allAnswered(t, r, 8, files["a.txt"], "before the reload")
+
+	reloadNginx(t, r, 2, 1, 2)
+	// the controller carries on; its rules stay on the sockets left
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		select {
+		case err := <-r.errc:
+			r.stopped = true
+			t.Fatalf("the controller ended at the reload: %v", err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if got := r.ctl.Report().Sockets; got != 2 {
+		t.Errorf("the controller counts %d sockets after the reload, want the 2 left", got)
+	}
+	allAnswered(t, r, 12, files["a.txt"], "after the reload")
+}
+
 // TestE2EReloadAddsListeners: a reload of nginx (SIGHUP) that opens more
 // listening sockets on the port (here more workers with reuseport, a
 // socket each per address) keeps the old ones, and connections are spread
