@@ -1253,7 +1253,11 @@ func (c *Controller) followRoot(now time.Time) (<-chan string, error) {
 		return nil, nil
 	}
 	old := c.cfg.Root
-	c.log.Info("the document root is another directory now: every request is fetched again", "root", c.rootGiven, "was", old, "now", root)
+	if root == old {
+		c.log.Info("the document root is another directory now (one put in its place): every request is fetched again", "root", c.rootGiven)
+	} else {
+		c.log.Info("the document root is another directory now: every request is fetched again", "root", c.rootGiven, "was", old, "now", root)
+	}
 	c.w.close()
 	c.w, c.cfg.Root, c.rootID, c.rootWarned, c.notInRoot = w, root, id, false, false
 	for _, e := range c.entries {
