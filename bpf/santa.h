@@ -59,6 +59,7 @@ enum santa_limit {
 	 * 0x53545345 named two layouts, before and after the rule ref came in
 	 * (up to commit 3257ea6). */
 	SANTA_TCP_EMIT_MAGIC = 0x53545346,
+	SANTA_FLOW_OPTS_KNOWN = 0x80, /* santa_tcp_flow.opts holds the connection's option bits */
 };
 
 /* n in [1, mask + 1] for the verifier, where the caller knows 1 <= n <= mask + 1. */
@@ -373,7 +374,9 @@ struct santa_tcp_flow {
 	__u32 seen;        /* stamp unit (low 32 bits) it last answered: santad sweeps idle flows */
 	__u8 multi;        /* the reply takes several segments (sent by TC) */
 	__u8 resends;      /* resends for repeated acks since the client's ack last moved */
-	__u8 pad[6];
+	__u8 opts;         /* the connection's stamp option bits | SANTA_FLOW_OPTS_KNOWN (0: a flow of
+			    * a version before it): santad closes an idle connection with a stamped FIN */
+	__u8 pad[5];
 };
 
 /* XDP -> TC metadata (before the frame): send segments of rule slot's reply

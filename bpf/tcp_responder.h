@@ -556,6 +556,7 @@ __noinline int tcp_segment(struct xdp_md *ctx, struct pkt_info *req)
 		.req_end = seq + req->payload_len,
 		.reply_start = t->seq,
 		.multi = multi,
+		.opts = opts | SANTA_FLOW_OPTS_KNOWN,
 		.last_ack = t->seq,
 		.seen = unit,
 	};

@@ -13,6 +13,7 @@ import (
 	"reflect"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/santa-offload/santa/api"
 	"github.com/santa-offload/santa/internal/dataplane"
@@ -82,6 +83,9 @@ type DataplaneConfig struct {
 	DataMiB       int `yaml:"data_mib"`
 	SampleRingKiB int `yaml:"sample_ring_kib"`
 	TCPFlows      int `yaml:"tcp_flows"`
+	// TCPIdleClose is how long a socket-less keep-alive connection may be
+	// idle before eBPF's FIN closes it; 0: never.
+	TCPIdleClose time.Duration `yaml:"tcp_idle_close"`
 }
 
 // DefaultConfig is what santad runs with when neither file nor flags say otherwise.
@@ -100,7 +104,7 @@ func DefaultConfig() Config {
 		LogLevel:         "info",
 		Quota:            Quota{Rules: 100000, TemplateBytes: 64 << 20, Rulesets: 64, Connections: 256, RequestBytes: 1 << 30},
 		Dataplane: DataplaneConfig{HashBits: d.HashBits, MaxRules: d.MaxRules, MaxRulesets: d.MaxRulesets,
-			DataMiB: d.DataMiB, SampleRingKiB: d.SampleRingKiB, TCPFlows: d.TCPFlows},
+			DataMiB: d.DataMiB, SampleRingKiB: d.SampleRingKiB, TCPFlows: d.TCPFlows, TCPIdleClose: d.TCPIdleClose},
 	}
 }
 
@@ -174,6 +178,13 @@ func (c Config) Validate() error {
 			return fmt.Errorf("dataplane.%s %d: must be more than 0 (leave it out for the default, %d)", f.key, f.v, f.def)
 		}
 	}
+	if d.TCPIdleClose > 0 && d.TCPIdleClose < time.Second {
+		return fmt.Errorf("dataplane.tcp_idle_close %v: give a duration with its unit, e.g. 75s", d.TCPIdleClose)
+	}
+	if d.TCPIdleClose < 0 || d.TCPIdleClose > dataplane.MaxTCPIdleClose {
+		return fmt.Errorf("dataplane.tcp_idle_close %v: must be between 0 (never) and %v (a connection's stamps expire after 128 s)",
+			d.TCPIdleClose, dataplane.MaxTCPIdleClose)
+	}
 	_, err := c.userPorts()
 	return err
 }
@@ -230,8 +241,12 @@ func (c Config) xdpMode() dataplane.AttachMode {
 
 func (c Config) dataplaneConfig() dataplane.Config {
 	d := c.Dataplane
+	idleClose := d.TCPIdleClose
+	if idleClose == 0 {
+		idleClose = -1 // never: the data plane reads 0 as its default
+	}
 	return dataplane.Config{HashBits: d.HashBits, MaxRules: d.MaxRules, MaxRulesets: d.MaxRulesets,
-		DataMiB: d.DataMiB, SampleRingKiB: d.SampleRingKiB, TCPFlows: d.TCPFlows,
+		DataMiB: d.DataMiB, SampleRingKiB: d.SampleRingKiB, TCPFlows: d.TCPFlows, TCPIdleClose: idleClose,
 		GuardsPin: c.GuardsPin(), FlowsPin: filepath.Join(c.BPFFS, "tcp_flows"), LeaveVethPeer: !c.VethPeerPass}
 }
 

@@ -190,6 +190,14 @@ func (d *Dataplane) attach(ifname string, mode AttachMode, pinPath string) (*Att
 		return nil, fmt.Errorf("attach to %s: %w", ifname, err)
 	}
 	att := &Attachment{Interface: ifname, ifindex: iface.Index, local: local, pin: pinPath}
+	if d.cfg.TCPIdleClose > 0 && d.fins.Load() == nil {
+		// in the interface's network namespace, as this call is
+		if s, err := newFINSender(); err != nil {
+			slog.Warn("idle socket-less TCP connections will not be closed: a client coming back after 128 s is reset", "error", err)
+		} else if !d.fins.CompareAndSwap(nil, s) {
+			s.close()
+		}
+	}
 	// TC first: while a predecessor's XDP program still runs, this TC
 	// program drops what it passes in another version's layout
 	// (tcp_drop_emit_layout); the other way round, the predecessor's TC

@@ -1,6 +1,9 @@
 package dataplane
 
-import "fmt"
+import (
+	"fmt"
+	"time"
+)
 
 // Config sizes the rule processor's maps. The zero value of a field means its default.
 type Config struct {
@@ -21,6 +24,14 @@ type Config struct {
 	// once. A connection's first answer that finds the table full goes to
 	// the kernel instead (counter tcp_pass_flows_full).
 	TCPFlows int
+	// TCPIdleClose is how long a socket-less keep-alive connection whose
+	// replies the client has all may stay idle before the data plane
+	// closes it with a FIN, as a server's keep-alive timeout would (a
+	// client probing it with TCP keepalives keeps it). Zero: the default,
+	// DefaultTCPIdleClose; negative: never (the connection is reset if its
+	// client comes back once its stamps have expired, after 128–137 s). At
+	// most MaxTCPIdleClose.
+	TCPIdleClose time.Duration
 	// GuardsPin is where the guard map (see Guard) is pinned, on a bpffs.
 	// A map pinned there is reused, so versions outlive this data plane;
 	// else the new one is pinned there. Empty: not pinned.
@@ -45,6 +56,7 @@ var DefaultConfig = Config{
 	DataMiB:       16,
 	SampleRingKiB: 1024,
 	TCPFlows:      int(santaSantaLimitSANTA_TCP_FLOWS),
+	TCPIdleClose:  DefaultTCPIdleClose,
 }
 
 // withDefaults is c with DefaultConfig's size wherever c gives none.
@@ -56,6 +68,9 @@ func (c Config) withDefaults() Config {
 		if *f.v == 0 {
 			*f.v = *f.d
 		}
+	}
+	if c.TCPIdleClose == 0 {
+		c.TCPIdleClose = d.TCPIdleClose
 	}
 	return c
 }
@@ -74,6 +89,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("sample ring %d KiB: must be a power of two of at least 4", c.SampleRingKiB)
 	case c.TCPFlows < 1 || c.TCPFlows > 1<<24:
 		return fmt.Errorf("TCP flows %d: must be between 1 and %d", c.TCPFlows, 1<<24)
+	case c.TCPIdleClose > MaxTCPIdleClose:
+		return fmt.Errorf("TCP idle close %v: at most %v (a connection's stamps expire after 128 s), or negative for never", c.TCPIdleClose, MaxTCPIdleClose)
 	}
 	return nil
 }

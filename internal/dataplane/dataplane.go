@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 
 	"github.com/cilium/ebpf"
@@ -50,6 +51,9 @@ type Dataplane struct {
 	order      uint32
 	stopUpkeep chan struct{} // ends the stamp key rotation and the flow sweep
 	upkeepDone chan struct{} // closed once they have ended
+	// fins sends the FINs of idle connections (Config.TCPIdleClose), from
+	// the network namespace of the first Attach; nil before it
+	fins atomic.Pointer[finSender]
 }
 
 // RuleID names an installed rule for as long as it exists.
@@ -307,6 +311,9 @@ func (d *Dataplane) Close() error {
 	d.closed = true
 	d.stopTCPUpkeep()
 	var errs []error
+	if s := d.fins.Swap(nil); s != nil {
+		errs = append(errs, s.close())
+	}
 	if d.prevFlows != nil {
 		errs = append(errs, d.prevFlows.Close())
 		d.prevFlows = nil

@@ -289,6 +289,8 @@ func flowReader(m *ebpf.Map) (func(v []byte, rules *mmapArray) (f santaSantaTcpF
 		if multi, _ := get(v, "multi"); multi != 0 {
 			f.Multi = 1
 		}
+		opts, _ := get(v, "opts") // 0 from versions before it: not known
+		f.Opts = uint8(opts)
 		if refOff >= 0 && refOff+binary.Size(f.Rule) <= len(v) {
 			r := v[refOff:]
 			f.Rule.Id, f.Rule.Slot = binary.LittleEndian.Uint64(r), binary.LittleEndian.Uint32(r[8:])

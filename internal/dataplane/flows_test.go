@@ -202,7 +202,8 @@ func TestFlowsCarried(t *testing.T) {
 	first, prev, pin := pinnedPredecessor(t, 16)
 	put := func(d *Dataplane, port uint16, replyEnd uint32) {
 		t.Helper()
-		if err := d.objs.SantaTcpFlows.Put(flowKey(port), &santaSantaTcpFlow{ReplyEnd: replyEnd}); err != nil {
+		f := santaSantaTcpFlow{ReplyEnd: replyEnd, Opts: flowOptsKnown | uint8(port)}
+		if err := d.objs.SantaTcpFlows.Put(flowKey(port), &f); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -238,6 +239,10 @@ func TestFlowsCarried(t *testing.T) {
 	}
 	if c, err := next.CarryFlows(prev); err != nil || c.Flows != 3 {
 		t.Fatalf("before the swap: %+v, %v; want 3 flows carried", c, err)
+	}
+	var carried santaSantaTcpFlow
+	if err := next.objs.SantaTcpFlows.Lookup(flowKey(2), &carried); err != nil || carried.Opts != flowOptsKnown|2 {
+		t.Errorf("a carried flow's options: %#x, %v; want %#x (santad closes idle connections with them)", carried.Opts, err, flowOptsKnown|2)
 	}
 	// between the passes both programs run their tables
 	put(first, 1, 101) // the predecessor moves a flow on

@@ -104,6 +104,7 @@ const (
 	santaSantaLimitSANTA_TCP_RESENDS        santaSantaLimit = 8
 	santaSantaLimitSANTA_MAX_TCP_REPLY      santaSantaLimit = 14480
 	santaSantaLimitSANTA_TCP_EMIT_MAGIC     santaSantaLimit = 1398035270
+	santaSantaLimitSANTA_FLOW_OPTS_KNOWN    santaSantaLimit = 128
 )
 
 type santaSantaLocalAddr struct {
@@ -311,7 +312,8 @@ type santaSantaTcpFlow struct {
 	Seen    uint32
 	Multi   uint8
 	Resends uint8
-	Pad     [6]uint8
+	Opts    uint8
+	Pad     [5]uint8
 }
 
 type santaSantaTcpKey struct {

@@ -85,15 +85,19 @@ func (d *Dataplane) sweepFlows(now uint64) error {
 	const batch = 4096
 	keys := make([]santaBpfSockTuple, batch)
 	vals := make([]santaSantaTcpFlow, batch)
-	var idle []santaBpfSockTuple
+	var idle, closing []santaBpfSockTuple
+	closeUnits := d.idleCloseUnits()
 	live := 0
 	var cursor ebpf.MapBatchCursor
 	for {
 		n, err := m.BatchLookup(&cursor, keys, vals, nil)
 		for i := 0; i < n; i++ {
-			if uint32(now)-vals[i].Seen > flowIdleUnits {
+			switch f := &vals[i]; {
+			case uint32(now)-f.Seen > flowIdleUnits:
 				idle = append(idle, keys[i])
-			} else {
+			case closeUnits > 0 && uint32(now)-f.Seen > closeUnits && closable(f):
+				closing = append(closing, keys[i])
+			default:
 				live++
 			}
 		}
@@ -113,6 +117,9 @@ func (d *Dataplane) sweepFlows(now uint64) error {
 		if err := m.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			return fmt.Errorf("delete idle flow: %w", err)
 		}
+	}
+	if err := d.closeIdle(closing, now, closeUnits); err != nil {
+		return err
 	}
 	if size := int(m.MaxEntries()); live > size*9/10 {
 		slog.Warn("the TCP flow table is nearly full: new socket-less connections go to the kernel when it is (raise dataplane.tcp_flows)",
@@ -201,4 +208,62 @@ func (d *Dataplane) stopTCPUpkeep() {
 		<-d.upkeepDone
 		d.stopUpkeep, d.upkeepDone = nil, nil
 	}
+}
+
+// idleCloseUnits is Config.TCPIdleClose in stamp units (0: never).
+func (d *Dataplane) idleCloseUnits() uint32 {
+	unit := time.Duration(1) << stampUnitShift
+	if d.cfg.TCPIdleClose <= 0 || d.fins.Load() == nil {
+		return 0
+	}
+	return uint32((d.cfg.TCPIdleClose + unit - 1) / unit)
+}
+
+// closable says whether eBPF may close flow f's connection with a FIN: it
+// knows the connection's options, and the client has all of eBPF's bytes
+// (a reply of several segments all acked; a one-segment reply acks the
+// request, so a client missing it sends the request again, which
+// refreshes the flow).
+func closable(f *santaSantaTcpFlow) bool {
+	return f.Opts&flowOptsKnown != 0 && (f.Multi == 0 || f.LastAck == f.ReplyEnd)
+}
+
+// closeIdle ends the connections of flows idle for more than closeUnits
+// with a FIN carrying a fresh stamp with the FIN bit, as a server's
+// keep-alive timeout would: the client sees the connection close before
+// its stamps expire, instead of a reset when it comes back. The flow goes
+// first (as a swept one): the client's ACK and FIN that follow are
+// answered without it, from the stamp's FIN bit (docs/tcp.md).
+func (d *Dataplane) closeIdle(keys []santaBpfSockTuple, now uint64, closeUnits uint32) error {
+	fins := d.fins.Load()
+	if len(keys) == 0 || fins == nil {
+		return nil
+	}
+	m := d.objs.SantaTcpFlows
+	closed := 0
+	for i := range keys {
+		k := &keys[i]
+		// look again right before: a new request may have come since
+		var f santaSantaTcpFlow
+		if err := m.Lookup(k, &f); err != nil || uint32(now)-f.Seen <= closeUnits || !closable(&f) {
+			continue
+		}
+		t := tupleBytes(k)
+		stamp, ok, err := d.flowStamp(t, now, true, uint32(f.Opts&^flowOptsKnown))
+		if err != nil || !ok {
+			return fmt.Errorf("stamp for the FIN of an idle connection: no key for this unit (%v)", err)
+		}
+		if err := m.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("delete idle flow: %w", err)
+		}
+		if err := fins.sendFIN(t, f.ReplyEnd, f.ReqEnd, stamp, f.Opts); err != nil {
+			slog.Warn("FIN of an idle TCP connection not sent: the client is reset when it comes back after its stamps expired", "error", err)
+			continue
+		}
+		closed++
+	}
+	if closed > 0 {
+		slog.Debug("idle TCP connections closed", "connections", closed)
+	}
+	return nil
 }

@@ -578,3 +578,81 @@ func TestTCPSynOnAStaleFlow(t *testing.T) {
 			after["answered"]-before["answered"])
 	}
 }
+
+// TestIdleConnectionClosed: a keep-alive connection eBPF answered, idle for
+// longer than Config.TCPIdleClose, is closed with eBPF's FIN, as a server's
+// keep-alive timeout would: the client reads the end of the stream (before,
+// nothing came, and a request after its stamps expired was reset), its
+// close is answered from the FIN's stamp (the flow went with the FIN), and
+// its socket ends (no LAST_ACK left).
+func TestIdleConnectionClosed(t *testing.T) {
+	tb := testbed.New(t)
+	d := loadAttached(t, tb, Config{})
+	hot, reply := httpGet("/hot", ""), httpReply("from eBPF", "")
+	for _, ip := range []netip.Addr{tb.Server.IP4, tb.Server.IP6} {
+		t.Run(map[bool]string{true: "IPv4", false: "IPv6"}[ip.Is4()], func(t *testing.T) {
+			addr := netip.AddrPortFrom(ip, 8080)
+			srv := startTCPServer(t, tb, addr)
+			if err := d.Bind(srv.sock(), SampleOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := d.AddRules(srv.cookie, []Rule{exactRule(hot, reply, false)}); err != nil {
+				t.Fatal(err)
+			}
+			c := dialFromClient(t, tb, addr)
+			r := bufio.NewReader(c)
+			io.WriteString(c, hot)
+			if got := readReply(t, c, r); got != reply {
+				t.Fatalf("reply %q, want %q", got, reply)
+			}
+			// the connection's flow, as if last answered TCPIdleClose ago
+			unit, err := stampUnit()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var k santaBpfSockTuple
+			var f santaSantaTcpFlow
+			it := d.objs.SantaTcpFlows.Iterate()
+			if !it.Next(&k, &f) || f.Opts&flowOptsKnown == 0 {
+				t.Fatalf("no flow with the connection's options after its answer: %v %+v", it.Err(), f)
+			}
+			f.Seen = uint32(unit) - d.idleCloseUnits() - 1
+			if err := d.objs.SantaTcpFlows.Put(&k, &f); err != nil {
+				t.Fatal(err)
+			}
+			before := counterNames(t, d)
+			if err := d.sweepFlows(unit); err != nil {
+				t.Fatal(err)
+			}
+			c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			if n, err := r.Read(make([]byte, 1)); err != io.EOF {
+				t.Fatalf("idle connection: read %d bytes, %v; want the end of the stream", n, err)
+			}
+			if n := flowCount(t, d); n != 0 {
+				t.Errorf("%d flows after the FIN, want 0", n)
+			}
+			c.Close()
+			deadline := time.Now().Add(5 * time.Second)
+			for {
+				out, err := tb.Client.Run("ss", "-Htn", "state", "last-ack")
+				if err != nil {
+					t.Fatal(err)
+				}
+				if strings.TrimSpace(out) == "" {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("the client's close was not answered: %s", out)
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			after := counterNames(t, d)
+			if n := after["tcp_pass_bad_stamp"] - before["tcp_pass_bad_stamp"]; n != 0 {
+				t.Errorf("%d segments echoing the FIN's stamp were refused (tcp_pass_bad_stamp)", n)
+			}
+			if after["tcp_fin_answered"] == before["tcp_fin_answered"] {
+				t.Error("the client's FIN was not answered by eBPF (tcp_fin_answered)")
+			}
+		})
+	}
+}

@@ -3,7 +3,6 @@ package dataplane
 import (
 	"encoding/binary"
 	"fmt"
-	"math/bits"
 	"net"
 	"net/netip"
 	"slices"
@@ -67,39 +66,6 @@ func timestamps(t testing.TB, tcp *layers.TCP) (tsval, tsecr uint32) {
 	}
 	t.Fatalf("no timestamps in %v", tcp.Options)
 	return 0, 0
-}
-
-// siphash24 is SipHash-2-4 of whole little-endian words, the stamp MAC's.
-func siphash24(k0, k1 uint64, m []uint64) uint64 {
-	v0, v1, v2, v3 := k0^0x736f6d6570736575, k1^0x646f72616e646f6d, k0^0x6c7967656e657261, k1^0x7465646279746573
-	round := func() {
-		v0 += v1
-		v1 = bits.RotateLeft64(v1, 13) ^ v0
-		v0 = bits.RotateLeft64(v0, 32)
-		v2 += v3
-		v3 = bits.RotateLeft64(v3, 16) ^ v2
-		v0 += v3
-		v3 = bits.RotateLeft64(v3, 21) ^ v0
-		v2 += v1
-		v1 = bits.RotateLeft64(v1, 17) ^ v2
-		v2 = bits.RotateLeft64(v2, 32)
-	}
-	for _, w := range m {
-		v3 ^= w
-		round()
-		round()
-		v0 ^= w
-	}
-	b := uint64(len(m)*8) << 56
-	v3 ^= b
-	round()
-	round()
-	v0 ^= b
-	v2 ^= 0xff
-	for i := 0; i < 4; i++ {
-		round()
-	}
-	return v0 ^ v1 ^ v2 ^ v3
 }
 
 // TestSipHashVector checks the Go SipHash against the reference vector of
