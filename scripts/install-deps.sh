@@ -35,8 +35,9 @@ PACKAGES=(
 	# the TCP/HTTP offload: the web server the tests start in the server
 	# namespace (plain nginx: on Debian 12 nginx-light is only nginx plus
 	# the echo module), an HTTP load generator, curl for fetches and a
-	# headless browser (chromium --headless=new) for the browser test
-	nginx wrk curl chromium python3
+	# headless browser (chromium --headless=new) for the browser test;
+	# python-requests, whose pooled connections must survive eBPF's idle close
+	nginx wrk curl chromium python3 python3-requests
 )
 
 log() { printf 'install-deps: %s\n' "$*" >&2; }

@@ -656,3 +656,96 @@ func TestIdleConnectionClosed(t *testing.T) {
 		})
 	}
 }
+
+// idleSessionScript is a python-requests session that fetches its URL
+// twice, the second time after a line on stdin: urllib3 reuses a pooled
+// connection unless it sees it closed.
+const idleSessionScript = `import sys, requests
+s = requests.Session()
+r = s.get(sys.argv[1], timeout=5)
+print(r.status_code, r.text, flush=True)
+sys.stdin.readline()
+r = s.get(sys.argv[1], timeout=5)
+print(r.status_code, r.text, flush=True)
+`
+
+// TestIdleSessionSurvives is the client of the report that led to
+// Config.TCPIdleClose: a python-requests session whose pooled connection
+// eBPF served and then closed as idle fetches again on a new connection,
+// answered by eBPF, without an error (before, past the stamps' validity, a
+// ConnectionError).
+func TestIdleSessionSurvives(t *testing.T) {
+	tb := testbed.New(t)
+	d := loadAttached(t, tb, Config{})
+	addr := netip.AddrPortFrom(tb.Server.IP4, 8080)
+	srv := startTCPServer(t, tb, addr)
+	if err := d.Bind(srv.sock(), SampleOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	reply := httpReply("from eBPF", "")
+	line := "GET /py HTTP/1.1\r\n" // python-requests' other header lines are its own
+	if _, err := d.AddRules(srv.cookie, []Rule{{Conditions: []Condition{cond(0, line)},
+		Processors: []Processor{put(0, reply)}, ReplyLen: len(reply)}}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := testbed.Command(ctx, tb.Client.NS, "/usr/bin/python3", "-c", idleSessionScript, "http://"+addr.String()+"/py")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { cancel(); cmd.Wait() }() // killed if it still waits
+	out := bufio.NewScanner(stdout)
+	next := func(what string) string {
+		t.Helper()
+		if !out.Scan() {
+			t.Fatalf("%s: the session printed nothing: %s", what, stderr.String())
+		}
+		return out.Text()
+	}
+	if got := next("first fetch"); got != "200 from eBPF" {
+		t.Fatalf("first fetch: %q", got)
+	}
+	unit, err := stampUnit()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var k santaBpfSockTuple
+	var f santaSantaTcpFlow
+	if it := d.objs.SantaTcpFlows.Iterate(); !it.Next(&k, &f) {
+		t.Fatalf("no flow after the first fetch: %v", it.Err())
+	}
+	f.Seen = uint32(unit) - d.idleCloseUnits() - 1
+	if err := d.objs.SantaTcpFlows.Put(&k, &f); err != nil {
+		t.Fatal(err)
+	}
+	before := counterNames(t, d)
+	if err := d.sweepFlows(unit); err != nil {
+		t.Fatal(err)
+	}
+	// the FIN on its way; urllib3 looks at the pooled connection when it takes it
+	deadline := time.Now().Add(5 * time.Second)
+	for counterNames(t, d)["tcp_ack_consumed"] == before["tcp_ack_consumed"] {
+		if time.Now().After(deadline) {
+			t.Fatal("the client did not ack eBPF's FIN")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	io.WriteString(stdin, "\n")
+	if got := next("fetch after the idle close"); got != "200 from eBPF" {
+		t.Fatalf("fetch after the idle close: %q (%s)", got, stderr.String())
+	}
+	if after := counterNames(t, d); after["tcp_syn_answered"] != before["tcp_syn_answered"]+1 {
+		t.Errorf("SYNs answered %d → %d: want the second fetch on a new connection", before["tcp_syn_answered"], after["tcp_syn_answered"])
+	}
+}
