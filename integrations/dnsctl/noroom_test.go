@@ -22,11 +22,7 @@ import (
 // says so once, and the kernel answers the ones that fit.
 func TestNoRoomInSantad(t *testing.T) {
 	const maxRules, generated = 1500, 1500 // one batch (1024) on each socket does not fit
-	config := filepath.Join(t.TempDir(), "santad.yaml")
-	if err := os.WriteFile(config, fmt.Appendf(nil, "dataplane:\n  max_rules: %d\n", maxRules), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	r := newRigWith(t, testbed.KindNSD, rigOptions{generated: generated, santadFlags: []string{"--config", config}})
+	r := newRigWith(t, testbed.KindNSD, rigOptions{generated: generated, santadFlags: maxRulesFlags(t, maxRules)})
 	var names []string
 	for i := range generated {
 		names = append(names, testbed.GenName(r.zone.Origin, i))
@@ -68,11 +64,7 @@ func TestNoRoomAskedAgainWhenRulesGo(t *testing.T) {
 	// program's 20 leave room for 20: the IPv4 socket's 15 and 5 of the
 	// IPv6 socket's
 	const maxRules, others, generated = 40, 20, 15
-	config := filepath.Join(t.TempDir(), "santad.yaml")
-	if err := os.WriteFile(config, fmt.Appendf(nil, "dataplane:\n  max_rules: %d\n", maxRules), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	r := newRigWith(t, testbed.KindNSD, rigOptions{generated: generated, santadFlags: []string{"--config", config}})
+	r := newRigWith(t, testbed.KindNSD, rigOptions{generated: generated, santadFlags: maxRulesFlags(t, maxRules)})
 	deleteOthers := r.otherProgramRules(others)
 	var names []string
 	for i := range generated {
@@ -163,12 +155,8 @@ func TestNoRoomNotLostToUnoffloadable(t *testing.T) {
 	// program's 2 rules fill santad: the IPv4 socket's txt2 has no room,
 	// and the IPv6 socket's questions are left to wait for room unasked
 	const maxRules, others = 2, 2
-	config := filepath.Join(t.TempDir(), "santad.yaml")
-	if err := os.WriteFile(config, fmt.Appendf(nil, "dataplane:\n  max_rules: %d\n", maxRules), 0o644); err != nil {
-		t.Fatal(err)
-	}
 	r := newRigWith(t, testbed.KindNSD, rigOptions{extra: []string{"long IN TXT " + longTXT, `txt2 IN TXT "second"`},
-		santadFlags: []string{"--config", config}})
+		santadFlags: maxRulesFlags(t, maxRules)})
 	deleteOthers := r.otherProgramRules(others)
 	long, txt2 := "long."+r.zone.Origin, "txt2."+r.zone.Origin
 	ctl := r.startController("static", "--port", "53/udp", "--names", r.namesFile([]string{long, txt2}, []uint16{dns.TypeTXT}),
@@ -205,20 +193,7 @@ func TestNoRoomNotLostToUnoffloadable(t *testing.T) {
 // gets its new rule (the old one deleted, then the new one added), rather
 // than losing it to a question that waited for room.
 func TestFullSantadUpdatesRules(t *testing.T) {
-	// txt and txt2 on the IPv4 and the IPv6 socket want 4 rules; santad
-	// has room for the IPv4 socket's 2, and the IPv6 socket's wait for room
-	const maxRules = 2
-	config := filepath.Join(t.TempDir(), "santad.yaml")
-	if err := os.WriteFile(config, fmt.Appendf(nil, "dataplane:\n  max_rules: %d\n", maxRules), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	r := newRigWith(t, testbed.KindNSD, rigOptions{extra: []string{`txt2 IN TXT "second"`}, santadFlags: []string{"--config", config}})
-	txt, txt2 := "txt."+r.zone.Origin, "txt2."+r.zone.Origin
-	ctl := r.startController("static", "--port", "53/udp", "--names", r.namesFile([]string{txt, txt2}, []uint16{dns.TypeTXT}),
-		"--shape", "rd,ad,edns", "--learn-shapes=false", "--poll", "200ms")
-	if want := "(2 questions not offloaded)"; !strings.Contains(ctl.Ready(), want) {
-		t.Fatalf("ready line %q, want %q", ctl.Ready(), want)
-	}
+	r, ctl, txt, txt2 := halfRoomForTwoTXT(t)
 	r.waitKernelAnswer(txt, "TXT", "hello from the testbed", 0, ctl)
 	r.serveChangedZone("2024010102", func(rec string) string {
 		return strings.Replace(rec, `"hello from the testbed"`, `"hello, changed"`, 1)
@@ -237,20 +212,7 @@ func TestFullSantadUpdatesRules(t *testing.T) {
 // answer grew past the shape's EDNS size: NSD truncates it), the room goes
 // to the questions that waited for it.
 func TestNoRoomOwnRuleGoes(t *testing.T) {
-	// txt and txt2 on the IPv4 and the IPv6 socket want 4 rules; santad
-	// has room for the IPv4 socket's 2, and the IPv6 socket's wait for room
-	const maxRules = 2
-	config := filepath.Join(t.TempDir(), "santad.yaml")
-	if err := os.WriteFile(config, fmt.Appendf(nil, "dataplane:\n  max_rules: %d\n", maxRules), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	r := newRigWith(t, testbed.KindNSD, rigOptions{extra: []string{`txt2 IN TXT "second"`}, santadFlags: []string{"--config", config}})
-	txt, txt2 := "txt."+r.zone.Origin, "txt2."+r.zone.Origin
-	ctl := r.startController("static", "--port", "53/udp", "--names", r.namesFile([]string{txt, txt2}, []uint16{dns.TypeTXT}),
-		"--shape", "rd,ad,edns", "--learn-shapes=false", "--poll", "200ms")
-	if want := "(2 questions not offloaded)"; !strings.Contains(ctl.Ready(), want) {
-		t.Fatalf("ready line %q, want %q", ctl.Ready(), want)
-	}
+	r, ctl, _, txt2 := halfRoomForTwoTXT(t)
 	// txt's IPv4 rule goes; the IPv6 socket's txt, the first to wait for
 	// room, is truncated too, and its txt2 takes the room
 	r.serveChangedZone("2024010102", func(rec string) string {
@@ -271,7 +233,32 @@ func TestNoRoomOwnRuleGoes(t *testing.T) {
 	if _, kernel := r.digAt(v4, txt2, "TXT"); !kernel {
 		t.Errorf("%s TXT at %v, offloaded first, is no longer answered by the rule processor", txt2, v4)
 	}
-	if n := r.rules(); n != maxRules {
-		t.Errorf("santad holds %d rules, want %d: txt2 on both sockets", n, maxRules)
+	if n := r.rules(); n != 2 {
+		t.Errorf("santad holds %d rules, want 2: txt2 on both sockets", n)
 	}
+}
+
+// maxRulesFlags are santad's flags for a data plane of maxRules rules.
+func maxRulesFlags(t *testing.T, maxRules int) []string {
+	t.Helper()
+	config := filepath.Join(t.TempDir(), "santad.yaml")
+	if err := os.WriteFile(config, fmt.Appendf(nil, "dataplane:\n  max_rules: %d\n", maxRules), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return []string{"--config", config}
+}
+
+// halfRoomForTwoTXT starts NSD, santad with room for 2 rules, and a static
+// controller for txt and txt2 on the IPv4 and the IPv6 socket (4 rules):
+// the IPv4 socket's 2 are installed, the IPv6 socket's wait for room.
+func halfRoomForTwoTXT(t *testing.T) (r *rig, ctl *testbed.Controller, txt, txt2 string) {
+	t.Helper()
+	r = newRigWith(t, testbed.KindNSD, rigOptions{extra: []string{`txt2 IN TXT "second"`}, santadFlags: maxRulesFlags(t, 2)})
+	txt, txt2 = "txt."+r.zone.Origin, "txt2."+r.zone.Origin
+	ctl = r.startController("static", "--port", "53/udp", "--names", r.namesFile([]string{txt, txt2}, []uint16{dns.TypeTXT}),
+		"--shape", "rd,ad,edns", "--learn-shapes=false", "--poll", "200ms")
+	if want := "(2 questions not offloaded)"; !strings.Contains(ctl.Ready(), want) {
+		t.Fatalf("ready line %q, want %q", ctl.Ready(), want)
+	}
+	return r, ctl, txt, txt2
 }
