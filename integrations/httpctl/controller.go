@@ -23,6 +23,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"math"
 	"net"
 	"net/http"
 	"net/netip"
@@ -764,7 +765,7 @@ func (c *Controller) everySecond(now time.Time) error {
 		}
 		r := c.Report()
 		c.log.Info("status", "rules", r.Rules, "sockets", r.Sockets,
-			"hits_per_second", float64(r.Hits-c.reportHits)/now.Sub(c.reported).Seconds(),
+			"hits_per_second", math.Round(10*float64(r.Hits-c.reportHits)/now.Sub(c.reported).Seconds())/10,
 			"installed", r.Installed, "invalidated", r.Invalidated, "changed", r.Changed, "removed", r.Removed,
 			"skipped", r.Skipped, "too_big", r.TooBig, "fetch_errors", r.FetchErrors, "dated", r.Dated, "renewed", r.Renewed, "samples", r.Samples)
 		c.reported, c.reportHits = now, r.Hits

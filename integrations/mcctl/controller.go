@@ -974,8 +974,8 @@ func (c *Controller) removeAll() {
 		c.count(func(r *Report) { r.Removed += uint64(n) })
 	}
 	if !c.rulesLeft {
-		// an add santad took but did not answer (it went away) left rules
-		// this controller does not know of
+		// DeleteTagged found every tagged rule, those of an add santad
+		// took but did not answer too, unless santad is gone now
 		if _, _, err := c.client.Health(); err != nil {
 			c.log.Warn("santad does not answer", "error", err)
 			c.rulesLeft = true
