@@ -113,7 +113,8 @@ type Options struct {
 // o.Settle, and calls run again; and whenever run fails while santad,
 // which answered before run, no longer does or is another process (it
 // stopped or restarted), Run waits until santad answers, then for the
-// port, and calls run again. Any other failure ends Run.
+// port, and calls run again; so too when santad did not answer at all and
+// run could not reach it (not started yet). Any other failure ends Run.
 func Run(ctx context.Context, o Options, run func(context.Context) error) error {
 	for {
 		santad := santadPID(o.Socket)
@@ -121,14 +122,24 @@ func Run(ctx context.Context, o Options, run func(context.Context) error) error 
 		if err == nil || ctx.Err() != nil {
 			return err
 		}
-		santadGone := !Gone(err) && santad != 0 && santadPID(o.Socket) != santad
+		absent := !Gone(err) && santad == 0 && unreachable(err)
+		santadGone := !Gone(err) && (santad != 0 && santadPID(o.Socket) != santad || absent)
 		switch {
 		case !Gone(err) && !santadGone:
 			return err
+		case !o.Follow && absent:
+			return fmt.Errorf("%w (with --follow the controller waits for santad and starts once it answers)", err)
 		case !o.Follow && santadGone:
 			return fmt.Errorf("%w (santad went away; with --follow the controller waits for it and starts again)", err)
 		case !o.Follow:
 			return fmt.Errorf("%w (with --follow the controller waits for the server and attaches again)", err)
+		case absent:
+			o.Log.Warn("santad does not answer; starting once it does", "socket", o.Socket, "error", err)
+			if err := waitForSantad(ctx, o.Socket); err != nil {
+				return nil // stopped while waiting
+			}
+			o.Log.Info("santad answers; starting", "socket", o.Socket)
+			continue
 		case santadGone:
 			o.Log.Warn("santad went away; starting again once it is back", "socket", o.Socket, "error", err)
 			if err := waitForSantad(ctx, o.Socket); err != nil {
@@ -153,6 +164,12 @@ func Run(ctx context.Context, o Options, run func(context.Context) error) error 
 		case <-time.After(o.Settle):
 		}
 	}
+}
+
+// unreachable says whether err is santad's socket refusing a connection:
+// santad is not running (yet), or another one is starting.
+func unreachable(err error) bool {
+	return errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED)
 }
 
 // pollEvery is how often WaitForPort looks for the server's socket, and

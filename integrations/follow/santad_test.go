@@ -1,12 +1,17 @@
 package follow
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -222,4 +227,53 @@ func TestRoomFreed(t *testing.T) {
 	}
 	freed(3)
 	freed(0) // nothing went since the last look
+}
+
+// TestRunWaitsForSantad: a controller started before santad ends, saying
+// that --follow would wait; with --follow it waits, and starts once santad
+// answers (it ended with "connect to santad ...: no such file or
+// directory", as without).
+func TestRunWaitsForSantad(t *testing.T) {
+	tb := testbed.New(t)
+	sd := testbed.NewSantad(filepath.Join(bin, "santad"), tb.Server.NS, t.TempDir(), "/sys/fs/bpf/santa-follow-"+tb.ID,
+		"--interface", tb.Server.Dev)
+	t.Cleanup(func() {
+		if err := errors.Join(sd.Stop(syscall.SIGTERM), sd.Cleanup()); err != nil {
+			t.Error(err)
+		}
+	})
+	run := func(context.Context) error {
+		c, err := santa.Dial(sd.Socket)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		_, _, err = c.Health()
+		return err
+	}
+	o := Options{Socket: sd.Socket, Port: 7300, Protocol: api.ProtocolUDP, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := Run(ctx, o, run); !errors.Is(err, syscall.ENOENT) || !strings.Contains(err.Error(), "--follow") {
+		t.Fatalf("without --follow and santad: %v; want the connect error and a word on --follow", err)
+	}
+	o.Follow = true
+	done := make(chan error, 1)
+	go func() { done <- Run(ctx, o, run) }()
+	select {
+	case err := <-done:
+		t.Fatalf("with --follow, Run ended before santad started: %v", err)
+	case <-time.After(time.Second): // Run polls every 250 ms: it had four looks
+	}
+	if err := sd.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("with --follow, once santad answered: %v", err)
+		}
+	case <-ctx.Done():
+		t.Fatal("with --follow, Run did not start once santad answered")
+	}
 }
