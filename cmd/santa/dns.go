@@ -75,7 +75,7 @@ Modes:
 	pf.DurationVar(&f.duration, "duration", 0, "stop after this long (0: run until SIGINT or SIGTERM)")
 	pf.BoolVar(&f.verbose, "verbose", false, "log every refresh and sample decision")
 	pf.StringVar(&f.cfg.Tag, "tag", f.cfg.Tag, "tag every rule with this: at start the controller takes over or deletes the rules with it on its sockets, which a predecessor left (two controllers on one port need different tags: a second one with this tag refuses to start while this one runs)")
-	pf.BoolVar(&f.follow, "follow", false, "when the server closes its sockets (restart) or santad goes away, wait for it and attach again (needs --port)")
+	pf.BoolVar(&f.follow, "follow", false, "when the server closes its sockets (restart) or santad goes away or is not running yet, wait for it and attach again (needs --port)")
 
 	var namesFile, zoneFile, origin, types string
 	static := &cobra.Command{

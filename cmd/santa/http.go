@@ -96,6 +96,6 @@ run in nginx's network namespace, next to santad. See docs/http.md.`,
 	f.DurationVar(&duration, "duration", 0, "stop after this long (0: run until SIGINT or SIGTERM)")
 	f.BoolVar(&verbose, "verbose", false, "log every request offloaded, not offloaded, or invalidated")
 	f.StringVar(&cfg.Tag, "tag", cfg.Tag, "tag every rule with this: at start the controller takes over or deletes the rules with it on its sockets, which a predecessor left (two controllers on one port need different tags: a second one with this tag refuses to start while this one runs)")
-	f.BoolVar(&follow, "follow", false, "when nginx closes its listening sockets (restart) or santad goes away, wait for it and attach again")
+	f.BoolVar(&follow, "follow", false, "when nginx closes its listening sockets (restart) or santad goes away or is not running yet, wait for it and attach again")
 	return cmd
 }
