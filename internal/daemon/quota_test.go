@@ -72,23 +72,7 @@ func runQuotaClient(t *testing.T, sd *santadProc, uid int, args ...string) (io.W
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = append(os.Environ(), "SANTA_SOCKET="+sd.Socket, "PYTHONPATH="+filepath.Join(work, "python"))
 	cmd.Stderr = os.Stderr
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		stdin.Close()
-		cmd.Process.Kill()
-		cmd.Wait()
-	})
-	return stdin, bufio.NewScanner(stdout)
+	return testbed.StartPiped(t, cmd)
 }
 
 // outcomes reads the client's lines up to "done".

@@ -68,39 +68,19 @@ func startProcDriver(t *testing.T, tb *testbed.Testbed, env []string, argv ...st
 	cmd.Env = append(os.Environ(), env...)
 	d := &procDriver{lines: make(chan string, 16), out: &testbed.LockedBuffer{}}
 	cmd.Stderr = d.out
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	d.stdin = stdin
+	t.Cleanup(func() { // after StartPiped's: the driver has exited
+		if t.Failed() {
+			t.Logf("%s stderr:\n%s", argv[0], d.out.String())
+		}
+	})
+	var sc *bufio.Scanner
+	d.stdin, sc = testbed.StartPiped(t, cmd)
 	go func() {
-		sc := bufio.NewScanner(stdout)
 		for sc.Scan() {
 			d.lines <- sc.Text()
 		}
 		close(d.lines)
 	}()
-	t.Cleanup(func() {
-		stdin.Close()
-		done := make(chan struct{})
-		go func() { cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			cmd.Process.Kill()
-			<-done
-		}
-		if t.Failed() {
-			t.Logf("%s stderr:\n%s", argv[0], d.out.String())
-		}
-	})
 	return d, d.next(t)
 }
 

@@ -688,24 +688,10 @@ func TestIdleSessionSurvives(t *testing.T) {
 		Processors: []Processor{put(0, reply)}, ReplyLen: len(reply)}}); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	cmd := testbed.Command(ctx, tb.Client.NS, "/usr/bin/python3", "-c", idleSessionScript, "http://"+addr.String()+"/py")
-	var stderr bytes.Buffer
+	cmd := testbed.Command(context.Background(), tb.Client.NS, "/usr/bin/python3", "-c", idleSessionScript, "http://"+addr.String()+"/py")
+	var stderr testbed.LockedBuffer
 	cmd.Stderr = &stderr
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { cancel(); cmd.Wait() }() // killed if it still waits
-	out := bufio.NewScanner(stdout)
+	stdin, out := testbed.StartPiped(t, cmd)
 	next := func(what string) string {
 		t.Helper()
 		if !out.Scan() {

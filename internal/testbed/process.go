@@ -1,11 +1,14 @@
 package testbed
 
 import (
+	"bufio"
 	"fmt"
+	"io"
 	"os/exec"
 	"strconv"
 	"sync"
 	"syscall"
+	"testing"
 	"time"
 )
 
@@ -79,4 +82,34 @@ func (p *serverProcess) killStragglers(procs []int) {
 	for _, q := range left() {
 		_ = syscall.Kill(q, syscall.SIGKILL)
 	}
+}
+
+// StartPiped starts cmd with pipes to its stdin and from its stdout, for a
+// test that drives a client program line by line. The test's cleanup
+// closes its stdin, waits up to 10 s for it to exit, then kills it.
+func StartPiped(t testing.TB, cmd *exec.Cmd) (stdin io.WriteCloser, stdout *bufio.Scanner) {
+	t.Helper()
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		in.Close()
+		done := make(chan struct{})
+		go func() { cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			cmd.Process.Kill()
+			<-done
+		}
+	})
+	return in, bufio.NewScanner(out)
 }
