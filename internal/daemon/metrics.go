@@ -25,7 +25,7 @@ type metrics struct {
 	expired        prometheus.Counter
 	srv            *http.Server
 
-	events, ruleHits, ruleBytes, socketHits, socketBytes, socketRules, rules, sockets, dataBytes, maxRules, maxData *prometheus.Desc
+	events, ruleHits, ruleBytes, socketHits, socketBytes, socketRules, rules, sockets, dataBytes, maxRules, maxData, idleClosed *prometheus.Desc
 }
 
 func newMetrics(d *Daemon) *metrics {
@@ -54,6 +54,8 @@ func newMetrics(d *Daemon) *metrics {
 		dataBytes:   prometheus.NewDesc("santa_rule_data_bytes", "Bytes of patterns, masks and templates in use.", nil, nil),
 		maxRules:    prometheus.NewDesc("santa_rule_capacity", "Rules the data plane can hold.", nil, nil),
 		maxData:     prometheus.NewDesc("santa_rule_data_capacity_bytes", "Bytes of patterns, masks and templates the data plane can hold.", nil, nil),
+		idleClosed: prometheus.NewDesc("santa_tcp_idle_closed_total",
+			"Socket-less TCP connections closed with eBPF's FIN after dataplane.tcp_idle_close without a request, since santad started.", nil, nil),
 	}
 	m.reg.MustRegister(m.requests, m.errors, m.samplesDropped, m.expired, m, prometheus.NewGoCollector())
 	return m
@@ -72,7 +74,7 @@ func (m *metrics) request(op api.Op, status api.Status) {
 
 func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{m.events, m.ruleHits, m.ruleBytes, m.socketHits, m.socketBytes, m.socketRules,
-		m.rules, m.sockets, m.dataBytes, m.maxRules, m.maxData} {
+		m.rules, m.sockets, m.dataBytes, m.maxRules, m.maxData, m.idleClosed} {
 		ch <- d
 	}
 }
@@ -91,6 +93,7 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(m.events, prometheus.CounterValue, float64(v), name)
 		}
 	}
+	ch <- prometheus.MustNewConstMetric(m.idleClosed, prometheus.CounterValue, float64(d.dp.IdleClosed()))
 	u := d.dp.Usage()
 	gauge := func(desc *prometheus.Desc, v int) {
 		ch <- prometheus.MustNewConstMetric(desc, prometheus.GaugeValue, float64(v))

@@ -53,7 +53,8 @@ type Dataplane struct {
 	upkeepDone chan struct{} // closed once they have ended
 	// fins sends the FINs of idle connections (Config.TCPIdleClose), from
 	// the network namespace of the first Attach; nil before it
-	fins atomic.Pointer[finSender]
+	fins       atomic.Pointer[finSender]
+	idleClosed atomic.Uint64 // connections closeIdle closed
 }
 
 // RuleID names an installed rule for as long as it exists.

@@ -263,7 +263,12 @@ func (d *Dataplane) closeIdle(keys []santaBpfSockTuple, now uint64, closeUnits u
 		closed++
 	}
 	if closed > 0 {
+		d.idleClosed.Add(uint64(closed))
 		slog.Debug("idle TCP connections closed", "connections", closed)
 	}
 	return nil
 }
+
+// IdleClosed is how many idle socket-less TCP connections this data plane
+// closed with eBPF's FIN (Config.TCPIdleClose).
+func (d *Dataplane) IdleClosed() uint64 { return d.idleClosed.Load() }

@@ -620,9 +620,12 @@ func TestIdleConnectionClosed(t *testing.T) {
 			if err := d.objs.SantaTcpFlows.Put(&k, &f); err != nil {
 				t.Fatal(err)
 			}
-			before := counterNames(t, d)
+			before, closedBefore := counterNames(t, d), d.IdleClosed()
 			if err := d.sweepFlows(unit); err != nil {
 				t.Fatal(err)
+			}
+			if n := d.IdleClosed() - closedBefore; n != 1 {
+				t.Errorf("IdleClosed +%d, want +1", n)
 			}
 			c.SetReadDeadline(time.Now().Add(5 * time.Second))
 			if n, err := r.Read(make([]byte, 1)); err != io.EOF {
