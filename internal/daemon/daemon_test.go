@@ -465,6 +465,7 @@ func TestMetrics(t *testing.T) {
 		`santa_api_errors_total{op="unknown",status="unsupported"} 3`,
 		`santa_rules 1`,
 		`santa_sockets 1`,
+		`santa_tcp_idle_closed_total 0`,
 	} {
 		if !strings.Contains(body, want) {
 			t.Errorf("metrics lack %q", want)
