@@ -58,7 +58,7 @@ func TestConfigValidate(t *testing.T) {
 		"no rules":                    {func(c *Config) { c.Dataplane.MaxRules = 0 }, "dataplane.max_rules 0: must be more than 0 (leave it out for the default, 65536)"},
 		"no flows":                    {func(c *Config) { c.Dataplane.TCPFlows = 0 }, "dataplane.tcp_flows 0: must be more than 0"},
 		"negative hash bits":          {func(c *Config) { c.Dataplane.HashBits = -1 }, "dataplane.hash_bits -1: must be more than 0"},
-		"idle close past the stamps":  {func(c *Config) { c.Dataplane.TCPIdleClose = 130 * time.Second }, "dataplane.tcp_idle_close 2m10s: must be between 0 (never) and 2m0s"},
+		"idle close past the stamps":  {func(c *Config) { c.Dataplane.TCPIdleClose = 130 * time.Second }, "dataplane.tcp_idle_close 2m10s: must be between 0 (never) and 1m50s"},
 		"idle close without a unit":   {func(c *Config) { c.Dataplane.TCPIdleClose = 75 }, "dataplane.tcp_idle_close 75ns: give a duration with its unit"},
 	} {
 		c := DefaultConfig()

@@ -24,12 +24,15 @@ const (
 )
 
 // DefaultTCPIdleClose is how long a socket-less keep-alive connection may
-// stay idle before santad closes it, as nginx's keepalive_timeout does;
-// MaxTCPIdleClose leaves the FIN a sweep before the connection's stamps
-// expire (a client coming back after that would be reset).
+// stay idle before santad closes it, as nginx's keepalive_timeout does.
+// The sweep rounds it up to stamp units and closes a flow idle for more
+// than that many, on its next round: up to three units (26 s) later.
+// MaxTCPIdleClose (13 units) has the FIN out before the connection's
+// stamps expire (16 units, at least 128 s): a client coming back after
+// that would be reset.
 const (
 	DefaultTCPIdleClose = 75 * time.Second
-	MaxTCPIdleClose     = 120 * time.Second
+	MaxTCPIdleClose     = 110 * time.Second
 )
 
 // siphash24 is SipHash-2-4 of whole little-endian words, the stamp MAC's
