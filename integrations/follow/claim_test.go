@@ -1,7 +1,6 @@
 package follow
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"io"
@@ -14,6 +13,7 @@ import (
 	"time"
 
 	"github.com/santa-offload/santa/api"
+	"github.com/santa-offload/santa/internal/testbed"
 )
 
 // TestClaimTag: a tag is claimed once per protocol and port of one santad;
@@ -124,23 +124,9 @@ func holdClaimAsNobody(t *testing.T, dir, socket string) string {
 	cmd := exec.Command(filepath.Join(dir, "claim.test"))
 	cmd.Env = append(os.Environ(), holdClaimEnv+"="+socket)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		stdin.Close()
-		cmd.Wait()
-	})
-	line, _ := bufio.NewReader(out).ReadString('\n')
-	return line
+	_, out := testbed.StartPiped(t, cmd)
+	out.Scan()
+	return out.Text() + "\n"
 }
 
 // TestClaimTagPlanted: the claims directory is writable by every user

@@ -67,20 +67,7 @@ func TestIdleCloseBySantad(t *testing.T) {
 	}
 	t.Logf("closed %v after the answer", time.Since(start).Round(100*time.Millisecond))
 	conn.Close()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		out, err := tb.Client.Run("ss", "-Htn", "state", "last-ack")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if strings.TrimSpace(out) == "" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the client's close was not answered: %s", out)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	tb.Client.WaitClosesAnswered(t)
 	if body := sd.scrape(); !strings.Contains(body, "santa_tcp_idle_closed_total 1\n") {
 		t.Errorf("metrics do not count the connection closed:\n%s", body)
 	}

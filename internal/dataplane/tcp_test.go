@@ -635,20 +635,7 @@ func TestIdleConnectionClosed(t *testing.T) {
 				t.Errorf("%d flows after the FIN, want 0", n)
 			}
 			c.Close()
-			deadline := time.Now().Add(5 * time.Second)
-			for {
-				out, err := tb.Client.Run("ss", "-Htn", "state", "last-ack")
-				if err != nil {
-					t.Fatal(err)
-				}
-				if strings.TrimSpace(out) == "" {
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("the client's close was not answered: %s", out)
-				}
-				time.Sleep(20 * time.Millisecond)
-			}
+			tb.Client.WaitClosesAnswered(t)
 			after := counterNames(t, d)
 			if n := after["tcp_pass_bad_stamp"] - before["tcp_pass_bad_stamp"]; n != 0 {
 				t.Errorf("%d segments echoing the FIN's stamp were refused (tcp_pass_bad_stamp)", n)

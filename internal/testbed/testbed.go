@@ -396,3 +396,24 @@ func (side *Side) setUp(peer *Side) error {
 	}
 	return nil
 }
+
+// WaitClosesAnswered fails t unless, within 5 s, no TCP socket of side s is
+// left in LAST_ACK: the peer answered every close s's sockets made after
+// the peer's FIN.
+func (s Side) WaitClosesAnswered(t testing.TB) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		out, err := s.Run("ss", "-Htn", "state", "last-ack")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.TrimSpace(out) == "" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a close was not answered: %s", out)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
