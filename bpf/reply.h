@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
-/* Reply headers, built in a buffer from the request's: shared by the XDP
- * responder and the TC segment emitter. */
+/* Reply headers and payload sums, built in a buffer from the request's:
+ * shared by the XDP responder and the TC emitters (TCP segments, UDP
+ * replies the XDP frame had no room for). */
 #pragma once
 
 #include "include/vmlinux.h"
@@ -51,4 +52,53 @@ static __always_inline void set_l3_lengths(__u8 *hdr, const struct pkt_info *req
 		ip6->payload_len = bpf_htons(l4_len);
 		ip6->hop_limit = 64;
 	}
+}
+/* The request bits masked copy cp of rule r puts into the reply: its 8
+ * request bytes under its mask (zero past cp->len). */
+static __always_inline __u64 masked_copy_bits(const struct santa_scratch *s, const struct santa_page *page,
+					      const struct santa_rule *r, const struct santa_copy *cp)
+{
+	__u64 mask = *(const __u64 *)(page->b + ((r->tpl + cp->mask) & (SANTA_PAGE_DATA - 1)));
+	return *(const __u64 *)(s->req + (cp->src & SANTA_OFF_MASK)) & mask;
+}
+
+/* The sum of rule r's reply payload: the template with the copies in its
+ * zeroed gaps (a masked copy's bits in its zeroed bits), so the template's
+ * sum plus the copies', each at its offset's parity. */
+static __always_inline __u64 reply_payload_sum(const struct santa_scratch *s, const struct santa_rule *r,
+					       const struct santa_page *page)
+{
+	__u64 sum = r->tpl_csum;
+	for (__u32 k = 0; k < SANTA_MAX_COPIES; k++) {
+		if (k >= r->ncopies)
+			break;
+		const struct santa_copy *cp = rule_copy(r, k);
+		__u64 copied = cp->mask ? masked_copy_bits(s, page, r, cp) :
+			     cp->len <= 8 ? csum_words(s->req + (cp->src & SANTA_OFF_MASK), cp->len, 1) :
+					    santa_csum_req(s, cp->src, cp->len);
+		__u16 part = csum_fold64(copied);
+		sum += (cp->dst & 1) ? csum_swap(part) : part;
+	}
+	return sum;
+}
+
+/* Write rule r's UDP header into s->hdr after the reply's Ethernet and IP
+ * headers (l23 bytes, already the reply's): ports swapped, length, and the
+ * checksum of the payload the template and copies make (the request's
+ * payload in s->req). Returns the headers' length. */
+static __always_inline __u32 write_udp_header(struct santa_scratch *s, __u32 l23, const struct pkt_info *req,
+					      const struct santa_rule *r, const struct santa_page *page)
+{
+	__u32 l4_len = sizeof(struct udphdr) + r->reply_len;
+	barrier_var(l23); /* keep the mask below for the verifier */
+	struct udphdr *udp = (void *)s->hdr + (l23 & 63);
+	udp->source = req->family == 4 ? req->tuple.ipv4.dport : req->tuple.ipv6.dport;
+	udp->dest = req->family == 4 ? req->tuple.ipv4.sport : req->tuple.ipv6.sport;
+	udp->len = bpf_htons(l4_len);
+	udp->check = 0;
+	__u64 sum = csum_pseudo(&req->tuple, req->family, IPPROTO_UDP, l4_len) + udp->source +
+		    udp->dest + udp->len + reply_payload_sum(s, r, page);
+	__u16 check = ~csum_fold64(sum);
+	udp->check = check ? check : 0xffff;
+	return l23 + sizeof(*udp);
 }

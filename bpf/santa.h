@@ -59,6 +59,9 @@ enum santa_limit {
 	 * 0x53545345 named two layouts, before and after the rule ref came in
 	 * (up to commit 3257ea6). */
 	SANTA_TCP_EMIT_MAGIC = 0x53545346,
+	/* santa_udp_emit.magic, likewise: TC sends the reply only for metadata
+	 * it can read, and passes any other to the socket untouched. */
+	SANTA_UDP_EMIT_MAGIC = 0x53554401,
 	SANTA_FLOW_OPTS_KNOWN = 0x80, /* santa_tcp_flow.opts holds the connection's option bits */
 };
 
@@ -223,6 +226,11 @@ struct santa_reasons {
 	__u64 pass_too_long;     /* payload longer than the matcher's window */
 	__u64 pass_bad_checksum; /* a rule matched but the request's UDP checksum is wrong */
 	__u64 pass_no_room;      /* the frame could not be resized for the reply */
+	__u64 udp_xdp_no_room;   /* a UDP reply the frame has no room for: passed to TC, which sends it */
+	__u64 udp_emit_passed;   /* TC: a UDP reply XDP passed could not be built (its rule went, the skb
+				  * could not grow): the request goes to the socket untouched */
+	__u64 udp_emit_failed;   /* TC: writing a UDP reply failed after the request was rewritten: dropped,
+				  * the client asks again */
 	__u64 pass_reply_too_big; /* the reply exceeds the interface MTU or 1500 bytes (IPv6 header) */
 	__u64 pass_error;        /* a helper failed while building the reply */
 	__u64 miss_sampled;      /* misses copied to the sample ring */
@@ -394,6 +402,15 @@ struct santa_tcp_emit {
 	__u16 mss;         /* reply bytes per segment */
 	__u8 resend;       /* a repeated ack: the segment at from, and the last one */
 	__u8 pad[3];
+	struct santa_rule_ref rule; /* whose reply */
+};
+
+/* XDP -> TC metadata (before the frame): send rule's reply to this UDP
+ * request, which the frame had no room for (veth's copies of a local
+ * sender's frames: docs/matching.md). */
+struct santa_udp_emit {
+	__u32 magic;                /* SANTA_UDP_EMIT_MAGIC */
+	__u32 pad;
 	struct santa_rule_ref rule; /* whose reply */
 };
 

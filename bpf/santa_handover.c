@@ -1,9 +1,13 @@
 // SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
-/* The socket-less TCP path at TC ingress (docs/tcp.md):
+/* The rule processor at TC ingress: what XDP passes to it to send, and the
+ * socket-less TCP path's handover (docs/tcp.md, docs/matching.md):
  *
  * - Replies of several segments: the XDP responder passes the request with
  *   metadata (struct santa_tcp_emit) and this hook sends the segments, each a
  *   clone of the request rewritten, and drops the request.
+ * - UDP replies the XDP frame had no room for (veth's copies of a local
+ *   sender's frames): the XDP responder passes the request with metadata
+ *   (struct santa_udp_emit), and this hook rewrites it into the reply.
  * - The handover: a segment of a socket-less connection that the XDP
  *   responder passed (a request no rule answers, or anything else it does
  *   not handle) is given to the kernel with the listener it reached, as a
@@ -141,6 +145,75 @@ static __always_inline int emit_reply(struct __sk_buff *skb, struct emit_state *
 	return TC_ACT_SHOT;
 }
 
+/* The reply to the UDP request req that XDP had no room for in its frame,
+ * from the rule its metadata names: the skb rewritten into it and sent back
+ * out of the interface it came in on. Until the skb is rewritten, a failure
+ * (the rule went in the microseconds since XDP matched it, the skb cannot
+ * grow) leaves the request to its socket, as if there had been no rule; so
+ * does metadata of another version. Global, so that its stack is not added
+ * to the TCP path's. */
+__noinline int emit_udp_reply(struct __sk_buff *skb, const struct pkt_info *req)
+{
+	if (!skb || !req)
+		return TC_ACT_OK;
+	struct santa_udp_emit *meta = (void *)(long)skb->data_meta;
+	if ((void *)(meta + 1) > (void *)(long)skb->data || meta->magic != SANTA_UDP_EMIT_MAGIC)
+		return TC_ACT_OK;
+	struct santa_rule_ref ref = meta->rule;
+	__u32 zero = 0;
+	struct santa_scratch *s = bpf_map_lookup_elem(&santa_scratch, &zero);
+	const struct santa_rule *r = rule_of_ref(&ref);
+	if (!s || !r)
+		goto pass;
+	__u32 slot = ref.slot, page_id = r->page, reply_len = r->reply_len;
+	const struct santa_page *page = bpf_map_lookup_elem(&santa_pages, &page_id);
+	__u32 l23 = req->l2_len + req->l3_len, payload_len = req->payload_len;
+	if (!page || l23 > 58 || reply_len == 0 || reply_len > SANTA_MAX_REPLY || payload_len == 0 ||
+	    payload_len > SANTA_REQ_WINDOW || bpf_skb_load_bytes(skb, 0, s->hdr, NONZERO(l23, 63)) ||
+	    bpf_skb_load_bytes(skb, req->payload_off, s->req, NONZERO(payload_len, SANTA_OFF_MASK)))
+		goto pass;
+	reverse_addresses(s->hdr, req);
+	set_l3_lengths(s->hdr, req, sizeof(struct udphdr) + reply_len);
+	__u32 hdr_len = write_udp_header(s, l23, req, r, page);
+	if (bpf_skb_change_tail(skb, hdr_len + reply_len, 0))
+		goto pass;
+	/* the request is gone from here on: a failure drops */
+	if (bpf_skb_store_bytes(skb, 0, s->hdr, NONZERO(hdr_len, 127), 0) ||
+	    bpf_skb_store_bytes(skb, hdr_len, page->b + (r->tpl & (SANTA_PAGE_DATA - 1)),
+				NONZERO(reply_len, SANTA_OFF_MASK), 0))
+		goto fail;
+	for (__u32 k = 0; k < SANTA_MAX_COPIES; k++) {
+		if (k >= r->ncopies)
+			break;
+		const struct santa_copy *cp = rule_copy(r, k);
+		__u32 at = hdr_len + cp->dst;
+		int err;
+		if (cp->mask) { /* the template has zeros where its bits go */
+			__u64 v = masked_copy_bits(s, page, r, cp) |
+				  *(const __u64 *)(page->b + ((r->tpl + cp->dst) & (SANTA_PAGE_DATA - 1)));
+			err = bpf_skb_store_bytes(skb, at, &v, NONZERO(cp->len, SANTA_MAX_COPY_MASK - 1), 0);
+		} else {
+			err = bpf_skb_store_bytes(skb, at, s->req + (cp->src & SANTA_OFF_MASK),
+						  NONZERO(cp->len, SANTA_OFF_MASK), 0);
+		}
+		if (err)
+			goto fail;
+	}
+	struct santa_rule_counters *c = bpf_map_lookup_elem(&santa_rule_stats, &slot);
+	if (c) {
+		c->hits++;
+		c->bytes += hdr_len + reply_len;
+	}
+	COUNT(answered);
+	return bpf_redirect(skb->ifindex, 0);
+pass:
+	COUNT(udp_emit_passed);
+	return TC_ACT_OK;
+fail:
+	COUNT(udp_emit_failed);
+	return TC_ACT_SHOT;
+}
+
 /* The packet is IPv4 or IPv6 right after an untagged Ethernet header, in the
  * linear part, and carries UDP: most of what this hook sees on a UDP server,
  * which it leaves without pulling and parsing the headers. */
@@ -167,13 +240,18 @@ int santa_handover(struct __sk_buff *skb)
 	if (skb->protocol != bpf_htons(ETH_P_IP) && skb->protocol != bpf_htons(ETH_P_IPV6) &&
 	    skb->protocol != bpf_htons(ETH_P_8021Q))
 		return TC_ACT_OK;
-	if (plain_udp(skb))
+	/* XDP passes metadata only with a reply for TC to send */
+	int from_xdp = skb->data_meta < skb->data;
+	if (!from_xdp && plain_udp(skb))
 		return TC_ACT_OK;
 	/* the headers in the linear part; the payload may stay in fragments */
 	bpf_skb_pull_data(skb, skb->len < HEADERS_MAX ? skb->len : HEADERS_MAX);
 	struct pkt_info req = {};
-	if (parse_request((void *)(long)skb->data, (void *)(long)skb->data_end, &req, 0) ||
-	    req.proto != IPPROTO_TCP)
+	if (parse_request((void *)(long)skb->data, (void *)(long)skb->data_end, &req, 0))
+		return TC_ACT_OK;
+	if (req.proto == IPPROTO_UDP)
+		return from_xdp ? emit_udp_reply(skb, &req) : TC_ACT_OK;
+	if (req.proto != IPPROTO_TCP)
 		return TC_ACT_OK;
 	struct santa_tcp_emit *meta = (void *)(long)skb->data_meta;
 	if ((void *)&meta->seq <= (void *)(long)skb->data) { /* XDP asked for segments */

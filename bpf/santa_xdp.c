@@ -222,35 +222,6 @@ static __always_inline int load_l4_header(struct xdp_md *ctx, struct pkt_info *r
 	return bpf_xdp_load_bytes(ctx, req->l2_len + req->l3_len, s->l4, NONZERO(req->l4_len, 63));
 }
 
-/* The request bits masked copy cp of rule r puts into the reply: its 8
- * request bytes under its mask (zero past cp->len). */
-static __always_inline __u64 masked_copy_bits(const struct santa_scratch *s, const struct santa_page *page,
-					      const struct santa_rule *r, const struct santa_copy *cp)
-{
-	__u64 mask = *(const __u64 *)(page->b + ((r->tpl + cp->mask) & (SANTA_PAGE_DATA - 1)));
-	return *(const __u64 *)(s->req + (cp->src & SANTA_OFF_MASK)) & mask;
-}
-
-/* The sum of rule r's reply payload: the template with the copies in its
- * zeroed gaps (a masked copy's bits in its zeroed bits), so the template's
- * sum plus the copies', each at its offset's parity. */
-static __always_inline __u64 reply_payload_sum(const struct santa_scratch *s, const struct santa_rule *r,
-					       const struct santa_page *page)
-{
-	__u64 sum = r->tpl_csum;
-	for (__u32 k = 0; k < SANTA_MAX_COPIES; k++) {
-		if (k >= r->ncopies)
-			break;
-		const struct santa_copy *cp = rule_copy(r, k);
-		__u64 copied = cp->mask ? masked_copy_bits(s, page, r, cp) :
-			     cp->len <= 8 ? csum_words(s->req + (cp->src & SANTA_OFF_MASK), cp->len, 1) :
-					    santa_csum_req(s, cp->src, cp->len);
-		__u16 part = csum_fold64(copied);
-		sum += (cp->dst & 1) ? csum_swap(part) : part;
-	}
-	return sum;
-}
-
 /* Copy the first len bytes (8 to 128) of the frame to hdr (to_frame 0) or
  * of hdr to the frame (to_frame 1) with direct 8-byte accesses, the last one
  * overlapping: cheaper than a helper call; 0 on success. to_frame is a
@@ -300,21 +271,10 @@ static __always_inline __u32 build_udp_headers(struct xdp_md *ctx, struct pkt_in
 					       struct santa_scratch *s, const struct santa_rule *r,
 					       const struct santa_page *page)
 {
-	__u32 l4_len = sizeof(struct udphdr) + r->reply_len;
-	__u32 l23 = reverse_l2_l3(ctx, req, s, l4_len);
+	__u32 l23 = reverse_l2_l3(ctx, req, s, sizeof(struct udphdr) + r->reply_len);
 	if (!l23)
 		return 0;
-	barrier_var(l23); /* keep the mask below for the verifier */
-	struct udphdr *udp = (void *)s->hdr + (l23 & 63);
-	udp->source = req->family == 4 ? req->tuple.ipv4.dport : req->tuple.ipv6.dport;
-	udp->dest = req->family == 4 ? req->tuple.ipv4.sport : req->tuple.ipv6.sport;
-	udp->len = bpf_htons(l4_len);
-	udp->check = 0;
-	__u64 sum = csum_pseudo(&req->tuple, req->family, IPPROTO_UDP, l4_len) + udp->source +
-		    udp->dest + udp->len + reply_payload_sum(s, r, page);
-	__u16 check = ~csum_fold64(sum);
-	udp->check = check ? check : 0xffff;
-	return l23 + sizeof(*udp);
+	return write_udp_header(s, l23, req, r, page);
 }
 
 /* How far the frame can grow, as bpf_xdp_adjust_head and _tail check it:
@@ -482,9 +442,30 @@ static __always_inline int fits_mtu(struct xdp_md *ctx, __u32 ip_len)
 	return ip_len <= interface_mtu(ctx);
 }
 
-/* Turn the UDP request into rule r's reply, in place. */
+/* Pass the UDP request to TC with metadata that has it send the reply of
+ * rule r (in slot), which the frame has no room for: TC can grow an skb. */
+static __always_inline int udp_emit_by_tc(struct xdp_md *ctx, __u32 slot, const struct santa_rule *r)
+{
+	if (bpf_xdp_adjust_meta(ctx, -(int)sizeof(struct santa_udp_emit))) {
+		COUNT(pass_no_room);
+		return XDP_PASS;
+	}
+	struct santa_udp_emit *e = (void *)(long)ctx->data_meta;
+	if ((void *)(e + 1) > (void *)(long)ctx->data) {
+		COUNT(pass_no_room);
+		return XDP_PASS;
+	}
+	e->magic = SANTA_UDP_EMIT_MAGIC;
+	e->pad = 0;
+	rule_ref_set(&e->rule, slot, r);
+	COUNT(udp_xdp_no_room);
+	return XDP_PASS;
+}
+
+/* Turn the UDP request into rule r's reply (in slot): in place, or by TC if
+ * the frame cannot grow to it. */
 static __always_inline int answer_udp(struct xdp_md *ctx, struct pkt_info *req,
-				      struct santa_scratch *s, const struct santa_rule *r,
+				      struct santa_scratch *s, __u32 slot, const struct santa_rule *r,
 				      struct santa_rule_counters *st)
 {
 	/* an IPv4 MTU-sized reply does not fit IPv6's larger header, nor any
@@ -494,6 +475,8 @@ static __always_inline int answer_udp(struct xdp_md *ctx, struct pkt_info *req,
 		COUNT(pass_reply_too_big);
 		return XDP_PASS;
 	}
+	if (!frame_fits(ctx, req->l2_len + ip_len))
+		return udp_emit_by_tc(ctx, slot, r);
 	const struct santa_page *page = rule_page(r);
 	if (!page)
 		return XDP_PASS;
@@ -620,7 +603,7 @@ __noinline int udp_request(struct xdp_md *ctx, struct pkt_info *req)
 	}
 	if (!kernel_would_deliver(ctx, s, req))
 		return XDP_PASS;
-	return answer_udp(ctx, req, s, r, st);
+	return answer_udp(ctx, req, s, slot, r, st);
 }
 
 #include "tcp_responder.h"

@@ -464,7 +464,17 @@ func differential(t *testing.T, kind string, o rigOptions, types []uint16) {
 			}
 		}
 	}
-	t.Logf("rule processor counters: %v", r.counters())
+	counters := r.counters()
+	t.Logf("rule processor counters: %v", counters)
+	// signed answers are long: on the veth most cannot be sent from XDP's
+	// frame, and TC must have sent them, every one it was asked to
+	if o.signed && counters["udp_xdp_no_room"] == 0 {
+		t.Errorf("no signed answer was too long for XDP's frame: TC's UDP replies went untested")
+	}
+	if n := counters["udp_emit_passed"] + counters["udp_emit_failed"]; n != 0 {
+		t.Errorf("TC could not send %d replies XDP passed to it (udp_emit_passed %d, udp_emit_failed %d)",
+			n, counters["udp_emit_passed"], counters["udp_emit_failed"])
+	}
 	if err := ctl.Stop(20 * time.Second); err != nil {
 		t.Fatal(err)
 	}
@@ -481,7 +491,8 @@ func differential(t *testing.T, kind string, o rigOptions, types []uint16) {
 // records. Such a reply with offload must still be one the server could
 // send: the same records, in any order within their sets. answered and
 // noRoom are the rule processor's counts over the round: a rule that
-// matches a request whose frame cannot grow to the reply passes it on.
+// matches a request whose frame cannot make room for the reply at all
+// passes it on (TC sends those XDP's frame has no room for: answered).
 func compare(t *testing.T, family string, queries, on, off, off2 [][]byte, answered, noRoom uint64) (stay [][]byte) {
 	t.Helper()
 	var same, reordered, diffs, nondet int

@@ -55,8 +55,9 @@ func TestCutReplyKeepsItsSize(t *testing.T) {
 			}
 			r.startController("static", "--port", "53/udp", "--names", r.namesFile([]string{www, mx}, []uint16{dns.TypeA, dns.TypeMX}),
 				"--shape", "edns=512", "--learn-shapes=false")
-			// a rule matched if the rule processor answered, or had no room in
-			// the frame for the reply (pass_no_room, common on veth)
+			// a rule matched if the rule processor answered (from XDP, or from
+			// TC when the frame had no room), or could not make room at all
+			// (pass_no_room)
 			ask := func(q []byte) (reply []byte, matched bool) {
 				before := r.counters()
 				reply = s.sendAll([][]byte{q})[0]

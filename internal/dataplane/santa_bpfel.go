@@ -104,6 +104,7 @@ const (
 	santaSantaLimitSANTA_TCP_RESENDS        santaSantaLimit = 8
 	santaSantaLimitSANTA_MAX_TCP_REPLY      santaSantaLimit = 14480
 	santaSantaLimitSANTA_TCP_EMIT_MAGIC     santaSantaLimit = 1398035270
+	santaSantaLimitSANTA_UDP_EMIT_MAGIC     santaSantaLimit = 1398096897
 	santaSantaLimitSANTA_FLOW_OPTS_KNOWN    santaSantaLimit = 128
 )
 
@@ -154,6 +155,9 @@ type santaSantaReasons struct {
 	PassTooLong          uint64
 	PassBadChecksum      uint64
 	PassNoRoom           uint64
+	UdpXdpNoRoom         uint64
+	UdpEmitPassed        uint64
+	UdpEmitFailed        uint64
 	PassReplyTooBig      uint64
 	PassError            uint64
 	MissSampled          uint64

@@ -484,10 +484,10 @@ type linkDir struct {
 	duplicated, overflow, sendErrors, csumNotReady, multicast, maxFrame atomic.Uint64
 }
 
-// openPacket opens an AF_PACKET raw socket bound to ifindex that receives
+// OpenPacket opens an AF_PACKET raw socket bound to ifindex that receives
 // only the frames arriving on it (not the ones sent from it) with their
 // auxiliary data. Call inside the interface's namespace.
-func openPacket(ifindex int) (*os.File, error) {
+func OpenPacket(ifindex int) (*os.File, error) {
 	// Protocol 0 until bind: no frames of other interfaces are queued.
 	fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
@@ -523,7 +523,7 @@ func (l *Link) start(io ImpairOptions) error {
 	var rc [2]syscall.RawConn // of ServerDev, ClientDev
 	err := Do(l.NS, func() error {
 		for i, idx := range []int{l.ServerIfindex, l.ClientIfindex} {
-			f, err := openPacket(idx)
+			f, err := OpenPacket(idx)
 			if err != nil {
 				return err
 			}
