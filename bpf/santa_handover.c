@@ -17,6 +17,7 @@
 #include "include/vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
+#include <bpf/bpf_core_read.h>
 #include "santa.h"
 #include "maps.h"
 #include "parsing.h"
@@ -31,6 +32,23 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
 extern int bpf_sk_assign_tcp_reqsk(struct __sk_buff *skb, struct sock *sk,
 				   struct bpf_tcp_req_attrs *attrs, int attrs__sz) __ksym;
+
+extern void *bpf_cast_to_kern_ctx(void *obj) __ksym;
+
+#define SKB_CHECKSUM_PARTIAL 3 /* CHECKSUM_PARTIAL, include/linux/skbuff.h */
+
+/* The skb is CHECKSUM_PARTIAL: a request from a local sender, on a veth.
+ * Its rewrite into a reply keeps that state, so whatever sends the reply on
+ * completes its checksum from the field (the kernel itself where the device
+ * does not offload checksums: from a complete checksum it would make a
+ * wrong one), and a veth peer takes it unchecked. Such a reply carries the
+ * pseudo-header sum, as a local sender's segment does; any other the
+ * complete checksum. */
+static __always_inline int checksum_partial(struct __sk_buff *skb)
+{
+	struct sk_buff *kskb = bpf_cast_to_kern_ctx(skb);
+	return BPF_CORE_READ_BITFIELD(kskb, ip_summed) == SKB_CHECKSUM_PARTIAL;
+}
 
 /* Ethernet with a tag, IPv6, the longest TCP header. */
 #define HEADERS_MAX (18 + 40 + 60)
@@ -80,9 +98,13 @@ __noinline int emit_segment(struct __sk_buff *skb, const struct emit_state *st, 
 	const __u8 *chunk = page->b + ((r->tpl + off) & (SANTA_PAGE_DATA - 1));
 	/* the whole reply in one segment (rules sent from TC copy nothing):
 	 * the template's sum, from install time */
-	__u64 sum = tcp_header_sum(th, 32, &st->req, n) +
-		    (off == 0 && n == r->reply_len ? r->tpl_csum : csum_words(chunk, n, SANTA_MAX_REPLY / 8));
-	th->check = ~csum_fold64(sum);
+	if (checksum_partial(skb)) {
+		th->check = csum_fold64(csum_pseudo(&st->req.tuple, st->req.family, IPPROTO_TCP, 32 + n));
+	} else {
+		__u64 sum = tcp_header_sum(th, 32, &st->req, n) +
+			    (off == 0 && n == r->reply_len ? r->tpl_csum : csum_words(chunk, n, SANTA_MAX_REPLY / 8));
+		th->check = ~csum_fold64(sum);
+	}
 	if (bpf_skb_change_tail(skb, l23 + 32 + n, 0) ||
 	    bpf_skb_store_bytes(skb, 0, s->hdr, NONZERO(l23 + 32, 127), 0) ||
 	    bpf_skb_store_bytes(skb, l23 + 32, chunk, NONZERO(n, SANTA_OFF_MASK), 0))
@@ -175,6 +197,9 @@ __noinline int emit_udp_reply(struct __sk_buff *skb, const struct pkt_info *req)
 	reverse_addresses(s->hdr, req);
 	set_l3_lengths(s->hdr, req, sizeof(struct udphdr) + reply_len);
 	__u32 hdr_len = write_udp_header(s, l23, req, r, page);
+	if (checksum_partial(skb))
+		((struct udphdr *)(s->hdr + (l23 & 63)))->check =
+			csum_fold64(csum_pseudo(&req->tuple, req->family, IPPROTO_UDP, sizeof(struct udphdr) + reply_len));
 	if (bpf_skb_change_tail(skb, hdr_len + reply_len, 0))
 		goto pass;
 	/* the request is gone from here on: a failure drops */

@@ -190,12 +190,18 @@ func loadAttached(t testing.TB, tb *testbed.Testbed, cfg Config) *Dataplane {
 // TestTCPSocketless runs real kernel TCP clients against a listener with
 // rules: eBPF answers the handshake and matching requests, a request that
 // matches no rule hands the connection to the kernel, which then serves it
-// with an intact byte stream; a rule with Close ends the connection.
+// with an intact byte stream; a rule with Close ends the connection. It
+// runs again with the server veth's checksum offload off, where the kernel
+// completes the checksums of the segments TC sends (checksumOffloadOff).
 func TestTCPSocketless(t *testing.T) {
 	tb := testbed.New(t)
 	d := loadAttached(t, tb, Config{})
-	for _, ip := range []netip.Addr{tb.Server.IP4, tb.Server.IP6} {
-		t.Run(map[bool]string{true: "IPv4", false: "IPv6"}[ip.Is4()], func(t *testing.T) {
+	for _, c := range familiesWithChecksumOffloadOff(tb) {
+		ip := c.ip
+		if c.offloadOff {
+			checksumOffloadOff(t, tb)
+		}
+		t.Run(c.name, func(t *testing.T) {
 			addr := netip.AddrPortFrom(ip, 8080)
 			srv := startTCPServer(t, tb, addr)
 			if err := d.Bind(srv.sock(), SampleOptions{}); err != nil {
@@ -723,5 +729,35 @@ func TestIdleSessionSurvives(t *testing.T) {
 	}
 	if after := counterNames(t, d); after["tcp_syn_answered"] != before["tcp_syn_answered"]+1 {
 		t.Errorf("SYNs answered %d → %d: want the second fetch on a new connection", before["tcp_syn_answered"], after["tcp_syn_answered"])
+	}
+}
+
+// familiesWithChecksumOffloadOff are the server's IPv4 and IPv6 addresses,
+// each twice: as the testbed has it, then with checksumOffloadOff.
+func familiesWithChecksumOffloadOff(tb *testbed.Testbed) []struct {
+	name       string
+	ip         netip.Addr
+	offloadOff bool
+} {
+	return []struct {
+		name       string
+		ip         netip.Addr
+		offloadOff bool
+	}{
+		{"IPv4", tb.Server.IP4, false}, {"IPv6", tb.Server.IP6, false},
+		{"IPv4/checksum-offload-off", tb.Server.IP4, true}, {"IPv6/checksum-offload-off", tb.Server.IP6, true},
+	}
+}
+
+// checksumOffloadOff turns the server veth's transmit checksum offload off.
+// A request from the client's stack comes with CHECKSUM_PARTIAL and keeps it
+// when TC rewrites it into a reply: with the offload on, the client's
+// kernel takes such a reply unchecked; with it off, the server's kernel
+// completes the checksum from what TC wrote in the field, and the client's
+// kernel checks it (a wrong checksum: the reply is dropped, never delivered).
+func checksumOffloadOff(t *testing.T, tb *testbed.Testbed) {
+	t.Helper()
+	if out, err := tb.Server.Run("ethtool", "-K", tb.Server.Dev, "tx", "off"); err != nil {
+		t.Fatalf("ethtool -K %s tx off: %v: %s", tb.Server.Dev, err, out)
 	}
 }
