@@ -142,6 +142,14 @@ func TestSocketlessOutlivesRuleSet(t *testing.T) {
 // data plane from the server veth before the test ends.
 func loadAttachedUntil(t testing.TB, tb *testbed.Testbed, cfg Config) (*Dataplane, func()) {
 	t.Helper()
+	d, att := loadAttachment(t, tb, cfg)
+	return d, func() { att.Close() }
+}
+
+// loadAttachment loads a data plane and attaches it to the server veth
+// until the test ends.
+func loadAttachment(t testing.TB, tb *testbed.Testbed, cfg Config) (*Dataplane, *Attachment) {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Fatal("needs root: network namespaces, XDP, TC")
 	}
@@ -150,7 +158,7 @@ func loadAttachedUntil(t testing.TB, tb *testbed.Testbed, cfg Config) (*Dataplan
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { d.Close() })
-	var att io.Closer
+	var att *Attachment
 	if err := tb.Server.Do(func() (err error) {
 		att, err = d.Attach(tb.Server.Dev, AttachAuto)
 		return err
@@ -158,7 +166,7 @@ func loadAttachedUntil(t testing.TB, tb *testbed.Testbed, cfg Config) (*Dataplan
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { att.Close() })
-	return d, func() { att.Close() }
+	return d, att
 }
 
 // An sk_lookup program in the namespace may deliver a request to a socket

@@ -22,23 +22,8 @@ import (
 // offload off (checksumOffloadOff); with no TC program to send it (a version
 // before it, moments of an upgrade) the request reaches the socket intact.
 func TestReplyGrowsAtBothEnds(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Fatal("needs root: network namespaces, XDP")
-	}
 	tb := testbed.New(t)
-	d, err := Load(Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { d.Close() })
-	var att *Attachment
-	if err := tb.Server.Do(func() (err error) {
-		att, err = d.Attach(tb.Server.Dev, AttachAuto)
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { att.Close() })
+	d, att := loadAttachment(t, tb, Config{})
 	var capture *os.File // the frames arriving at the client
 	if err := tb.Client.Do(func() (err error) {
 		capture, err = testbed.OpenPacket(tb.Client.Ifindex)
