@@ -3,7 +3,6 @@
 package sockets
 
 import (
-	"bufio"
 	"context"
 	"encoding/binary"
 	"encoding/json"
@@ -188,28 +187,7 @@ func startHelper(t *testing.T, tb *testbed.Testbed, port int) (int, map[string]u
 	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%s %s %s %d", helperEnv, tb.Server.IP4, tb.Server.IP6, tb.Client.IP4, port))
 	cmd.Stderr = os.Stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		stdin.Close()
-		done := make(chan error, 1)
-		go func() { done <- cmd.Wait() }()
-		select {
-		case <-done:
-		case <-time.After(5 * time.Second):
-			cmd.Process.Kill() // our own child, by pid
-			<-done
-		}
-	})
+	_, stdout := testbed.StartPiped(t, cmd)
 	type result struct {
 		rep helperReport
 		err error
@@ -217,11 +195,10 @@ func startHelper(t *testing.T, tb *testbed.Testbed, port int) (int, map[string]u
 	ch := make(chan result, 1)
 	go func() {
 		var r result
-		line, err := bufio.NewReader(stdout).ReadBytes('\n')
-		if err != nil {
-			r.err = fmt.Errorf("read helper report: %w", err)
+		if !stdout.Scan() {
+			r.err = fmt.Errorf("read helper report: %v", stdout.Err())
 		} else {
-			r.err = json.Unmarshal(line, &r.rep)
+			r.err = json.Unmarshal(stdout.Bytes(), &r.rep)
 		}
 		ch <- r
 	}()
