@@ -85,9 +85,11 @@ static __always_inline __u64 reply_payload_sum(const struct santa_scratch *s, co
 /* Write rule r's UDP header into s->hdr after the reply's Ethernet and IP
  * headers (l23 bytes, already the reply's): ports swapped, length, and the
  * checksum of the payload the template and copies make (the request's
- * payload in s->req). Returns the headers' length. */
+ * payload in s->req), or with partial only the pseudo-header sum, for
+ * whatever sends the reply on to complete (a CHECKSUM_PARTIAL skb at TC).
+ * Returns the headers' length. */
 static __always_inline __u32 write_udp_header(struct santa_scratch *s, __u32 l23, const struct pkt_info *req,
-					      const struct santa_rule *r, const struct santa_page *page)
+					      const struct santa_rule *r, const struct santa_page *page, int partial)
 {
 	__u32 l4_len = sizeof(struct udphdr) + r->reply_len;
 	barrier_var(l23); /* keep the mask below for the verifier */
@@ -96,8 +98,12 @@ static __always_inline __u32 write_udp_header(struct santa_scratch *s, __u32 l23
 	udp->dest = req->family == 4 ? req->tuple.ipv4.sport : req->tuple.ipv6.sport;
 	udp->len = bpf_htons(l4_len);
 	udp->check = 0;
-	__u64 sum = csum_pseudo(&req->tuple, req->family, IPPROTO_UDP, l4_len) + udp->source +
-		    udp->dest + udp->len + reply_payload_sum(s, r, page);
+	__u64 pseudo = csum_pseudo(&req->tuple, req->family, IPPROTO_UDP, l4_len);
+	if (partial) {
+		udp->check = csum_fold64(pseudo);
+		return l23 + sizeof(*udp);
+	}
+	__u64 sum = pseudo + udp->source + udp->dest + udp->len + reply_payload_sum(s, r, page);
 	__u16 check = ~csum_fold64(sum);
 	udp->check = check ? check : 0xffff;
 	return l23 + sizeof(*udp);

@@ -196,10 +196,7 @@ __noinline int emit_udp_reply(struct __sk_buff *skb, const struct pkt_info *req)
 		goto pass;
 	reverse_addresses(s->hdr, req);
 	set_l3_lengths(s->hdr, req, sizeof(struct udphdr) + reply_len);
-	__u32 hdr_len = write_udp_header(s, l23, req, r, page);
-	if (checksum_partial(skb))
-		((struct udphdr *)(s->hdr + (l23 & 63)))->check =
-			csum_fold64(csum_pseudo(&req->tuple, req->family, IPPROTO_UDP, sizeof(struct udphdr) + reply_len));
+	__u32 hdr_len = write_udp_header(s, l23, req, r, page, checksum_partial(skb));
 	if (bpf_skb_change_tail(skb, hdr_len + reply_len, 0))
 		goto pass;
 	/* the request is gone from here on: a failure drops */

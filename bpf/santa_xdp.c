@@ -274,7 +274,7 @@ static __always_inline __u32 build_udp_headers(struct xdp_md *ctx, struct pkt_in
 	__u32 l23 = reverse_l2_l3(ctx, req, s, sizeof(struct udphdr) + r->reply_len);
 	if (!l23)
 		return 0;
-	return write_udp_header(s, l23, req, r, page);
+	return write_udp_header(s, l23, req, r, page, 0);
 }
 
 /* How far the frame can grow, as bpf_xdp_adjust_head and _tail check it:
