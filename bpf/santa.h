@@ -57,8 +57,9 @@ enum santa_limit {
 	 * version, running beside this XDP program for moments of an upgrade,
 	 * drops the frame (tcp_drop_emit_layout) instead of misreading it.
 	 * 0x53545345 named two layouts, before and after the rule ref came in
-	 * (up to commit 3257ea6). */
-	SANTA_TCP_EMIT_MAGIC = 0x53545346,
+	 * (up to commit 3257ea6); 0x53545346 the one without the request's
+	 * place (req_off, req_len: up to commit 703a112). */
+	SANTA_TCP_EMIT_MAGIC = 0x53545347,
 	/* santa_udp_emit.magic, likewise: TC sends the reply only for metadata
 	 * it can read, and passes any other to the socket untouched. */
 	SANTA_UDP_EMIT_MAGIC = 0x53554401,
@@ -275,6 +276,8 @@ struct santa_reasons {
 	__u64 tcp_reset_rule_gone;  /* the rule of a reply in flight went and the client has part of it: reset */
 	__u64 tcp_resend_limit;     /* a repeated ack after SANTA_TCP_RESENDS resends without progress
 				     * (a segment the path cannot carry): not resent */
+	__u64 tcp_drop_resend_copies; /* a repeated ack for a reply with copies, which only its request can
+				       * rebuild: not resent, the client retransmits the request */
 	__u64 tcp_drop_rst_seq;     /* RST on a flow, not at the client's next byte (RFC 5961): dropped,
 				     * the flow stays */
 	__u64 tcp_drop_gap;         /* request or FIN after bytes eBPF has not taken (dropped or lost):
@@ -347,6 +350,7 @@ struct santa_scratch {
 	__u8 hdr[128];
 	__u8 l4[SANTA_SCRATCH_L4];
 	__u8 tcp[SANTA_SCRATCH_TCP];
+	__u64 copy_word; /* TC: a masked copy's bytes for bpf_skb_store_bytes (its stack has none to spare) */
 	struct santa_region_probe probe;
 	struct santa_socket_cache sockets[SANTA_SOCKET_CACHE];
 	struct santa_local_cache local[SANTA_LOCAL_CACHE];
@@ -398,10 +402,11 @@ struct santa_tcp_emit {
 	__u32 tsecr;
 	__u32 stamp;       /* the TSval of the segments without FIN */
 	__u32 opts;        /* the stamp's option bits */
-	__u16 from;        /* first reply byte to send */
-	__u16 mss;         /* reply bytes per segment */
+	__u16 from;        /* first reply byte to send (segments of opts' MSS less the timestamps) */
+	__u16 req_off;     /* the request's bytes in the frame, for the rule's copies (a reply with */
+	__u16 req_len;     /* copies takes one segment); req_len 0: the frame carries none */
 	__u8 resend;       /* a repeated ack: the segment at from, and the last one */
-	__u8 pad[3];
+	__u8 pad;
 	struct santa_rule_ref rule; /* whose reply */
 };
 

@@ -56,19 +56,46 @@ static __always_inline int checksum_partial(struct __sk_buff *skb)
 /* One segment of a long reply: where it stands. */
 struct emit_state {
 	struct santa_tcp_emit e;
-	struct pkt_info req;
 	__u32 l23;
 	__u32 reply_len;
 	__u32 unit_lo, unit_hi; /* stamp_unit() */
 };
 
-/* Rewrite the skb into reply bytes [off, off + n) of the rule st->e.rule names,
- * as one segment. Global, so the verifier checks it once. */
-__noinline int emit_segment(struct __sk_buff *skb, const struct emit_state *st, __u32 off, __u32 n)
+/* Write rule r's copies of the request in s->req over its template, which
+ * the skb holds from offset at on. */
+static __always_inline int store_copies(struct __sk_buff *skb, struct santa_scratch *s,
+					const struct santa_page *page, const struct santa_rule *r, __u32 at)
+{
+	for (__u32 k = 0; k < SANTA_MAX_COPIES; k++) {
+		if (k >= r->ncopies)
+			break;
+		const struct santa_copy *cp = rule_copy(r, k);
+		int err;
+		if (cp->mask) { /* the template has zeros where its bits go */
+			s->copy_word = masked_copy_bits(s, page, r, cp) |
+				       *(const __u64 *)(page->b + ((r->tpl + cp->dst) & (SANTA_PAGE_DATA - 1)));
+			err = bpf_skb_store_bytes(skb, at + cp->dst, &s->copy_word,
+						  NONZERO(cp->len, SANTA_MAX_COPY_MASK - 1), 0);
+		} else {
+			err = bpf_skb_store_bytes(skb, at + cp->dst, s->req + (cp->src & SANTA_OFF_MASK),
+						  NONZERO(cp->len, SANTA_OFF_MASK), 0);
+		}
+		if (err)
+			return err;
+	}
+	return 0;
+}
+
+/* Rewrite the skb, request req, into reply bytes [off, off + n) of the rule
+ * st->e.rule names, as one segment. A rule with copies takes one segment,
+ * made from the request the skb still holds. Global, so the verifier checks
+ * it once. */
+__noinline int emit_segment(struct __sk_buff *skb, const struct emit_state *st, const struct pkt_info *req,
+			    __u32 off, __u32 n)
 {
 	__u32 zero = 0;
 	struct santa_scratch *s = bpf_map_lookup_elem(&santa_scratch, &zero);
-	if (!skb || !st || !s || n == 0 || n > SANTA_MAX_REPLY)
+	if (!skb || !st || !req || !s || n == 0 || n > SANTA_MAX_REPLY)
 		return -1;
 	const struct santa_rule *r = rule_of_ref(&st->e.rule);
 	if (!r)
@@ -77,6 +104,13 @@ __noinline int emit_segment(struct __sk_buff *skb, const struct emit_state *st, 
 	const struct santa_page *page = bpf_map_lookup_elem(&santa_pages, &page_id);
 	if (!page)
 		return -1;
+	int whole = off == 0 && n == r->reply_len;
+	if (r->ncopies) {
+		__u32 req_len = st->e.req_len;
+		if (!whole || req_len == 0 || req_len > SANTA_REQ_WINDOW ||
+		    bpf_skb_load_bytes(skb, st->e.req_off, s->req, NONZERO(req_len, SANTA_OFF_MASK)))
+			return -1;
+	}
 	int last = off + n >= st->reply_len;
 	int close = last && (r->flags & SANTA_RULE_CLOSE);
 	__u32 l23 = st->l23 & 63;
@@ -84,52 +118,53 @@ __noinline int emit_segment(struct __sk_buff *skb, const struct emit_state *st, 
 		return -1;
 	/* s->l4 holds the reply's Ethernet and IP headers, s->hdr gets this segment's */
 	__builtin_memcpy(s->hdr, s->l4, 64);
-	set_l3_lengths(s->hdr, &st->req, 32 + n);
+	set_l3_lengths(s->hdr, req, 32 + n);
 	__u64 unit = (__u64)st->unit_hi << 32 | st->unit_lo;
 	struct tcp_reply t = {
 		.flags = TCP_ACK | (last ? TCP_PSH : 0) | (close ? TCP_FIN : 0),
 		.seq = st->e.seq + off,
 		.ack = st->e.ack,
-		.tsval = close ? stamp_make(&st->req, unit, 1, st->e.opts) : st->e.stamp,
+		.tsval = close ? stamp_make(req, unit, 1, st->e.opts) : st->e.stamp,
 		.tsecr = st->e.tsecr,
 		.opts = st->e.opts,
 	};
-	struct tcphdr *th = write_tcp_header(s->hdr, l23, &st->req, &t);
+	struct tcphdr *th = write_tcp_header(s->hdr, l23, req, &t);
 	const __u8 *chunk = page->b + ((r->tpl + off) & (SANTA_PAGE_DATA - 1));
-	/* the whole reply in one segment (rules sent from TC copy nothing):
-	 * the template's sum, from install time */
 	if (checksum_partial(skb)) {
-		th->check = csum_fold64(csum_pseudo(&st->req.tuple, st->req.family, IPPROTO_TCP, 32 + n));
+		th->check = csum_fold64(csum_pseudo(&req->tuple, req->family, IPPROTO_TCP, 32 + n));
 	} else {
-		__u64 sum = tcp_header_sum(th, 32, &st->req, n) +
-			    (off == 0 && n == r->reply_len ? r->tpl_csum : csum_words(chunk, n, SANTA_MAX_REPLY / 8));
+		/* the whole reply in one segment: the template's sum from install
+		 * time, with the copies' */
+		__u64 sum = tcp_header_sum(th, 32, req, n) +
+			    (whole ? reply_payload_sum(s, r, page) : csum_words(chunk, n, SANTA_MAX_REPLY / 8));
 		th->check = ~csum_fold64(sum);
 	}
 	if (bpf_skb_change_tail(skb, l23 + 32 + n, 0) ||
 	    bpf_skb_store_bytes(skb, 0, s->hdr, NONZERO(l23 + 32, 127), 0) ||
-	    bpf_skb_store_bytes(skb, l23 + 32, chunk, NONZERO(n, SANTA_OFF_MASK), 0))
+	    bpf_skb_store_bytes(skb, l23 + 32, chunk, NONZERO(n, SANTA_OFF_MASK), 0) ||
+	    store_copies(skb, s, page, r, l23 + 32))
 		return -1;
 	return 0;
 }
 
-/* Send the reply segments the XDP responder asked for, then drop the request. */
-static __always_inline int emit_reply(struct __sk_buff *skb, struct emit_state *st)
+/* Send the reply segments the XDP responder asked for, then drop the request req. */
+static __always_inline int emit_reply(struct __sk_buff *skb, struct emit_state *st, const struct pkt_info *req)
 {
 	__u32 zero = 0;
 	struct santa_scratch *s = bpf_map_lookup_elem(&santa_scratch, &zero);
 	__u32 slot = st->e.rule.slot;
 	const struct santa_rule *r = rule_of_ref(&st->e.rule);
-	st->l23 = st->req.l2_len + st->req.l3_len;
+	st->l23 = req->l2_len + req->l3_len;
 	if (!s || !r || st->l23 > 58 || bpf_skb_load_bytes(skb, 0, s->l4, NONZERO(st->l23, 63))) {
 		COUNT(tcp_emit_failed);
 		return TC_ACT_SHOT;
 	}
-	reverse_addresses(s->l4, &st->req);
+	reverse_addresses(s->l4, req);
 	st->reply_len = r->reply_len;
 	__u64 unit = stamp_unit();
 	st->unit_lo = unit;
 	st->unit_hi = unit >> 32;
-	__u32 mss = st->e.mss, off = st->e.from;
+	__u32 mss = opts_mss(st->e.opts) - TS_OPTION_LEN, off = st->e.from;
 	if (mss == 0)
 		return TC_ACT_SHOT;
 	if (!st->e.resend) {
@@ -145,7 +180,7 @@ static __always_inline int emit_reply(struct __sk_buff *skb, struct emit_state *
 		if (off >= st->reply_len)
 			break;
 		__u32 n = st->reply_len - off < mss ? st->reply_len - off : mss;
-		if (emit_segment(skb, st, off, n)) {
+		if (emit_segment(skb, st, req, off, n)) {
 			COUNT(tcp_emit_failed);
 			return TC_ACT_SHOT;
 		}
@@ -204,23 +239,8 @@ __noinline int emit_udp_reply(struct __sk_buff *skb, const struct pkt_info *req)
 	    bpf_skb_store_bytes(skb, hdr_len, page->b + (r->tpl & (SANTA_PAGE_DATA - 1)),
 				NONZERO(reply_len, SANTA_OFF_MASK), 0))
 		goto fail;
-	for (__u32 k = 0; k < SANTA_MAX_COPIES; k++) {
-		if (k >= r->ncopies)
-			break;
-		const struct santa_copy *cp = rule_copy(r, k);
-		__u32 at = hdr_len + cp->dst;
-		int err;
-		if (cp->mask) { /* the template has zeros where its bits go */
-			__u64 v = masked_copy_bits(s, page, r, cp) |
-				  *(const __u64 *)(page->b + ((r->tpl + cp->dst) & (SANTA_PAGE_DATA - 1)));
-			err = bpf_skb_store_bytes(skb, at, &v, NONZERO(cp->len, SANTA_MAX_COPY_MASK - 1), 0);
-		} else {
-			err = bpf_skb_store_bytes(skb, at, s->req + (cp->src & SANTA_OFF_MASK),
-						  NONZERO(cp->len, SANTA_OFF_MASK), 0);
-		}
-		if (err)
-			goto fail;
-	}
+	if (store_copies(skb, s, page, r, hdr_len))
+		goto fail;
 	struct santa_rule_counters *c = bpf_map_lookup_elem(&santa_rule_stats, &slot);
 	if (c) {
 		c->hits++;
@@ -278,8 +298,8 @@ int santa_handover(struct __sk_buff *skb)
 	struct santa_tcp_emit *meta = (void *)(long)skb->data_meta;
 	if ((void *)&meta->seq <= (void *)(long)skb->data) { /* XDP asked for segments */
 		if ((void *)(meta + 1) <= (void *)(long)skb->data && meta->magic == SANTA_TCP_EMIT_MAGIC) {
-			struct emit_state st = { .e = *meta, .req = req };
-			return emit_reply(skb, &st);
+			struct emit_state st = { .e = *meta };
+			return emit_reply(skb, &st, &req);
 		}
 		/* in another version's layout: neither send it nor hand the
 		 * connection over (it may be a resend of a reply the client

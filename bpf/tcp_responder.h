@@ -79,11 +79,18 @@ __noinline int tcp_send(struct xdp_md *ctx, struct pkt_info *req, const struct t
 	return send_frame(ctx, s, l23 + tcp_len, r, page, st);
 }
 
+/* Where the request a reply answers lies in the frame (len 0: nowhere). */
+struct req_bytes {
+	__u32 off;
+	__u32 len;
+};
+
 /* Pass the segment to TC with metadata that has it send the reply of flow f
- * from reply byte from on (or, with resend, the segment there and the last):
- * TC can send several frames, XDP only one. */
+ * from reply byte from on (or, with resend, the segment there and the last),
+ * with the request's bytes at rq for the rule's copies: TC can send several
+ * frames, and grow one beyond what XDP's frame has room for. */
 static __always_inline int emit_by_tc(struct xdp_md *ctx, const struct santa_tcp_flow *f, __u32 from,
-				      __u32 tsecr, __u32 opts, __u32 stamp, int resend)
+				      __u32 tsecr, __u32 opts, __u32 stamp, int resend, struct req_bytes rq)
 {
 	if (bpf_xdp_adjust_meta(ctx, -(int)sizeof(struct santa_tcp_emit))) {
 		COUNT(tcp_emit_failed);
@@ -102,7 +109,8 @@ static __always_inline int emit_by_tc(struct xdp_md *ctx, const struct santa_tcp
 	e->stamp = stamp;
 	e->opts = opts;
 	e->from = from;
-	e->mss = opts_mss(opts) - TS_OPTION_LEN;
+	e->req_off = rq.off;
+	e->req_len = rq.len;
 	e->resend = resend;
 	return XDP_PASS;
 }
@@ -147,14 +155,15 @@ static __always_inline int answer_again(struct xdp_md *ctx, struct pkt_info *req
 	const struct santa_rule *r = rule_of_ref(&f->rule);
 	if (!r)
 		return reply_gone(ctx, req, f, t, o, unit, f->req_end);
+	/* the request's bytes, for the rule's copies */
+	__u32 skip = f->req_seq - bpf_ntohl(((struct tcphdr *)s->l4)->seq);
+	struct req_bytes rq = { .off = req->payload_off + skip, .len = f->req_end - f->req_seq };
+	if (rq.len == 0 || rq.len > SANTA_REQ_WINDOW || skip > SANTA_REQ_WINDOW)
+		rq.len = 0;
 	if (f->multi)
 		return emit_by_tc(ctx, f, t->seq - f->reply_start, o->tsval, t->opts,
-				  reply_stamp(req, unit, 0, t->opts, o->tsecr), 0);
-	/* the request's bytes, for the rule's copies */
-	__u32 len = f->req_end - f->req_seq;
-	__u32 skip = f->req_seq - bpf_ntohl(((struct tcphdr *)s->l4)->seq);
-	if (len == 0 || len > SANTA_REQ_WINDOW || skip > SANTA_REQ_WINDOW ||
-	    bpf_xdp_load_bytes(ctx, req->payload_off + skip, s->req, NONZERO(len, SANTA_OFF_MASK))) {
+				  reply_stamp(req, unit, 0, t->opts, o->tsecr), 0, rq);
+	if (rq.len == 0 || bpf_xdp_load_bytes(ctx, rq.off, s->req, NONZERO(rq.len, SANTA_OFF_MASK))) {
 		COUNT(pass_error);
 		return XDP_DROP; /* the client asks again */
 	}
@@ -166,13 +175,9 @@ static __always_inline int answer_again(struct xdp_md *ctx, struct pkt_info *req
 	int verdict = tcp_send(ctx, req, t, f->rule.slot);
 	if (verdict != TCP_NO_ROOM)
 		return verdict;
-	if (r->ncopies) {
-		COUNT(pass_no_room);
-		return XDP_DROP; /* in flight: the client asks again */
-	}
 	((struct santa_tcp_flow *)f)->multi = 1; /* TC sends it, as a long reply */
 	return emit_by_tc(ctx, f, t->seq - f->reply_start, o->tsval, t->opts,
-				  reply_stamp(req, unit, 0, t->opts, o->tsecr), 0);
+				  reply_stamp(req, unit, 0, t->opts, o->tsecr), 0, rq);
 }
 
 /* A SYN to a listener with a rule set: answer it with a stamped SYN-ACK. */
@@ -471,8 +476,13 @@ __noinline int tcp_segment(struct xdp_md *ctx, struct pkt_info *req)
 				f->resends = 0;
 			f->last_ack = t->seq;
 			if (repeated) {
-				if (!rule_of_ref(&f->rule))
+				const struct santa_rule *r = rule_of_ref(&f->rule);
+				if (!r)
 					return reply_gone(ctx, req, f, t, o, unit, f->req_seq);
+				if (r->ncopies) {
+					COUNT(tcp_drop_resend_copies);
+					return XDP_DROP;
+				}
 				/* a segment the path cannot carry (a hop's smaller
 				 * MTU) would be resent for every ack it provokes */
 				if (f->resends >= SANTA_TCP_RESENDS) {
@@ -481,8 +491,9 @@ __noinline int tcp_segment(struct xdp_md *ctx, struct pkt_info *req)
 				}
 				f->resends++;
 				COUNT(tcp_resend);
+				struct req_bytes none = {};
 				return emit_by_tc(ctx, f, t->seq - f->reply_start, o->tsval, opts,
-						  reply_stamp(req, unit, 0, opts, o->tsecr), 1);
+						  reply_stamp(req, unit, 0, opts, o->tsecr), 1, none);
 			}
 		}
 		COUNT(tcp_ack_consumed);
@@ -579,10 +590,11 @@ __noinline int tcp_segment(struct xdp_md *ctx, struct pkt_info *req)
 		COUNT(tcp_pass_flows_full);
 		return XDP_PASS;
 	}
+	struct req_bytes rq = { .off = req->payload_off, .len = req->payload_len };
 	if (multi) {
 		COUNT(tcp_long_reply);
 		return emit_by_tc(ctx, &nf, t->seq - nf.reply_start, o->tsval, opts,
-				  reply_stamp(req, unit, 0, opts, o->tsecr), 0);
+				  reply_stamp(req, unit, 0, opts, o->tsecr), 0, rq);
 	}
 	t->flags |= TCP_PSH | (close ? TCP_FIN : 0);
 	t->ack = seq + req->payload_len;
@@ -590,11 +602,6 @@ __noinline int tcp_segment(struct xdp_md *ctx, struct pkt_info *req)
 	int verdict = tcp_send(ctx, req, t, slot);
 	if (verdict != TCP_NO_ROOM)
 		return verdict;
-	if (r->ncopies) {
-		COUNT(pass_no_room);
-		bpf_map_delete_elem(&santa_tcp_flows, &req->tuple);
-		return trimmed ? XDP_DROP : XDP_PASS;
-	}
 	/* TC sends it, as a long reply: mark the entry written above in place */
 	if (!f)
 		f = bpf_map_lookup_elem(&santa_tcp_flows, &req->tuple);
@@ -604,5 +611,5 @@ __noinline int tcp_segment(struct xdp_md *ctx, struct pkt_info *req)
 	}
 	f->multi = nf.multi = 1;
 	COUNT(tcp_xdp_no_room);
-	return emit_by_tc(ctx, &nf, 0, o->tsval, opts, reply_stamp(req, unit, 0, opts, o->tsecr), 0);
+	return emit_by_tc(ctx, &nf, 0, o->tsval, opts, reply_stamp(req, unit, 0, opts, o->tsecr), 0, rq);
 }

@@ -103,7 +103,7 @@ const (
 	santaSantaLimitSANTA_TCP_SEGMENTS       santaSantaLimit = 10
 	santaSantaLimitSANTA_TCP_RESENDS        santaSantaLimit = 8
 	santaSantaLimitSANTA_MAX_TCP_REPLY      santaSantaLimit = 14480
-	santaSantaLimitSANTA_TCP_EMIT_MAGIC     santaSantaLimit = 1398035270
+	santaSantaLimitSANTA_TCP_EMIT_MAGIC     santaSantaLimit = 1398035271
 	santaSantaLimitSANTA_UDP_EMIT_MAGIC     santaSantaLimit = 1398096897
 	santaSantaLimitSANTA_FLOW_OPTS_KNOWN    santaSantaLimit = 128
 )
@@ -195,6 +195,7 @@ type santaSantaReasons struct {
 	TcpDropRuleGone      uint64
 	TcpResetRuleGone     uint64
 	TcpResendLimit       uint64
+	TcpDropResendCopies  uint64
 	TcpDropRstSeq        uint64
 	TcpDropGap           uint64
 	TcpSynChallenged     uint64
@@ -269,12 +270,13 @@ type santaSantaSampleBudget struct {
 }
 
 type santaSantaScratch struct {
-	_     structs.HostLayout
-	Req   [4096]uint8
-	Hdr   [128]uint8
-	L4    [128]uint8
-	Tcp   [64]uint8
-	Probe struct {
+	_        structs.HostLayout
+	Req      [4096]uint8
+	Hdr      [128]uint8
+	L4       [128]uint8
+	Tcp      [64]uint8
+	CopyWord uint64
+	Probe    struct {
 		_      structs.HostLayout
 		Hash   [8]uint32
 		Bucket [8]santaSantaBucket

@@ -158,6 +158,27 @@ func readReply(t *testing.T, c net.Conn, r *bufio.Reader) string {
 	return head.String() + string(body)
 }
 
+// echoRule answers "GET /echo?id=XXXX" with a reply of about 1100 bytes
+// that copies the id and, masked, the low bits of its first byte: too long
+// to grow a veth frame to, so TC sends it. echo is the request of an id,
+// echoed the reply the rule makes for it.
+func echoRule() (rule Rule, echo func(id string) (req, reply string)) {
+	const prefix, suffix = "GET /echo?id=", " HTTP/1.1\r\nHost: santa\r\n\r\n"
+	template := httpReply("id=____ nibble=X "+strings.Repeat("copied by TC ", 80), "")
+	idAt, nibbleAt := strings.Index(template, "____"), strings.Index(template, "X ")
+	reqLen := len(prefix) + 4 + len(suffix)
+	rule = Rule{Conditions: []Condition{cond(0, prefix), cond(len(prefix)+4, suffix)},
+		Processors: []Processor{put(0, template), Processor{Kind: Copy, ReplyOffset: idAt, SrcOffset: len(prefix), Length: 4},
+			copyMasked(nibbleAt, len(prefix), "\x0f")},
+		ReplyLen: len(template), MinLen: reqLen, MaxLen: reqLen}
+	return rule, func(id string) (string, string) {
+		reply := []byte(template)
+		copy(reply[idAt:], id)
+		reply[nibbleAt] = 'X'&0xf0 | id[0]&0x0f
+		return prefix + id + suffix, string(reply)
+	}
+}
+
 // dialFromClient connects from the client namespace.
 func dialFromClient(t testing.TB, tb *testbed.Testbed, addr netip.AddrPort) net.Conn {
 	t.Helper()
@@ -213,11 +234,13 @@ func TestTCPSocketless(t *testing.T) {
 			big, bigClose := httpGet("/big", ""), httpGet("/big", "Connection: close\r\n")
 			bigBody := strings.Repeat("0123456789abcdef", 1000)[:10000] // 7 segments
 			bigReply, bigCloseReply := httpReply(bigBody, ""), httpReply(bigBody[:3000], "Connection: close\r\n")
+			echo, echoed := echoRule() // one segment with copies, sent by TC
 			rules := []Rule{
 				exactRule(big, bigReply, false),
 				exactRule(bigClose, bigCloseReply, true),
 				exactRule(hot, hotReply, false),
 				exactRule(bye, byeReply, true),
+				echo,
 			}
 			if _, err := d.AddRules(srv.cookie, rules); err != nil {
 				t.Fatal(err)
@@ -240,6 +263,11 @@ func TestTCPSocketless(t *testing.T) {
 				io.WriteString(c, big) // ten segments, sent by TC
 				if got := readReply(t, c, r); got != bigReply {
 					t.Fatalf("long reply %d: %d bytes, want %d", i, len(got), len(bigReply))
+				}
+				req, want := echoed(fmt.Sprintf("%c%03d", 'a'+i*7, i))
+				io.WriteString(c, req)
+				if got := readReply(t, c, r); got != want {
+					t.Fatalf("reply with copies %d: %.40q, want %.40q", i, got, want)
 				}
 			}
 			cold := httpGet("/cold", "")
@@ -294,7 +322,7 @@ func TestTCPSocketless(t *testing.T) {
 			time.Sleep(200 * time.Millisecond)
 			after := counterNames(t, d)
 			for name, want := range map[string]uint64{
-				"tcp_syn_answered": 3, "answered": 9, "tcp_handed_over": 1, "tcp_fin_answered": 2,
+				"tcp_syn_answered": 3, "answered": 12, "tcp_handed_over": 1, "tcp_fin_answered": 2, "pass_no_room": 0,
 				"tcp_long_reply":    4,
 				"tcp_segments_sent": uint64(3*segments(bigReply)+segments(bigCloseReply)) + after["tcp_xdp_no_room"] - before["tcp_xdp_no_room"],
 				"tcp_emit_failed":   0,
@@ -305,6 +333,9 @@ func TestTCPSocketless(t *testing.T) {
 			}
 			if got := after["tcp_handover_failed"] - before["tcp_handover_failed"]; got != 0 {
 				t.Errorf("tcp_handover_failed +%d", got)
+			}
+			if got := after["tcp_xdp_no_room"] - before["tcp_xdp_no_room"]; got < 3 {
+				t.Errorf("tcp_xdp_no_room +%d, want at least the 3 replies with copies", got)
 			}
 			if len(srv.Streams()) != 1 {
 				t.Errorf("the kernel accepted %d connections, want 1", len(srv.Streams()))
@@ -389,8 +420,9 @@ func TestTCPSocketlessLoss(t *testing.T) {
 	body := strings.Repeat("0123456789abcdef", 625)
 	hotReply, bigReply, bigCloseReply := httpReply("from eBPF", ""), httpReply(body, ""),
 		httpReply(body[:5000], "Connection: close\r\n")
+	echo, echoed := echoRule() // a lost reply with copies: the client's retransmitted request rebuilds it
 	if _, err := d.AddRules(srv.cookie, []Rule{exactRule(hot, hotReply, false), exactRule(big, bigReply, false),
-		exactRule(bigClose, bigCloseReply, true)}); err != nil {
+		exactRule(bigClose, bigCloseReply, true), echo}); err != nil {
 		t.Fatal(err)
 	}
 	if err := link.SetBoth(testbed.Impairment{Loss: 0.15, Reorder: 0.05, ReorderWait: time.Millisecond}); err != nil {
@@ -401,8 +433,9 @@ func TestTCPSocketlessLoss(t *testing.T) {
 	for i := 0; i < rounds; i++ {
 		c := dialFromClient(t, tb, addr)
 		r := bufio.NewReader(c)
+		echoReq, echoReply := echoed(fmt.Sprintf("r%03d", i))
 		for _, x := range []struct{ req, want string }{
-			{hot, hotReply}, {big, bigReply}, {hot, hotReply},
+			{hot, hotReply}, {big, bigReply}, {echoReq, echoReply}, {hot, hotReply},
 			{httpGet("/cold", ""), httpReply("kernel GET /cold HTTP/1.1", "")},
 			{big, httpReply("kernel GET /big HTTP/1.1", "")},
 		} {
@@ -426,9 +459,9 @@ func TestTCPSocketlessLoss(t *testing.T) {
 	}
 	after := counterNames(t, d)
 	lost := link.Counters(testbed.ToClient).Dropped + link.Counters(testbed.ToServer).Dropped
-	t.Logf("frames lost: %d; eBPF resends %d, handovers %d, long replies %d", lost,
+	t.Logf("frames lost: %d; eBPF resends %d, handovers %d, long replies %d, repeated acks for replies with copies %d", lost,
 		after["tcp_resend"]-before["tcp_resend"], after["tcp_handed_over"]-before["tcp_handed_over"],
-		after["tcp_long_reply"]-before["tcp_long_reply"])
+		after["tcp_long_reply"]-before["tcp_long_reply"], after["tcp_drop_resend_copies"]-before["tcp_drop_resend_copies"])
 	if lost == 0 {
 		t.Fatal("the link lost nothing: the test proves nothing")
 	}

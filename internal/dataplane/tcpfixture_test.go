@@ -268,7 +268,7 @@ func TestInterfaceMTU(t *testing.T) {
 
 // santaTCPEmitMagic starts the metadata XDP leaves TC to send segments
 // (SANTA_TCP_EMIT_MAGIC, bpf/santa.h).
-const santaTCPEmitMagic = 0x53545346
+const santaTCPEmitMagic = 0x53545347
 
 // fixtureConn is a client connection of BPF_PROG_RUN fixtures: eBPF has
 // answered its SYN with serverSeq and stamp.
