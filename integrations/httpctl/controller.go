@@ -831,7 +831,7 @@ func (c *Controller) learn(now time.Time) error {
 			continue
 		}
 		e := c.newEntry(c.groups[i], req)
-		if c.probe(e, now) {
+		if c.probe(e, now) == nil {
 			news = append(news, e)
 		}
 	}
@@ -846,9 +846,10 @@ func (c *Controller) learn(now time.Time) error {
 func (c *Controller) relearn(in *follow.Inherited, now time.Time) error {
 	var news []*entry
 	seen := map[string]bool{}
+	hung := false
 	for _, g := range c.groups {
 		for _, r := range in.Rules(g.cookies[0]) { // a group's sockets hold the same rules
-			if c.stopped() {
+			if c.stopped() || hung {
 				break // the rest go with DeleteRest
 			}
 			raw, ok := requestOf(r)
@@ -860,11 +861,21 @@ func (c *Controller) relearn(in *follow.Inherited, now time.Time) error {
 				continue
 			}
 			e := c.newEntry(g, req)
-			if !seen[e.key] && c.probe(e, now) {
-				news = append(news, e)
+			if !seen[e.key] {
+				err := c.probe(e, now)
+				if err == nil {
+					news = append(news, e)
+				}
+				// nginx took --timeout to not answer: each of the rest
+				// would take as long, and ready would wait for them all
+				hung = isTimeout(err)
 			}
 			seen[e.key] = true
 		}
+	}
+	if hung {
+		c.log.Warn("nginx did not answer within --timeout: the rules a predecessor left that were not checked yet are removed, their requests go to nginx and are learned again from miss samples",
+			"timeout", c.cfg.Timeout, "checked", len(seen))
 	}
 	if len(news) == 0 {
 		return nil
@@ -898,15 +909,15 @@ func (c *Controller) newEntry(g *group, req request) *entry {
 // address a client may send the request to, which must be the same too: a
 // rule answers the request whatever address it came to, and nginx picks
 // the server block by that address when a `listen ADDR:PORT` shares the
-// wildcard socket. On failure it refuses e for a while and returns false.
-func (c *Controller) probe(e *entry, now time.Time) bool {
+// wildcard socket. On failure it refuses e for a while and returns why.
+func (c *Controller) probe(e *entry, now time.Time) error {
 	e.sources = sources(e.obj, e.dir) // a link may point elsewhere since the last fetch
 	from := []netip.AddrPort{e.g.fetch, e.g.fetch}
 	if e.g.wildcard {
 		others, err := c.wildcardAddrs(e.g)
 		if err != nil {
 			c.refuse(e, err, now)
-			return false
+			return err
 		}
 		from = append(others, from...)
 	}
@@ -918,17 +929,24 @@ func (c *Controller) probe(e *entry, now time.Time) bool {
 		}
 		if err != nil {
 			c.refuse(e, err, now)
-			return false
+			return err
 		}
 		if d, _ := r.at(r.date); last != nil && !bytes.Equal(last.withDate(d), r.raw) {
-			c.refuse(e, fmt.Errorf("%w: two responses to the same request differ beyond Date (over %v and %v)", errVaries, from[i-1], addr), now)
-			return false
+			err := fmt.Errorf("%w: two responses to the same request differ beyond Date (over %v and %v)", errVaries, from[i-1], addr)
+			c.refuse(e, err, now)
+			return err
 		}
 		last = r
 	}
 	c.setResponse(e, last, now)
 	c.checkRoot(e)
-	return true
+	return nil
+}
+
+// isTimeout says err is a fetch that ran out of time.
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
 }
 
 // wildcardAddrs are the addresses other than g.fetch (loopback) over which
@@ -1288,7 +1306,7 @@ func (c *Controller) refetchPending(now time.Time) error {
 			continue
 		}
 		delete(c.pending, e.key)
-		if c.probe(e, now) {
+		if c.probe(e, now) == nil {
 			again = append(again, e)
 		}
 	}

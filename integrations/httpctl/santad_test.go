@@ -12,12 +12,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -291,25 +293,22 @@ func TestCommandCountsFetchErrors(t *testing.T) {
 	}
 }
 
-// TestStopWhileTakingOverFromHungNginx: a controller that starts takes
-// over the rules a predecessor left by fetching each one's request from
-// nginx again. With nginx hung (stopped with SIGSTOP here), each of those
-// fetches waits for --timeout; a stop (SIGTERM, the context's end) must
-// not wait for all of them: the controller ends within about one fetch,
-// leaving none of the rules with its tag behind. (It went on fetching,
-// 2 s a request, 20 s for these ten, and then said it was ready.)
-func TestStopWhileTakingOverFromHungNginx(t *testing.T) {
+// predecessorLeftRulesNginxHung is the scene of a takeover from a hung
+// nginx: a predecessor was killed and left ten tagged rules on every
+// socket of the test port, and nginx is stopped (SIGSTOP) until the test
+// ends. It returns the rig, a client of its santad and the sockets.
+func predecessorLeftRulesNginxHung(t *testing.T) (*santadRig, *santa.Client, []api.SocketInfo) {
+	t.Helper()
 	r := newSantadRig(t, map[string][]byte{"a.txt": smallFile})
 	client, err := santa.Dial(r.santad.Socket)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer client.Close()
+	t.Cleanup(func() { client.Close() })
 	socks, err := client.BindPortProtocol(testPort, api.ProtocolTCP, santa.SampleOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	// what a killed predecessor left: ten tagged rules on every socket
 	const n = 10
 	expires := uint64(time.Now().Add(time.Minute).Unix())
 	for _, s := range socks {
@@ -328,13 +327,93 @@ func TestStopWhileTakingOverFromHungNginx(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	signalAll := func(sig syscall.Signal) {
+	for _, pid := range pids {
+		syscall.Kill(pid, syscall.SIGSTOP)
+	}
+	t.Cleanup(func() { // before nginx's own Stop
 		for _, pid := range pids {
-			syscall.Kill(pid, sig)
+			syscall.Kill(pid, syscall.SIGCONT)
+		}
+	})
+	return r, client, socks
+}
+
+// logBuffer collects a controller's log for a test to look into.
+type logBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// tagLeft fails the test if a socket still has rules with the controller's tag.
+func tagLeft(t *testing.T, client *santa.Client, socks []api.SocketInfo) {
+	t.Helper()
+	for _, s := range socks {
+		left, _, err := client.ListPage(santa.Cookie(s.Cookie), DefaultConfig.Tag, 0, 100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(left) != 0 {
+			t.Errorf("socket %d: %d rules with the controller's tag left behind", s.Cookie, len(left))
 		}
 	}
-	signalAll(syscall.SIGSTOP)
-	t.Cleanup(func() { signalAll(syscall.SIGCONT) }) // before nginx's own Stop
+}
+
+// TestTakeoverFromHungNginx: a controller taking over from a predecessor
+// fetches each inherited rule's request from nginx again. With nginx hung,
+// the first fetch runs out of --timeout and the controller stops there: the
+// inherited rules go (their requests go to nginx) and it is ready after
+// about one timeout, not one per rule (ten here: it said ready after 10 s).
+func TestTakeoverFromHungNginx(t *testing.T) {
+	r, client, socks := predecessorLeftRulesNginxHung(t)
+	ready := make(chan Report, 1)
+	logs := &logBuffer{}
+	c, err := New(Config{Socket: r.santad.Socket, Port: testPort, Root: r.ng.Root, MinSamples: 1, Timeout: time.Second,
+		Log:   slog.New(slog.NewTextHandler(io.MultiWriter(testWriter{t}, logs), &slog.HandlerOptions{Level: slog.LevelInfo})),
+		Ready: func(rep Report) { ready <- rep }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	started := time.Now()
+	go func() { errc <- r.tb.Server.Do(func() error { return c.Run(ctx) }) }()
+	select {
+	case <-ready:
+		t.Logf("ready %v after the start", time.Since(started).Round(time.Millisecond))
+	case <-time.After(5 * time.Second):
+		t.Error("not ready 5 s after the start, taking over ten rules from a hung nginx with a 1-s timeout")
+	}
+	cancel()
+	if err := <-errc; err != nil {
+		t.Errorf("Run: %v", err)
+	}
+	if want := "nginx did not answer within --timeout"; !strings.Contains(logs.String(), want) {
+		t.Errorf("no log line %q", want)
+	}
+	tagLeft(t, client, socks)
+}
+
+// TestStopWhileTakingOverFromHungNginx: a controller that starts takes
+// over the rules a predecessor left by fetching each one's request from
+// nginx again. With nginx hung (stopped with SIGSTOP here), that fetch
+// waits for --timeout; a stop (SIGTERM, the context's end) must not wait
+// for it to end: the controller ends promptly, leaving none of the rules
+// with its tag behind. (It went on fetching, 2 s a request, 20 s for these
+// ten, and then said it was ready.)
+func TestStopWhileTakingOverFromHungNginx(t *testing.T) {
+	r, client, socks := predecessorLeftRulesNginxHung(t)
 	ready := make(chan Report, 1)
 	c, err := New(Config{Socket: r.santad.Socket, Port: testPort, Root: r.ng.Root, MinSamples: 1, Timeout: 2 * time.Second,
 		Log:   slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo})),
@@ -347,10 +426,18 @@ func TestStopWhileTakingOverFromHungNginx(t *testing.T) {
 	errc := make(chan error, 1)
 	go func() { errc <- r.tb.Server.Do(func() error { return c.Run(ctx) }) }()
 	deadline := time.Now().Add(10 * time.Second)
-	// into the takeover: its first fetch timed out, the next one hangs
-	for c.Report().FetchErrors == 0 {
+	// into the takeover: a fetch's connection is up (the kernel completes
+	// the handshake for the stopped nginx), its request unanswered
+	for {
+		out, err := r.tb.Server.Run("ss", "-Htn", "state", "established", fmt.Sprintf("( dport = :%d )", testPort))
+		if err != nil {
+			t.Fatalf("ss: %v: %s", err, out)
+		}
+		if strings.TrimSpace(string(out)) != "" {
+			break
+		}
 		if time.Now().After(deadline) {
-			t.Fatal("no fetch of the takeover failed within 10 s")
+			t.Fatal("no fetch of the takeover within 10 s")
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -363,8 +450,7 @@ func TestStopWhileTakingOverFromHungNginx(t *testing.T) {
 		}
 		t.Logf("stopped %v after it was told", time.Since(stopped).Round(time.Millisecond))
 	case <-time.After(5 * time.Second):
-		signalAll(syscall.SIGCONT)
-		<-errc
+		<-errc // the fetch times out
 		t.Fatalf("the controller still ran 5 s after it was told to stop, taking over from a hung nginx (it stopped %v after)",
 			time.Since(stopped).Round(time.Millisecond))
 	}
@@ -373,13 +459,5 @@ func TestStopWhileTakingOverFromHungNginx(t *testing.T) {
 		t.Error("the controller said it was ready after it was told to stop")
 	default:
 	}
-	for _, s := range socks {
-		left, _, err := client.ListPage(santa.Cookie(s.Cookie), DefaultConfig.Tag, 0, 100)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(left) != 0 {
-			t.Errorf("socket %d: %d rules with the controller's tag left behind", s.Cookie, len(left))
-		}
-	}
+	tagLeft(t, client, socks)
 }
