@@ -868,7 +868,7 @@ func (c *Controller) relearn(in *follow.Inherited, now time.Time) error {
 				}
 				// nginx took --timeout to not answer: each of the rest
 				// would take as long, and ready would wait for them all
-				hung = isTimeout(err)
+				hung = isTimeout(err) && !c.stopped()
 			}
 			seen[e.key] = true
 		}
@@ -923,7 +923,10 @@ func (c *Controller) probe(e *entry, now time.Time) error {
 	}
 	var last *response
 	for i, addr := range from {
-		r, err := fetch(addr, e.req, e.g.maxReply, c.cfg.Timeout)
+		r, err := fetch(addr, e.req, e.g.maxReply, c.cfg.Timeout, c.done)
+		if err != nil && c.stopped() {
+			return err // cut short by the stop: no failure of nginx's
+		}
 		if err != nil && addr != e.g.fetch {
 			err = fmt.Errorf("over %v: %w", addr, err)
 		}
@@ -1419,8 +1422,10 @@ func (c *Controller) revalidate(now time.Time) error {
 		if time.Since(start) > workPerSecond {
 			break
 		}
-		r, err := fetch(e.g.fetch, e.req, e.g.maxReply, c.cfg.Timeout)
+		r, err := fetch(e.g.fetch, e.req, e.g.maxReply, c.cfg.Timeout, c.done)
 		switch {
+		case err != nil && c.stopped():
+			return nil // the fetch was cut short by the stop
 		case err != nil && !isNotOffloadable(err):
 			c.count(func(r *Report) { r.FetchErrors++ })
 			c.log.Warn("re-validation failed; the rule stays", "request", e.req.line(), "error", err)

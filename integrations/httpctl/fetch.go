@@ -3,6 +3,7 @@ package httpctl
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -87,14 +88,27 @@ func (r *response) withDate(t time.Time) []byte {
 // end of the connection are refused); HEAD and 304 have none. maxReply
 // bounds the whole response; a longer one is refused before its body is
 // read. Network errors are returned as they are; a response a rule may
-// not send is an errNotOffloadable.
-func fetch(addr netip.AddrPort, req request, maxReply int, timeout time.Duration) (*response, error) {
-	conn, err := net.DialTimeout("tcp", addr.String(), timeout)
+// not send is an errNotOffloadable. A fetch ends early, with an error,
+// when done closes.
+func fetch(addr netip.AddrPort, req request, maxReply int, timeout time.Duration, done <-chan struct{}) (*response, error) {
+	// done (the run's end) ends the fetch at once: a hung nginx would
+	// hold a stop for the whole timeout
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		select {
+		case <-done:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	conn, err := (&net.Dialer{Timeout: timeout}).DialContext(ctx, "tcp", addr.String())
 	if err != nil {
 		return nil, err
 	}
 	defer conn.Close()
 	conn.SetDeadline(time.Now().Add(timeout))
+	context.AfterFunc(ctx, func() { conn.SetDeadline(time.Now()) })
 	// Two segments (Go sets TCP_NODELAY): should the rule processor see
 	// this connection (santad attached to loopback), the first segment
 	// matches no rule and hands the connection to nginx, so nginx answers

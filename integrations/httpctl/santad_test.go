@@ -408,14 +408,15 @@ func TestTakeoverFromHungNginx(t *testing.T) {
 // TestStopWhileTakingOverFromHungNginx: a controller that starts takes
 // over the rules a predecessor left by fetching each one's request from
 // nginx again. With nginx hung (stopped with SIGSTOP here), that fetch
-// waits for --timeout; a stop (SIGTERM, the context's end) must not wait
-// for it to end: the controller ends promptly, leaving none of the rules
-// with its tag behind. (It went on fetching, 2 s a request, 20 s for these
-// ten, and then said it was ready.)
+// waits for --timeout (30 s here); a stop (SIGTERM, the context's end)
+// must not wait for it to end: the controller ends at once, leaving none
+// of the rules with its tag behind, and counts no failed fetch. (It went
+// on fetching, 2 s a request, 20 s for these ten, and then said it was
+// ready; later it ended after the fetch in progress, 30 s here.)
 func TestStopWhileTakingOverFromHungNginx(t *testing.T) {
 	r, client, socks := predecessorLeftRulesNginxHung(t)
 	ready := make(chan Report, 1)
-	c, err := New(Config{Socket: r.santad.Socket, Port: testPort, Root: r.ng.Root, MinSamples: 1, Timeout: 2 * time.Second,
+	c, err := New(Config{Socket: r.santad.Socket, Port: testPort, Root: r.ng.Root, MinSamples: 1, Timeout: 30 * time.Second,
 		Log:   slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo})),
 		Ready: func(rep Report) { ready <- rep }})
 	if err != nil {
@@ -458,6 +459,9 @@ func TestStopWhileTakingOverFromHungNginx(t *testing.T) {
 	case <-ready:
 		t.Error("the controller said it was ready after it was told to stop")
 	default:
+	}
+	if n := c.Report().FetchErrors; n != 0 {
+		t.Errorf("%d failed fetches counted: the stop cut the fetch short, nginx did not fail it", n)
 	}
 	tagLeft(t, client, socks)
 }
