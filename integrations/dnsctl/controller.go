@@ -339,6 +339,14 @@ func (c *Controller) Run(ctx context.Context) error {
 			ep.asker.Close()
 		}
 	}()
+	// a stop ends the questions in flight: a hung server would hold it
+	// for their tries
+	stopAsking := context.AfterFunc(ctx, func() {
+		for _, ep := range c.eps {
+			ep.asker.Stop()
+		}
+	})
+	defer stopAsking()
 	// claimed once attached: --pid and --fd name a socket whose port only
 	// santad's answer tells
 	claim, err := follow.ClaimTag(c.cfg.Socket, api.ProtocolUDP, c.eps[0].addr.Port(), c.cfg.Tag)

@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -20,8 +21,13 @@ type Asker struct {
 	Timeout time.Duration // per try
 	Tries   int
 
-	pool chan *asker
+	pool    chan *asker
+	conns   []*net.UDPConn // the pool's sockets, for Stop
+	stopped atomic.Bool
 }
+
+// ErrStopped is the error of an Ask that Stop ended.
+var ErrStopped = errors.New("the controller is stopping")
 
 // asker is one socket of the pool with its receive buffer and the copy of
 // the query it sends, reused by every question asked on it (a million fresh
@@ -42,8 +48,19 @@ func NewAsker(server netip.AddrPort, parallel int, timeout time.Duration, tries 
 			return nil, fmt.Errorf("open a socket to ask %v: %w", server, err)
 		}
 		a.pool <- &asker{conn: c, buf: make([]byte, 65535)}
+		a.conns = append(a.conns, c)
 	}
 	return a, nil
+}
+
+// Stop ends every Ask in flight at once, and makes every later one fail,
+// with ErrStopped: a hung server would hold a stop for Tries × Timeout
+// per question in flight.
+func (a *Asker) Stop() {
+	a.stopped.Store(true)
+	for _, c := range a.conns {
+		c.SetDeadline(time.Now())
+	}
 }
 
 // Close closes the sockets; no Ask may be running.
@@ -76,6 +93,9 @@ func (a *Asker) Ask(query []byte) ([]byte, error) {
 		binary.BigEndian.PutUint16(q, id)
 		if err = c.SetDeadline(time.Now().Add(a.Timeout)); err != nil {
 			return nil, err
+		}
+		if a.stopped.Load() { // after the deadline: a Stop since has set its own
+			return nil, fmt.Errorf("ask %v: %w", a.Server, ErrStopped)
 		}
 		if _, err = c.Write(q); err != nil {
 			return nil, fmt.Errorf("ask %v: %w", a.Server, err)

@@ -985,6 +985,69 @@ func TestTTLBound(t *testing.T) {
 	}
 }
 
+// TestStopWithServerHung: with the server stopped (SIGSTOP) while the
+// controller asks it for a refresh, each question waits for its tries of
+// --timeout (3 × 10 s here); a stop (SIGTERM) ends those questions at once,
+// and the controller deletes its rules and exits within 5 s. (It waited
+// for the tries: 30 s.)
+func TestStopWithServerHung(t *testing.T) {
+	r := newRig(t, testbed.KindNSD, 0, "short 2 IN A 198.18.255.78")
+	short := "short." + r.zone.Origin
+	ctl := r.startController("static", "--port", "53/udp", "--names", r.namesFile([]string{short}, []uint16{dns.TypeA}),
+		"--shape", "rd,ad,edns", "--poll", "0", "--timeout", "10s")
+	pids, err := r.srv.PIDs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range pids {
+		syscall.Kill(p, syscall.SIGSTOP)
+	}
+	defer func() {
+		for _, p := range pids {
+			syscall.Kill(p, syscall.SIGCONT)
+		}
+	}()
+	waitStopped(t, pids)
+	// the refresh at half the 2-s TTL: its question waits in the server's queue
+	deadline := time.Now().Add(10 * time.Second)
+	for !serverQueueHolds(t, r.tb, 53) {
+		if time.Now().After(deadline) {
+			t.Fatal("no question in the stopped server's queue within 10 s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	stopped := time.Now()
+	if err := ctl.Stop(5 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("stopped %v after SIGTERM", time.Since(stopped).Round(time.Millisecond))
+	if n := r.rules(); n != 0 {
+		t.Errorf("%d rules left after the stop", n)
+	}
+}
+
+// serverQueueHolds reports whether a UDP socket bound to port in tb's
+// server namespace has datagrams queued (rx_queue in /proc/net/udp, udp6).
+func serverQueueHolds(t *testing.T, tb *testbed.Testbed, port uint16) bool {
+	t.Helper()
+	for _, file := range []string{"/proc/net/udp", "/proc/net/udp6"} {
+		out, err := tb.Server.Run("cat", file)
+		if err != nil {
+			t.Fatalf("%s: %v: %s", file, err, out)
+		}
+		for _, line := range strings.Split(string(out), "\n")[1:] {
+			f := strings.Fields(line)
+			if len(f) < 5 || !strings.HasSuffix(f[1], fmt.Sprintf(":%04X", port)) {
+				continue
+			}
+			if _, rx, _ := strings.Cut(f[4], ":"); strings.Trim(rx, "0") != "" {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // waitStopped waits until every process of pids is stopped (SIGSTOP
 // delivered: state T), at most 5 s.
 func waitStopped(t *testing.T, pids []int) {
