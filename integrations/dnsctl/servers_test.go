@@ -961,19 +961,7 @@ func TestTTLBound(t *testing.T) {
 	if got, kernel := r.dig(short, "A"); got != "198.18.255.77" || !kernel {
 		t.Fatalf("%q, from the rule processor %v", got, kernel)
 	}
-	pids, err := r.srv.PIDs()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, p := range pids {
-		syscall.Kill(p, syscall.SIGSTOP)
-	}
-	defer func() {
-		for _, p := range pids {
-			syscall.Kill(p, syscall.SIGCONT)
-		}
-	}()
-	waitStopped(t, pids)
+	r.hangServer()
 	// every answer the controller has (it may have refreshed it before the
 	// server stopped) was sent before now
 	r.waitRulesExpired(time.Now().Add(3 * time.Second))
@@ -995,19 +983,7 @@ func TestStopWithServerHung(t *testing.T) {
 	short := "short." + r.zone.Origin
 	ctl := r.startController("static", "--port", "53/udp", "--names", r.namesFile([]string{short}, []uint16{dns.TypeA}),
 		"--shape", "rd,ad,edns", "--poll", "0", "--timeout", "10s")
-	pids, err := r.srv.PIDs()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, p := range pids {
-		syscall.Kill(p, syscall.SIGSTOP)
-	}
-	defer func() {
-		for _, p := range pids {
-			syscall.Kill(p, syscall.SIGCONT)
-		}
-	}()
-	waitStopped(t, pids)
+	r.hangServer()
 	// the refresh at half the 2-s TTL: its question waits in the server's queue
 	deadline := time.Now().Add(10 * time.Second)
 	for !serverQueueHolds(t, r.tb, 53) {
@@ -1046,6 +1022,25 @@ func serverQueueHolds(t *testing.T, tb *testbed.Testbed, port uint16) bool {
 		}
 	}
 	return false
+}
+
+// hangServer stops the server's processes (SIGSTOP) until the test ends:
+// its sockets stay, nothing answers.
+func (r *rig) hangServer() {
+	r.t.Helper()
+	pids, err := r.srv.PIDs()
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	for _, p := range pids {
+		syscall.Kill(p, syscall.SIGSTOP)
+	}
+	r.t.Cleanup(func() { // before the server's own stop
+		for _, p := range pids {
+			syscall.Kill(p, syscall.SIGCONT)
+		}
+	})
+	waitStopped(r.t, pids)
 }
 
 // waitStopped waits until every process of pids is stopped (SIGSTOP
