@@ -842,7 +842,8 @@ func (c *Controller) learn(now time.Time) error {
 // (in), up to MaxRules, each fetched anew and probed like a learned one.
 // Their new rules supersede the old ones, so that a restart does not send
 // those requests to nginx until they are learned again; one without hits
-// goes after Idle like any other.
+// goes after Idle like any other. The first fetch that runs out of Timeout
+// ends it: the rest go with DeleteRest.
 func (c *Controller) relearn(in *follow.Inherited, now time.Time) error {
 	var news []*entry
 	seen := map[string]bool{}
