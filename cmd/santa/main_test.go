@@ -8,9 +8,38 @@ import (
 	"testing"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/santa-offload/santa/api"
 )
+
+// TestDocsNameEveryFlag checks that every flag of every command is named
+// in the docs (docs/cli.md's command table, or the controllers' pages).
+func TestDocsNameEveryFlag(t *testing.T) {
+	var docs strings.Builder
+	for _, page := range []string{"cli.md", "dns.md", "http.md", "memcached.md"} {
+		b, err := os.ReadFile(filepath.Join("../../docs", page))
+		if err != nil {
+			t.Fatal(err)
+		}
+		docs.Write(b)
+	}
+	var walk func(c *cobra.Command)
+	walk = func(c *cobra.Command) {
+		if c.Hidden || c.Name() == "help" || c.Name() == "completion" {
+			return
+		}
+		c.LocalFlags().VisitAll(func(f *pflag.Flag) {
+			if f.Name != "help" && !strings.Contains(docs.String(), "--"+f.Name) {
+				t.Errorf("%s: --%s is in no doc (docs/cli.md, dns.md, http.md, memcached.md)", c.CommandPath(), f.Name)
+			}
+		})
+		for _, sub := range c.Commands() {
+			walk(sub)
+		}
+	}
+	walk(newRoot(env{}))
+}
 
 // TestHelp runs --help of every command: each must explain itself.
 func TestHelp(t *testing.T) {
