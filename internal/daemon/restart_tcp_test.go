@@ -177,7 +177,8 @@ func repliesInFlightAcross(t *testing.T, r inFlightRestart) *santadProc {
 		}
 	}
 	if !regexp.MustCompile(`TCP flows carried over.* replies_in_flight=[1-9]`).MatchString(sd.Log()) {
-		t.Errorf("no reply was in flight at the restart (the test needs some):\n%s", sd.Log())
+		t.Errorf("no reply was in flight at the restart (the test needs some; the link toward the client: %+v):\n%s",
+			link.Counters(testbed.ToClient), sd.Log())
 	}
 	metrics := sd.scrape()
 	for _, gone := range []string{"tcp_reset_rule_gone", "tcp_drop_rule_gone"} {

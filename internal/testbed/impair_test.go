@@ -213,6 +213,13 @@ func TestImpairLossTCP(t *testing.T) {
 	if err := l.SetLoss(0.2); err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { // what the forwarder saw, should a transfer stall (it did once, over IPv6, in CI)
+		if t.Failed() {
+			for _, d := range []Direction{ToServer, ToClient} {
+				t.Logf("%v: %+v", d, l.Counters(d))
+			}
+		}
+	})
 	for _, url := range []string{n.URL4("/big.bin"), n.URL6("/big.bin")} {
 		start := time.Now()
 		got := curlGetWithin(t, tb, url, 60*time.Second)
