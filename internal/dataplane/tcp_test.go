@@ -160,8 +160,8 @@ func readReply(t *testing.T, c net.Conn, r *bufio.Reader) string {
 
 // echoRule answers "GET /echo?id=XXXX" with a reply of about 1100 bytes
 // that copies the id and, masked, the low bits of its first byte: too long
-// to grow a veth frame to, so TC sends it. echo is the request of an id,
-// echoed the reply the rule makes for it.
+// to grow a veth frame to, so TC sends it. echo gives, for an id, the
+// request and the reply the rule makes for it.
 func echoRule() (rule Rule, echo func(id string) (req, reply string)) {
 	const prefix, suffix = "GET /echo?id=", " HTTP/1.1\r\nHost: santa\r\n\r\n"
 	template := httpReply("id=____ nibble=X "+strings.Repeat("copied by TC ", 80), "")
