@@ -261,9 +261,9 @@ type Controller struct {
 	rootID     fileID
 	rootWarned bool // the failure to watch the new document root is logged
 
-	// done ends with the run (Run's context): the loops that fetch from
-	// nginx, one request after another, stop at it
-	done <-chan struct{}
+	// ctx is the run's (Run's context): the loops that fetch from nginx,
+	// one request after another, and each fetch stop at its end
+	ctx context.Context
 
 	idleChecked, reported time.Time
 	reportHits            uint64
@@ -348,7 +348,7 @@ func New(cfg Config) (*Controller, error) {
 	}
 	c := &Controller{cfg: cfg, rootGiven: given, log: cfg.Log, byCookie: map[uint64]*group{}, entries: map[string]*entry{},
 		pending: map[string]*entry{}, refused: map[string]refusal{}, logged: map[string]bool{},
-		hot: sketch.New(4 * min(cfg.MaxRules, 16384)), samples: make(chan sample, 4096)}
+		hot: sketch.New(4 * min(cfg.MaxRules, 16384)), samples: make(chan sample, 4096), ctx: context.Background()}
 	if len(cfg.Paths) > 0 {
 		c.paths = map[string]bool{}
 		for _, p := range cfg.Paths {
@@ -405,7 +405,7 @@ func (c *Controller) Run(ctx context.Context) error {
 		return err
 	}
 	defer c.removeAll()
-	c.done = ctx.Done()
+	c.ctx = ctx
 	if err := c.relearn(inherited, time.Now()); err != nil {
 		return err
 	}
@@ -890,12 +890,7 @@ func (c *Controller) relearn(in *follow.Inherited, now time.Time) error {
 
 // stopped reports whether the run was told to end.
 func (c *Controller) stopped() bool {
-	select {
-	case <-c.done:
-		return true
-	default:
-		return false
-	}
+	return c.ctx.Err() != nil
 }
 
 func (c *Controller) newEntry(g *group, req request) *entry {
@@ -924,7 +919,7 @@ func (c *Controller) probe(e *entry, now time.Time) error {
 	}
 	var last *response
 	for i, addr := range from {
-		r, err := fetch(addr, e.req, e.g.maxReply, c.cfg.Timeout, c.done)
+		r, err := fetch(c.ctx, addr, e.req, e.g.maxReply, c.cfg.Timeout)
 		if err != nil && c.stopped() {
 			return err // cut short by the stop: no failure of nginx's
 		}
@@ -1423,7 +1418,7 @@ func (c *Controller) revalidate(now time.Time) error {
 		if time.Since(start) > workPerSecond {
 			break
 		}
-		r, err := fetch(e.g.fetch, e.req, e.g.maxReply, c.cfg.Timeout, c.done)
+		r, err := fetch(c.ctx, e.g.fetch, e.req, e.g.maxReply, c.cfg.Timeout)
 		switch {
 		case err != nil && c.stopped():
 			return nil // the fetch was cut short by the stop

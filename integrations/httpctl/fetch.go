@@ -89,19 +89,10 @@ func (r *response) withDate(t time.Time) []byte {
 // bounds the whole response; a longer one is refused before its body is
 // read. Network errors are returned as they are; a response a rule may
 // not send is an errNotOffloadable. A fetch ends early, with an error,
-// when done closes.
-func fetch(addr netip.AddrPort, req request, maxReply int, timeout time.Duration, done <-chan struct{}) (*response, error) {
-	// done (the run's end) ends the fetch at once: a hung nginx would
-	// hold a stop for the whole timeout
-	ctx, cancel := context.WithCancel(context.Background())
+// when ctx ends (a hung nginx would hold a stop for the whole timeout).
+func fetch(ctx context.Context, addr netip.AddrPort, req request, maxReply int, timeout time.Duration) (*response, error) {
+	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	go func() {
-		select {
-		case <-done:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
 	conn, err := (&net.Dialer{Timeout: timeout}).DialContext(ctx, "tcp", addr.String())
 	if err != nil {
 		return nil, err

@@ -97,7 +97,7 @@ func (r *rig) fetch(req string, maxReply int) (resp *response, err error) {
 		r.t.Fatal(perr)
 	}
 	r.tb.Server.Do(func() error {
-		resp, err = fetch(netip.MustParseAddrPort(fmt.Sprintf("127.0.0.1:%d", testPort)), q, maxReply, 2*time.Second, nil)
+		resp, err = fetch(context.Background(), netip.MustParseAddrPort(fmt.Sprintf("127.0.0.1:%d", testPort)), q, maxReply, 2*time.Second)
 		return nil
 	})
 	return resp, err

@@ -19,7 +19,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -338,24 +337,6 @@ func predecessorLeftRulesNginxHung(t *testing.T) (*santadRig, *santa.Client, []a
 	return r, client, socks
 }
 
-// logBuffer collects a controller's log for a test to look into.
-type logBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // tagLeft fails the test if a socket still has rules with the controller's tag.
 func tagLeft(t *testing.T, client *santa.Client, socks []api.SocketInfo) {
 	t.Helper()
@@ -378,7 +359,7 @@ func tagLeft(t *testing.T, client *santa.Client, socks []api.SocketInfo) {
 func TestTakeoverFromHungNginx(t *testing.T) {
 	r, client, socks := predecessorLeftRulesNginxHung(t)
 	ready := make(chan Report, 1)
-	logs := &logBuffer{}
+	logs := &testbed.LockedBuffer{}
 	c, err := New(Config{Socket: r.santad.Socket, Port: testPort, Root: r.ng.Root, MinSamples: 1, Timeout: time.Second,
 		Log:   slog.New(slog.NewTextHandler(io.MultiWriter(testWriter{t}, logs), &slog.HandlerOptions{Level: slog.LevelInfo})),
 		Ready: func(rep Report) { ready <- rep }})
