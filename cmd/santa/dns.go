@@ -54,7 +54,7 @@ Modes:
 	}
 	cmd.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error {
 		f.fdGiven = cmd.Flags().Changed("fd")
-		return refuseZero(cmd, "parallel", "timeout", "tag", "max-rules", "sample-rate", "min-samples", "interval", "idle")
+		return refuseZero(cmd, "parallel", "timeout", "tag", "max-rules", "sample-rate", "quiet-sample-rate", "quiet-after", "min-samples", "interval", "idle")
 	}
 	pf := cmd.PersistentFlags()
 	pf.StringVar(&f.port, "port", "", "attach to every UDP socket bound to this port, e.g. 53/udp")
@@ -66,6 +66,9 @@ Modes:
 	pf.BoolVar(&f.cfg.LearnShapes, "learn-shapes", f.cfg.LearnShapes, "also install a question's rule for further shapes that clients send (seen in misses)")
 	pf.Uint32Var(&f.cfg.SampleRate, "sample-rate", f.cfg.SampleRate,
 		"miss samples per second and CPU: adaptive's input, and what --learn-shapes looks at")
+	pf.Uint32Var(&f.cfg.QuietSampleRate, "quiet-sample-rate", f.cfg.QuietSampleRate,
+		"static and top: --learn-shapes' miss samples per second and CPU after --quiet-after without a new shape (the next new shape restores --sample-rate)")
+	pf.DurationVar(&f.cfg.QuietAfter, "quiet-after", f.cfg.QuietAfter, "static and top: how long without a new query shape in the misses lowers the sampling to --quiet-sample-rate")
 	pf.StringArrayVar(&f.zones, "zone", nil, "a zone the server serves, for SOA polling (repeatable; default: ask the server for each name's zone)")
 	pf.DurationVar(&f.cfg.Poll, "poll", f.cfg.Poll, "SOA serial poll interval (0: no polling; rules still follow their TTLs)")
 	pf.StringVar(&f.cfg.Notify, "notify", "", "accept DNS NOTIFY on this address, e.g. 127.0.0.1:5354 (point the server's notify at it)")

@@ -65,6 +65,12 @@ type Config struct {
 	Interval   time.Duration // Adaptive decisions, statistics
 	Idle       time.Duration // Adaptive: a rule without hits for this long is removed
 	SampleRate uint32        // miss samples per second and CPU (Adaptive, LearnShapes)
+	// QuietSampleRate is the sampling of LearnShapes (Static, Top) once
+	// the misses showed no new shape for QuietAfter; the first new shape
+	// raises it to SampleRate again. Each sample costs santad and the
+	// controller CPU on a server that misses often.
+	QuietSampleRate uint32
+	QuietAfter      time.Duration
 	Poll       time.Duration // SOA serial poll interval; 0: no polling
 	Notify     string        // address to accept NOTIFY on ("" = off)
 	Parallel   int           // questions in flight to the server
@@ -88,6 +94,10 @@ var DefaultConfig = Config{
 	Interval:    time.Second,
 	Idle:        60 * time.Second,
 	SampleRate:  5000,
+	// docs/dns.md: the Zipf mix with the top 10 k offloaded answered
+	// 10–15 % more at 100 than at 5000
+	QuietSampleRate: 100,
+	QuietAfter:      10 * time.Second,
 	Poll:        time.Second,
 	Parallel:    32,
 	Timeout:     time.Second,
@@ -142,6 +152,12 @@ type Controller struct {
 	wheel   map[int64][]*entry // refresh second -> entries due then
 	expiry  expiryHeap         // every entry by the time its rule must be gone
 	samples chan sampleEvent
+	// watcher streams the miss samples; lastShape is when the samples
+	// last showed a new shape (or the start), quiet whether they are at
+	// QuietSampleRate for want of one (LearnShapes in Static and Top)
+	watcher   *follow.Watcher
+	lastShape time.Time
+	quiet     bool
 }
 
 // expiryMargin is how long before its answer's TTL runs out a rule that
@@ -231,6 +247,8 @@ func New(cfg Config) (*Controller, error) {
 	setDefault(&cfg.Interval, d.Interval)
 	setDefault(&cfg.Idle, d.Idle)
 	setDefault(&cfg.SampleRate, d.SampleRate)
+	setDefault(&cfg.QuietSampleRate, d.QuietSampleRate)
+	setDefault(&cfg.QuietAfter, d.QuietAfter)
 	setDefault(&cfg.Parallel, d.Parallel)
 	setDefault(&cfg.Timeout, d.Timeout)
 	setDefault(&cfg.Batch, d.Batch)
@@ -391,11 +409,11 @@ func (c *Controller) Run(ctx context.Context) error {
 	}
 	subCtx, stopSubs := context.WithCancel(ctx)
 	defer stopSubs()
-	gone, err := c.watch(subCtx)
-	if err != nil {
+	if c.watcher, err = c.watch(subCtx); err != nil {
 		return err
 	}
-	return c.loop(ctx, notified, gone)
+	c.lastShape, c.quiet = time.Now(), false
+	return c.loop(ctx, notified, c.watcher.Ended())
 }
 
 // attach binds the server's sockets and groups them by address.
@@ -1070,6 +1088,7 @@ func (c *Controller) loop(ctx context.Context, notified <-chan string, gone <-ch
 			if err := c.askAgainWithRoom(); err != nil {
 				return err
 			}
+			c.quietDown(now)
 		case <-poll:
 			if err := c.pollAll(); err != nil {
 				return err

@@ -26,7 +26,7 @@ const maxAttempted = 1 << 20
 // watch subscribes to every socket's miss samples: streamed into
 // c.samples when the controller learns from them (Adaptive mode,
 // LearnShapes), else only watched for the server closing the socket.
-func (c *Controller) watch(ctx context.Context) (<-chan error, error) {
+func (c *Controller) watch(ctx context.Context) (*follow.Watcher, error) {
 	epOf := map[uint64]*endpoint{}
 	for _, ep := range c.eps {
 		for _, cookie := range ep.cookies {
@@ -44,7 +44,38 @@ func (c *Controller) watch(ctx context.Context) (<-chan error, error) {
 			}
 		}
 	}
-	return follow.Watch(ctx, c.cfg.Socket, slices.Collect(maps.Keys(epOf)), opts, each)
+	return follow.NewWatcher(ctx, c.cfg.Socket, slices.Collect(maps.Keys(epOf)), opts, each)
+}
+
+// quietDown lowers the sampling of LearnShapes (Static and Top) to
+// QuietSampleRate once the misses showed no new shape for QuietAfter.
+func (c *Controller) quietDown(now time.Time) {
+	if c.quiet || c.cfg.Mode == Adaptive || !c.cfg.LearnShapes || c.cfg.QuietSampleRate >= c.cfg.SampleRate ||
+		now.Sub(c.lastShape) < c.cfg.QuietAfter {
+		return
+	}
+	c.setSampleRate(c.cfg.QuietSampleRate, "no new query shape in the misses for "+c.cfg.QuietAfter.String())
+	c.quiet = true
+}
+
+// newShape notes a new query shape seen in the misses: the sampling goes
+// back to SampleRate, as more new shapes tend to follow (a new client
+// version, a resolver's configuration change).
+func (c *Controller) newShape() {
+	c.lastShape = time.Now()
+	if c.quiet {
+		c.setSampleRate(c.cfg.SampleRate, "a new query shape in the misses")
+		c.quiet = false
+	}
+}
+
+func (c *Controller) setSampleRate(rate uint32, why string) {
+	if err := c.watcher.SetRate(rate); err != nil {
+		// sampling stays as it was; santad gone ends the watch anyway
+		c.log.Warn("could not change the miss sampling", "samples_per_second_and_cpu", rate, "error", err)
+		return
+	}
+	c.log.Debug(why+": sampling misses at a new rate", "samples_per_second_and_cpu", rate)
 }
 
 // formKey identifies a query up to what the endpoint's rules generalise
@@ -105,6 +136,7 @@ func (c *Controller) learn(ev sampleEvent) error {
 		clear(ep.pending)
 	}
 	ep.pending[key] = true
+	c.newShape()
 	// only a rule installed counts towards MaxRules (installAnswers): a
 	// shape the server does not answer in a way that can be offloaded is
 	// asked again (askagain.go), and takes no place from the shapes it does

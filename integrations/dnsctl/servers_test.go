@@ -1394,3 +1394,70 @@ func TestFollowSantadRestart(t *testing.T) {
 	}
 	r.santad.ExpectPredecessorTakenOver(t, ctl)
 }
+
+// TestSamplingQuietsDown: with --learn-shapes, once the misses showed no
+// new shape for --quiet-after, santad samples them at --quiet-sample-rate;
+// a new shape is still learned, and it raises the sampling back to
+// --sample-rate.
+func TestSamplingQuietsDown(t *testing.T) {
+	r := newRig(t, testbed.KindNSD, 0)
+	www := "www." + r.zone.Origin
+	ctl := r.startController("static", "--port", "53/udp", "--names", r.namesFile([]string{www}, []uint16{dns.TypeA}),
+		"--shape", "plain", "--sample-rate", "1000", "--quiet-sample-rate", "5", "--quiet-after", "4s", "--verbose")
+	v4, _ := r.srv.Addrs()
+	var client *net.UDPConn
+	if err := r.tb.Client.Do(func() (err error) {
+		client, err = net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(v4))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	// sampled sends 300 queries no rule answers (names the zone does not
+	// have, no shape to learn) over 1.5 s, two of each CPU's one-second
+	// sampling windows at most, and returns how many santad sampled
+	round := 0
+	sampled := func() uint64 {
+		before := r.counters()["miss_sampled"]
+		round++
+		for i := range 300 {
+			q := new(dns.Msg).SetQuestion(fmt.Sprintf("nx%d-%d.%s", round, i, r.zone.Origin), dns.TypeA)
+			wire, err := q.Pack()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := client.Write(wire); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		return r.counters()["miss_sampled"] - before
+	}
+	if n := sampled(); n < 290 {
+		t.Fatalf("at --sample-rate 1000, santad sampled %d of 300 misses, want (nearly) all", n)
+	}
+	if err := ctl.WaitOutput("samples_per_second_and_cpu=5", 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond) // santad narrows the sampling once it sees the old subscription closed
+	if n := sampled(); n > 20 {
+		t.Fatalf("4 s without a new shape, santad sampled %d of 300 misses over 1.5 s at --quiet-sample-rate 5, want at most 20 (5 per second and CPU)", n)
+	}
+	// dig's EDNS query is a new shape: learned, and the sampling is back
+	ask := func() bool {
+		got, kernel := r.dig(www, "A")
+		if got == "" {
+			t.Fatalf("dig %s: no answer", www)
+		}
+		return kernel
+	}
+	ask()
+	r.untilLearned("dig's EDNS shape while the sampling is quiet", ask, ctl)
+	if err := ctl.WaitOutput("samples_per_second_and_cpu=1000", 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if n := sampled(); n < 290 {
+		t.Errorf("after a new shape, santad sampled %d of 300 misses, want (nearly) all again", n)
+	}
+}

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"syscall"
 	"time"
 
@@ -51,43 +52,133 @@ var WatchOnly = santa.SampleOptions{Bytes: 1, Rate: 1}
 // a subscription ends early and cannot be made again: one wrapping
 // ErrServerGone when santad no longer has the socket's rule set, another
 // when santad is unreachable. A failed first subscription is returned at
-// once.
+// once. It is NewWatcher for a controller whose sampling stays as it is.
 func Watch(ctx context.Context, socketPath string, cookies []uint64, opts santa.SampleOptions,
 	each func(cookie uint64, s santa.Sample)) (<-chan error, error) {
-	ended := make(chan error, len(cookies))
+	w, err := NewWatcher(ctx, socketPath, cookies, opts, each)
+	if err != nil {
+		return nil, err
+	}
+	return w.Ended(), nil
+}
+
+// A Watcher holds the miss-sample subscriptions of Watch, whose rate it
+// can change while they run (SetRate).
+type Watcher struct {
+	ctx   context.Context
+	path  string
+	ended chan error
+
+	mu     sync.Mutex
+	opts   santa.SampleOptions
+	mixed  bool                           // a SetRate failed part way: not every subscription has opts
+	closed bool                           // ctx ended
+	subs   map[uint64]*santa.Subscription // each socket's current subscription
+}
+
+// NewWatcher is Watch, returning the Watcher.
+func NewWatcher(ctx context.Context, socketPath string, cookies []uint64, opts santa.SampleOptions,
+	each func(cookie uint64, s santa.Sample)) (*Watcher, error) {
+	w := &Watcher{ctx: ctx, path: socketPath, ended: make(chan error, len(cookies)), opts: opts,
+		subs: make(map[uint64]*santa.Subscription, len(cookies))}
 	for _, cookie := range cookies {
 		sub, err := santa.Subscribe(socketPath, santa.Cookie(cookie), opts)
 		if err != nil {
+			w.closeAll()
 			return nil, fmt.Errorf("subscribe to the misses of socket %d: %w", cookie, err)
 		}
-		go func() {
-			for {
-				streamErr := sub.Each(ctx, func(s santa.Sample) {
-					if each != nil {
-						each(cookie, s)
-					}
-				})
-				if ctx.Err() != nil {
-					return
-				}
-				// santad ends a socket's subscriptions when its rule set
-				// goes, and all of them when it stops: subscribing
-				// again tells which.
-				var err error
-				sub, err = santa.Subscribe(socketPath, santa.Cookie(cookie), opts)
-				switch {
-				case errors.Is(err, santa.ErrNotFound):
-					ended <- &SocketGoneError{Cookie: cookie}
-					return
-				case err != nil:
-					ended <- fmt.Errorf("the miss samples of socket %d stopped (%v) and santad does not take them up again: %w",
-						cookie, streamErr, err)
-					return
-				}
-			}
-		}()
+		w.subs[cookie] = sub
 	}
-	return ended, nil
+	for cookie, sub := range w.subs {
+		go w.stream(ctx, cookie, sub, each)
+	}
+	context.AfterFunc(ctx, func() {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		w.closed = true
+		w.closeAll()
+	})
+	return w, nil
+}
+
+// Ended receives one error for each subscription that ended early and
+// could not be made again (see Watch).
+func (w *Watcher) Ended() <-chan error { return w.ended }
+
+// stream passes the socket's samples to each until ctx ends, taking up
+// the subscription that replaced sub (SetRate) or subscribing again.
+func (w *Watcher) stream(ctx context.Context, cookie uint64, sub *santa.Subscription, each func(uint64, santa.Sample)) {
+	for {
+		streamErr := sub.Each(ctx, func(s santa.Sample) {
+			if each != nil {
+				each(cookie, s)
+			}
+		})
+		if ctx.Err() != nil {
+			return
+		}
+		w.mu.Lock()
+		if w.closed {
+			w.mu.Unlock()
+			return
+		}
+		if next := w.subs[cookie]; next != sub { // SetRate ended it
+			sub = next
+			w.mu.Unlock()
+			continue
+		}
+		// santad ends a socket's subscriptions when its rule set goes,
+		// and all of them when it stops: subscribing again tells which.
+		next, err := santa.Subscribe(w.path, santa.Cookie(cookie), w.opts)
+		if err == nil {
+			w.subs[cookie], sub = next, next
+		}
+		w.mu.Unlock()
+		switch {
+		case errors.Is(err, santa.ErrNotFound):
+			w.ended <- &SocketGoneError{Cookie: cookie}
+			return
+		case err != nil:
+			w.ended <- fmt.Errorf("the miss samples of socket %d stopped (%v) and santad does not take them up again: %w",
+				cookie, streamErr, err)
+			return
+		}
+	}
+}
+
+// SetRate changes the subscriptions' samples per second and CPU. Each
+// socket's new subscription starts before its old one ends (santad samples
+// at the higher rate of the two meanwhile), so no miss goes unsampled
+// that either rate would have sampled. On an error the sockets not yet
+// changed keep the old rate; a later SetRate changes them all again.
+func (w *Watcher) SetRate(rate uint32) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	switch {
+	case w.closed || w.ctx.Err() != nil:
+		return errors.New("the miss samples are no longer watched")
+	case rate == w.opts.Rate && !w.mixed:
+		return nil
+	}
+	opts := w.opts
+	opts.Rate = rate
+	for cookie, old := range w.subs {
+		next, err := santa.Subscribe(w.path, santa.Cookie(cookie), opts)
+		if err != nil {
+			w.mixed = true
+			return fmt.Errorf("subscribe to the misses of socket %d at %d per second and CPU: %w", cookie, rate, err)
+		}
+		w.subs[cookie] = next
+		old.Close() // its stream goroutine takes up next
+	}
+	w.opts, w.mixed = opts, false
+	return nil
+}
+
+func (w *Watcher) closeAll() {
+	for _, sub := range w.subs {
+		sub.Close()
+	}
 }
 
 // Gone reports whether a controller stopped because its server went away:

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -50,9 +51,18 @@ func (cc *countingClient) ListPage(t santa.Target, tag string, after uint64, lim
 	return cc.c.ListPage(t, tag, after, limit)
 }
 
+// bound is a UDP socket of a testbed's server namespace with a rule set.
+type bound struct {
+	tb     *testbed.Testbed
+	santad string // its control socket
+	cc     *countingClient
+	conn   *net.UDPConn
+	cookie uint64
+}
+
 // boundSocket starts santad with room for maxRules rules and binds a UDP
 // socket of the server namespace through it.
-func boundSocket(t *testing.T, maxRules int) (*countingClient, *net.UDPConn, uint64) {
+func boundSocket(t *testing.T, maxRules int) bound {
 	tb := testbed.New(t)
 	config := filepath.Join(t.TempDir(), "santad.yaml")
 	if err := os.WriteFile(config, fmt.Appendf(nil, "dataplane:\n  max_rules: %d\n", maxRules), 0o644); err != nil {
@@ -72,7 +82,7 @@ func boundSocket(t *testing.T, maxRules int) (*countingClient, *net.UDPConn, uin
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	return &countingClient{c: c}, conn, testbed.Bind(t, c, conn).Cookie
+	return bound{tb, sd.Socket, &countingClient{c: c}, conn, testbed.Bind(t, c, conn).Cookie}
 }
 
 // held lists the ids of the rules santad holds for socket cookie.
@@ -96,7 +106,8 @@ func held(t *testing.T, cc *countingClient, cookie uint64) []uint64 {
 // requests, not one per rule.
 func TestFittingOnSantad(t *testing.T) {
 	const maxRules, offered = 100, 300
-	cc, conn, cookie := boundSocket(t, maxRules)
+	b := boundSocket(t, maxRules)
+	cc, conn, cookie := b.cc, b.conn, b.cookie
 	expired := map[int]bool{17: true, 64: true, 250: true} // santad refuses them: invalid
 	rules := make([]api.Rule, offered)
 	for k := range rules {
@@ -191,7 +202,8 @@ func TestFittingOnSantad(t *testing.T) {
 // refusal, or grows, and how many rules fit once rules went.
 func TestRoomFreed(t *testing.T) {
 	const maxRules = 10
-	cc, _, cookie := boundSocket(t, maxRules)
+	b := boundSocket(t, maxRules)
+	cc, cookie := b.cc, b.cookie
 	rule := func(k int) api.Rule {
 		return api.Rule{Conditions: []api.Condition{santa.Match(0, fmt.Appendf(nil, "request %d", k))},
 			Processors: []api.Processor{santa.Put(0, []byte("reply"))}, ReplyLen: 5}
@@ -275,5 +287,73 @@ func TestRunWaitsForSantad(t *testing.T) {
 		}
 	case <-ctx.Done():
 		t.Fatal("with --follow, Run did not start once santad answered")
+	}
+}
+
+// A Watcher's SetRate changes how many misses santad samples for the
+// socket, down and up again, with the samples flowing throughout: the
+// rate of the replaced subscription no longer counts once it is gone.
+func TestWatcherSetRate(t *testing.T) {
+	b := boundSocket(t, 10)
+	sampled := map[string]*atomic.Int64{"fast": {}, "slow": {}, "fast again": {}}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	w, err := NewWatcher(ctx, b.santad, []uint64{b.cookie}, santa.SampleOptions{Bytes: 16, Rate: 1000},
+		func(got uint64, s santa.Sample) {
+			phase, _, _ := strings.Cut(string(s.Data), "/")
+			if n := sampled[phase]; got == b.cookie && n != nil {
+				n.Add(1)
+			}
+		})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var client *net.UDPConn
+	if err := b.tb.Client.Do(func() (err error) {
+		client, err = net.DialUDP("udp", nil, b.conn.LocalAddr().(*net.UDPAddr))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	// misses sends 300 misses of the phase over about 1.5 s (two of each
+	// CPU's one-second budget windows at most) and returns how many of
+	// them were sampled, once santad's 100-ms drains have passed them on.
+	misses := func(phase string) int64 {
+		for i := range 300 {
+			if _, err := client.Write(fmt.Appendf(nil, "%s/%d", phase, i)); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		time.Sleep(500 * time.Millisecond)
+		return sampled[phase].Load()
+	}
+	if n := misses("fast"); n < 290 {
+		t.Fatalf("at 1000 samples per second and CPU, %d of 300 misses sampled, want (nearly) all", n)
+	}
+	if err := w.SetRate(5); err != nil {
+		t.Fatal(err)
+	}
+	// 5 per second and CPU, two windows, two CPUs at most; the old
+	// subscription's 1000 applies until santad sees it closed
+	time.Sleep(200 * time.Millisecond)
+	if n := misses("slow"); n < 1 || n > 20 {
+		t.Errorf("at 5 samples per second and CPU, %d of 300 misses sampled over 1.5 s, want 1 to 20", n)
+	}
+	if err := w.SetRate(1000); err != nil {
+		t.Fatal(err)
+	}
+	if n := misses("fast again"); n < 290 {
+		t.Errorf("back at 1000 samples per second and CPU, %d of 300 misses sampled, want (nearly) all", n)
+	}
+	select {
+	case err := <-w.Ended():
+		t.Fatalf("a subscription ended: %v", err)
+	default:
+	}
+	cancel()
+	if err := w.SetRate(5); err == nil {
+		t.Error("SetRate after the watch's context ended: no error")
 	}
 }
