@@ -219,6 +219,7 @@ func (c *Controller) askAgain(ep *endpoint, waiting []*waitingQuery) (full bool,
 	for i, wq := range waiting {
 		queries[i], questions[i] = wq.query, wq.question
 	}
+	c.probe(ep, questions) // if the server was silent at the last probe
 	answers, errs, asked, err := c.askChecked(ep, queries)
 	if err != nil {
 		return false, err
@@ -232,7 +233,11 @@ func (c *Controller) askAgain(ep *endpoint, waiting []*waitingQuery) (full bool,
 		switch {
 		case errs[i] != nil:
 			wq.forRoom = false
-			wq.wait = min(2*wq.wait, maxAskAgainWait)
+			if errors.Is(errs[i], ErrServerSilent) { // not asked: again soon, in case the server answers by then
+				wq.wait = firstAskAgainWait
+			} else {
+				wq.wait = min(2*wq.wait, maxAskAgainWait)
+			}
 			wq.next = time.Now().Add(wq.wait)
 			c.log.Debug("a question is still not offloaded", "question", wq.query, "error", errs[i], "next_ask_in", wq.wait)
 		case ep.entries[Rule(wq.query, answers[i], ep.b).MatchKey()] != nil:

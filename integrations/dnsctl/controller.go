@@ -71,11 +71,11 @@ type Config struct {
 	// controller CPU on a server that misses often.
 	QuietSampleRate uint32
 	QuietAfter      time.Duration
-	Poll       time.Duration // SOA serial poll interval; 0: no polling
-	Notify     string        // address to accept NOTIFY on ("" = off)
-	Parallel   int           // questions in flight to the server
-	Timeout    time.Duration // per question
-	Batch      int           // rules per santad request
+	Poll            time.Duration // SOA serial poll interval; 0: no polling
+	Notify          string        // address to accept NOTIFY on ("" = off)
+	Parallel        int           // questions in flight to the server
+	Timeout         time.Duration // per question
+	Batch           int           // rules per santad request
 	// Tag tags every rule the controller installs. It takes over the rules
 	// with its tag that its sockets hold when it starts (follow.Inherited);
 	// Run fails with follow.ErrTagClaimed while another controller runs
@@ -89,21 +89,21 @@ type Config struct {
 
 // DefaultConfig holds the defaults.
 var DefaultConfig = Config{
-	MaxRules:    100000,
-	MinSamples:  4,
-	Interval:    time.Second,
-	Idle:        60 * time.Second,
-	SampleRate:  5000,
+	MaxRules:   100000,
+	MinSamples: 4,
+	Interval:   time.Second,
+	Idle:       60 * time.Second,
+	SampleRate: 5000,
 	// docs/dns.md: the Zipf mix with the top 10 k offloaded answered
 	// 10–15 % more at 100 than at 5000
 	QuietSampleRate: 100,
 	QuietAfter:      10 * time.Second,
-	Poll:        time.Second,
-	Parallel:    32,
-	Timeout:     time.Second,
-	Batch:       1024,
-	LearnShapes: true,
-	Tag:         "santa-dns",
+	Poll:            time.Second,
+	Parallel:        32,
+	Timeout:         time.Second,
+	Batch:           1024,
+	LearnShapes:     true,
+	Tag:             "santa-dns",
 }
 
 // Report counts what the controller has done.
@@ -457,6 +457,14 @@ func (c *Controller) attach() error {
 			if err != nil {
 				return err
 			}
+			asker.Silence = func(silent bool) {
+				if silent {
+					c.log.Warn("the server answered nothing for 3 tries of --timeout: asking it one question at a time until it answers; the others wait",
+						"server", ask, "timeout", c.cfg.Timeout)
+				} else {
+					c.log.Info("the server answers again", "server", ask)
+				}
+			}
 			ep = &endpoint{family: int(s.Family), addr: ask, asker: asker,
 				entries: map[string]*entry{}, pending: map[string]bool{}, samplesOf: map[string]*Query{},
 				waiting: map[string]*waitingQuery{},
@@ -491,6 +499,9 @@ func (c *Controller) probe(ep *endpoint, questions []Question) {
 	c.mu.Lock()
 	if err != nil {
 		c.log.Warn("probing the server failed", "server", ep.addr, "error", err)
+	}
+	if errors.Is(err, ErrServerSilent) || errors.Is(err, errUnanswered) {
+		ep.probed = false // again before the next install: the server may answer by then
 	}
 	ep.b = b
 	c.log.Info("probed the server", "server", ep.addr, "questions", n, "behaviour", b.String())

@@ -21,13 +21,31 @@ type Asker struct {
 	Timeout time.Duration // per try
 	Tries   int
 
+	// Silence, if set, is called when the server stops answering (true:
+	// ErrServerSilent from then on) and when it answers again (false),
+	// from the goroutine of the Ask that tells.
+	Silence func(silent bool)
+
 	pool    chan *asker
 	conns   []*net.UDPConn // the pool's sockets, for Stop
 	stopped atomic.Bool
+	// lastAnswer is when the server last answered (UnixNano); silent:
+	// a question got no answer in all its tries and the server answered
+	// none while it was asked. Then one question at a time is asked
+	// (probing), the others fail at once, until the server answers.
+	lastAnswer atomic.Int64
+	silent     atomic.Bool
+	probing    atomic.Bool
 }
 
 // ErrStopped is the error of an Ask that Stop ended.
 var ErrStopped = errors.New("the controller is stopping")
+
+// ErrServerSilent is the error of an Ask while the server is silent: it
+// answered nothing for a question's Tries × Timeout. A hung server would
+// otherwise hold every question for that long, and a controller with
+// thousands of questions for many minutes.
+var ErrServerSilent = errors.New("the server is silent (it answered nothing for a question's tries): asking it one question at a time until it answers")
 
 // asker is one socket of the pool with its receive buffer and the copy of
 // the query it sends, reused by every question asked on it (a million fresh
@@ -77,11 +95,39 @@ func (a *Asker) Close() {
 
 // Ask sends query with a fresh random ID and returns the server's reply,
 // its ID set back to the query's. Replies with another ID (late answers to
-// an earlier try) are skipped.
+// an earlier try) are skipped. While the server is silent (ErrServerSilent)
+// only one Ask at a time asks it.
 func (a *Asker) Ask(query []byte) ([]byte, error) {
 	if len(query) < headerLen {
 		return nil, fmt.Errorf("query of %d bytes", len(query))
 	}
+	if a.silent.Load() {
+		if !a.probing.CompareAndSwap(false, true) {
+			return nil, fmt.Errorf("ask %v: %w", a.Server, ErrServerSilent)
+		}
+		defer a.probing.Store(false)
+	}
+	start := time.Now().UnixNano()
+	reply, err := a.ask(query)
+	switch {
+	case err == nil:
+		a.lastAnswer.Store(time.Now().UnixNano())
+		if a.silent.Swap(false) && a.Silence != nil {
+			a.Silence(false)
+		}
+	case errors.Is(err, errUnanswered) && a.lastAnswer.Load() < start:
+		if !a.silent.Swap(true) && a.Silence != nil {
+			a.Silence(true)
+		}
+	}
+	return reply, err
+}
+
+// errUnanswered is why ask returns no reply after all its tries.
+var errUnanswered = errors.New("no answer")
+
+// ask is Ask on a socket of the pool.
+func (a *Asker) ask(query []byte) ([]byte, error) {
 	s := <-a.pool
 	defer func() { a.pool <- s }()
 	c, buf := s.conn, s.buf
@@ -116,7 +162,10 @@ func (a *Asker) Ask(query []byte) ([]byte, error) {
 			return nil, fmt.Errorf("ask %v: %w", a.Server, err)
 		}
 	}
-	return nil, fmt.Errorf("ask %v: no answer after %d tries of %v", a.Server, max(a.Tries, 1), a.Timeout)
+	if a.stopped.Load() { // the last try's deadline may be Stop's
+		return nil, fmt.Errorf("ask %v: %w", a.Server, ErrStopped)
+	}
+	return nil, fmt.Errorf("ask %v: %w after %d tries of %v", a.Server, errUnanswered, max(a.Tries, 1), a.Timeout)
 }
 
 // AskAll asks every query, cap(pool) at a time, and calls done for each

@@ -3,6 +3,7 @@ package dnsctl
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"fmt"
 
 	"github.com/miekg/dns"
@@ -22,6 +23,9 @@ func Probe(a *Asker, questions []Question) (Behaviour, int, error) {
 		got, err := probeOne(a, question)
 		if err != nil {
 			lastErr = err
+			if errors.Is(err, errUnanswered) || errors.Is(err, ErrServerSilent) {
+				break // a silent server answers the next question no more
+			}
 			continue
 		}
 		b.Echo &= got.Echo
@@ -34,7 +38,7 @@ func Probe(a *Asker, questions []Question) (Behaviour, int, error) {
 		}
 	}
 	if probed == 0 {
-		return Behaviour{}, 0, fmt.Errorf("no question could be probed (last error: %v): matching every query byte exactly", lastErr)
+		return Behaviour{}, 0, fmt.Errorf("no question could be probed (last error: %w): matching every query byte exactly", lastErr)
 	}
 	b.Ignore &^= b.Echo // a bit the reply echoes is not ignored
 	return b, probed, nil

@@ -1024,9 +1024,9 @@ func serverQueueHolds(t *testing.T, tb *testbed.Testbed, port uint16) bool {
 	return false
 }
 
-// hangServer stops the server's processes (SIGSTOP) until the test ends:
-// its sockets stay, nothing answers.
-func (r *rig) hangServer() {
+// hangServer stops the server's processes (SIGSTOP) until resume or the
+// end of the test: its sockets stay, nothing answers.
+func (r *rig) hangServer() (resume func()) {
 	r.t.Helper()
 	pids, err := r.srv.PIDs()
 	if err != nil {
@@ -1035,12 +1035,14 @@ func (r *rig) hangServer() {
 	for _, p := range pids {
 		syscall.Kill(p, syscall.SIGSTOP)
 	}
-	r.t.Cleanup(func() { // before the server's own stop
+	resume = func() {
 		for _, p := range pids {
 			syscall.Kill(p, syscall.SIGCONT)
 		}
-	})
+	}
+	r.t.Cleanup(resume) // before the server's own stop
 	waitStopped(r.t, pids)
+	return resume
 }
 
 // waitStopped waits until every process of pids is stopped (SIGSTOP
@@ -1459,5 +1461,44 @@ func TestSamplingQuietsDown(t *testing.T) {
 	time.Sleep(200 * time.Millisecond)
 	if n := sampled(); n < 290 {
 		t.Errorf("after a new shape, santad sampled %d of 300 misses, want (nearly) all again", n)
+	}
+}
+
+// TestStartWithServerHung: a controller started beside a hung server
+// (SIGSTOP) finds it silent after one question's tries and then asks one
+// question at a time: it is ready after about that long, not after every
+// question's tries (here 200 queries to each of two addresses, 8 at a
+// time, 3 tries of 300 ms: 45 s). Once the server answers again, every question is offloaded
+// within seconds.
+func TestStartWithServerHung(t *testing.T) {
+	r := newRig(t, testbed.KindNSD, 100)
+	names := zoneNames(r.zone, 100)[15:] // the generated names: each has an A record
+	resume := r.hangServer()
+	start := time.Now()
+	ctl := r.startController("static", "--port", "53/udp", "--names", r.namesFile(names, []uint16{dns.TypeA}),
+		"--shape", "plain", "--shape", "edns", "--poll", "0", "--timeout", "300ms", "--parallel", "8")
+	took := time.Since(start)
+	if took > 10*time.Second {
+		t.Errorf("ready %v after the start beside a hung server, want less than 10 s", took.Round(time.Millisecond))
+	}
+	t.Logf("ready %v after the start beside a hung server", took.Round(time.Millisecond))
+	if err := ctl.WaitOutput("the server answered nothing for 3 tries of --timeout", time.Second); err != nil {
+		t.Error(err)
+	}
+	resume()
+	want := uint64(2 * 2 * len(names)) // two shapes, on the IPv4 and the IPv6 socket
+	deadline := time.Now().Add(20 * time.Second)
+	for r.rules() < want {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d rules 20 s after the server answers again:\n%s", r.rules(), want, ctl.Output())
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Logf("all %d rules %v after the server was resumed", want, time.Since(deadline.Add(-20*time.Second)).Round(time.Millisecond))
+	if err := ctl.WaitOutput("the server answers again", time.Second); err != nil {
+		t.Error(err)
+	}
+	if got, kernel := r.dig(names[0], "A"); got == "" || !kernel {
+		t.Errorf("dig %s: %q, from the rule processor %v", names[0], got, kernel)
 	}
 }

@@ -72,7 +72,7 @@ type Watcher struct {
 	mu     sync.Mutex
 	opts   santa.SampleOptions
 	mixed  bool                           // a SetRate failed part way: not every subscription has opts
-	closed bool                           // ctx ended
+	closed bool                           // ctx ended: the subscriptions are closed
 	subs   map[uint64]*santa.Subscription // each socket's current subscription
 }
 
@@ -90,7 +90,7 @@ func NewWatcher(ctx context.Context, socketPath string, cookies []uint64, opts s
 		w.subs[cookie] = sub
 	}
 	for cookie, sub := range w.subs {
-		go w.stream(ctx, cookie, sub, each)
+		go w.stream(cookie, sub, each)
 	}
 	context.AfterFunc(ctx, func() {
 		w.mu.Lock()
@@ -105,16 +105,16 @@ func NewWatcher(ctx context.Context, socketPath string, cookies []uint64, opts s
 // could not be made again (see Watch).
 func (w *Watcher) Ended() <-chan error { return w.ended }
 
-// stream passes the socket's samples to each until ctx ends, taking up
+// stream passes the socket's samples to each until w.ctx ends, taking up
 // the subscription that replaced sub (SetRate) or subscribing again.
-func (w *Watcher) stream(ctx context.Context, cookie uint64, sub *santa.Subscription, each func(uint64, santa.Sample)) {
+func (w *Watcher) stream(cookie uint64, sub *santa.Subscription, each func(uint64, santa.Sample)) {
 	for {
-		streamErr := sub.Each(ctx, func(s santa.Sample) {
+		streamErr := sub.Each(w.ctx, func(s santa.Sample) {
 			if each != nil {
 				each(cookie, s)
 			}
 		})
-		if ctx.Err() != nil {
+		if w.ctx.Err() != nil {
 			return
 		}
 		w.mu.Lock()
