@@ -457,14 +457,7 @@ func (c *Controller) attach() error {
 			if err != nil {
 				return err
 			}
-			asker.Silence = func(silent bool) {
-				if silent {
-					c.log.Warn("the server answered nothing for 3 tries of --timeout: asking it one question at a time until it answers; the others wait",
-						"server", ask, "timeout", c.cfg.Timeout)
-				} else {
-					c.log.Info("the server answers again", "server", ask)
-				}
-			}
+			asker.Silence = silenceLogger(c.log, ask, c.cfg.Timeout)
 			ep = &endpoint{family: int(s.Family), addr: ask, asker: asker,
 				entries: map[string]*entry{}, pending: map[string]bool{}, samplesOf: map[string]*Query{},
 				waiting: map[string]*waitingQuery{},

@@ -4,11 +4,14 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
+	"log/slog"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/miekg/dns"
 	"github.com/santa-offload/santa/api"
@@ -306,5 +309,23 @@ func TestHasSetOfSeveral(t *testing.T) {
 		if got := HasSetOfSeveral(m); got != c.want {
 			t.Errorf("%q: %v, want %v", c.records, got, c.want)
 		}
+	}
+}
+
+// An overloaded server that drops queries goes silent and answers again
+// many times a minute: only the first silence of a minute is a warning,
+// and only its end is logged at info level.
+func TestSilenceLoggedOnceAMinute(t *testing.T) {
+	var out bytes.Buffer
+	log := slog.New(slog.NewTextHandler(&out, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	silence := silenceLogger(log, netip.MustParseAddrPort("198.18.0.1:53"), time.Second)
+	for range 3 {
+		silence(true)
+		silence(false)
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(lines) != 2 || !strings.Contains(lines[0], "level=WARN") || !strings.Contains(lines[0], "answered nothing") ||
+		!strings.Contains(lines[1], "level=INFO") || !strings.Contains(lines[1], "answers again") {
+		t.Errorf("three silences in a row logged:\n%s\nwant one warning and one info line", out.String())
 	}
 }

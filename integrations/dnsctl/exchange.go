@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"net"
 	"net/netip"
@@ -188,4 +189,31 @@ func (a *Asker) AskAll(queries [][]byte, done func(i int, reply []byte, err erro
 	}
 	close(next)
 	wg.Wait()
+}
+
+// silenceLogger is an Asker's Silence that logs when the server at addr
+// goes silent and answers again: at warning level once a minute at most,
+// else at debug level, as an overloaded server that drops queries can go
+// silent and answer again many times a minute.
+func silenceLogger(log *slog.Logger, addr netip.AddrPort, timeout time.Duration) func(bool) {
+	var mu sync.Mutex
+	var warned time.Time // when a silence was last logged as a warning
+	loud := false        // the current silence was
+	return func(silent bool) {
+		mu.Lock()
+		defer mu.Unlock()
+		switch {
+		case silent && time.Since(warned) >= time.Minute:
+			warned, loud = time.Now(), true
+			log.Warn("the server answered nothing for 3 tries of --timeout: asking it one question at a time until it answers; the others wait",
+				"server", addr, "timeout", timeout)
+		case silent:
+			loud = false
+			log.Debug("the server is silent again", "server", addr)
+		case loud:
+			log.Info("the server answers again", "server", addr)
+		default:
+			log.Debug("the server answers again", "server", addr)
+		}
+	}
 }

@@ -136,7 +136,9 @@ func (c *Controller) learn(ev sampleEvent) error {
 		clear(ep.pending)
 	}
 	ep.pending[key] = true
-	c.newShape()
+	if c.isLearned(q) { // not a query installed up front whose rule went
+		c.newShape()
+	}
 	// only a rule installed counts towards MaxRules (installAnswers): a
 	// shape the server does not answer in a way that can be offloaded is
 	// asked again (askagain.go), and takes no place from the shapes it does
