@@ -220,7 +220,8 @@ type zone struct {
 type zoneSerial struct {
 	serial  uint32
 	known   bool
-	failing bool // the last SOA poll got no serial (warned once)
+	failing bool      // the last SOA poll got no serial (logged once)
+	outage  outageLog // the level of those lines
 }
 
 // serialAt is what ep's server answered to z's SOA polls so far.

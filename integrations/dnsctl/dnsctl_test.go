@@ -312,10 +312,24 @@ func TestHasSetOfSeveral(t *testing.T) {
 	}
 }
 
-// An overloaded server that drops queries goes silent and answers again
-// many times a minute: only the first silence of a minute is a warning,
-// and only its end is logged at info level.
+// An overloaded server that drops queries goes silent (or leaves SOA polls
+// unanswered) and answers again many times a minute: only the first
+// outage of a minute is a warning, and only its end is logged at info
+// level.
 func TestSilenceLoggedOnceAMinute(t *testing.T) {
+	var o outageLog
+	var levels []slog.Level
+	for range 3 {
+		levels = append(levels, o.began(), o.ended())
+	}
+	if want := []slog.Level{slog.LevelWarn, slog.LevelInfo, slog.LevelDebug, slog.LevelDebug, slog.LevelDebug, slog.LevelDebug}; !slices.Equal(levels, want) {
+		t.Errorf("three outages in a minute logged at %v, want %v", levels, want)
+	}
+	o.warned = time.Now().Add(-time.Minute)
+	if b, e := o.began(), o.ended(); b != slog.LevelWarn || e != slog.LevelInfo {
+		t.Errorf("an outage a minute after the last warning logged at %v, %v; want a warning and info", b, e)
+	}
+
 	var out bytes.Buffer
 	log := slog.New(slog.NewTextHandler(&out, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	silence := silenceLogger(log, netip.MustParseAddrPort("198.18.0.1:53"), time.Second)

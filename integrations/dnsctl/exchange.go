@@ -2,6 +2,7 @@ package dnsctl
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -191,29 +192,47 @@ func (a *Asker) AskAll(queries [][]byte, done func(i int, reply []byte, err erro
 	wg.Wait()
 }
 
+// outageLog sets the level of the log lines that say an outage began and
+// ended (a silent server, SOA polls without an answer): an overloaded
+// server that drops queries has many short outages a minute, so only the
+// first of a minute is a warning, and only its end is news; the others
+// are debug lines.
+type outageLog struct {
+	warned time.Time // when an outage was last logged as a warning
+	loud   bool      // the current one was
+}
+
+// began is the level of the line that says an outage began.
+func (o *outageLog) began() slog.Level {
+	if time.Since(o.warned) < time.Minute {
+		o.loud = false
+		return slog.LevelDebug
+	}
+	o.warned, o.loud = time.Now(), true
+	return slog.LevelWarn
+}
+
+// ended is the level of the line that says the outage ended.
+func (o *outageLog) ended() slog.Level {
+	if o.loud {
+		return slog.LevelInfo
+	}
+	return slog.LevelDebug
+}
+
 // silenceLogger is an Asker's Silence that logs when the server at addr
-// goes silent and answers again: at warning level once a minute at most,
-// else at debug level, as an overloaded server that drops queries can go
-// silent and answer again many times a minute.
+// goes silent and answers again (outageLog).
 func silenceLogger(log *slog.Logger, addr netip.AddrPort, timeout time.Duration) func(bool) {
 	var mu sync.Mutex
-	var warned time.Time // when a silence was last logged as a warning
-	loud := false        // the current silence was
+	var o outageLog
 	return func(silent bool) {
 		mu.Lock()
 		defer mu.Unlock()
-		switch {
-		case silent && time.Since(warned) >= time.Minute:
-			warned, loud = time.Now(), true
-			log.Warn("the server answered nothing for 3 tries of --timeout: asking it one question at a time until it answers; the others wait",
+		if silent {
+			log.Log(context.Background(), o.began(), "the server answered nothing for 3 tries of --timeout: asking it one question at a time until it answers; the others wait",
 				"server", addr, "timeout", timeout)
-		case silent:
-			loud = false
-			log.Debug("the server is silent again", "server", addr)
-		case loud:
-			log.Info("the server answers again", "server", addr)
-		default:
-			log.Debug("the server answers again", "server", addr)
+		} else {
+			log.Log(context.Background(), o.ended(), "the server answers again", "server", addr)
 		}
 	}
 }

@@ -1,6 +1,7 @@
 package dnsctl
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -167,7 +168,7 @@ func (c *Controller) pollZone(ep *endpoint, z *zone) (changed bool) {
 			at.serial, at.known = serial, true
 			if at.failing {
 				at.failing = false
-				c.log.Info("the server answers the zone's SOA again", "zone", z.apex, "server", ep.addr)
+				c.log.Log(context.Background(), at.outage.ended(), "the server answers the zone's SOA again", "zone", z.apex, "server", ep.addr)
 			}
 			return changed
 		}
@@ -182,11 +183,12 @@ func (c *Controller) pollZone(ep *endpoint, z *zone) (changed bool) {
 	}
 	at.failing = true
 	if answered {
+		at.outage.loud = true // a zone gone is news, however many outages came before
 		c.log.Warn("the server no longer answers the zone's SOA: asking again for its answers in the zone", "zone", z.apex, "server", ep.addr, "error", err)
 		at.known = false // the zone back, with any serial, is a change
 		return true
 	}
-	c.log.Warn("SOA poll failed: changes of the zone go unnoticed until the server answers it", "zone", z.apex, "server", ep.addr, "error", err)
+	c.log.Log(context.Background(), at.outage.began(), "SOA poll failed: changes of the zone go unnoticed until the server answers it", "zone", z.apex, "server", ep.addr, "error", err)
 	return false
 }
 
