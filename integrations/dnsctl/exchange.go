@@ -128,6 +128,12 @@ func (a *Asker) Ask(query []byte) ([]byte, error) {
 // errUnanswered is why ask returns no reply after all its tries.
 var errUnanswered = errors.New("no answer")
 
+// noAnswer reports whether err says the server did not answer: it is
+// silent, or a question got no reply in all its tries.
+func noAnswer(err error) bool {
+	return errors.Is(err, errUnanswered) || errors.Is(err, ErrServerSilent)
+}
+
 // ask is Ask on a socket of the pool.
 func (a *Asker) ask(query []byte) ([]byte, error) {
 	s := <-a.pool

@@ -3,7 +3,6 @@ package dnsctl
 import (
 	"bytes"
 	"encoding/binary"
-	"errors"
 	"fmt"
 
 	"github.com/miekg/dns"
@@ -23,7 +22,7 @@ func Probe(a *Asker, questions []Question) (Behaviour, int, error) {
 		got, err := probeOne(a, question)
 		if err != nil {
 			lastErr = err
-			if errors.Is(err, errUnanswered) || errors.Is(err, ErrServerSilent) {
+			if noAnswer(err) {
 				break // a silent server answers the next question no more
 			}
 			continue
