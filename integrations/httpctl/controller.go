@@ -430,7 +430,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	if c.cfg.Ready != nil {
 		c.cfg.Ready(c.Report())
 	}
-	return c.loop(ctx, w.changed, c.gone)
+	return c.loop(ctx, c.gone)
 }
 
 // attach takes the listening sockets and groups them by the address their
@@ -691,7 +691,9 @@ func (c *Controller) join(g *group, cookie uint64) error {
 // 10 ms it fetches what changed and settled; just after every second of
 // the wall clock it offloads what got hot, rewrites Dates, re-validates
 // and removes idle rules; until ctx ends or a socket's watch ends (gone).
-func (c *Controller) loop(ctx context.Context, changed <-chan string, gone <-chan error) error {
+// A change under the document root cuts a fetch short (watcher.fetchContext),
+// so that it is handled at once.
+func (c *Controller) loop(ctx context.Context, gone <-chan error) error {
 	fine := time.NewTicker(10 * time.Millisecond)
 	defer fine.Stop()
 	second := time.NewTimer(untilNextSecond(time.Now()))
@@ -708,18 +710,17 @@ func (c *Controller) loop(ctx context.Context, changed <-chan string, gone <-cha
 			}
 		case s := <-c.samples:
 			c.sample(s.cookie, s.data, s.requestLen)
-		case p, ok := <-changed:
+		case p, ok := <-c.w.changed:
 			if !ok {
 				return errors.New("the watch of the document root stopped")
 			}
+			c.w.taken()
 			if err := c.survive(c.invalidate(p, time.Now())); err != nil {
 				return err
 			}
 		case now := <-fine.C:
-			if nw, err := c.followRoot(now); c.survive(err) != nil {
+			if err := c.survive(c.followRoot(now)); err != nil {
 				return err
-			} else if nw != nil {
-				changed = nw
 			}
 			if err := c.survive(c.refetchPending(now)); err != nil {
 				return err
@@ -831,7 +832,11 @@ func (c *Controller) learn(now time.Time) error {
 			continue
 		}
 		e := c.newEntry(c.groups[i], req)
-		if c.probe(e, now) == nil {
+		err = c.probe(e, now)
+		if errors.Is(err, errCutShort) {
+			break // the rest at the next second
+		}
+		if err == nil {
 			news = append(news, e)
 		}
 	}
@@ -869,7 +874,7 @@ func (c *Controller) relearn(in *follow.Inherited, now time.Time) error {
 				}
 				// nginx took --timeout to not answer: each of the rest
 				// would take as long, and ready would wait for them all
-				hung = isTimeout(err) && !c.stopped()
+				hung = isTimeout(err)
 			}
 			seen[e.key] = true
 		}
@@ -919,9 +924,9 @@ func (c *Controller) probe(e *entry, now time.Time) error {
 	}
 	var last *response
 	for i, addr := range from {
-		r, err := fetch(c.ctx, addr, e.req, e.g.maxReply, c.cfg.Timeout)
-		if err != nil && c.stopped() {
-			return err // cut short by the stop: no failure of nginx's
+		r, err := c.fetchFrom(addr, e)
+		if errors.Is(err, errCutShort) {
+			return err // no failure of nginx's
 		}
 		if err != nil && addr != e.g.fetch {
 			err = fmt.Errorf("over %v: %w", addr, err)
@@ -940,6 +945,25 @@ func (c *Controller) probe(e *entry, now time.Time) error {
 	c.setResponse(e, last, now)
 	c.checkRoot(e)
 	return nil
+}
+
+// errCutShort ends a fetch that the stop or a change under the document
+// root cut short (not nginx): nothing is refused for it.
+var errCutShort = errors.New("fetch cut short")
+
+// fetchFrom fetches e's request from nginx at addr (see fetchContext for
+// what cuts it short).
+func (c *Controller) fetchFrom(addr netip.AddrPort, e *entry) (*response, error) {
+	ctx, end := c.ctx, func() {}
+	if c.w != nil {
+		ctx, end = c.w.fetchContext(c.ctx)
+	}
+	defer end()
+	r, err := fetch(ctx, addr, e.req, e.g.maxReply, c.cfg.Timeout)
+	if err != nil && ctx.Err() != nil {
+		return nil, fmt.Errorf("%w: %w", errCutShort, context.Cause(ctx))
+	}
+	return r, err
 }
 
 // isTimeout says err is a fetch that ran out of time.
@@ -1243,23 +1267,23 @@ func idOf(p string) fileID {
 // the new directory. It returns the new watch's changes, nil if nothing
 // moved. A root that is missing for a moment (between the steps of a
 // deploy) is looked for again at the next tick.
-func (c *Controller) followRoot(now time.Time) (<-chan string, error) {
+func (c *Controller) followRoot(now time.Time) error {
 	if c.w == nil {
-		return nil, nil
+		return nil
 	}
 	root, err := filepath.EvalSymlinks(c.rootGiven)
 	if err == nil {
 		root, err = filepath.Abs(root)
 	}
 	if err != nil {
-		return nil, nil
+		return nil
 	}
 	id := idOf(root)
 	if id == (fileID{}) || (root == c.cfg.Root && id == c.rootID) {
-		return nil, nil
+		return nil
 	}
 	if fi, err := os.Stat(root); err != nil || !fi.IsDir() {
-		return nil, nil
+		return nil
 	}
 	w, err := watch(root, c.log)
 	if err != nil {
@@ -1268,7 +1292,7 @@ func (c *Controller) followRoot(now time.Time) (<-chan string, error) {
 			c.log.Warn("the document root is another directory now, which cannot be watched: rules keep the old files until re-validation",
 				"root", c.rootGiven, "now", root, "error", err)
 		}
-		return nil, nil
+		return nil
 	}
 	old := c.cfg.Root
 	if root == old {
@@ -1289,7 +1313,7 @@ func (c *Controller) followRoot(now time.Time) (<-chan string, error) {
 		e.obj = objectPath(root, e.req.path)
 	}
 	clear(c.refused) // their files may be there now
-	return w.changed, err
+	return err
 }
 
 // refetchPending fetches the requests whose files changed and have been
@@ -1305,7 +1329,12 @@ func (c *Controller) refetchPending(now time.Time) error {
 			continue
 		}
 		delete(c.pending, e.key)
-		if c.probe(e, now) == nil {
+		err := c.probe(e, now)
+		if errors.Is(err, errCutShort) {
+			c.pending[e.key] = e // fetched once the change is handled
+			break
+		}
+		if err == nil {
 			again = append(again, e)
 		}
 	}
@@ -1418,10 +1447,11 @@ func (c *Controller) revalidate(now time.Time) error {
 		if time.Since(start) > workPerSecond {
 			break
 		}
-		r, err := fetch(c.ctx, e.g.fetch, e.req, e.g.maxReply, c.cfg.Timeout)
+		r, err := c.fetchFrom(e.g.fetch, e)
+		if errors.Is(err, errCutShort) {
+			break // the rest at the next second
+		}
 		switch {
-		case err != nil && c.stopped():
-			return nil // the fetch was cut short by the stop
 		case err != nil && !isNotOffloadable(err):
 			c.count(func(r *Report) { r.FetchErrors++ })
 			c.log.Warn("re-validation failed; the rule stays", "request", e.req.line(), "error", err)

@@ -20,6 +20,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -101,6 +102,28 @@ func (r *rig) fetch(req string, maxReply int) (resp *response, err error) {
 		return nil
 	})
 	return resp, err
+}
+
+// runLoop runs the controller's loop with its inotify watch of the root,
+// as Run does, until the test ends.
+func (r *rig) runLoop() {
+	t := r.t
+	t.Helper()
+	w, err := watch(r.c.cfg.Root, r.c.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.c.w, r.c.rootID = w, idOf(r.c.cfg.Root)
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() { errc <- r.tb.Server.Do(func() error { return r.c.loop(ctx, nil) }) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-errc; err != nil {
+			t.Error(err)
+		}
+		r.c.w.close()
+	})
 }
 
 func get(path string, headers ...string) string {
@@ -387,6 +410,65 @@ func TestRootMismatchWarns(t *testing.T) {
 	}
 }
 
+// TestChangeWhileNginxHung: a change on disk deletes its rules at once
+// while nginx is hung (SIGSTOP): the fetch under way, here a
+// re-validation waiting out --timeout, is cut short, and nothing is
+// refused for it. The loop used to wait the whole timeout, and the kernel
+// answered the old file meanwhile.
+func TestChangeWhileNginxHung(t *testing.T) {
+	r := newRig(t, Config{MinSamples: 1, Idle: 0, Interval: time.Second, Timeout: time.Minute}, map[string][]byte{"a.txt": smallFile})
+	r.runLoop()
+	req := get("/a.txt")
+	within := func(what string, d time.Duration, ok func(reply string) bool) {
+		t.Helper()
+		deadline := time.Now().Add(d)
+		for {
+			reply := ""
+			if rs := r.fs.rulesOf(11); len(rs) == 1 {
+				reply = string(rs[0].Processors[0].Template)
+			}
+			if ok(reply) {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: not within %v (reply %q)", what, d, reply)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	r.c.samples <- sample{11, []byte(req), len(req)}
+	within("learned", 5*time.Second, func(reply string) bool { return strings.HasSuffix(reply, string(smallFile)) })
+
+	pids, err := r.ng.PIDs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	hung := true
+	resume := func() {
+		if hung {
+			for _, pid := range pids {
+				syscall.Kill(pid, syscall.SIGCONT)
+			}
+			hung = false
+		}
+	}
+	t.Cleanup(resume) // before nginx's own Stop
+	for _, pid := range pids {
+		syscall.Kill(pid, syscall.SIGSTOP)
+	}
+	time.Sleep(1500 * time.Millisecond) // a re-validation (every second here) waits for nginx
+	if err := os.WriteFile(filepath.Join(r.ng.Root, "a.txt"), []byte("changed"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	within("the rule deleted after the change, nginx hung", time.Second, func(reply string) bool { return reply == "" })
+
+	resume()
+	within("offloaded again with the new file", 5*time.Second, func(reply string) bool { return strings.HasSuffix(reply, "\r\n\r\nchanged") })
+	if rep := r.c.Report(); rep.Skipped != 0 || rep.FetchErrors != 0 {
+		t.Errorf("a fetch cut short by the change counted as nginx's failure: %+v", rep)
+	}
+}
+
 // TestInvalidate runs the controller's loop with its inotify watch: a
 // change of a file deletes its rules at once and installs them again with
 // nginx's new response; removing the file stops the offload; a file in a
@@ -401,20 +483,7 @@ func TestInvalidate(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	w, err := watch(r.c.cfg.Root, r.c.log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	errc := make(chan error, 1)
-	go func() { errc <- r.tb.Server.Do(func() error { return r.c.loop(ctx, w.changed, nil) }) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-errc; err != nil {
-			t.Error(err)
-		}
-		w.close()
-	})
+	r.runLoop()
 	// nginx ends the path at "#": a fragment sent by a client names a.txt too
 	req, dirReq, fragReq := get("/a.txt"), get("/d/"), get("/a.txt#top")
 	linkReq, dirLinkReq, gzipReq := get("/link.txt"), get("/dl/"), get("/s.css", "Accept-Encoding: gzip")

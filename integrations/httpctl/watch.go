@@ -1,12 +1,14 @@
 package httpctl
 
 import (
+	"context"
 	"errors"
 	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 
 	"github.com/fsnotify/fsnotify"
 )
@@ -25,7 +27,17 @@ type watcher struct {
 	changed chan string
 	log     *slog.Logger
 	done    chan struct{}
+
+	// unread counts the changes sent, or about to be, that the loop has
+	// not taken yet; a change cuts short the fetch under way (cutFetch),
+	// so that its rules go at once however long nginx takes to answer
+	mu       sync.Mutex
+	unread   int
+	cutFetch context.CancelCauseFunc
 }
+
+// errFileChanged ends a fetch that a change under the root cut short.
+var errFileChanged = errors.New("a file under the document root changed")
 
 // watch starts watching the tree at root.
 func watch(root string, log *slog.Logger) (*watcher, error) {
@@ -111,9 +123,42 @@ func (w *watcher) forget(p string) {
 }
 
 func (w *watcher) send(p string) {
+	w.mu.Lock()
+	w.unread++
+	if w.cutFetch != nil {
+		w.cutFetch(errFileChanged)
+	}
+	w.mu.Unlock()
 	select {
 	case w.changed <- p:
 	case <-w.done:
+	}
+}
+
+// taken tells the watcher that the loop took a change from changed.
+func (w *watcher) taken() {
+	w.mu.Lock()
+	w.unread--
+	w.mu.Unlock()
+}
+
+// fetchContext is the context of one fetch: it ends with ctx, and with
+// errFileChanged as its cause at the next change, or at once if a change
+// is unread. The loop fetches one request at a time; end releases it.
+func (w *watcher) fetchContext(ctx context.Context) (fctx context.Context, end func()) {
+	fctx, cancel := context.WithCancelCause(ctx)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.unread > 0 {
+		cancel(errFileChanged)
+	} else {
+		w.cutFetch = cancel
+	}
+	return fctx, func() {
+		w.mu.Lock()
+		w.cutFetch = nil
+		w.mu.Unlock()
+		cancel(nil)
 	}
 }
 
