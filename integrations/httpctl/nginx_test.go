@@ -476,9 +476,12 @@ func TestChangeWhileNginxHung(t *testing.T) {
 func TestInvalidate(t *testing.T) {
 	css := []byte("p { color: red }\n")
 	r := newRig(t, Config{MinSamples: 1, Idle: 0, DateRefresh: 1000}, map[string][]byte{"a.txt": smallFile, "d/index.html": []byte("one"),
-		"real.txt": []byte("real"), "s.css": css, "s.css.gz": gzipped(t, css)})
-	// links within the root, to a file and to a directory
-	for link, target := range map[string]string{"link.txt": "real.txt", "dl": "d"} {
+		"real.txt": []byte("real"), "s.css": css, "s.css.gz": gzipped(t, css), "idx.html": []byte("idx"),
+		"c1.txt": []byte("c1"), "c2.txt": []byte("c2"), "e/x": nil})
+	// links within the root, to a file and to a directory; an index file
+	// that is a link; a link to a link
+	for link, target := range map[string]string{"link.txt": "real.txt", "dl": "d", "e/index.html": "../idx.html",
+		"chain.txt": "mid", "mid": "c1.txt"} {
 		if err := os.Symlink(target, filepath.Join(r.ng.Root, link)); err != nil {
 			t.Fatal(err)
 		}
@@ -487,6 +490,7 @@ func TestInvalidate(t *testing.T) {
 	// nginx ends the path at "#": a fragment sent by a client names a.txt too
 	req, dirReq, fragReq := get("/a.txt"), get("/d/"), get("/a.txt#top")
 	linkReq, dirLinkReq, gzipReq := get("/link.txt"), get("/dl/"), get("/s.css", "Accept-Encoding: gzip")
+	linkIndexReq, chainReq := get("/e/"), get("/chain.txt")
 	learn := func(reqs ...string) {
 		for _, q := range reqs {
 			r.c.samples <- sample{11, []byte(q), len(q)}
@@ -527,13 +531,15 @@ func TestInvalidate(t *testing.T) {
 			}
 		}
 	}
-	learn(req, dirReq, fragReq, linkReq, dirLinkReq, gzipReq)
+	learn(req, dirReq, fragReq, linkReq, dirLinkReq, gzipReq, linkIndexReq, chainReq)
 	waitReply("learned", req, func(s string) bool { return strings.HasSuffix(s, string(smallFile)) })
 	waitReply("learned", fragReq, func(s string) bool { return strings.HasSuffix(s, string(smallFile)) })
 	waitReply("learned", linkReq, func(s string) bool { return strings.HasSuffix(s, "\r\n\r\nreal") })
 	waitReply("learned", dirLinkReq, func(s string) bool { return strings.HasSuffix(s, "\r\n\r\none") })
 	waitReply("learned", gzipReq, func(s string) bool { return strings.HasSuffix(s, string(gzipped(t, css))) })
 	waitReply("learned", dirReq, func(s string) bool { return strings.HasSuffix(s, "one") })
+	waitReply("learned", linkIndexReq, func(s string) bool { return strings.HasSuffix(s, "\r\n\r\nidx") })
+	waitReply("learned", chainReq, func(s string) bool { return strings.HasSuffix(s, "\r\n\r\nc1") })
 
 	// The Date moves on every second, the length stays.
 	first := reply(req)
@@ -564,6 +570,15 @@ func TestInvalidate(t *testing.T) {
 	// A file a link names: inotify reports the file's name, not the link's.
 	os.WriteFile(filepath.Join(r.ng.Root, "real.txt"), []byte("really"), 0o644)
 	waitReply("after a write of a link's file", linkReq, func(s string) bool { return strings.HasSuffix(s, "\r\n\r\nreally") })
+	// The file an index file that is a link names.
+	os.WriteFile(filepath.Join(r.ng.Root, "idx.html"), []byte("idx2"), 0o644)
+	// The link a link names, pointed elsewhere (a new link renamed over it).
+	os.Symlink("c2.txt", filepath.Join(r.ng.Root, "mid.new"))
+	if err := os.Rename(filepath.Join(r.ng.Root, "mid.new"), filepath.Join(r.ng.Root, "mid")); err != nil {
+		t.Fatal(err)
+	}
+	waitReply("after a write of the file an index link names", linkIndexReq, func(s string) bool { return strings.HasSuffix(s, "\r\n\r\nidx2") })
+	waitReply("after the link a link names was pointed elsewhere", chainReq, func(s string) bool { return strings.HasSuffix(s, "\r\n\r\nc2") })
 	// The .gz that gzip_static sends to a client that accepts gzip.
 	blue := gzipped(t, []byte("p { color: blue }\n"))
 	os.WriteFile(filepath.Join(r.ng.Root, "s.css.gz.tmp"), blue, 0o644)

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io/fs"
+	"os"
 	"path"
 	"path/filepath"
 	"slices"
@@ -205,21 +207,66 @@ func objectPath(root, p string) string {
 // sources are the paths whose changes may change nginx's response for
 // obj, the object a request maps to (a directory when dir): obj itself;
 // for a file, obj.gz too, which nginx sends instead with gzip_static to a
-// client that accepts gzip; and each of them with its symbolic links
-// resolved, as inotify reports a write by the name it is made through (the
-// file a link within the root names, not the link).
+// client that accepts gzip; for a directory, what each of its entries
+// that is a symbolic link resolves to (an index.html that is a link); and
+// every symbolic link met while resolving each of them, with the path it
+// resolves to, as inotify reports a write by the name it is made through
+// (the file a link within the root names, not the link) and a link that
+// names a link is re-pointed under its own name.
 func sources(obj string, dir bool) []string {
 	names := []string{obj}
 	if !dir {
 		names = append(names, obj+".gz")
+	} else if real, err := filepath.EvalSymlinks(obj); err == nil {
+		entries, _ := os.ReadDir(real)
+		for _, en := range entries {
+			if en.Type()&fs.ModeSymlink != 0 {
+				names = append(names, filepath.Join(real, en.Name()))
+			}
+		}
 	}
 	out := slices.Clone(names)
 	for _, p := range names {
-		if real, err := filepath.EvalSymlinks(p); err == nil && real != p {
-			out = append(out, real)
+		for _, l := range links(p) {
+			if !slices.Contains(out, l) {
+				out = append(out, l)
+			}
 		}
 	}
 	return out
+}
+
+// links are the symbolic links met while resolving the absolute path p,
+// each by its own path with the links before it resolved, and the path p
+// resolves to; nothing if p does not resolve (it does not exist, or a
+// loop).
+func links(p string) []string {
+	var out []string
+	rest := strings.Split(filepath.Clean(p), "/")[1:]
+	cur := "/"
+	for hops := 0; len(rest) > 0; {
+		next := filepath.Join(cur, rest[0])
+		rest = rest[1:]
+		fi, err := os.Lstat(next)
+		if err != nil {
+			return nil
+		}
+		if fi.Mode()&fs.ModeSymlink == 0 {
+			cur = next
+			continue
+		}
+		target, err := os.Readlink(next)
+		if hops++; err != nil || hops > 40 { // the kernel's limit
+			return nil
+		}
+		out = append(out, next)
+		if !filepath.IsAbs(target) {
+			target = filepath.Join(cur, target) // cur has no links: ".." is lexical
+		}
+		rest = append(strings.Split(filepath.Clean(target), "/")[1:], rest...)
+		cur = "/"
+	}
+	return append(out, cur)
 }
 
 // affects reports whether a change of the path changed (reported by the
