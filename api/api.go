@@ -5,7 +5,9 @@
 package api
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -27,13 +29,16 @@ const DefaultSocket = "/run/santa/santa.sock"
 func ClaimsDir(socket string) string { return filepath.Join(filepath.Dir(socket), "controllers") }
 
 // MakeClaimsDir makes ClaimsDir(socket) if it is not there: santad when it
-// starts, else the first controller.
+// starts, else the first controller. The socket's directory must exist (a
+// controller given a mistyped socket path must not make it).
 func MakeClaimsDir(socket string) error {
 	dir := ClaimsDir(socket)
 	if _, err := os.Stat(dir); err == nil {
 		return nil
 	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := os.Mkdir(dir, 0o755); errors.Is(err, fs.ErrExist) {
+		return nil // made meanwhile, by santad or another controller
+	} else if err != nil {
 		return err
 	}
 	return os.Chmod(dir, os.ModeSticky|0o777)

@@ -3,6 +3,7 @@ package follow
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -41,7 +42,10 @@ func ClaimTag(socketPath string, protocol uint32, port uint16, tag string) (*Cla
 	if protocol == api.ProtocolTCP {
 		proto = "TCP"
 	}
-	if err := api.MakeClaimsDir(socketPath); err != nil {
+	if err := api.MakeClaimsDir(socketPath); errors.Is(err, fs.ErrNotExist) {
+		// no directory for santad's socket: santad has not run there
+		return nil, fmt.Errorf("connect to santad at %s: %w (is santad running? see docs/operations.md)", socketPath, err)
+	} else if err != nil {
 		return nil, fmt.Errorf("claim tag %q: %w", tag, err)
 	}
 	// a claim per user: a user's controller sees only the rules that user

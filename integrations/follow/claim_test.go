@@ -53,6 +53,20 @@ func TestClaimTag(t *testing.T) {
 	again.Release()
 }
 
+// TestClaimTagWithoutSantadDir: a claim for a socket whose directory does
+// not exist (santad never ran there, or a mistyped --socket-path) fails
+// saying so, as a connection would, and makes no directory.
+func TestClaimTagWithoutSantadDir(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "typo")
+	_, err := ClaimTag(filepath.Join(dir, "santa.sock"), api.ProtocolTCP, 80, "t")
+	if !errors.Is(err, syscall.ENOENT) || !strings.Contains(err.Error(), "is santad running?") {
+		t.Errorf("claim: %v, want ENOENT asking whether santad runs", err)
+	}
+	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the claim made %s (%v)", dir, err)
+	}
+}
+
 // holdClaimEnv makes this test binary claim tag "t" on UDP port 53 of the
 // santad at the socket it names, say "held" (or why not) and hold the claim
 // until its standard input closes: a controller run by another user.
