@@ -1470,6 +1470,7 @@ func (c *Controller) revalidate(now time.Time) error {
 		if !bytes.Equal(e.resp.body, r.body) || e.resp.etag != r.etag {
 			c.log.Info("response changed: rule rebuilt", "request", e.req.line(), "etag", r.etag, "was", e.resp.etag)
 			c.setResponse(e, r, now)
+			e.sources = sources(e.obj, e.dir) // what inotify missed may be a link pointed elsewhere
 			changed = append(changed, e)
 			continue
 		}

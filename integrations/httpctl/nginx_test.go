@@ -677,6 +677,32 @@ func TestRevalidate(t *testing.T) {
 			t.Errorf("rule %d: %q", rule.ID, tpl)
 		}
 	}
+
+	// A link outside the root, which inotify does not watch, pointed at
+	// another file of the root: re-validation rebuilds the rule, and from
+	// then on a write of the new file counts for it.
+	out := t.TempDir()
+	os.WriteFile(filepath.Join(r.ng.Root, "c1.txt"), []byte("c1"), 0o644)
+	os.WriteFile(filepath.Join(r.ng.Root, "c2.txt"), []byte("c2"), 0o644)
+	os.Symlink(filepath.Join(r.ng.Root, "c1.txt"), filepath.Join(out, "l"))
+	os.Symlink(filepath.Join(out, "l"), filepath.Join(r.ng.Root, "c.txt"))
+	q := get("/c.txt")
+	r.c.sample(11, []byte(q), len(q))
+	r.do(func() error { return r.c.learn(now.Add(20 * time.Second)) })
+	e := r.c.entries[entryKey(r.c.groups[0], []byte(q))]
+	if e == nil {
+		t.Fatal("/c.txt not offloaded")
+	}
+	os.Remove(filepath.Join(out, "l"))
+	os.Symlink(filepath.Join(r.ng.Root, "c2.txt"), filepath.Join(out, "l"))
+	e.checked = now // due before the others
+	r.do(func() error { return r.c.revalidate(now.Add(40 * time.Second)) })
+	if !strings.HasSuffix(string(e.reply), "\r\n\r\nc2") {
+		t.Fatalf("after the outer link was pointed elsewhere: reply %q", e.reply)
+	}
+	if !affects(filepath.Join(r.ng.Root, "c2.txt"), e.sources, e.dir) {
+		t.Errorf("a write of c2.txt does not count for /c.txt once it is served: sources %q", e.sources)
+	}
 }
 
 // TestSantadRefusal: a rule santad refuses is not offloaded, the others
