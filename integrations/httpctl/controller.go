@@ -1448,6 +1448,9 @@ func (c *Controller) revalidate(now time.Time) error {
 			break
 		}
 		r, err := c.fetchFrom(e.g.fetch, e)
+		if err == nil && e.g.wildcard {
+			err = c.sameElsewhere(e, r)
+		}
 		if errors.Is(err, errCutShort) {
 			break // the rest at the next second
 		}
@@ -1489,6 +1492,27 @@ func (c *Controller) revalidate(now time.Time) error {
 		}
 	}
 	return c.remove(gone)
+}
+
+// sameElsewhere checks that nginx answers e's request over every other
+// address of its wildcard group as it did over loopback (r), as probe
+// does: a reload may since have given one of them a server block of its
+// own, which loopback's response does not show.
+func (c *Controller) sameElsewhere(e *entry, r *response) error {
+	others, err := c.wildcardAddrs(e.g)
+	if err != nil {
+		return err
+	}
+	for _, addr := range others {
+		o, err := c.fetchFrom(addr, e)
+		if err != nil {
+			return fmt.Errorf("over %v: %w", addr, err)
+		}
+		if d, _ := o.at(o.date); !bytes.Equal(r.withDate(d), o.raw) {
+			return fmt.Errorf("%w: the responses over %v and %v differ beyond Date", errVaries, e.g.fetch, addr)
+		}
+	}
+	return nil
 }
 
 // readHits reads the rules' hits from santad into the entries, and adds

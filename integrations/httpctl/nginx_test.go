@@ -705,6 +705,56 @@ func TestRevalidate(t *testing.T) {
 	}
 }
 
+// TestRevalidateServerByAddress: a reload that gives an address of the
+// wildcard socket a server block of its own (a `listen ADDR:PORT` shares
+// that socket) changes nothing over loopback, where responses are
+// fetched, but the rule would answer that address's clients with the
+// other server's response: re-validation asks over that address too and
+// removes the rule.
+func TestRevalidateServerByAddress(t *testing.T) {
+	r := newRig(t, Config{MinSamples: 1, Interval: time.Second}, map[string][]byte{"a.txt": smallFile})
+	q := get("/a.txt")
+	r.c.sample(11, []byte(q), len(q))
+	now := time.Now()
+	r.do(func() error { return r.c.learn(now) })
+	if len(r.c.entries) != 1 {
+		t.Fatalf("%d requests offloaded", len(r.c.entries))
+	}
+	conf, err := os.ReadFile(r.ng.Conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	end := bytes.LastIndexByte(conf, '}') // of the http block
+	byAddr := fmt.Sprintf("\tserver { listen %v; location / { return 200 'by address\\n'; } }\n", netip.AddrPortFrom(r.tb.Server.IP4, testPort))
+	if err := os.WriteFile(r.ng.Conf, append(append(conf[:end:end], byAddr...), conf[end:]...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	old, err := r.ng.PIDs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(r.ng.PID(), syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	// reloaded once the old worker is gone (until then it may answer too)
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		pids, err := r.ng.PIDs()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(pids) == len(old) && !slices.ContainsFunc(old, func(p int) bool { return p != r.ng.PID() && slices.Contains(pids, p) }) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("nginx did not reload: pids %v, before %v", pids, old)
+		}
+	}
+	r.do(func() error { return r.c.revalidate(now.Add(time.Second)) })
+	if len(r.c.entries) != 0 || len(r.fs.rulesOf(11)) != 0 {
+		t.Errorf("the rule stays after its response differs by address: %d requests, %d rules", len(r.c.entries), len(r.fs.rulesOf(11)))
+	}
+}
+
 // TestSantadRefusal: a rule santad refuses is not offloaded, the others
 // of its batch are.
 func TestSantadRefusal(t *testing.T) {
