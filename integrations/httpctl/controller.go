@@ -405,6 +405,14 @@ func (c *Controller) Run(ctx context.Context) error {
 		return err
 	}
 	defer c.removeAll()
+	// watched before the takeover fetches: a file changed after its
+	// response was fetched again must count for its rule
+	w, err := watch(c.cfg.Root, c.log)
+	if err != nil {
+		return fmt.Errorf("watch %s: %w", c.cfg.Root, err)
+	}
+	c.w, c.rootID = w, idOf(c.cfg.Root)
+	defer func() { c.w.close() }() // the watch of the root it follows now
 	c.ctx = ctx
 	if err := c.relearn(inherited, time.Now()); err != nil {
 		return err
@@ -415,12 +423,6 @@ func (c *Controller) Run(ctx context.Context) error {
 	if ctx.Err() != nil {
 		return nil // stopped while taking over: nothing left behind
 	}
-	w, err := watch(c.cfg.Root, c.log)
-	if err != nil {
-		return fmt.Errorf("watch %s: %w", c.cfg.Root, err)
-	}
-	c.w, c.rootID = w, idOf(c.cfg.Root)
-	defer func() { c.w.close() }() // the watch of the root it follows now
 	subCtx, stop := context.WithCancel(ctx)
 	defer stop()
 	c.watchCtx, c.gone = subCtx, make(chan error, 1)

@@ -1120,6 +1120,53 @@ func TestE2EStartedAnew(t *testing.T) {
 	}
 }
 
+// TestE2EChangedDuringTakeover: a file changed while the next controller
+// takes over the rules a predecessor left, after it fetched the file's
+// response again, is seen: the root is watched before the takeover's
+// fetches (before, from after them on: the rule answered the old file
+// until re-validation). nginx sends slow.bin, whose rule is taken over
+// after a.txt's, at 2 kB/s, which holds the takeover for a second or two.
+func TestE2EChangedDuringTakeover(t *testing.T) {
+	r := newE2E(t, e2eOptions{files: map[string][]byte{"a.txt": fileBefore, "slow.bin": bytes.Repeat([]byte{'s'}, 2500)},
+		nginxHTTP: "map $uri $santa_test_rate { /slow.bin 2k; default 0; }\nlimit_rate $santa_test_rate;"})
+	dir := t.TempDir()
+	get := func(name string) string {
+		out := filepath.Join(dir, name)
+		r.curl("-o", out, r.ng.URL4("/a.txt"))
+		return out
+	}
+	get("learn")
+	r.waitLines(4, "GET /a.txt HTTP/1.1") // a.txt's rule first: taken over first
+	r.curl("-o", filepath.Join(dir, "slow"), r.ng.URL4("/slow.bin"))
+	r.waitLines(4, "GET /a.txt HTTP/1.1", "GET /slow.bin HTTP/1.1")
+	if err := r.sd.Stop(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-r.errc:
+		r.stopped = true
+	case <-time.After(10 * time.Second):
+		t.Fatal("the controller still runs 10 s after santad was killed")
+	}
+	r.restartSantad()
+	changed := make(chan error, 1)
+	go func() {
+		// during the fetches of slow.bin, after those of a.txt
+		time.Sleep(700 * time.Millisecond)
+		changed <- os.WriteFile(filepath.Join(r.ng.Root, "a.txt"), fileAfter, 0o644)
+	}()
+	start := time.Now()
+	r.startController(e2eOptions{})
+	if err := <-changed; err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took < time.Second {
+		t.Fatalf("the takeover took %v: a.txt may have changed after it", took)
+	}
+	time.Sleep(300 * time.Millisecond) // the change's settle and fetch
+	checkFile(t, get("after"), fileAfter, "after a change during the takeover")
+}
+
 // a.txt of offloadThenKillSantad, before and after santad was killed.
 var (
 	fileBefore = []byte("the version before santad went away\n")
