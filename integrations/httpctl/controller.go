@@ -260,6 +260,10 @@ type Controller struct {
 	w          *watcher
 	rootID     fileID
 	rootWarned bool // the failure to watch the new document root is logged
+	// inLoop: the loop runs, and handles a change under the root as soon
+	// as the change cuts the fetch under way short (during a takeover,
+	// before the loop, a change waits for the loop anyway)
+	inLoop bool
 
 	// ctx is the run's (Run's context): the loops that fetch from nginx,
 	// one request after another, and each fetch stop at its end
@@ -702,6 +706,7 @@ func (c *Controller) loop(ctx context.Context, gone <-chan error) error {
 	defer second.Stop()
 	now := time.Now()
 	c.idleChecked, c.reported = now, now
+	c.inLoop = true
 	for {
 		select {
 		case <-ctx.Done():
@@ -957,7 +962,7 @@ var errCutShort = errors.New("fetch cut short")
 // what cuts it short).
 func (c *Controller) fetchFrom(addr netip.AddrPort, e *entry) (*response, error) {
 	ctx, end := c.ctx, func() {}
-	if c.w != nil {
+	if c.inLoop {
 		ctx, end = c.w.fetchContext(c.ctx)
 	}
 	defer end()
