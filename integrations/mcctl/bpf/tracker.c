@@ -329,6 +329,7 @@ struct tokens {
 	__u16 start[8];
 	__u16 len[8];
 	__u64 flag_firsts; /* tokens 2..: bit (first char - 'A') set, for meta flags */
+	__u32 odd;         /* a NUL, or a CR but the one before the final LF */
 };
 
 struct split_walk {
@@ -344,7 +345,12 @@ static long split_step(__u32 i, struct split_walk *w)
 	if (i >= s->head_len)
 		return 1;
 	__u8 c = s->head[i & (MC_HEAD - 1)];
-	int sep = c == ' ' || c == '\r' || c == '\n';
+	/* memcached takes the line up to its LF, less one CR before it, and
+	 * splits it at spaces only; a NUL ends the line it tokenizes (strlen) */
+	int eol = c == '\n' || (c == '\r' && i + 2 == s->head_len);
+	int sep = c == ' ' || eol;
+	if (c == 0 || (c == '\r' && !eol))
+		t->odd = 1;
 	__u32 n = t->n;
 	if (!sep && !w->in) {
 		w->in = 1;
@@ -630,7 +636,10 @@ __noinline int mc_classify(const struct mc_stream *s, struct verdict *v)
 	__u32 key_len = t->n > 1 ? t->len[1] : 0;
 	__u32 slot = key_len ? key_slot(s, t->start[1], key_len) : 0;
 	int last_noreply = IS(t->n - 1, "noreply");
-	if (t->n > 1 && key_len > MC_MAX_KEY) {
+	/* memcached's tokens would differ from these: "delete k\0" deletes k,
+	 * "set\r k ..." is no set, and a write may follow in what looked like
+	 * its value */
+	if (t->odd || (t->n > 1 && key_len > MC_MAX_KEY)) {
 		v->kind = MC_BAD;
 		return 0;
 	}
