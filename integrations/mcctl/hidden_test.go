@@ -92,3 +92,27 @@ func TestTrackerTokenizesAsMemcached(t *testing.T) {
 	u.reply(7, "STORED")
 	expectRetired(t, tr, "a set of hot after set\\r over UDP", "hot")
 }
+
+// memcached reads a TCP connection in the protocol of its first byte: on
+// a text connection a request that starts with 0x80 is a line it refuses,
+// and what follows is read as text. The tracker took such a request for a
+// binary set: the refused line's ERROR counted as that set's reply, the
+// STORED of the set of hot in its "value" as the reply to a get it read
+// after it, and hot's write went unseen.
+func TestTrackerKeepsTheConnectionsProtocol(t *testing.T) {
+	r, tr := newTrackerRig(t)
+	tcpExchange(t, r, []byte("set hot 0 0 3\r\nold\r\n"), "STORED")
+	key, extras := "a\n", make([]byte, 8) // the LF ends memcached's line
+	hidden := "set hot 0 0 5\r\n"         // its data block: the tracker's next request
+	body := len(extras) + len(key) + len(hidden)
+	request := append([]byte{0x80, 0x01, 0, byte(len(key)), byte(len(extras)), 0, 0, 0,
+		byte(body >> 24), byte(body >> 16), byte(body >> 8), byte(body), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}, extras...)
+	request = append(request, key+hidden+"get x\r\n"...)
+	if _, err := tr.DrainBumps(func(uint32, bool) {}); err != nil {
+		t.Fatal(err)
+	}
+	if got := tcpExchange(t, r, append([]byte("version\r\n"), request...), "STORED"); len(got) != 3 {
+		t.Fatalf("memcached answered %q, want VERSION, ERROR and STORED", got)
+	}
+	expectRetired(t, tr, "a set of hot after a line starting with 0x80", "hot")
+}

@@ -93,6 +93,8 @@ const (
 	trackerMcLimitMC_FLOW_SYNACK        trackerMcLimit = 1
 	trackerMcLimitMC_FLOW_UNCOUNTED     trackerMcLimit = 2
 	trackerMcLimitMC_FLOW_LOST          trackerMcLimit = 4
+	trackerMcLimitMC_FLOW_TEXT          trackerMcLimit = 8
+	trackerMcLimitMC_FLOW_BINARY        trackerMcLimit = 16
 	trackerMcLimitMC_REPORT_UNACKED     trackerMcLimit = 1073741824
 )
 

@@ -262,9 +262,10 @@ static __always_inline int parse_packet(struct __sk_buff *skb, struct packet *p)
 /* ---- heads: a command or reply line, or a binary header and its key ---- */
 
 /* Move bytes [pos, end) of the packet into s->head until it holds a whole
- * head (s->complete). Returns the bytes taken, or -1 when the head outgrows
+ * head (s->complete): a binary header and its extras and key if binary, a
+ * line otherwise. Returns the bytes taken, or -1 when the head outgrows
  * MC_HEAD or cannot be read. */
-__noinline int mc_take_head(struct __sk_buff *skb, struct mc_stream *s, __u32 pos, __u32 end)
+__noinline int mc_take_head(struct __sk_buff *skb, struct mc_stream *s, __u32 pos, __u32 end, int binary)
 {
 	if (!s)
 		return -1;
@@ -284,10 +285,9 @@ __noinline int mc_take_head(struct __sk_buff *skb, struct mc_stream *s, __u32 po
 		have &= MC_HEAD - 1;
 		if (bpf_skb_load_bytes(skb, pos, s->head + have, NONZERO(n, 63)))
 			return -1;
-		__u8 magic = s->head[0];
-		if (magic == 0x80 || magic == 0x81) { /* binary request or response */
+		if (binary) {
 			__u32 total = have + n, need = 24;
-			if (total >= 24 && magic == 0x80)
+			if (total >= 24 && s->head[0] == 0x80) /* a request */
 				need += s->head[4] + ((__u32)s->head[2] << 8 | s->head[3]);
 			if (total >= need) {
 				pos += need - have;
@@ -616,13 +616,16 @@ static __always_inline int plain_get(const struct mc_stream *s)
 	       s->head_len <= 5 + MC_MAX_KEY + 1;
 }
 
-/* Classify the request head in s. */
-__noinline int mc_classify(const struct mc_stream *s, struct verdict *v)
+/* Classify the request head in s, of the binary protocol or the text one. */
+__noinline int mc_classify(const struct mc_stream *s, struct verdict *v, int binary)
 {
 	if (!s || !v)
 		return 0;
-	if (s->head[0] == 0x80) {
-		binary_request(s, v);
+	if (binary) {
+		if (s->head[0] == 0x80)
+			binary_request(s, v);
+		else /* memcached closes the connection */
+			v->kind = MC_BAD;
 		return 0;
 	}
 	if (plain_get(s)) {
@@ -838,7 +841,7 @@ __noinline int mc_request(struct mc_flow *f)
 	if (!f)
 		return 0;
 	struct verdict v = {};
-	mc_classify(&f->in, &v);
+	mc_classify(&f->in, &v, f->flags & MC_FLOW_BINARY);
 	if (v.flush_delay)
 		hold_for_flush(v.flush_delay);
 	switch (v.kind) {
@@ -879,7 +882,7 @@ __noinline int mc_reply(struct mc_flow *f)
 	if (!f)
 		return 0;
 	struct mc_stream *s = &f->out;
-	if (s->head[0] == 0x81) {
+	if (f->flags & MC_FLOW_BINARY) {
 		s->skip = (__u32)s->head[8] << 24 | (__u32)s->head[9] << 16 | (__u32)s->head[10] << 8 | s->head[11];
 		if (s->skip)
 			s->unit_after_skip = 1;
@@ -941,7 +944,17 @@ static long walk_step(__u32 i, struct walk *w)
 		}
 		return 0;
 	}
-	int taken = mc_take_head(w->skb, s, w->pos, w->end);
+	if (!w->egress && !(f->flags & (MC_FLOW_TEXT | MC_FLOW_BINARY))) {
+		/* memcached reads a connection in the protocol of its first
+		 * byte: a later head that starts like a binary one is a line */
+		__u8 first;
+		if (bpf_skb_load_bytes(w->skb, w->pos, &first, 1)) {
+			lose(f);
+			return 1;
+		}
+		f->flags |= first == 0x80 ? MC_FLOW_BINARY : MC_FLOW_TEXT;
+	}
+	int taken = mc_take_head(w->skb, s, w->pos, w->end, f->flags & MC_FLOW_BINARY);
 	if (taken < 0) {
 		if (w->egress)
 			mc_uncount(f);
@@ -1164,6 +1177,7 @@ struct udp_walk {
 	struct mc_stream *s;
 	__u32 pos;
 	__u32 end;
+	int binary;
 };
 
 /* One command of a datagram past its first: only a delayed flush matters
@@ -1175,11 +1189,11 @@ static long udp_walk_step(__u32 i, struct udp_walk *w)
 	if (w->pos >= w->end)
 		return 1;
 	w->s->head_len = 0;
-	int taken = mc_take_head(w->skb, w->s, w->pos, w->end);
+	int taken = mc_take_head(w->skb, w->s, w->pos, w->end, w->binary);
 	if (taken <= 0 || !w->s->complete)
 		return 1;
 	struct verdict v = {};
-	mc_classify(w->s, &v);
+	mc_classify(w->s, &v, w->binary);
 	if (v.flush_delay)
 		hold_for_flush(v.flush_delay);
 	w->pos += taken + v.skip;
@@ -1189,8 +1203,14 @@ static long udp_walk_step(__u32 i, struct udp_walk *w)
 static __always_inline int udp_request(struct __sk_buff *skb, const struct packet *p)
 {
 	__u16 id;
+	__u8 first; /* memcached reads each datagram in the protocol of its first byte */
 	if (p->payload_len < 8 || bpf_skb_load_bytes(skb, p->payload_off, &id, sizeof(id)))
 		return TCX_NEXT;
+	if (p->payload_len == 8 || bpf_skb_load_bytes(skb, p->payload_off + 8, &first, 1)) {
+		COUNT(reads); /* memcached ignores a datagram without a command */
+		return TCX_NEXT;
+	}
+	int binary = first == 0x80;
 	__u32 one = 1;
 	struct mc_flow *scratch = bpf_map_lookup_elem(&mc_scratch, &one);
 	if (!scratch)
@@ -1198,18 +1218,18 @@ static __always_inline int udp_request(struct __sk_buff *skb, const struct packe
 	struct mc_stream *s = &scratch->in;
 	s->head_len = 0;
 	__u32 start = p->payload_off + 8, end = p->payload_off + p->payload_len;
-	int taken = mc_take_head(skb, s, start, end);
+	int taken = mc_take_head(skb, s, start, end, binary);
 	if (taken <= 0 || !s->complete) { /* no whole command: memcached changes nothing */
 		COUNT(reads);
 		return TCX_NEXT;
 	}
 	struct verdict v = {};
-	mc_classify(s, &v);
+	mc_classify(s, &v, binary);
 	if (v.flush_delay)
 		hold_for_flush(v.flush_delay);
 	int single = start + taken + v.skip >= end;
 	if (!single) {
-		struct udp_walk w = {.skb = skb, .s = s, .pos = start + taken + v.skip, .end = end};
+		struct udp_walk w = {.skb = skb, .s = s, .pos = start + taken + v.skip, .end = end, .binary = binary};
 		bpf_loop(1 << 16, udp_walk_step, &w, 0);
 	}
 	if (single && (v.kind == MC_READ || v.kind == MC_UNKNOWN || (v.kind == MC_QUIET && !v.slot))) {

@@ -20,6 +20,8 @@ enum mc_limit {
 	MC_FLOW_SYNACK = 1,       /* out.seq is known */
 	MC_FLOW_UNCOUNTED = 2,    /* replies cannot be counted: every reply bumps the sticky keys */
 	MC_FLOW_LOST = 4,         /* the request stream cannot be parsed: every segment bumps the epoch */
+	MC_FLOW_TEXT = 8,         /* the first request byte was not 0x80: memcached reads it all as text */
+	MC_FLOW_BINARY = 16,      /* it was: memcached reads it all as binary */
 	/* an mc_bumped report: the slot, or'd with */
 	MC_REPORT_UNACKED = 1 << 30, /* a write no reply of memcached may follow: bump it again later */
 };
