@@ -116,3 +116,13 @@ func TestTrackerKeepsTheConnectionsProtocol(t *testing.T) {
 	}
 	expectRetired(t, tr, "a set of hot after a line starting with 0x80", "hot")
 }
+
+// A UDP command line longer than the tracker's MC_HEAD (512 bytes: here a
+// set padded with spaces, which memcached skips) is run by memcached; the
+// tracker took the datagram for one without a whole command, a read.
+func TestTrackerLongUDPLine(t *testing.T) {
+	u := newUDPRig(t, mcctl.TrackerConfig{})
+	u.send(1, "set hot 0 0 3"+strings.Repeat(" ", 600)+"\r\nnew\r\n")
+	u.reply(1, "STORED")
+	expectRetired(t, u.tr, "a set of hot in a 600-byte line over UDP", "hot")
+}

@@ -1218,20 +1218,23 @@ static __always_inline int udp_request(struct __sk_buff *skb, const struct packe
 	struct mc_stream *s = &scratch->in;
 	s->head_len = 0;
 	__u32 start = p->payload_off + 8, end = p->payload_off + p->payload_len;
-	int taken = mc_take_head(skb, s, start, end, binary);
-	if (taken <= 0 || !s->complete) { /* no whole command: memcached changes nothing */
-		COUNT(reads);
-		return TCX_NEXT;
-	}
 	struct verdict v = {};
-	mc_classify(s, &v, binary);
-	if (v.flush_delay)
-		hold_for_flush(v.flush_delay);
-	int single = start + taken + v.skip >= end;
-	if (!single) {
-		struct udp_walk w = {.skb = skb, .s = s, .pos = start + taken + v.skip, .end = end, .binary = binary};
-		bpf_loop(1 << 16, udp_walk_step, &w, 0);
-	}
+	int single = 0;
+	int taken = mc_take_head(skb, s, start, end, binary);
+	if (taken >= 0) {
+		if (!s->complete) { /* no whole command: memcached changes nothing */
+			COUNT(reads);
+			return TCX_NEXT;
+		}
+		mc_classify(s, &v, binary);
+		if (v.flush_delay)
+			hold_for_flush(v.flush_delay);
+		single = start + taken + v.skip >= end;
+		if (!single) {
+			struct udp_walk w = {.skb = skb, .s = s, .pos = start + taken + v.skip, .end = end, .binary = binary};
+			bpf_loop(1 << 16, udp_walk_step, &w, 0);
+		}
+	} /* else a head over MC_HEAD, which memcached takes all the same: bad */
 	if (single && (v.kind == MC_READ || v.kind == MC_UNKNOWN || (v.kind == MC_QUIET && !v.slot))) {
 		COUNT(reads);
 		return TCX_NEXT;
