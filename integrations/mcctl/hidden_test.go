@@ -2,12 +2,16 @@ package mcctl_test
 
 import (
 	"bufio"
+	"encoding/binary"
 	"net"
+	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/santa-offload/santa/integrations/mcctl"
+	"golang.org/x/sys/unix"
 )
 
 // Writes that memcached applies and the tracker used to miss: each case
@@ -125,4 +129,178 @@ func TestTrackerLongUDPLine(t *testing.T) {
 	u.send(1, "set hot 0 0 3"+strings.Repeat(" ", 600)+"\r\nnew\r\n")
 	u.reply(1, "STORED")
 	expectRetired(t, u.tr, "a set of hot in a 600-byte line over UDP", "hot")
+}
+
+// UDP datagrams to memcached that come in fragments, or after many IPv6
+// extension headers: the kernel reassembles them and takes any number of
+// extension headers, so memcached runs their commands. The tracker read a
+// first fragment as the whole datagram (a set whose line was in the second
+// fragment, or a second command there, went unseen) and passed over a
+// datagram with more than 4 extension headers.
+func TestTrackerUDPFragmentsAndExtensionHeaders(t *testing.T) {
+	r, tr := newTrackerRig(t)
+	var udp4, udp6 *net.UDPConn
+	var raw4, raw6 int
+	if err := r.tb.Client.Do(func() (err error) {
+		if udp4, err = net.ListenUDP("udp", &net.UDPAddr{IP: r.tb.Client.IP4.AsSlice()}); err != nil {
+			return err
+		}
+		if udp6, err = net.ListenUDP("udp", &net.UDPAddr{IP: r.tb.Client.IP6.AsSlice()}); err != nil {
+			return err
+		}
+		// IPPROTO_RAW: the packets carry their own IP headers
+		if raw4, err = unix.Socket(unix.AF_INET, unix.SOCK_RAW, unix.IPPROTO_RAW); err != nil {
+			return err
+		}
+		raw6, err = unix.Socket(unix.AF_INET6, unix.SOCK_RAW, unix.IPPROTO_RAW)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer udp4.Close()
+	defer udp6.Close()
+	defer unix.Close(raw4)
+	defer unix.Close(raw6)
+
+	send := func(v6 bool, packets ...[]byte) {
+		t.Helper()
+		for _, p := range packets {
+			var err error
+			if v6 {
+				err = unix.Sendto(raw6, p, 0, &unix.SockaddrInet6{Addr: r.mc.Addr6.Addr().As16()})
+			} else {
+				err = unix.Sendto(raw4, p, 0, &unix.SockaddrInet4{Addr: r.mc.Addr4.Addr().As4()})
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	replies := func(v6 bool, want ...string) {
+		t.Helper()
+		c := udp4
+		if v6 {
+			c = udp6
+		}
+		buf := make([]byte, 2048)
+		for _, w := range want {
+			c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			n, err := c.Read(buf)
+			if err != nil || n < 8 || !strings.HasPrefix(string(buf[8:n]), w) {
+				t.Fatalf("reply %q, %v; want %q", buf[:max(n, 0)], err, w)
+			}
+		}
+	}
+	datagram := func(v6 bool, commands string) []byte {
+		c, src, dst := udp4, r.tb.Client.IP4, r.mc.Addr4
+		if v6 {
+			c, src, dst = udp6, r.tb.Client.IP6, r.mc.Addr6
+		}
+		return udpDatagram(src, dst.Addr(), uint16(c.LocalAddr().(*net.UDPAddr).Port), dst.Port(),
+			append([]byte{0, 9, 0, 0, 0, 1, 0, 0}, commands...))
+	}
+	set := "set hot 0 0 3\r\nnew\r\n"
+	first := "set x 0 0 16\r\n0123456789abcdef\r\n" // 8 + 8 + 32 bytes: a fragment boundary after it
+
+	tcpExchange(t, r, []byte("set hot 0 0 3\r\nold\r\n"), "STORED")
+	tr.DrainBumps(func(uint32, bool) {})
+	d := datagram(false, set)
+	send(false, ipv4Fragment(r.tb.Client.IP4, r.mc.Addr4.Addr(), 1, 0, d[:16], true),
+		ipv4Fragment(r.tb.Client.IP4, r.mc.Addr4.Addr(), 1, 16, d[16:], false))
+	replies(false, "STORED")
+	expectRetired(t, tr, "IPv4, a set after the first fragment", "hot")
+
+	d = datagram(false, first+set)
+	send(false, ipv4Fragment(r.tb.Client.IP4, r.mc.Addr4.Addr(), 2, 0, d[:16+len(first)], true),
+		ipv4Fragment(r.tb.Client.IP4, r.mc.Addr4.Addr(), 2, 16+len(first), d[16+len(first):], false))
+	replies(false, "STORED", "STORED")
+	expectRetired(t, tr, "IPv4, a set second in the datagram, in the second fragment", "hot")
+
+	d = datagram(true, set)
+	send(true, ipv6Packet(r.tb.Client.IP6, r.mc.Addr6.Addr(), []extHeader{ipv6Fragment(0, true)}, d[:16]),
+		ipv6Packet(r.tb.Client.IP6, r.mc.Addr6.Addr(), []extHeader{ipv6Fragment(16, false)}, d[16:]))
+	replies(true, "STORED")
+	expectRetired(t, tr, "IPv6, a set after the first fragment", "hot")
+
+	// a first fragment without the request id is dropped: no reply could be told apart
+	d = datagram(false, set)
+	send(false, ipv4Fragment(r.tb.Client.IP4, r.mc.Addr4.Addr(), 3, 0, d[:8], true),
+		ipv4Fragment(r.tb.Client.IP4, r.mc.Addr4.Addr(), 3, 8, d[8:], false))
+	udp4.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
+	if n, err := udp4.Read(make([]byte, 2048)); err == nil {
+		t.Errorf("a datagram whose first fragment holds only the UDP header: a %d-byte reply, want none", n)
+	}
+
+	send(true, ipv6Packet(r.tb.Client.IP6, r.mc.Addr6.Addr(), slices.Repeat([]extHeader{destOpts}, 9), datagram(true, set)))
+	replies(true, "STORED")
+	expectRetired(t, tr, "IPv6, a set after 9 destination options headers", "hot")
+}
+
+// udpDatagram is a UDP header and payload with the checksum of src and dst.
+func udpDatagram(src, dst netip.Addr, sport, dport uint16, payload []byte) []byte {
+	d := binary.BigEndian.AppendUint16(nil, sport)
+	d = binary.BigEndian.AppendUint16(d, dport)
+	d = binary.BigEndian.AppendUint16(d, uint16(8+len(payload)))
+	d = append(append(d, 0, 0), payload...)
+	// the pseudo-header's sum, the same for IPv4's layout and IPv6's
+	pseudo := append(append(src.AsSlice(), dst.AsSlice()...), 0, 17, byte(len(d)>>8), byte(len(d)))
+	var sum uint32
+	for _, b := range [][]byte{pseudo, d} {
+		for i := 0; i < len(b); i += 2 {
+			w := uint32(b[i]) << 8
+			if i+1 < len(b) {
+				w |= uint32(b[i+1])
+			}
+			sum += w
+		}
+	}
+	for sum > 0xffff {
+		sum = sum&0xffff + sum>>16
+	}
+	binary.BigEndian.PutUint16(d[6:], ^uint16(sum))
+	return d
+}
+
+// ipv4Fragment is an IPv4 packet of protocol UDP carrying bytes [at,
+// at+len(part)) of a datagram (at a multiple of 8); the kernel fills in
+// its length and checksum.
+func ipv4Fragment(src, dst netip.Addr, id uint16, at int, part []byte, more bool) []byte {
+	flags := uint16(at / 8)
+	if more {
+		flags |= 0x2000
+	}
+	h := []byte{0x45, 0, 0, 0, byte(id >> 8), byte(id), byte(flags >> 8), byte(flags), 64, 17, 0, 0}
+	return append(append(append(h, src.AsSlice()...), dst.AsSlice()...), part...)
+}
+
+// extHeader is an IPv6 extension header: its type, and its bytes after
+// the next header's type.
+type extHeader struct {
+	kind byte
+	rest []byte
+}
+
+// destOpts is an empty destination options header (PadN).
+var destOpts = extHeader{60, []byte{0, 1, 4, 0, 0, 0, 0}}
+
+// ipv6Fragment is the fragment header of bytes [at, at+n) of a datagram
+// (at a multiple of 8).
+func ipv6Fragment(at int, more bool) extHeader {
+	off := uint16(at)
+	if more {
+		off |= 1
+	}
+	return extHeader{44, []byte{0, byte(off >> 8), byte(off), 0, 0, 0, 7}}
+}
+
+// ipv6Packet is an IPv6 packet with extension headers hdrs and then a UDP
+// payload.
+func ipv6Packet(src, dst netip.Addr, hdrs []extHeader, payload []byte) []byte {
+	next := byte(17)
+	for i := len(hdrs) - 1; i >= 0; i-- {
+		payload = append(append([]byte{next}, hdrs[i].rest...), payload...)
+		next = hdrs[i].kind
+	}
+	h := []byte{0x60, 0, 0, 0, byte(len(payload) >> 8), byte(len(payload)), next, 64}
+	return append(append(append(h, src.AsSlice()...), dst.AsSlice()...), payload...)
 }

@@ -180,12 +180,46 @@ struct packet {
 	__u32 seq;        /* TCP, host order */
 	__u32 payload_off;
 	__u32 payload_len;
+	__u8 fragment;    /* the first fragment: the rest passes unseen */
 };
 
 enum { TCP_FIN = 1, TCP_SYN = 2, TCP_RST = 4, TCP_ACK = 16 };
 
+struct ext_walk {
+	struct __sk_buff *skb;
+	__u32 off;
+	__u8 next;
+	__u8 fragment;
+	__u8 stop; /* not a first fragment, or cut short */
+};
+
+/* One IPv6 extension header; the kernel takes any number of them. */
+static long ext_step(__u32 i, struct ext_walk *w)
+{
+	if (w->next != 0 && w->next != 43 && w->next != 44 && w->next != 60)
+		return 1;
+	__u8 ext[8];
+	if (bpf_skb_load_bytes(w->skb, w->off, ext, sizeof(ext))) {
+		w->stop = 1;
+		return 1;
+	}
+	if (w->next == 44) {
+		if (ext[2] | (ext[3] & 0xf8)) { /* fragment offset: not the first */
+			w->stop = 1;
+			return 1;
+		}
+		w->fragment = ext[3] & 1; /* more fragments */
+		w->off += 8;
+	} else {
+		w->off += (ext[1] + 1) * 8;
+	}
+	w->next = ext[0];
+	return 0;
+}
+
 /* Parse Ethernet, IPv4/IPv6 (with extension headers) and TCP/UDP. Returns 0
- * for a TCP or UDP packet (non-first fragments excluded). */
+ * for a TCP or UDP packet (non-first fragments excluded: the first one
+ * stands for the datagram). */
 static __always_inline int parse_packet(struct __sk_buff *skb, struct packet *p)
 {
 	__u32 off = 14, end = skb->len;
@@ -196,6 +230,7 @@ static __always_inline int parse_packet(struct __sk_buff *skb, struct packet *p)
 			return -1;
 		if (ip.frag_off & bpf_htons(0x1fff)) /* the first fragment carries the command */
 			return -1;
+		p->fragment = !!(ip.frag_off & bpf_htons(0x2000)); /* more fragments */
 		p->family = 4;
 		p->proto = ip.protocol;
 		p->src[0] = ip.saddr;
@@ -210,24 +245,14 @@ static __always_inline int parse_packet(struct __sk_buff *skb, struct packet *p)
 		__builtin_memcpy(p->src, &ip6.saddr, 16);
 		__builtin_memcpy(p->dst, &ip6.daddr, 16);
 		l3_end = off + sizeof(ip6) + bpf_ntohs(ip6.payload_len);
-		off += sizeof(ip6);
-		__u8 next = ip6.nexthdr;
-		for (int i = 0; i < 4; i++) {
-			if (next != 0 && next != 43 && next != 44 && next != 60)
-				break;
-			__u8 ext[8];
-			if (bpf_skb_load_bytes(skb, off, ext, sizeof(ext)))
-				return -1;
-			if (next == 44) {
-				if (ext[2] | (ext[3] & 0xf8)) /* fragment offset: not the first */
-					return -1;
-				off += 8;
-			} else {
-				off += (ext[1] + 1) * 8;
-			}
-			next = ext[0];
-		}
-		p->proto = next;
+		/* 8 bytes at least each: 2^13 fill 64 KiB */
+		struct ext_walk w = {.skb = skb, .off = off + sizeof(ip6), .next = ip6.nexthdr};
+		bpf_loop(1 << 13, ext_step, &w, 0);
+		if (w.stop)
+			return -1;
+		off = w.off;
+		p->fragment = w.fragment;
+		p->proto = w.next;
 	} else {
 		return -1;
 	}
@@ -1059,6 +1084,10 @@ static __always_inline int tcp_request(struct __sk_buff *skb, const struct packe
 		bump_unacked(MC_EPOCH_SLOT);
 		return TCX_NEXT;
 	}
+	if (p->fragment) { /* the rest of the segment passes unseen */
+		lose(f);
+		return TCX_NEXT;
+	}
 	return walk_segment(skb, f, p, 0) ? TCX_NEXT : TCX_DROP;
 }
 
@@ -1203,10 +1232,12 @@ static long udp_walk_step(__u32 i, struct udp_walk *w)
 static __always_inline int udp_request(struct __sk_buff *skb, const struct packet *p)
 {
 	__u16 id;
-	__u8 first; /* memcached reads each datagram in the protocol of its first byte */
+	__u8 first = 0; /* memcached reads each datagram in the protocol of its first byte */
+	/* a first fragment without the request id comes from no real stack:
+	 * its reply could not be told */
 	if (p->payload_len < 8 || bpf_skb_load_bytes(skb, p->payload_off, &id, sizeof(id)))
-		return TCX_NEXT;
-	if (p->payload_len == 8 || bpf_skb_load_bytes(skb, p->payload_off + 8, &first, 1)) {
+		return p->fragment ? TCX_DROP : TCX_NEXT;
+	if ((p->payload_len == 8 || bpf_skb_load_bytes(skb, p->payload_off + 8, &first, 1)) && !p->fragment) {
 		COUNT(reads); /* memcached ignores a datagram without a command */
 		return TCX_NEXT;
 	}
@@ -1221,20 +1252,20 @@ static __always_inline int udp_request(struct __sk_buff *skb, const struct packe
 	struct verdict v = {};
 	int single = 0;
 	int taken = mc_take_head(skb, s, start, end, binary);
-	if (taken >= 0) {
-		if (!s->complete) { /* no whole command: memcached changes nothing */
-			COUNT(reads);
-			return TCX_NEXT;
-		}
+	if (taken >= 0 && s->complete) {
 		mc_classify(s, &v, binary);
 		if (v.flush_delay)
 			hold_for_flush(v.flush_delay);
-		single = start + taken + v.skip >= end;
+		/* a first fragment: more may follow in the others, unseen */
+		single = !p->fragment && start + taken + v.skip >= end;
 		if (!single) {
 			struct udp_walk w = {.skb = skb, .s = s, .pos = start + taken + v.skip, .end = end, .binary = binary};
 			bpf_loop(1 << 16, udp_walk_step, &w, 0);
 		}
-	} /* else a head over MC_HEAD, which memcached takes all the same: bad */
+	} else if (taken >= 0 && !p->fragment) { /* no whole command: memcached changes nothing */
+		COUNT(reads);
+		return TCX_NEXT;
+	} /* else a head over MC_HEAD, which memcached takes all the same, or one cut by fragmenting: bad */
 	if (single && (v.kind == MC_READ || v.kind == MC_UNKNOWN || (v.kind == MC_QUIET && !v.slot))) {
 		COUNT(reads);
 		return TCX_NEXT;
