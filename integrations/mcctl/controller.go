@@ -329,15 +329,25 @@ func (c *Controller) Run(ctx context.Context) (err error) {
 // so that rules a killed controller leaves behind stay guarded; a
 // predecessor's are replaced.
 func (c *Controller) startTracker() error {
-	tcpPorts, udpPorts, err := memcachedPorts(c.cfg.Port)
+	tcpPorts, udpPorts, bound, err := memcachedPorts(c.cfg.Port)
 	if err != nil {
 		return err
+	}
+	if !c.cfg.Server.IsValid() {
+		c.cfg.Server = netip.AddrPortFrom(fetchAddress(bound), c.cfg.TCPPort)
+	}
+	// on a connection of its own, closed before the tracker starts: one it
+	// did not see open would retire every rule at each request
+	ascii, err := textOnly(c.cfg.Server.String(), c.cfg.Timeout)
+	if err != nil {
+		return fmt.Errorf("%w (memcached's TCP address can be given with --server)", err)
 	}
 	hold, err := LoadFlushHold(c.pinDir())
 	if err != nil {
 		return err
 	}
-	t, err := LoadTracker(TrackerConfig{TCPPorts: tcpPorts, UDPPorts: udpPorts, Guards: c.guards.m, FlushHold: hold})
+	t, err := LoadTracker(TrackerConfig{TCPPorts: tcpPorts, UDPPorts: udpPorts, Guards: c.guards.m, FlushHold: hold,
+		TextOnly: ascii})
 	if hold != nil {
 		hold.Close() // the tracker holds its own reference
 	}
@@ -425,7 +435,6 @@ func (c *Controller) attach() error {
 	if err != nil {
 		return fmt.Errorf("attach to UDP port %d: %w", c.cfg.Port, err)
 	}
-	var bound []netip.Addr
 	for _, s := range socks {
 		if s.Protocol != 17 {
 			continue
@@ -434,18 +443,12 @@ func (c *Controller) attach() error {
 		if s.Created {
 			c.created = append(c.created, s.Cookie)
 		}
-		if a := s.AddrPort().Addr(); a.IsValid() {
-			bound = append(bound, a.Unmap())
-		}
 	}
 	if len(c.cookies) == 0 {
 		return fmt.Errorf("no UDP socket bound to port %d", c.cfg.Port)
 	}
 	if api.LoopbackOnly(socks) {
 		c.log.Warn(api.LoopbackWarning)
-	}
-	if !c.cfg.Server.IsValid() {
-		c.cfg.Server = netip.AddrPortFrom(fetchAddress(bound), c.cfg.TCPPort)
 	}
 	c.count(func(r *Report) { r.Sockets = len(c.cookies) })
 	c.log.Info("attached", "port", c.cfg.Port, "sockets", len(c.cookies), "fetch_from", c.cfg.Server)

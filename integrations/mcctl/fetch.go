@@ -113,6 +113,34 @@ func (f *fetcher) exchange(keys []string) ([]value, error) {
 	return out, nil
 }
 
+// textOnly asks memcached at addr whether it reads every TCP connection as
+// text (-B ascii): a request that starts with 0x80, the binary magic, is
+// then a line even as a connection's first.
+func textOnly(addr string, timeout time.Duration) (bool, error) {
+	f := newFetcher(addr, timeout)
+	if err := f.connect(); err != nil {
+		return false, err
+	}
+	defer f.close()
+	f.conn.SetDeadline(time.Now().Add(timeout))
+	if _, err := f.conn.Write([]byte("stats settings\r\n")); err != nil {
+		return false, fmt.Errorf("ask memcached at %s for its settings: %w", addr, err)
+	}
+	ascii := false
+	for {
+		line, err := f.r.ReadString('\n')
+		if err != nil {
+			return false, fmt.Errorf("ask memcached at %s for its settings: %w", addr, err)
+		}
+		switch fields := strings.Fields(line); {
+		case len(fields) == 1 && fields[0] == "END":
+			return ascii, nil
+		case len(fields) == 3 && fields[0] == "STAT" && fields[1] == "binding_protocol":
+			ascii = fields[2] == "ascii"
+		}
+	}
+}
+
 func (f *fetcher) close() {
 	if f.conn != nil {
 		f.conn.Close()

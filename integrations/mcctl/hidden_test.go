@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/santa-offload/santa/integrations/mcctl"
+	"github.com/santa-offload/santa/internal/testbed"
 	"golang.org/x/sys/unix"
 )
 
@@ -303,4 +304,26 @@ func ipv6Packet(src, dst netip.Addr, hdrs []extHeader, payload []byte) []byte {
 	}
 	h := []byte{0x60, 0, 0, 0, byte(len(payload) >> 8), byte(len(payload)), next, 64}
 	return append(append(append(h, src.AsSlice()...), dst.AsSlice()...), payload...)
+}
+
+// memcached -B ascii reads every connection as text, even one whose first
+// byte is the binary magic: the controller asks memcached, and its tracker
+// then reads such a request as a line too. Before, a set hidden in what
+// the tracker took for a binary set's value went unseen, and the kernel
+// answered the old value.
+func TestTextOnlyMemcached(t *testing.T) {
+	r := newRigWith(t, testbed.MemcachedOptions{Extra: []string{"-B", "ascii"}})
+	_, _, get := r.offloadOld("hot")
+	key, extras := "a\n", make([]byte, 8)
+	hidden := "set hot 0 0 5\r\n"
+	body := len(extras) + len(key) + len(hidden)
+	request := append([]byte{0x80, 0x01, 0, byte(len(key)), byte(len(extras)), 0, 0, 0,
+		byte(body >> 24), byte(body >> 16), byte(body >> 8), byte(body), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}, extras...)
+	request = append(request, key+hidden+"get x\r\n"...)
+	if got := tcpExchange(t, r, request, "STORED"); len(got) != 2 {
+		t.Fatalf("memcached answered %q, want ERROR and STORED", got)
+	}
+	if got := get(); got != "get x" {
+		t.Errorf("GET of hot after a set memcached stored: %q, want %q", got, "get x")
+	}
 }

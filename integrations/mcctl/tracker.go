@@ -76,6 +76,9 @@ type TrackerConfig struct {
 	// FlushHold, if set, is a predecessor's mc_flush_hold (pinned by Pin):
 	// a delayed flush it saw may still be pending.
 	FlushHold *ebpf.Map
+	// TextOnly says that memcached reads every TCP connection as text
+	// (-B ascii), even one whose first byte starts a binary request.
+	TextOnly bool
 }
 
 // flushHoldPin is mc_flush_hold's pin in Pin's directory.
@@ -122,6 +125,11 @@ func LoadTracker(cfg TrackerConfig) (*Tracker, error) {
 			bits[p/64] |= 1 << (p % 64)
 		}
 		if err := spec.Variables[name].Set(bits); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.TextOnly {
+		if err := spec.Variables["text_only"].Set(uint8(1)); err != nil {
 			return nil, err
 		}
 	}

@@ -135,6 +135,7 @@ const (
 	trackerVarMcLimitLayout          = "mc_limit_layout"
 	trackerVarRealtimeMinusMonotonic = "realtime_minus_monotonic"
 	trackerVarTcpPorts               = "tcp_ports"
+	trackerVarTextOnly               = "text_only"
 	trackerVarUdpClearedAt           = "udp_cleared_at"
 	trackerVarUdpPorts               = "udp_ports"
 )
@@ -205,6 +206,7 @@ type trackerVariableSpecs struct {
 	McLimitLayout          *ebpf.VariableSpec `ebpf:"mc_limit_layout"`
 	RealtimeMinusMonotonic *ebpf.VariableSpec `ebpf:"realtime_minus_monotonic"`
 	TcpPorts               *ebpf.VariableSpec `ebpf:"tcp_ports"`
+	TextOnly               *ebpf.VariableSpec `ebpf:"text_only"`
 	UdpClearedAt           *ebpf.VariableSpec `ebpf:"udp_cleared_at"`
 	UdpPorts               *ebpf.VariableSpec `ebpf:"udp_ports"`
 }
@@ -257,6 +259,7 @@ type trackerVariables struct {
 	McLimitLayout          *ebpf.Variable `ebpf:"mc_limit_layout"`
 	RealtimeMinusMonotonic *ebpf.Variable `ebpf:"realtime_minus_monotonic"`
 	TcpPorts               *ebpf.Variable `ebpf:"tcp_ports"`
+	TextOnly               *ebpf.Variable `ebpf:"text_only"`
 	UdpClearedAt           *ebpf.Variable `ebpf:"udp_cleared_at"`
 	UdpPorts               *ebpf.Variable `ebpf:"udp_ports"`
 }

@@ -37,6 +37,9 @@ volatile const __u64 udp_ports[65536 / 64] = {};
  * unix time into the clock of bpf_ktime_get_ns, as memcached itself does
  * once, at its start. */
 volatile const __s64 realtime_minus_monotonic = 0;
+/* memcached reads every TCP connection as text (-B ascii), whatever its
+ * first byte. */
+volatile const __u8 text_only = 0;
 
 /* Guard slot -> version: santad's pinned santa_guards, replaced at load. */
 struct {
@@ -977,7 +980,7 @@ static long walk_step(__u32 i, struct walk *w)
 			lose(f);
 			return 1;
 		}
-		f->flags |= first == 0x80 ? MC_FLOW_BINARY : MC_FLOW_TEXT;
+		f->flags |= first == 0x80 && !text_only ? MC_FLOW_BINARY : MC_FLOW_TEXT;
 	}
 	int taken = mc_take_head(w->skb, s, w->pos, w->end, f->flags & MC_FLOW_BINARY);
 	if (taken < 0) {
