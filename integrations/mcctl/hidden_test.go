@@ -327,3 +327,52 @@ func TestTextOnlyMemcached(t *testing.T) {
 		t.Errorf("GET of hot after a set memcached stored: %q, want %q", got, "get x")
 	}
 }
+
+// A byte a client sends as TCP urgent data (MSG_OOB) is not in the stream
+// memcached reads (no SO_OOBINLINE). The tracker read it: here "set x 0 0
+// 4" with an urgent "0" is a set of 40 bytes to it, of 4 to memcached,
+// which then ran the noreply set of hot that the tracker took for x's
+// value, and the kernel answered hot's old value for good.
+func TestTrackerUrgentData(t *testing.T) {
+	r := newRig(t)
+	_, _, get := r.offloadOld("hot")
+	var c net.Conn
+	if err := r.tb.Client.Do(func() (err error) {
+		c, err = net.Dial("tcp", r.mc.Addr4.String())
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	raw, err := c.(*net.TCPConn).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, part := range []struct {
+		b     string
+		flags int
+	}{{"set x 0 0 4", 0}, {"0", unix.MSG_OOB}, {"\r\nABCD\r\nset hot 0 0 10 noreply\r\nhiddenval1\r\n", 0}} {
+		var serr error
+		if err := raw.Write(func(fd uintptr) bool {
+			serr = unix.Send(int(fd), []byte(part.b), part.flags)
+			return true
+		}); err != nil || serr != nil {
+			t.Fatal(err, serr)
+		}
+	}
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil || line != "STORED\r\n" {
+		t.Fatalf("memcached answered %q, %v; want STORED", line, err)
+	}
+	if got := tcpExchange(t, r, []byte("get hot\r\n"), "END"); len(got) < 2 || got[1] != "hiddenval1\r\n" {
+		t.Fatalf("memcached holds %q for hot, want hiddenval1", got)
+	}
+	deadline := time.Now().Add(3 * time.Second) // the noreply write is settled within --settle
+	for got := get(); got != "hiddenval1"; got = get() {
+		if time.Now().After(deadline) {
+			t.Fatalf("GET of hot: %q, want hiddenval1", got)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

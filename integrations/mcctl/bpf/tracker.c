@@ -177,7 +177,7 @@ static __always_inline void hold_for_flush(__s64 delay)
 struct packet {
 	__u8 family;
 	__u8 proto;
-	__u8 tcp_flags;   /* FIN 1, SYN 2, RST 4, ACK 16 */
+	__u8 tcp_flags;   /* FIN 1, SYN 2, RST 4, ACK 16, URG 32 */
 	__u16 sport, dport; /* network order */
 	__u32 src[4], dst[4];
 	__u32 seq;        /* TCP, host order */
@@ -186,7 +186,7 @@ struct packet {
 	__u8 fragment;    /* the first fragment: the rest passes unseen */
 };
 
-enum { TCP_FIN = 1, TCP_SYN = 2, TCP_RST = 4, TCP_ACK = 16 };
+enum { TCP_FIN = 1, TCP_SYN = 2, TCP_RST = 4, TCP_ACK = 16, TCP_URG = 32 };
 
 struct ext_walk {
 	struct __sk_buff *skb;
@@ -1087,7 +1087,9 @@ static __always_inline int tcp_request(struct __sk_buff *skb, const struct packe
 		bump_unacked(MC_EPOCH_SLOT);
 		return TCX_NEXT;
 	}
-	if (p->fragment) { /* the rest of the segment passes unseen */
+	/* the rest of the segment passes unseen; or an urgent byte, which
+	 * memcached's reads leave out of the stream (no SO_OOBINLINE) */
+	if (p->fragment || p->tcp_flags & TCP_URG) {
 		lose(f);
 		return TCX_NEXT;
 	}
