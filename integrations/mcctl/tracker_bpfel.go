@@ -31,6 +31,7 @@ type trackerMcCounters struct {
 	BumpsUnreported   uint64
 	UnackedBumps      uint64
 	DelayedFlushes    uint64
+	BadChecksums      uint64
 }
 
 type trackerMcFlow struct {

@@ -181,6 +181,7 @@ struct packet {
 	__u16 sport, dport; /* network order */
 	__u32 src[4], dst[4];
 	__u32 seq;        /* TCP, host order */
+	__u32 l4_off;
 	__u32 payload_off;
 	__u32 payload_len;
 	__u8 fragment;    /* the first fragment: the rest passes unseen */
@@ -261,6 +262,7 @@ static __always_inline int parse_packet(struct __sk_buff *skb, struct packet *p)
 	}
 	if (l3_end < end)
 		end = l3_end; /* Ethernet padding */
+	p->l4_off = off;
 	if (p->proto == IPPROTO_UDP) {
 		struct udphdr udp;
 		if (bpf_skb_load_bytes(skb, off, &udp, sizeof(udp)))
@@ -1055,6 +1057,65 @@ static __always_inline void retire(struct mc_flow *f, const struct mc_flow_key *
 	bpf_map_delete_elem(&mc_flows, k);
 }
 
+struct csum_walk {
+	struct __sk_buff *skb;
+	__u32 pos, end;
+	__u64 sum;
+	__u32 cut; /* could not be read */
+};
+
+/* Sum 64 bytes of the segment (16-bit words as loaded, like csum_partial). */
+static long csum_step(__u32 i, struct csum_walk *w)
+{
+	if (w->pos >= w->end)
+		return 1;
+	__u32 n = w->end - w->pos;
+	if (n > 64)
+		n = 64;
+	__u64 buf[8] = {};
+	if (bpf_skb_load_bytes(w->skb, w->pos, buf, NONZERO(n, 63))) {
+		w->cut = 1;
+		return 1;
+	}
+	for (int k = 0; k < 8; k++)
+		w->sum += (__u32)buf[k] + (buf[k] >> 32);
+	w->pos += n;
+	return 0;
+}
+
+static __always_inline __u16 fold(__u64 sum)
+{
+	for (int i = 0; i < 4; i++)
+		sum = (sum & 0xffff) + (sum >> 16);
+	return sum;
+}
+
+/* The TCP checksum of a segment holds, as the kernel will check it: the
+ * device verified it, or the field holds the pseudo-header sum of a local
+ * sender (checksum offload), or the segment sums up right. */
+__noinline int mc_tcp_checksum_ok(struct __sk_buff *skb, const struct packet *p)
+{
+	if (!skb || !p)
+		return 0;
+	if (bpf_csum_level(skb, BPF_CSUM_LEVEL_QUERY) >= 0) /* CHECKSUM_UNNECESSARY */
+		return 1;
+	__u16 check;
+	if (bpf_skb_load_bytes(skb, p->l4_off + 16, &check, sizeof(check)))
+		return 0;
+	__u32 len = p->payload_off + p->payload_len - p->l4_off;
+	__u64 pseudo = bpf_htons(IPPROTO_TCP) + bpf_htons((__u16)len);
+	for (int i = 0; i < 4; i++) {
+		if (p->family == 4 && i > 0)
+			break;
+		pseudo += (__u64)p->src[i] + p->dst[i];
+	}
+	if (check == fold(pseudo))
+		return 1;
+	struct csum_walk w = {.skb = skb, .pos = p->l4_off, .end = p->payload_off + p->payload_len, .sum = pseudo};
+	bpf_loop(1 << 10, csum_step, &w, 0); /* 64 KiB */
+	return !w.cut && w.pos >= w.end && fold(w.sum) == 0xffff;
+}
+
 static __always_inline int tcp_request(struct __sk_buff *skb, const struct packet *p)
 {
 	struct mc_flow_key k = {};
@@ -1092,6 +1153,13 @@ static __always_inline int tcp_request(struct __sk_buff *skb, const struct packe
 	if (p->fragment || p->tcp_flags & TCP_URG) {
 		lose(f);
 		return TCX_NEXT;
+	}
+	/* the kernel drops such a segment, and the client sends its bytes
+	 * again, maybe others: taken for a retransmission of parsed bytes,
+	 * they would go unseen */
+	if (!mc_tcp_checksum_ok(skb, p)) {
+		COUNT(bad_checksums);
+		return TCX_DROP;
 	}
 	return walk_segment(skb, f, p, 0) ? TCX_NEXT : TCX_DROP;
 }

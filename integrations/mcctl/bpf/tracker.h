@@ -91,4 +91,5 @@ struct mc_counters {
 	__u64 bumps_unreported;  /* bumps not reported in mc_bumped (full): the controller checks every rule */
 	__u64 unacked_bumps;     /* bumps for writes no reply may follow (noreply, quiet, reset, unparsed, untracked): the controller repeats them later */
 	__u64 delayed_flushes;   /* flush_all with a delay (text or binary): no rule is installed until it applies (mc_flush_hold) */
+	__u64 bad_checksums;     /* TCP request segments with a wrong checksum, dropped before they are parsed */
 };
