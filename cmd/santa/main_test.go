@@ -163,6 +163,19 @@ func TestReadKeys(t *testing.T) {
 	}
 }
 
+// TestReadKeysWithSpace: a key with a space is refused with the line's
+// form, not only "not a number".
+func TestReadKeysWithSpace(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "keys")
+	if err := os.WriteFile(file, []byte("good\nbad key\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err := readKeys(file)
+	if err == nil || !strings.Contains(err.Error(), ":2: ") || !strings.Contains(err.Error(), "a memcached key has no spaces") {
+		t.Errorf("readKeys of a key with a space: %v", err)
+	}
+}
+
 // TestMatches checks how rules ls shows conditions, masks, length bounds and guards.
 func TestMatches(t *testing.T) {
 	for want, r := range map[string]api.Rule{

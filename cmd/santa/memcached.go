@@ -165,7 +165,7 @@ func readKeys(path string) ([]string, error) {
 			counted = false
 		case 2:
 			if _, err := fmt.Sscan(fields[1], &c); err != nil {
-				return nil, fmt.Errorf("%s:%d: count %q is not a number", path, n, fields[1])
+				return nil, fmt.Errorf("%s:%d: count %q is not a number (a line is KEY [COUNT]; a memcached key has no spaces)", path, n, fields[1])
 			}
 		default:
 			return nil, fmt.Errorf("%s:%d: want KEY [COUNT], got %d fields", path, n, len(fields))
