@@ -351,6 +351,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	c.client = client
 	defer client.Close()
 	if err := c.attach(); err != nil {
+		follow.UnbindEmpty(c.client, c.created, c.log)
 		return err
 	}
 	defer func() {
@@ -431,8 +432,15 @@ func (c *Controller) attach() error {
 		if err != nil {
 			return fmt.Errorf("attach to fd %d of pid %d: %w", c.cfg.FD, c.cfg.PID, err)
 		}
+		if s.Protocol != api.ProtocolUDP {
+			c.created = created(s)
+			return fmt.Errorf("fd %d of pid %d is not a UDP socket (%s): santa dns takes a DNS server's UDP sockets",
+				c.cfg.FD, c.cfg.PID, s.AddrPort())
+		}
 		socks = []api.SocketInfo{s}
 	}
+	// every rule set attach made is removed again if it fails
+	c.created = created(socks...)
 	if api.LoopbackOnly(socks) {
 		c.log.Warn(api.LoopbackWarning)
 	}
@@ -467,9 +475,6 @@ func (c *Controller) attach() error {
 			c.eps = append(c.eps, ep)
 		}
 		ep.cookies = append(ep.cookies, s.Cookie)
-		if s.Created {
-			c.created = append(c.created, s.Cookie)
-		}
 	}
 	if len(c.eps) == 0 {
 		return fmt.Errorf("no UDP socket found to attach to")
@@ -480,6 +485,18 @@ func (c *Controller) attach() error {
 		c.log.Info("attached", "server", ep.addr, "family", ep.family, "sockets", len(ep.cookies))
 	}
 	return nil
+}
+
+// created are the cookies of the sockets whose rule set santad made for
+// this bind.
+func created(socks ...api.SocketInfo) []uint64 {
+	var out []uint64
+	for _, s := range socks {
+		if s.Created {
+			out = append(out, s.Cookie)
+		}
+	}
+	return out
 }
 
 // probe finds out the endpoint's behaviour from the first questions.

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -176,5 +177,40 @@ func TestSerialLearnedLate(t *testing.T) {
 	}
 	if second {
 		t.Errorf("the same serial polled again was taken as a change")
+	}
+}
+
+// TestFailedAttachLeavesNoRuleSet: a start that fails after santad made
+// rule sets for the server's sockets removes them again. Left behind, a
+// TCP listener's empty rule set has eBPF answer the server's TCP
+// handshakes and hand each connection over. The failures: --pid and --fd
+// naming the server's TCP listener (refused with a message that says so,
+// and no --follow hint: --follow needs --port), and a --server address
+// that cannot be asked.
+func TestFailedAttachLeavesNoRuleSet(t *testing.T) {
+	r := newRig(t, testbed.KindKnot, 0)
+	names := r.namesFile([]string{"www." + r.zone.Origin}, []uint16{dns.TypeA})
+	ss, err := exec.Command("nsenter", "--net=/run/netns/"+r.tb.Server.NS, "ss", "-Htlpn", "sport", "= :53").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`pid=(\d+),fd=(\d+)`).FindStringSubmatch(string(ss))
+	if m == nil {
+		t.Fatalf("no TCP listener on port 53 in ss -tlpn:\n%s", ss)
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--pid", m[1], "--fd", m[2]}, "fd " + m[2] + " of pid " + m[1] + " is not a UDP socket"},
+		{[]string{"--port", "53/udp", "--server", "198.19.255.77"}, "198.19.255.77"},
+	} {
+		out, err := r.runUntilExit(append([]string{"static", "--names", names}, c.args...)...)
+		if err == nil || !strings.Contains(out, c.want) || strings.Contains(out, "--follow") {
+			t.Errorf("with %v: %v, want an error with %q and no --follow hint:\n%s", c.args, err, c.want, out)
+		}
+		if info, _ := r.health(); info.Sockets != 0 {
+			t.Errorf("with %v: santad holds %d rule sets after the controller failed", c.args, info.Sockets)
+		}
 	}
 }

@@ -192,7 +192,7 @@ func Gone(err error) bool {
 type Options struct {
 	Follow   bool          // start again after the server or santad went away; else run once
 	Socket   string        // santad's control socket ("": santa.SocketPath())
-	Port     uint16        // the server's port
+	Port     uint16        // the server's port; 0 for one socket by pid and fd, which cannot be followed (no --follow hint)
 	Protocol uint32        // api.ProtocolUDP or api.ProtocolTCP (listeners)
 	Settle   time.Duration // wait this long after the port has a socket again, for the server to load its data
 	Log      *slog.Logger
@@ -217,6 +217,8 @@ func Run(ctx context.Context, o Options, run func(context.Context) error) error 
 		santadGone := !Gone(err) && (santad != 0 && santadPID(o.Socket) != santad || absent)
 		switch {
 		case !Gone(err) && !santadGone:
+			return err
+		case !o.Follow && o.Port == 0: // --pid and --fd: --follow needs --port
 			return err
 		case !o.Follow && absent:
 			return fmt.Errorf("%w (with --follow the controller waits for santad and starts once it answers)", err)
