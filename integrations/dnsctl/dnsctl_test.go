@@ -125,6 +125,7 @@ func TestCheckReply(t *testing.T) {
 	}
 	bad := map[string][]byte{
 		"TTL 0":     reply(t, q, 0, nil),
+		"TTL 1":     reply(t, q, 1, nil),
 		"truncated": reply(t, q, 300, func(m *dns.Msg) { m.Truncated = true }),
 		"servfail":  reply(t, q, 300, func(m *dns.Msg) { m.Rcode = dns.RcodeServerFailure }),
 		"no EDNS":   reply(t, q, 300, func(m *dns.Msg) { m.Extra = nil }),

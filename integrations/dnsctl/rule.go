@@ -86,7 +86,7 @@ type Answer struct {
 // give to every client sending q: a complete (not truncated) NOERROR or
 // NXDOMAIN answer for exactly q's question, within q's advertised UDP size
 // and the rule processor's reply limit for family, EDNS iff q has EDNS, no
-// server cookie (it depends on the client and the time), and a TTL above 0.
+// server cookie (it depends on the client and the time), and a TTL above 1.
 func CheckReply(q *Query, reply []byte, family int) (Answer, error) {
 	var m dns.Msg
 	if err := m.Unpack(reply); err != nil {
@@ -133,8 +133,14 @@ func CheckReply(q *Query, reply []byte, family int) (Answer, error) {
 	if ttl == ^uint32(0) {
 		return Answer{}, notOffloadable("the reply has no record to take a TTL from")
 	}
-	if ttl == 0 {
+	switch ttl {
+	case 0:
 		return Answer{}, notOffloadable("TTL 0: the answer may not be reused")
+	case 1:
+		// its rule ends at the whole second at or before the TTL's end,
+		// before any refresh (a second after the fetch at the earliest):
+		// it would go and come back every few seconds
+		return Answer{}, notOffloadable("TTL of one second: its rule would run out before it could be refreshed")
 	}
 	return Answer{Reply: reply, TTL: time.Duration(ttl) * time.Second, Rcode: m.Rcode, SetOfSeveral: HasSetOfSeveral(&m),
 		Chain: chainOf(&m)}, nil

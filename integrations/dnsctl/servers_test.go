@@ -973,6 +973,30 @@ func TestTTLBound(t *testing.T) {
 	}
 }
 
+// TestOneSecondTTLNotOffloaded: a rule ends at the whole second at or
+// before its answer's TTL runs out, so that of an answer with a TTL of 1
+// s goes before any refresh (a second after the fetch at the earliest).
+// Such an answer stays with the server, as one of TTL 0 does. (Its rule
+// answered for a fraction of a second, then went, was installed again a
+// second later, and so on, four log lines every 3 s per address.)
+func TestOneSecondTTLNotOffloaded(t *testing.T) {
+	r := newRig(t, testbed.KindNSD, 0, "one 1 IN A 198.18.255.79")
+	ctl := r.startController("static", "--port", "53/udp", "--names",
+		r.namesFile([]string{"one." + r.zone.Origin, "www." + r.zone.Origin}, []uint16{dns.TypeA}), "--shape", "plain")
+	if !strings.Contains(ctl.Ready(), "(2 questions not offloaded)") || !strings.Contains(ctl.Output(), "TTL of one second") {
+		t.Errorf("ready line %q, want the TTL-1 answer not offloaded at both addresses, with its reason", ctl.Ready())
+	}
+	time.Sleep(4 * time.Second)
+	for _, churn := range []string{"not refreshed in time", "rules are installed"} {
+		if strings.Contains(ctl.Output(), churn) {
+			t.Errorf("the TTL-1 answer's rule came and went (%q)", churn)
+		}
+	}
+	if n := r.rules(); n != 2 {
+		t.Errorf("%d rules, want www's at both addresses", n)
+	}
+}
+
 // TestStopWithServerHung: with the server stopped (SIGSTOP) while the
 // controller asks it for a refresh, each question waits for its tries of
 // --timeout (3 × 10 s here); a stop (SIGTERM) ends those questions at once,
