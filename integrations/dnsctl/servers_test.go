@@ -683,6 +683,19 @@ func TestEscapedNameLearned(t *testing.T) {
 // it. dig sends a new client cookie each run: each is a query shape of its
 // own. The controller does not try to learn them: they would each be
 // asked again for ever and count towards --max-rules, after which no shape
+// TestZoneFileNamesInLowerCase: a zone file's owner names are offloaded
+// in lower case, as clients ask for them, whatever the case the file
+// writes them in. (Offloaded in the file's case, "UPPER" and a zone whose
+// $ORIGIN has capitals were never answered by a rule, while the ready
+// line counted every question offloaded.)
+func TestZoneFileNamesInLowerCase(t *testing.T) {
+	r := newRig(t, testbed.KindNSD, 0, "UPPER IN A 198.18.255.80")
+	r.startController("static", "--port", "53/udp", "--zone-file", r.zoneFile(), "--shape", "rd,ad,edns")
+	if got, kernel := r.dig("upper."+r.zone.Origin, "A"); got != "198.18.255.80" || !kernel {
+		t.Errorf("upper A: %q, from the rule processor %v", got, kernel)
+	}
+}
+
 // a rule can answer would be learned any more.
 func TestCookieQueriesNotLearned(t *testing.T) {
 	r := newRig(t, testbed.KindBIND, 0)

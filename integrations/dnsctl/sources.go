@@ -91,7 +91,7 @@ func ReadNames(r io.Reader, source string, defaultTypes []uint16) ([]Question, e
 
 // ReadZone reads the questions a zone file answers: every (owner, type) in
 // it, except the DNSSEC types a resolver never asks for by themselves (RRSIG,
-// NSEC, NSEC3). origin is the zone's origin if the file has no $ORIGIN.
+// NSEC, NSEC3), with the owner in lower case. origin is the zone's origin if the file has no $ORIGIN.
 // $INCLUDE is followed, as the servers do (a relative path from the
 // directory of source), and $GENERATE expanded.
 func ReadZone(r io.Reader, source, origin string) ([]Question, error) {
@@ -109,7 +109,9 @@ func ReadZone(r io.Reader, source, origin string) ([]Question, error) {
 		if err != nil {
 			return nil, fmt.Errorf("zone file: %w", err)
 		}
-		q := Question{name, h.Rrtype}
+		// in lower case, as clients ask: the case of a zone file's owner
+		// names (WWW, $ORIGIN Example.COM.) says nothing of theirs
+		q := Question{strings.ToLower(name), h.Rrtype}
 		if !seen[q] {
 			seen[q] = true
 			out = append(out, q)
