@@ -441,6 +441,15 @@ func (c *Controller) attach() error {
 	}
 	// every rule set attach made is removed again if it fails
 	c.created = created(socks...)
+	// elsewhere the addresses the controller would ask may be another
+	// server's, or nobody's
+	here, err := follow.InNamespace(socks)
+	if err != nil {
+		return err
+	}
+	if !here {
+		return errors.New("the server's sockets are in santad's network namespace, not in this one: run santa dns in it (e.g. ip netns exec NAME santa dns ...)")
+	}
 	if api.LoopbackOnly(socks) {
 		c.log.Warn(api.LoopbackWarning)
 	}

@@ -23,7 +23,13 @@ import (
 // ended: for a controller that must refuse to start.
 func (r *rig) runUntilExit(args ...string) (string, error) {
 	r.t.Helper()
-	argv := testbed.ControllerArgv(filepath.Join(bin, "santa"), r.tb.Server.NS, r.santad.Socket, "dns", args...)
+	return r.runUntilExitIn(r.tb.Server.NS, args...)
+}
+
+// runUntilExitIn is runUntilExit in network namespace ns.
+func (r *rig) runUntilExitIn(ns string, args ...string) (string, error) {
+	r.t.Helper()
+	argv := testbed.ControllerArgv(filepath.Join(bin, "santa"), ns, r.santad.Socket, "dns", args...)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	out, err := exec.CommandContext(ctx, argv[0], argv[1:]...).CombinedOutput()
@@ -212,5 +218,22 @@ func TestFailedAttachLeavesNoRuleSet(t *testing.T) {
 		if info, _ := r.health(); info.Sockets != 0 {
 			t.Errorf("with %v: santad holds %d rule sets after the controller failed", c.args, info.Sockets)
 		}
+	}
+}
+
+// TestOtherNamespaceRefused: santa dns run outside santad's network
+// namespace, here the client's, refuses to start, saying where to run it,
+// and leaves no rule set. (It asked whatever answered at the server's
+// addresses there, here the server itself through the rule processor,
+// elsewhere another server or nobody, and installed its answers.)
+func TestOtherNamespaceRefused(t *testing.T) {
+	r := newRig(t, testbed.KindNSD, 0)
+	out, err := r.runUntilExitIn(r.tb.Client.NS, "static", "--port", "53/udp", "--duration", "3s",
+		"--names", r.namesFile([]string{"www." + r.zone.Origin}, []uint16{dns.TypeA}))
+	if err == nil || !strings.Contains(out, "not in this one: run santa dns in it") || strings.Contains(out, "ready:") {
+		t.Errorf("run in the client's network namespace: %v, want a refusal that says where to run it:\n%s", err, out)
+	}
+	if info, _ := r.health(); info.Sockets != 0 {
+		t.Errorf("santad holds %d rule sets after the controller was refused", info.Sockets)
 	}
 }

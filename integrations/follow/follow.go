@@ -337,6 +337,29 @@ func portInUse(port uint16, protocol uint32) (bool, error) {
 	return false, nil
 }
 
+// InNamespace reports whether the caller's network namespace holds one of
+// the UDP sockets socks (by cookie): santad binds sockets of its own
+// namespace, where a controller must run to ask the server at their
+// addresses.
+func InNamespace(socks []api.SocketInfo) (bool, error) {
+	want := map[uint64]bool{}
+	for _, s := range socks {
+		want[s.Cookie] = true
+	}
+	for _, family := range []uint8{syscall.AF_INET, syscall.AF_INET6} {
+		all, err := netlink.SocketDiagUDP(family)
+		if err != nil && !errors.Is(err, netlink.ErrDumpInterrupted) {
+			return false, fmt.Errorf("list the UDP sockets of this network namespace (sock_diag): %w", err)
+		}
+		for _, s := range all {
+			if want[uint64(s.ID.Cookie[0])|uint64(s.ID.Cookie[1])<<32] {
+				return true, nil
+			}
+		}
+	}
+	return false, nil
+}
+
 // DeleteTagged deletes every rule tagged tag of the sockets cookies, in one
 // request per socket however many rules it holds: a controller's exit. A
 // million rules deleted 1024 per request took santad 10 s, each request
