@@ -44,8 +44,8 @@ func dnsCmd(e env, g *globals) *cobra.Command {
 server itself for every answer and installs a rule that sends the same reply,
 byte for byte, with the query's ID. It keeps running: it asks again before an
 answer's TTL runs out, polls the zones' SOA serials (and accepts NOTIFY) to
-follow zone changes, and deletes its rules when it stops (SIGINT, SIGTERM or
---duration). It must run in the server's network namespace. See docs/dns.md.
+follow zone changes, and deletes its rules when it stops (SIGINT, SIGTERM,
+SIGHUP or --duration). It must run in the server's network namespace. See docs/dns.md.
 
 Modes:
   static    the questions of a names file or a zone file
@@ -239,8 +239,8 @@ type controller[R any] interface {
 	Report() R
 }
 
-// runController runs the controller newCtl builds until SIGINT, SIGTERM or
-// duration (0: no limit); with follow it builds and runs a new one each
+// runController runs the controller newCtl builds until SIGINT, SIGTERM,
+// SIGHUP or duration (0: no limit); with follow it builds and runs a new one each
 // time the server or santad went away and came back (package follow); the
 // new one takes over the rules the last one could not delete, by their tag
 // (follow.Inherited). After each run that did anything (or ended without
@@ -271,9 +271,12 @@ func runController[R any, C controller[R]](e env, newCtl func() (C, error), dura
 	})
 }
 
-// controllerContext ends on SIGINT, SIGTERM or after d (0: never).
+// controllerContext ends on SIGINT, SIGTERM, SIGHUP or after d (0:
+// never). SIGHUP too: a controller killed with its terminal would leave
+// its rules answering, without following zone or key changes, until their
+// TTL or lease ends.
 func controllerContext(d time.Duration) (context.Context, context.CancelFunc) {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
 	if d <= 0 {
 		return ctx, stop
 	}

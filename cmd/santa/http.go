@@ -37,7 +37,7 @@ Each reply's Date is rewritten every second (--date-refresh). A change of a
 file under --root (inotify) deletes its rules at once; they are fetched and
 installed again once the file is quiet. Every rule is compared with nginx's
 current response once per --interval. The controller deletes its rules
-when it stops (SIGINT, SIGTERM or --duration). Its rules are leased: each
+when it stops (SIGINT, SIGTERM, SIGHUP or --duration). Its rules are leased: each
 answers for --lease after the controller last renewed it (when half is
 left), so rules the controller could not delete (it was killed, or santad
 went away) stop answering within --lease, santad running or not. It must

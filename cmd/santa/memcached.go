@@ -46,7 +46,7 @@ TCP and UDP) and retires the key's rule before memcached sees the write and
 again when memcached's reply leaves, so no GET is answered from the kernel
 with a value older than a write whose reply a client has. Rules whose value
 changed are rebuilt within --refresh. It deletes its rules when it stops
-(SIGINT, SIGTERM or --duration). It must run in memcached's network
+(SIGINT, SIGTERM, SIGHUP or --duration). It must run in memcached's network
 namespace, next to santad. See docs/memcached.md.
 
 Modes:

@@ -237,3 +237,24 @@ func TestOtherNamespaceRefused(t *testing.T) {
 		t.Errorf("santad holds %d rule sets after the controller was refused", info.Sockets)
 	}
 }
+
+// TestHangupStops: SIGHUP (the controller's terminal closed) stops the
+// controller as SIGTERM does: it deletes its rules and prints its done
+// line. (Go's default killed it, leaving rules that answered without
+// following zone changes until their TTL ran out.)
+func TestHangupStops(t *testing.T) {
+	r := newRig(t, testbed.KindNSD, 0)
+	ctl := r.startController("static", "--port", "53/udp", "--names", r.namesFile([]string{"www." + r.zone.Origin}, []uint16{dns.TypeA}))
+	if err := syscall.Kill(ctl.PID(), syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	if exited, err := ctl.Wait(10 * time.Second); !exited || err != nil {
+		t.Fatalf("after SIGHUP: exited %v (%v)", exited, err)
+	}
+	if !strings.Contains(ctl.Output(), "done:") {
+		t.Errorf("no done line after SIGHUP:\n%s", ctl.Output())
+	}
+	if n := r.rules(); n != 0 {
+		t.Errorf("%d rules left after SIGHUP", n)
+	}
+}
