@@ -94,6 +94,13 @@ offloads every name and type in a zone file (except RRSIG, NSEC, NSEC3).`,
 			if namesFile == "" && zoneFile == "" {
 				return errors.New("give --names FILE or --zone-file FILE")
 			}
+			// either would be ignored, and the questions not the ones meant
+			if namesFile != "" && cmd.Flags().Changed("origin") {
+				return errors.New("--origin is for --zone-file: the names of a names file are read as fully qualified (www.example.com)")
+			}
+			if zoneFile != "" && cmd.Flags().Changed("types") {
+				return errors.New("--types is for --names: a zone file gives each name's types")
+			}
 			defTypes, err := parseTypes(types)
 			if err != nil {
 				return err

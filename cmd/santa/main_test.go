@@ -100,6 +100,8 @@ func TestErrorsSayWhatToDo(t *testing.T) {
 		"http --root /tmp --duration -1s":              "--duration -1s: must be 0",
 		"dns static --names - --zone-file x --port 53": "not both",
 		"dns static --names - --pid 7":                 "--pid needs --fd",
+		"dns static --names - --origin example.com":    "--origin is for --zone-file",
+		"dns static --zone-file x --types A":           "--types is for --names",
 		"dns static --names - --port 53 --parallel 0":  `--parallel "0": must be more than 0`,
 		"http --root /tmp --tag=":                      `--tag "": must not be empty (default santa-http)`,
 		"dns static --names - --port 53 --tag=":        `--tag "": must not be empty (default santa-dns)`,
