@@ -69,7 +69,7 @@ Modes:
 	pf.Uint32Var(&f.cfg.QuietSampleRate, "quiet-sample-rate", f.cfg.QuietSampleRate,
 		"static and top: --learn-shapes' miss samples per second and CPU after --quiet-after without a new shape (the next new shape restores --sample-rate)")
 	pf.DurationVar(&f.cfg.QuietAfter, "quiet-after", f.cfg.QuietAfter, "static and top: how long without a new query shape in the misses lowers the sampling to --quiet-sample-rate")
-	pf.StringArrayVar(&f.zones, "zone", nil, "a zone the server serves, for SOA polling (repeatable; default: ask the server for each name's zone)")
+	pf.StringArrayVar(&f.zones, "zone", nil, "a zone the server serves, for SOA polling (repeatable; default: ask the server for each name's zone); a name is polled in the longest one that holds it: list child zones too")
 	pf.DurationVar(&f.cfg.Poll, "poll", f.cfg.Poll, "SOA serial poll interval (0: no polling; rules still follow their TTLs)")
 	pf.StringVar(&f.cfg.Notify, "notify", "", "accept DNS NOTIFY on this address, e.g. 127.0.0.1:5354 (point the server's notify at it)")
 	pf.IntVar(&f.cfg.Parallel, "parallel", f.cfg.Parallel, "questions in flight to the server")
