@@ -258,3 +258,17 @@ func TestHangupStops(t *testing.T) {
 		t.Errorf("%d rules left after SIGHUP", n)
 	}
 }
+
+// TestStopBeforeReady: a stop (SIGTERM, --duration) while the controller
+// still installs its first rules, here beside a hung server, is no
+// failure: it prints its done line and exits 0. (It failed with "santa:
+// context deadline exceeded", or "context canceled" on SIGTERM.)
+func TestStopBeforeReady(t *testing.T) {
+	r := newRig(t, testbed.KindNSD, 0)
+	r.hangServer()
+	out, err := r.runUntilExit("static", "--port", "53/udp", "--duration", "1500ms",
+		"--names", r.namesFile([]string{"www." + r.zone.Origin}, []uint16{dns.TypeA}))
+	if err != nil || !strings.Contains(out, "done:") || strings.Contains(out, "ready:") || strings.Contains(out, "context") {
+		t.Errorf("stopped by --duration before it was ready: %v, want a done line and no error:\n%s", err, out)
+	}
+}

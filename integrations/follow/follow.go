@@ -210,6 +210,9 @@ func Run(ctx context.Context, o Options, run func(context.Context) error) error 
 	for {
 		santad := santadPID(o.Socket)
 		err := run(ctx)
+		if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+			return nil // stopped (a signal, --duration) before it was ready: no failure
+		}
 		if err == nil || ctx.Err() != nil {
 			return err
 		}
