@@ -174,9 +174,13 @@ type endpoint struct {
 	asker   *Asker
 	b       Behaviour
 	probed  bool
-	order   orderCheck
-	entries map[string]*entry // match key -> entry
-	pending map[string]bool   // form keys (see formKey) installed or tried
+	// probeAgain is when a miss sample may probe again after a probe
+	// that could not probe a question (adapt probes with the questions it
+	// offloads at once)
+	probeAgain time.Time
+	order      orderCheck
+	entries    map[string]*entry // match key -> entry
+	pending    map[string]bool   // form keys (see formKey) installed or tried
 	// learned is how many of entries are of shapes learned from misses
 	// (Static, Top): at most MaxRules, a rule that goes frees its place
 	learned int
@@ -517,14 +521,26 @@ func (c *Controller) probe(ep *endpoint, questions []Question) {
 	c.mu.Unlock()
 	b, n, err := Probe(ep.asker, questions[:min(len(questions), 16)])
 	c.mu.Lock()
-	if err != nil {
+	// a failure is said once: probing again with other questions may fail
+	// many times
+	again := !ep.probeAgain.IsZero()
+	if err != nil && again {
+		c.log.Debug("probing the server failed again", "server", ep.addr, "error", err)
+	} else if err != nil {
 		c.log.Warn("probing the server failed", "server", ep.addr, "error", err)
 	}
 	if noAnswer(err) {
 		ep.probed = false // again before the next install: the server may answer by then
+	} else if n == 0 && len(ep.entries) == 0 {
+		// none of these questions could be offloaded (a junk name the server
+		// refuses, TTL 0, ...): others may, as long as no rule was made to
+		// match every byte
+		ep.probed, ep.probeAgain = false, time.Now().Add(time.Second)
 	}
 	ep.b = b
-	c.log.Info("probed the server", "server", ep.addr, "questions", n, "behaviour", b.String())
+	if err == nil || !again {
+		c.log.Info("probed the server", "server", ep.addr, "questions", n, "behaviour", b.String())
+	}
 	if err == nil && !b.IgnoresCookie {
 		c.log.Info("the server answers DNS cookies: queries that carry a client cookie (dig's default; many resolvers send one) stay with it",
 			"server", ep.addr)

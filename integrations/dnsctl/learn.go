@@ -103,7 +103,7 @@ func (c *Controller) learn(ev sampleEvent) error {
 		return nil
 	}
 	question := Question{q.Name, q.Type}
-	if c.cfg.Mode == Adaptive {
+	if c.cfg.Mode == Adaptive && time.Now().After(ep.probeAgain) { // not for each junk sample
 		c.probe(ep, []Question{question})
 	}
 	if q.HasCookie() && ep.b.AnswersCookies {
@@ -186,6 +186,7 @@ func (c *Controller) adapt() error {
 		if len(queries) == 0 {
 			continue
 		}
+		c.probe(ep, questions) // if the first samples' could not be probed
 		before := len(ep.entries)
 		if err := c.install(ep, queries, questions); err != nil && !errors.Is(err, errNoRoom) {
 			return err

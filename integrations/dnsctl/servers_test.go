@@ -1328,6 +1328,41 @@ func TestAdaptive(t *testing.T) {
 }
 
 // TestTop: `santa dns top` offloads the n most popular questions of a
+// TestAdaptiveProbesAgainAfterJunk: in adaptive mode the first miss
+// decides what the probe asks; when the server refuses it (a name of no
+// zone it serves, as authoritative servers get all day), the controller
+// probes again with the questions it offloads, and their rules echo RD
+// and ignore AD as the server does. (The failed probe stood for the whole
+// run: every rule compared every byte, and a query differing from the hot
+// one only in RD went to the server.)
+func TestAdaptiveProbesAgainAfterJunk(t *testing.T) {
+	r := newRig(t, testbed.KindNSD, 0)
+	ctl := r.startController("adaptive", "--port", "53/udp", "--min-samples", "2")
+	v4, _ := r.srv.Addrs()
+	dig := func(name string, flags ...string) {
+		t.Helper()
+		args := append([]string{"+short", "+noedns", "+tries=1", "+time=1", "@" + v4.Addr().String(), name, "A"}, flags...)
+		if _, err := r.tb.Client.Run("dig", args...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dig("www.nosuch.test.")
+	if err := ctl.WaitOutput("probing the server failed", 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	www := "www." + r.zone.Origin
+	r.untilLearned("www without RD", func() bool {
+		before := r.answered()
+		dig(www, "+norec")
+		return r.answered() > before
+	}, ctl)
+	before := r.answered()
+	dig(www) // RD set
+	if r.answered() == before {
+		t.Errorf("a query for www with RD went to the server: the probe did not run again:\n%s", ctl.Output())
+	}
+}
+
 // query list with counts.
 func TestTop(t *testing.T) {
 	r := newRig(t, testbed.KindKnot, 0)
