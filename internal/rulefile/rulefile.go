@@ -168,6 +168,8 @@ var yamlPlaces = func() *strings.Replacer {
 	return strings.NewReplacer(pairs...)
 }()
 
+var errEmpty = errors.New("the rule file is empty (one without rules is `rules: []`)")
+
 // Parse reads a rule file in JSON or YAML (JSON is YAML too, but JSON is
 // parsed strictly as JSON when it starts with '{'). Unknown keys, keys given
 // twice and anything after the file's one object or document are errors.
@@ -175,7 +177,7 @@ func Parse(data []byte) ([]api.Rule, error) {
 	var f File
 	t := bytes.TrimSpace(data)
 	if len(t) == 0 {
-		return nil, errors.New("the rule file is empty (one without rules is `rules: []`)")
+		return nil, errEmpty
 	}
 	if t[0] == '{' {
 		if err := parseJSON(data, &f); err != nil {
@@ -184,7 +186,9 @@ func Parse(data []byte) ([]api.Rule, error) {
 	} else {
 		dec := yaml.NewDecoder(bytes.NewReader(data))
 		dec.KnownFields(true)
-		if err := dec.Decode(&f); err != nil {
+		if err := dec.Decode(&f); err == io.EOF { // only comments
+			return nil, errEmpty
+		} else if err != nil {
 			return nil, fmt.Errorf("rule file (YAML): %s", yamlPlaces.Replace(err.Error()))
 		}
 		// the decoder reads one document at a time: a second one would be dropped
@@ -196,6 +200,11 @@ func Parse(data []byte) ([]api.Rule, error) {
 			}
 			return nil, fmt.Errorf("rule file (YAML)%s: a second document begins (after '---'): a rule file is one document, with all its rules under one rules: key", where)
 		}
+	}
+	// `rules: []` decodes to an empty list; a file without the key (`{}`,
+	// `---`, `rules:`) is no request to remove every rule (replace)
+	if f.Rules == nil {
+		return nil, errors.New("the rule file has no list under rules: (one without rules is `rules: []`)")
 	}
 	out := make([]api.Rule, len(f.Rules))
 	for i, r := range f.Rules {

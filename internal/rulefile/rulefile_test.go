@@ -128,6 +128,15 @@ func TestParseErrors(t *testing.T) {
 		"{\"Rules\": [{\"reply_len\": 1}]}":                                                        `line 1: unknown key "Rules" (keys are case-sensitive)`,
 		"rules: [{conditions: [{offset: 0, text: J2, text: J3}]}]\n":                               `mapping key "text" already defined`,
 		"Rules: []\n": "field Rules not found in the file",
+
+		// no rules: key at all is not `rules: []`: santa rules replace would remove every rule
+		"{}":               "no list under rules:",
+		"---\n":            "no list under rules:",
+		"null\n":           "no list under rules:",
+		"rules:\n":         "no list under rules:",
+		"rules: ~\n":       "no list under rules:",
+		`{"rules": null}`:  "no list under rules:",
+		"# no rules yet\n": "the rule file is empty",
 	} {
 		if _, err := Parse([]byte(file)); err == nil || !strings.Contains(err.Error(), wantErr) {
 			t.Errorf("%q: %v, want an error containing %q", file, err, wantErr)
