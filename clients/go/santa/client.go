@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"os"
 	"sync"
@@ -313,6 +314,10 @@ func (c *Client) Bind(t Target, s SampleOptions) (api.SocketInfo, error) {
 // BindPID (root) binds the socket that process pid holds as fd, with the
 // miss sampling s (the zero SampleOptions: none, or leave it as it is).
 func (c *Client) BindPID(pid, fd int, s SampleOptions) (api.SocketInfo, error) {
+	// the protocol's fields are unsigned: -1 would name process 4294967295
+	if pid < 1 || pid > math.MaxInt32 || fd < 0 || fd > math.MaxInt32 {
+		return api.SocketInfo{}, fmt.Errorf("santad bind: pid %d, fd %d: want a process id from 1 and an fd from 0 (to %d)", pid, fd, math.MaxInt32)
+	}
 	resp, err := c.call(&api.Message{Op: api.OpBind, PID: uint32(pid), FD: uint32(fd), SampleBytes: s.Bytes, SampleRate: s.Rate}, nil)
 	if err != nil {
 		return api.SocketInfo{}, err

@@ -252,3 +252,28 @@ func TestOutcomeUnknown(t *testing.T) {
 		t.Fatalf("the call after the lost one: %v", err)
 	}
 }
+
+// TestBindPIDRange: a pid or fd the protocol's unsigned fields cannot
+// carry is refused before it is sent, not wrapped (-1 to 4294967295).
+func TestBindPIDRange(t *testing.T) {
+	f, c := dialFake(t)
+	for _, pf := range [][2]int{{-1, 3}, {0, 3}, {1, -1}, {1 << 32, 3}, {1, 1 << 32}} {
+		done := make(chan error, 1)
+		go func() {
+			_, err := c.BindPID(pf[0], pf[1], SampleOptions{})
+			done <- err
+		}()
+		if err := wait(t, done); err == nil || !strings.Contains(err.Error(), "want a process id from 1") {
+			t.Errorf("BindPID(%d, %d): %v", pf[0], pf[1], err)
+		}
+	}
+	// nothing was sent: the next request on the connection is the first
+	conn := f.accept(t)
+	done := health(c)
+	if req := answer(t, conn); req.Op != api.OpHealth {
+		t.Errorf("santad got %s first, want health", req.Op)
+	}
+	if err := wait(t, done); err != nil {
+		t.Fatal(err)
+	}
+}
