@@ -314,6 +314,13 @@ func (c Config) checkVethEnds() error {
 // open, and returns the ids of the rules it left out because their time
 // came while no santad ran, by socket.
 func (d *Daemon) restore(prev *dataplane.Previous) (expiredRules map[uint64][]dataplane.RuleID, _ error) {
+	removed, err := removeCompactionLeftovers(d.cfg.journalPath())
+	if len(removed) > 0 {
+		d.log.Warn("removed the files of journal compactions a killed santad left unfinished", "files", removed)
+	}
+	if err != nil {
+		d.log.Warn("cannot remove the files of journal compactions a killed santad left unfinished", "error", err)
+	}
 	records, torn, err := readJournal(d.cfg.journalPath())
 	if damaged := (*damagedJournal)(nil); errors.As(err, &damaged) {
 		d.log.Error("journal damaged: santad does not start, and leaves the journal as it is", "file", damaged.path,
@@ -780,7 +787,8 @@ func Cleanup(cfg Config) error {
 		errs = append(errs, dataplane.Unpin(cfg.genDir(g)))
 	}
 	errs = append(errs, os.RemoveAll(cfg.BPFFS), os.RemoveAll(cfg.journalPath()), os.RemoveAll(cfg.Socket))
-	return errors.Join(errs...)
+	_, err := removeCompactionLeftovers(cfg.journalPath())
+	return errors.Join(append(errs, err)...)
 }
 
 // removePeerPass removes the program santad gave the veth peer of the

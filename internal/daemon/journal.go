@@ -156,10 +156,14 @@ func intactRecords(r *bufio.Reader, next, size int64) int {
 	return n
 }
 
+// journalTemp names the file a compaction writes before it renames it
+// over the journal (os.CreateTemp's pattern).
+const journalTemp = ".journal-*"
+
 // writeJournal atomically replaces the journal at path with records and
 // returns it open for appending.
 func writeJournal(path string, records []*api.Message) (*journal, error) {
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".journal-*")
+	tmp, err := os.CreateTemp(filepath.Dir(path), journalTemp)
 	if err != nil {
 		return nil, err
 	}
@@ -185,6 +189,27 @@ func writeJournal(path string, records []*api.Message) (*journal, error) {
 	j.records = 0
 	j.base, j.appended = j.appended, 0
 	return j, nil
+}
+
+// removeCompactionLeftovers removes the files of compactions that never
+// finished next to the journal at path: santad killed while writing one
+// leaves it behind (as large as the journal, in /run: memory), and no
+// santad would ever remove it. Only under the state directory's lock: a
+// running santad may be writing one.
+func removeCompactionLeftovers(path string) (removed []string, _ error) {
+	names, err := filepath.Glob(filepath.Join(filepath.Dir(path), journalTemp))
+	if err != nil {
+		return nil, err
+	}
+	var errs []error
+	for _, name := range names {
+		if err := os.Remove(name); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		removed = append(removed, name)
+	}
+	return removed, errors.Join(errs...)
 }
 
 func (j *journal) write(m *api.Message) error {

@@ -158,3 +158,49 @@ func TestEventCountersCarried(t *testing.T) {
 		}
 	}
 }
+
+// TestCompactionLeftoversRemoved: santad killed while it compacts the
+// journal leaves the new journal it was writing (.journal-*, as large as
+// the journal, in /run: memory). The next santad removes it, and so does
+// santad cleanup; they used to stay for good, one more per such kill.
+func TestCompactionLeftoversRemoved(t *testing.T) {
+	tb := testbed.New(t)
+	sd := newSantad(t, tb)
+	sd.start()
+	server := netip.AddrPortFrom(tb.Server.IP4, 7952)
+	conn, cookie := boundEchoServer(t, tb, sd.client(), server)
+	defer conn.Close()
+	if _, err := sd.client().Add(santa.Cookie(cookie), []api.Rule{rule("ask", 0, "answer")}); err != nil {
+		t.Fatal(err)
+	}
+	state := filepath.Join(sd.dir, "state")
+	// what a kill mid-compaction leaves: racing a real one is left to chance
+	leave := func() string {
+		t.Helper()
+		name := filepath.Join(state, ".journal-4711")
+		if err := os.WriteFile(name, bytes.Repeat([]byte{1}, 1<<20), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return name
+	}
+	sd.stop(syscall.SIGKILL)
+	left := leave()
+	sd.start()
+	if _, err := os.Stat(left); !os.IsNotExist(err) {
+		t.Fatalf("santad started beside %s, an unfinished compaction's file, and left it (%v)", left, err)
+	}
+	if !strings.Contains(sd.Log(), "removed the files of journal compactions") {
+		t.Errorf("santad's log does not say it removed %s", left)
+	}
+	if got := exchange(t, tb, server, "ask"); got != "answer" {
+		t.Fatalf("after the restart: %q, want the rule's answer", got)
+	}
+	sd.stop(syscall.SIGKILL)
+	left = leave()
+	if err := sd.Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(left); !os.IsNotExist(err) {
+		t.Fatalf("santad cleanup left %s (%v)", left, err)
+	}
+}
