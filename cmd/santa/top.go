@@ -39,9 +39,10 @@ func topCmd(e env, g *globals) *cobra.Command {
 		Short: "Live view of the hottest rules and the miss rate",
 		Long: `top refreshes every --interval: answers and misses per second (requests to
 sockets with rule sets that no rule answered: none matched, or a matching
-rule's guard had moved on), and the rules with the most
-hits per second. It runs until interrupted, or --count refreshes. With
---json it prints one JSON object per refresh.`,
+rule's guard had moved on) of all sockets, also with --socket (the rule
+processor counts them for all), and the rules with the most hits per
+second (with --socket, that socket's). It runs until interrupted, or
+--count refreshes. With --json it prints one JSON object per refresh.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			switch {
