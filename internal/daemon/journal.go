@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 
@@ -235,11 +236,27 @@ func (j *journal) write(m *api.Message) error {
 // when append returns, so it survives santad dying; santad acknowledges a
 // change only after that.
 func (j *journal) append(m *api.Message) error {
-	if err := j.write(m); err != nil {
-		return fmt.Errorf("journal: %w", err)
+	size := j.base + j.appended // of the records before m
+	err := j.write(m)
+	if err == nil {
+		err = j.w.Flush()
 	}
-	if err := j.w.Flush(); err != nil {
-		return fmt.Errorf("journal: %w", err)
+	if err != nil {
+		// part of m may be on disk, and the writer keeps its error: cut the
+		// file back to the records before m, so that the next record (once
+		// there is room again) follows them, not a torn one
+		j.appended = size - j.base
+		j.w.Reset(j.f)
+		if terr := j.f.Truncate(size); terr != nil {
+			err = errors.Join(err, terr)
+		} else if _, serr := j.f.Seek(size, io.SeekStart); serr != nil {
+			err = errors.Join(err, serr)
+		}
+		// the file's own name is the one the compaction wrote it under
+		if pe := (*fs.PathError)(nil); errors.As(err, &pe) {
+			err = fmt.Errorf("%s: %w", pe.Op, pe.Err)
+		}
+		return fmt.Errorf("journal %s: %w", j.path, err)
 	}
 	j.records++
 	j.superseding = j.superseding || m.Op != api.OpAdd && m.Op != api.OpBind

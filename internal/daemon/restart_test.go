@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"net/netip"
 	"os"
@@ -16,6 +17,7 @@ import (
 	"github.com/santa-offload/santa/api"
 	santa "github.com/santa-offload/santa/clients/go/santa"
 	"github.com/santa-offload/santa/internal/testbed"
+	"golang.org/x/sys/unix"
 )
 
 // TestRuleIDsNotReusedAfterRestart: the id of a deleted rule is never given
@@ -202,5 +204,75 @@ func TestCompactionLeftoversRemoved(t *testing.T) {
 	}
 	if _, err := os.Stat(left); !os.IsNotExist(err) {
 		t.Fatalf("santad cleanup left %s (%v)", left, err)
+	}
+}
+
+// TestJournalFull: a change santad cannot journal for want of room is
+// refused, and undone if it can be (an add), or reported as made but not
+// recorded (a replace, which a restart undoes); once there is room again,
+// santad records changes again and a restart finds an intact journal. A
+// failed write used to stick in the journal's writer: santad refused every
+// later change until restarted.
+func TestJournalFull(t *testing.T) {
+	tb := testbed.New(t)
+	sd := newSantad(t, tb)
+	state := filepath.Join(sd.dir, "state")
+	if err := os.Mkdir(state, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("tmpfs", state, "tmpfs", 0, "size=64k"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		sd.stop(syscall.SIGKILL) // before its state goes
+		unix.Unmount(state, 0)
+	})
+	sd.start()
+	server := netip.AddrPortFrom(tb.Server.IP4, 7953)
+	c := sd.client()
+	conn, cookie := boundEchoServer(t, tb, c, server)
+	defer conn.Close()
+	target := santa.Cookie(cookie)
+	big := strings.Repeat("x", 1000)
+	var ids []uint64
+	var err error
+	for i := 0; err == nil; i++ {
+		if i == 1000 {
+			t.Fatal("1000 rules of 1 kB in a journal on 64 kB")
+		}
+		var added []uint64
+		if added, err = c.Add(target, []api.Rule{rule(fmt.Sprintf("ask %d", i), 0, big)}); err == nil {
+			ids = append(ids, added...)
+		}
+	}
+	if !errors.Is(err, santa.ErrInternal) || !strings.Contains(err.Error(), "no space left on device") ||
+		!strings.Contains(err.Error(), "made none") || strings.Contains(err.Error(), ".journal-") {
+		t.Fatalf("add on a full state directory: %v, want an internal error saying no space is left on the journal's file, and that santad made no change", err)
+	}
+	if got := ruleIDs(t, c, target); len(got) != len(ids) {
+		t.Fatalf("%d rules after the refused add, want the %d added before", len(got), len(ids))
+	}
+	// a replace cannot be undone: the old rules are gone from the data plane
+	if _, err := c.Replace(target, []api.Rule{rule("new 1", 0, big), rule("new 2", 0, big)}); err == nil ||
+		!strings.Contains(err.Error(), "made the change but could not record it") || !strings.Contains(err.Error(), "a restart of santad would undo it") {
+		t.Fatalf("replace on a full state directory: %v, want an error saying the rules are replaced but a restart would undo it", err)
+	}
+	if got := ruleIDs(t, c, target); len(got) != 2 {
+		t.Fatalf("%d rules after the replace that could not be recorded, want its 2", len(got))
+	}
+	if err := unix.Mount("tmpfs", state, "tmpfs", unix.MS_REMOUNT, "size=4m"); err != nil {
+		t.Fatal(err)
+	}
+	added, err := c.Add(target, []api.Rule{rule("after", 0, "room again")})
+	if err != nil {
+		t.Fatalf("add once there is room again: %v", err)
+	}
+	sd.stop(syscall.SIGTERM)
+	sd.start()
+	if got := ruleIDs(t, sd.client(), target); len(got) != len(ids)+1 || got[len(got)-1] != added[0] {
+		t.Fatalf("after a restart: rules %v, want the %d added before the disk was full (the replace was not recorded) and %d", got, len(ids), added[0])
+	}
+	if got := exchange(t, tb, server, "after"); got != "room again" {
+		t.Fatalf("after a restart: %q, want the answer of the rule added once there was room", got)
 	}
 }

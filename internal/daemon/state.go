@@ -383,10 +383,12 @@ func (d *Daemon) goneRecord(rs *ruleSet) []api.RuleStats {
 func (d *Daemon) record(m *api.Message, undo func()) error {
 	if err := d.j.append(m); err != nil {
 		d.log.Error("journal write failed", "op", m.Op.String(), "error", err)
-		if undo != nil {
-			undo()
+		if undo == nil { // nothing to go back to: say so, it is not all or none
+			return fail(api.StatusInternal, "santad made the change but could not record it (%v): "+
+				"a restart of santad would undo it; see its log", err)
 		}
-		return fail(api.StatusInternal, "santad could not record the change (%v); see its log", err)
+		undo()
+		return fail(api.StatusInternal, "santad could not record the change (%v), and made none; see its log", err)
 	}
 	if d.j.overgrown() {
 		if err := d.compact(); err != nil { // the journal stays whole, only longer
