@@ -59,6 +59,17 @@ over from the journal in the state directory. Needs root.`,
 			// and a SIGTERM meanwhile is to stop it as gracefully as later
 			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 			defer stop()
+			// SIGHUP would end santad at once, unlogged (and systemd does not
+			// restart a service a SIGHUP ended): it reloads elsewhere, and
+			// santad has nothing to reload
+			hup := make(chan os.Signal, 1)
+			signal.Notify(hup, syscall.SIGHUP)
+			defer signal.Stop(hup)
+			go func() {
+				for range hup {
+					log.Warn("SIGHUP ignored: santad reloads nothing; to apply a changed config, restart it (lossless, docs/operations.md)")
+				}
+			}()
 			d, err := daemon.Start(cfg, log)
 			if err != nil {
 				return err

@@ -550,3 +550,31 @@ func TestVethPeerPassLeavesSantadInItsNamespace(t *testing.T) {
 		}
 	}
 }
+
+// TestSIGHUPIgnored: a SIGHUP (a reload elsewhere; a closed terminal)
+// leaves santad serving and says in its log that it reloads nothing. It
+// used to end santad at once, unlogged, like a kill, and systemd's
+// Restart=on-failure does not restart a service that a SIGHUP ended.
+func TestSIGHUPIgnored(t *testing.T) {
+	tb := testbed.New(t)
+	sd := newSantad(t, tb)
+	sd.start()
+	c := sd.client()
+	info, _, err := c.Health()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(int(info.PID), syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for !strings.Contains(sd.Log(), "SIGHUP ignored") {
+		if time.Now().After(deadline) {
+			t.Fatalf("no word of the SIGHUP in santad's log in 5 s:\n%s", sd.Log())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if again, _, err := c.Health(); err != nil || again.PID != info.PID {
+		t.Fatalf("after a SIGHUP: health %+v, %v; want santad %d serving", again, err, info.PID)
+	}
+}
