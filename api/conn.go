@@ -31,7 +31,11 @@ func NewConn(c *net.UnixConn) *Conn { return &Conn{c: c, decode: Decode} }
 func Dial(path string) (*Conn, error) {
 	c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: path, Net: "unix"})
 	if err != nil {
-		return nil, fmt.Errorf("connect to santad at %s: %w (is santad running? see docs/operations.md)", path, err)
+		hint := "is santad running?"
+		if errors.Is(err, unix.EACCES) { // it may be, but not for this user
+			hint = "santad's socket_mode and socket_group decide who may connect:"
+		}
+		return nil, fmt.Errorf("connect to santad at %s: %w (%s see docs/operations.md)", path, err, hint)
 	}
 	return &Conn{c: c, decode: DecodeFromSantad}, nil
 }

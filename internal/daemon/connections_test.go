@@ -268,3 +268,31 @@ time.sleep(120)`
 		t.Errorf("rule sets: %v %s, want none", err, out)
 	}
 }
+
+// TestSocketModeDeniedSaysWhy: a user whom socket_mode and socket_group
+// keep out of santad's socket is told so by every client, not asked
+// whether santad runs (it does).
+func TestSocketModeDeniedSaysWhy(t *testing.T) {
+	tb := testbed.New(t)
+	config := filepath.Join(t.TempDir(), "santad.yaml")
+	if err := os.WriteFile(config, []byte("socket_mode: \"0660\"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	sd := newSantad(t, tb, "--config", config)
+	sd.start()
+	env := []string{"SANTA_SOCKET=" + sd.Socket, "PYTHONPATH=" + filepath.Join(work, "python")}
+	for name, argv := range map[string][]string{
+		"cli":    {filepath.Join(work, "santa"), "--socket-path", sd.Socket, "status"},
+		"go":     {filepath.Join(work, "listing1-go"), tb.Server.IP4.String(), "7954"},
+		"c":      {filepath.Join(work, "c", "listing1"), tb.Server.IP4.String(), "7955"},
+		"python": {"/usr/bin/python3", filepath.Join(work, "python", "examples", "listing1.py"), tb.Server.IP4.String(), "7956"},
+	} {
+		out, err := runAs(tb, nobody, env, argv[0], argv[1:]...)
+		if err == nil || !strings.Contains(out, "socket_mode and socket_group decide who may connect") || strings.Contains(out, "is santad running") {
+			t.Errorf("%s: nobody kept out by socket_mode 0660: %v %q, want told that socket_mode and socket_group decide", name, err, out)
+		}
+	}
+	if _, err := sd.cli(0, "status"); err != nil {
+		t.Errorf("root: %v", err)
+	}
+}

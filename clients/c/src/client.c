@@ -141,6 +141,14 @@ static int connect_eintr(int fd, const struct sockaddr_un *sa)
 	return err ? -1 : 0;
 }
 
+/* Why connecting to santad's socket may have failed with errno e. */
+static const char *dial_hint(int e)
+{
+	if (e == EACCES) /* santad may be running, but not for this user */
+		return "santad's socket_mode and socket_group decide who may connect";
+	return "is santad running?";
+}
+
 /* A new connection to santad at path (shorter than sun_path), or -1 with errno. */
 static int dial(const char *path)
 {
@@ -184,8 +192,8 @@ struct santa_client *santa_connect(const char *path)
 	c->fd = dial(path);
 	if (c->fd < 0) {
 		e = errno;
-		snprintf(connect_err, sizeof connect_err, "connect to santad at %s: %s (is santad running?)", path,
-		         strerror(e));
+		snprintf(connect_err, sizeof connect_err, "connect to santad at %s: %s (%s)", path, strerror(e),
+		         dial_hint(e));
 		free(c);
 		errno = e;
 		return NULL;
@@ -422,15 +430,15 @@ static int request(struct santa_client *c, struct sp_msg *req, bool targeted, in
 	req->v = SP_VERSION;
 	req->seq = ++c->seq;
 	if (c->broken && redial(c) < 0)
-		return fail(c, errno, "%s: the connection to santad at %s was lost and connecting again failed: %s (is "
-		            "santad running?)", op_name(req->op), c->path, strerror(errno));
+		return fail(c, errno, "%s: the connection to santad at %s was lost and connecting again failed: %s (%s)",
+		            op_name(req->op), c->path, strerror(errno), dial_hint(errno));
 	rc = exchange(c, req, sockfd, resp);
 	if (rc == UNREAD) {
 		int send_errno = errno;
 		if (redial(c) < 0)
 			return fail(c, errno, "%s: the connection to santad at %s was lost (%s) and connecting again "
-			            "failed: %s (is santad running?)", op_name(req->op), c->path, strerror(send_errno),
-			            strerror(errno));
+			            "failed: %s (%s)", op_name(req->op), c->path, strerror(send_errno), strerror(errno),
+			            dial_hint(errno));
 		c->err[0] = '\0'; /* what the lost connection's read said */
 		c->status = SANTA_STATUS_OK;
 		rc = exchange(c, req, sockfd, resp);

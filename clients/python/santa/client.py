@@ -114,7 +114,7 @@ class Client:
             sock.connect(self.path)
         except OSError as e:
             sock.close()
-            raise OSError(e.errno, f"connect to santad at {self.path}: {e.strerror or e} (is santad running?)") from e
+            raise OSError(e.errno, f"connect to santad at {self.path}: {e.strerror or e} ({_dial_hint(e.errno)})") from e
         return sock
 
     def __enter__(self) -> Client:
@@ -364,7 +364,7 @@ class Client:
         except OSError as e:
             raise OSError(e.errno, f"santad {name}: the connection to santad at {self.path} was lost{lost} and "
                           f"connecting again failed: {os.strerror(e.errno) if e.errno else e} "
-                          "(is santad running?)") from e
+                          f"({_dial_hint(e.errno)})") from e
         self._sock = sock
         if self._closed:  # closed meanwhile by another thread
             self._drop()
@@ -380,6 +380,13 @@ class Client:
         for fd in fds:  # santad passes no fds to clients
             os.close(fd)
         return message
+
+
+def _dial_hint(err: int | None) -> str:
+    """Why connecting to santad's socket may have failed."""
+    if err == errno.EACCES:  # santad may be running, but not for this user
+        return "santad's socket_mode and socket_group decide who may connect"
+    return "is santad running?"
 
 
 def _resolve(target: Target | None) -> tuple[int | None, int]:
