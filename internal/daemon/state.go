@@ -37,7 +37,9 @@ type usage struct{ rules, bytes, rulesets uint64 }
 
 func (d *Daemon) bind(info api.SocketInfo, sample dataplane.SampleOptions) (*ruleSet, error) {
 	u := d.usageOf(info.Owner)
-	if q := d.cfg.Quota.Rulesets; info.Owner != 0 && q != 0 && u.rulesets >= q {
+	q := d.cfg.Quota.Rulesets
+	over := func() bool { return info.Owner != 0 && q != 0 && u.rulesets >= q }
+	if over() && (!d.freeReleased(0) || over()) {
 		return nil, fail(api.StatusQuota, "uid %d would hold %d rule sets, over its quota of %d (santad config quota.rulesets): "+
 			"close or unbind sockets it no longer offloads", info.Owner, u.rulesets+1, q)
 	}
@@ -115,11 +117,43 @@ func chargeRecord(rs *ruleSet, uid uint32) *api.DaemonInfo {
 	return &api.DaemonInfo{UID: uid}
 }
 
+// freeReleased frees the rule sets whose sockets closed a moment ago, but
+// for that of socket except, before watchReleased reads their release: a
+// quota counts them until then, and a user who closed a socket and binds
+// or adds anew must not be refused for it. It says whether it freed any.
+// Callers hold d.mu.
+func (d *Daemon) freeReleased(except uint64) bool {
+	freed := false
+	for cookie, rs := range d.sets {
+		if cookie == except || !d.dp.Released(cookie) {
+			continue
+		}
+		if err := d.unbind(rs); err != nil {
+			d.log.Error("freeing the rules of a closed socket failed", "socket", cookie, "error", err)
+			continue
+		}
+		d.log.Info("socket closed: its rules are gone", "socket", cookie, "owner", rs.info.Owner, "rules", len(rs.rules))
+		freed = true
+	}
+	return freed
+}
+
 // checkQuota refuses a change by caller that would take the uid its rules
+// are charged to past its quota (overQuota), counting no rule set whose
+// socket has closed.
+func (d *Daemon) checkQuota(caller uint32, rs *ruleSet, addRules, addBytes uint64, drop []uint64) error {
+	err := d.overQuota(caller, rs, addRules, addBytes, drop)
+	if err != nil && d.freeReleased(rs.info.Cookie) {
+		err = d.overQuota(caller, rs, addRules, addBytes, drop)
+	}
+	return err
+}
+
+// overQuota refuses a change by caller that would take the uid its rules
 // are charged to past its quota: adding rules and bytes, and dropping the
 // rules drop (replaced or modified), of which those charged to that uid
 // count. root, as owner or as caller, has none.
-func (d *Daemon) checkQuota(caller uint32, rs *ruleSet, addRules, addBytes uint64, drop []uint64) error {
+func (d *Daemon) overQuota(caller uint32, rs *ruleSet, addRules, addBytes uint64, drop []uint64) error {
 	uid := chargedUID(caller, rs)
 	if uid == 0 || caller == 0 {
 		return nil

@@ -119,6 +119,19 @@ func checkSample(s SampleOptions) error {
 	return nil
 }
 
+// Released says whether the socket of a bound rule set has closed: the
+// release hook has taken it out of the socket map, and its cookie is on
+// its way to Released.Read.
+func (d *Dataplane) Released(cookie uint64) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if _, ok := d.bySocket[cookie]; !ok {
+		return false
+	}
+	var id uint32
+	return errors.Is(d.objs.SantaSockets.Lookup(cookie, &id), ebpf.ErrKeyNotExist)
+}
+
 // Unbind removes the socket's rule set and all its rules.
 func (d *Dataplane) Unbind(cookie uint64) error {
 	d.mu.Lock()
