@@ -181,8 +181,8 @@ func TestQuotaOnRootBoundSocket(t *testing.T) {
 }
 
 // quotaAfterClose binds two sockets (rulesets) or fills one with rules
-// (rules), closes one and at once binds, or adds to, another, 20 times;
-// it prints the refusals.
+// (rules), closes one and at once binds, or adds to, another, n times; it
+// prints the refusals.
 const quotaAfterClose = `
 import socket, sys, santa
 c = santa.Client()
@@ -192,7 +192,7 @@ def udp(port):
     s.bind((sys.argv[2], port))
     return s
 refused = 0
-for i in range(20):
+for i in range(int(sys.argv[3])):
     a, b = udp(7970), udp(7971)
     if sys.argv[1] == "rulesets":
         c.bind(a); c.bind(b); a.close(); later = lambda: c.bind(udp(7972))
@@ -207,23 +207,40 @@ for i in range(20):
 print("refused", refused)
 `
 
-// TestQuotaFreedAtClose: a rule set stops counting against its uid's quota
-// when its socket closes, also in the moment before santad reads the
-// release: a bind or add right after the close is not refused for it (it
-// was, about one time in four).
+// TestQuotaFreedAtClose: a rule set stops counting against its uid's quota,
+// and takes no more room in the data plane, when its socket closes, also in
+// the moment before santad reads the release: a bind or add right after the
+// close is refused neither with quota nor with full for it (it was, about
+// one time in four).
 func TestQuotaFreedAtClose(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		uid    int
+		config string
+		runs   string
+	}{
+		{"quota", nobody, "quota:\n  rulesets: 2\n  rules: 2\n", "20"},
+		// root has no quota, but the data plane room for 2 rule sets and 2
+		// rules; a freed one's room cools for a second (packets in flight)
+		{"room", 0, "dataplane:\n  max_rulesets: 2\n  max_rules: 2\n", "3"},
+	} {
+		t.Run(c.name, func(t *testing.T) { quotaFreedAtClose(t, c.uid, c.config, c.runs) })
+	}
+}
+
+func quotaFreedAtClose(t *testing.T, uid int, config, runs string) {
 	tb := testbed.New(t)
-	sd := newSantad(t, tb, "--config", configFile(t, "quota:\n  rulesets: 2\n  rules: 2\n"))
+	sd := newSantad(t, tb, "--config", configFile(t, config))
 	sd.start()
 	script := filepath.Join(sd.dir, "quota_after_close.py")
 	if err := os.WriteFile(script, []byte(quotaAfterClose), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	for _, quota := range []string{"rulesets", "rules"} {
-		out, err := runAs(tb, nobody, []string{"SANTA_SOCKET=" + sd.Socket, "PYTHONPATH=" + filepath.Join(work, "python")},
-			"/usr/bin/python3", script, quota, tb.Server.IP4.String())
+	for _, what := range []string{"rulesets", "rules"} {
+		out, err := runAs(tb, uid, []string{"SANTA_SOCKET=" + sd.Socket, "PYTHONPATH=" + filepath.Join(work, "python")},
+			"/usr/bin/python3", script, what, tb.Server.IP4.String(), runs)
 		if err != nil || !strings.HasSuffix(out, "refused 0\n") {
-			t.Errorf("quota.%s 2, the next one right after closing a socket: %v\n%s", quota, err, out)
+			t.Errorf("uid %d with %q, %s: the next one right after closing a socket: %v\n%s", uid, config, what, err, out)
 		}
 	}
 }

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -43,7 +44,7 @@ func (d *Daemon) bind(info api.SocketInfo, sample dataplane.SampleOptions) (*rul
 		return nil, fail(api.StatusQuota, "uid %d would hold %d rule sets, over its quota of %d (santad config quota.rulesets): "+
 			"close or unbind sockets it no longer offloads", info.Owner, u.rulesets+1, q)
 	}
-	if err := d.dp.Bind(dataplaneSocket(info), sample); err != nil {
+	if err := d.withRoom(0, func() error { return d.dp.Bind(dataplaneSocket(info), sample) }); err != nil {
 		return nil, err
 	}
 	rs := &ruleSet{info: info, sample: sample, rules: map[uint64]ruleMeta{}}
@@ -136,6 +137,16 @@ func (d *Daemon) freeReleased(except uint64) bool {
 		freed = true
 	}
 	return freed
+}
+
+// withRoom runs op, a change of the data plane, and once more if the data
+// plane had no room for it and freeReleased made some. Callers hold d.mu.
+func (d *Daemon) withRoom(except uint64, op func() error) error {
+	err := op()
+	if errors.Is(err, dataplane.ErrFull) && d.freeReleased(except) {
+		err = op()
+	}
+	return err
 }
 
 // checkQuota refuses a change by caller that would take the uid its rules
@@ -251,7 +262,11 @@ func (d *Daemon) add(caller uint32, rs *ruleSet, rules []api.Rule) ([]uint64, er
 	if err := d.checkQuota(caller, rs, uint64(len(rules)), totalCost(rules), nil); err != nil {
 		return nil, err
 	}
-	ids, err := d.dp.AddRules(rs.info.Cookie, toDataplane(rules))
+	var ids []dataplane.RuleID
+	err := d.withRoom(rs.info.Cookie, func() (err error) {
+		ids, err = d.dp.AddRules(rs.info.Cookie, toDataplane(rules))
+		return err
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -314,7 +329,11 @@ func (d *Daemon) replace(caller uint32, rs *ruleSet, rules []api.Rule) ([]uint64
 	if err := d.checkQuota(caller, rs, uint64(len(rules)), totalCost(rules), old); err != nil {
 		return nil, err
 	}
-	ids, err := d.dp.ReplaceRules(rs.info.Cookie, toDataplane(rules))
+	var ids []dataplane.RuleID
+	err := d.withRoom(rs.info.Cookie, func() (err error) {
+		ids, err = d.dp.ReplaceRules(rs.info.Cookie, toDataplane(rules))
+		return err
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -356,7 +375,7 @@ func (d *Daemon) modify(caller uint32, rs *ruleSet, rules []api.Rule) ([]uint64,
 	if err := d.checkQuota(caller, rs, uint64(len(rules)), addBytes, ids); err != nil {
 		return nil, err
 	}
-	if err := d.dp.ModifyRules(rs.info.Cookie, updates); err != nil {
+	if err := d.withRoom(rs.info.Cookie, func() error { return d.dp.ModifyRules(rs.info.Cookie, updates) }); err != nil {
 		return nil, err
 	}
 	rec := make([]api.Rule, len(rules))
