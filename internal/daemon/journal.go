@@ -242,6 +242,10 @@ func (j *journal) append(m *api.Message) error {
 		err = j.w.Flush()
 	}
 	if err != nil {
+		// the file's own name is the one the compaction wrote it under
+		if pe := (*fs.PathError)(nil); errors.As(err, &pe) {
+			err = fmt.Errorf("%s: %w", pe.Op, pe.Err)
+		}
 		// part of m may be on disk, and the writer keeps its error: cut the
 		// file back to the records before m, so that the next record (once
 		// there is room again) follows them, not a torn one
@@ -251,10 +255,6 @@ func (j *journal) append(m *api.Message) error {
 			err = errors.Join(err, terr)
 		} else if _, serr := j.f.Seek(size, io.SeekStart); serr != nil {
 			err = errors.Join(err, serr)
-		}
-		// the file's own name is the one the compaction wrote it under
-		if pe := (*fs.PathError)(nil); errors.As(err, &pe) {
-			err = fmt.Errorf("%s: %w", pe.Op, pe.Err)
 		}
 		return fmt.Errorf("journal %s: %w", j.path, err)
 	}

@@ -40,7 +40,7 @@ func (d *Daemon) bind(info api.SocketInfo, sample dataplane.SampleOptions) (*rul
 	u := d.usageOf(info.Owner)
 	q := d.cfg.Quota.Rulesets
 	over := func() bool { return info.Owner != 0 && q != 0 && u.rulesets >= q }
-	if over() && (!d.freeReleased(0) || over()) {
+	if over() && (!d.freeReleased(0) || over()) { // counting no socket closed a moment ago
 		return nil, fail(api.StatusQuota, "uid %d would hold %d rule sets, over its quota of %d (santad config quota.rulesets): "+
 			"close or unbind sockets it no longer offloads", info.Owner, u.rulesets+1, q)
 	}
