@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -161,6 +162,13 @@ func (c Config) Validate() error {
 	}
 	if c.Socket == "" || c.BPFFS == "" || c.StateDir == "" {
 		return errors.New("socket, bpffs and state_dir must not be empty")
+	}
+	// an interface takes one rule processor: santad would attach twice, and
+	// list and follow it twice
+	for i, name := range c.Interfaces {
+		if slices.Contains(c.Interfaces[:i], name) {
+			return fmt.Errorf("interface %s is given twice (interfaces: %v)", name, c.Interfaces)
+		}
 	}
 	if c.MetricsRuleLimit < 0 {
 		return fmt.Errorf("metrics_rule_limit %d: must be 0 (no per-rule series) or more", c.MetricsRuleLimit)

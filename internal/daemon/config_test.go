@@ -50,6 +50,7 @@ func TestConfigValidate(t *testing.T) {
 	}{
 		"xdp mode":                    {func(c *Config) { c.XDPMode = "fast" }, `xdp_mode "fast"`},
 		"log format":                  {func(c *Config) { c.LogFormat = "xml" }, `log_format "xml"`},
+		"interface twice":             {func(c *Config) { c.Interfaces = []string{"eth0", "eth1", "eth0"} }, "interface eth0 is given twice"},
 		"negative rule limit":         {func(c *Config) { c.MetricsRuleLimit = -5 }, "metrics_rule_limit -5: must be 0"},
 		"user port without transport": {func(c *Config) { c.UserPorts = []string{"53"} }, `user_ports "53": want PORT/udp`},
 		"user port 0":                 {func(c *Config) { c.UserPorts = []string{"0/udp"} }, `user_ports "0/udp"`},
