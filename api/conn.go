@@ -29,6 +29,9 @@ func NewConn(c *net.UnixConn) *Conn { return &Conn{c: c, decode: Decode} }
 // Dial connects to santad's socket as a client, which skips keys it does
 // not know in santad's messages (DecodeFromSantad).
 func Dial(path string) (*Conn, error) {
+	if limit := len(unix.RawSockaddrUnix{}.Path) - 1; len(path) > limit { // connect would say only "invalid argument"
+		return nil, fmt.Errorf("santad socket path %s: longer than %d bytes", path, limit)
+	}
 	c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: path, Net: "unix"})
 	if err != nil {
 		hint := "is santad running?"

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"os"
+	"strings"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -63,5 +64,14 @@ func TestSendAll(t *testing.T) {
 	}
 	if got, _, err := b.Recv(); err != nil || got.Socket != batch[2].Socket {
 		t.Fatalf("after the refused batch: %+v, %v; want socket %d", got, err, batch[2].Socket)
+	}
+}
+
+// TestDialPathTooLong: a socket path longer than a Unix socket address
+// holds is named as such, as libsanta does, not as "invalid argument".
+func TestDialPathTooLong(t *testing.T) {
+	path := "/run/" + strings.Repeat("x", 103) + "/santa.sock"
+	if _, err := Dial(path); err == nil || !strings.Contains(err.Error(), "longer than 107 bytes") {
+		t.Fatalf("Dial of a %d-byte path: %v, want an error saying it is longer than 107 bytes", len(path), err)
 	}
 }

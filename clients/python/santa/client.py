@@ -108,6 +108,8 @@ class Client:
         self._sock: socket.socket | None = self._connect()
 
     def _connect(self) -> socket.socket:
+        if len(os.fsencode(self.path)) > _MAX_PATH:  # connect would raise an OSError without errno
+            raise OSError(errno.ENAMETOOLONG, f"santad socket path {self.path}: longer than {_MAX_PATH} bytes")
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(self._timeout)
         try:
@@ -380,6 +382,10 @@ class Client:
         for fd in fds:  # santad passes no fds to clients
             os.close(fd)
         return message
+
+
+#: The longest path a Unix socket address holds (sun_path, less its NUL).
+_MAX_PATH = 107
 
 
 def _dial_hint(err: int | None) -> str:

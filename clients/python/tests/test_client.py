@@ -154,6 +154,12 @@ def test_socket_path(monkeypatch: pytest.MonkeyPatch, santad: Callable[[Handler]
         assert client.path == fake.path
 
 
+def test_socket_path_too_long() -> None:
+    path = "/run/" + "x" * 103 + "/santa.sock"
+    with pytest.raises(OSError, match="longer than 107 bytes"):
+        santa.Client(path)
+
+
 def test_unreachable_santad(tmp_path: pathlib.Path) -> None:
     path = str(tmp_path / "absent.sock")
     with pytest.raises(FileNotFoundError, match=f"connect to santad at {path}.*is santad running"):
