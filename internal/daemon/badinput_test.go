@@ -378,3 +378,56 @@ func TestRuleSetsFull(t *testing.T) {
 		t.Errorf("after refusals: %d rule sets (%v), want 2", len(socks), err)
 	}
 }
+
+// TestBindNamesPassedSocket: a bind that passes a socket and names another
+// cookie is refused, as every other request that does (docs/protocol.md,
+// "Targets"); santad used to bind the passed socket and ignore the name.
+func TestBindNamesPassedSocket(t *testing.T) {
+	tb := testbed.New(t)
+	sd := newSantad(t, tb)
+	sd.start()
+	udp := listenUDP(t, tb, 7980)
+	cookie, err := unix.GetsockoptUint64(sockFD(t, udp), unix.SOL_SOCKET, unix.SO_COOKIE)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := api.Dial(sd.Socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	bind := func(named uint64) *api.Message {
+		t.Helper()
+		if err := conn.Send(&api.Message{V: api.Version, Op: api.OpBind, Seq: 1, Socket: named}, sockFD(t, udp)); err != nil {
+			t.Fatal(err)
+		}
+		m, _, err := conn.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	if m := bind(cookie + 1); m.Status != api.StatusInvalid || !strings.Contains(m.Error, fmt.Sprintf("the request names %d", cookie+1)) {
+		t.Fatalf("bind of socket %d naming %d: %s %q, want invalid", cookie, cookie+1, m.Status, m.Error)
+	}
+	if socks, err := sd.client().ListSockets(); err != nil || len(socks) != 0 {
+		t.Fatalf("after the refused bind: rule sets %+v (%v), want none", socks, err)
+	}
+	if m := bind(cookie); m.Status != api.StatusOK || len(m.Sockets) != 1 || m.Sockets[0].Cookie != cookie {
+		t.Fatalf("bind of socket %d naming it: %s %q %+v", cookie, m.Status, m.Error, m.Sockets)
+	}
+}
+
+// sockFD is the fd of conn, for passing it by hand.
+func sockFD(t *testing.T, conn *net.UDPConn) int {
+	t.Helper()
+	raw, err := conn.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fd int
+	if err := raw.Control(func(f uintptr) { fd = int(f) }); err != nil {
+		t.Fatal(err)
+	}
+	return fd
+}

@@ -302,12 +302,9 @@ var rulesetOps = map[api.Op]bool{
 func (s *session) target(req *api.Message, files []*os.File, autobind bool) (*ruleSet, bool, error) {
 	d := s.d
 	if len(files) == 1 {
-		info, err := inspectSocket(int(files[0].Fd()))
+		info, err := passedSocket(req, files[0])
 		if err != nil {
 			return nil, false, err
-		}
-		if req.Socket != 0 && req.Socket != info.Cookie {
-			return nil, false, fail(api.StatusInvalid, "the passed socket has cookie %d, the request names %d", info.Cookie, req.Socket)
 		}
 		// holding the socket proves the right to its rules, whoever bound it
 		if rs, ok := d.sets[info.Cookie]; ok {
@@ -335,6 +332,16 @@ func (s *session) target(req *api.Message, files []*os.File, autobind bool) (*ru
 			req.Socket, rs.info.Owner, s.uid)
 	}
 	return rs, false, nil
+}
+
+// passedSocket describes the socket a request passed, which must be the
+// one it names if it names one.
+func passedSocket(req *api.Message, f *os.File) (api.SocketInfo, error) {
+	info, err := inspectSocket(int(f.Fd()))
+	if err == nil && req.Socket != 0 && req.Socket != info.Cookie {
+		err = fail(api.StatusInvalid, "the passed socket has cookie %d, the request names %d", info.Cookie, req.Socket)
+	}
+	return info, err
 }
 
 // mayBind refuses a non-root caller a rule set for a socket on a port
@@ -447,7 +454,7 @@ func (s *session) bind(req *api.Message, files []*os.File) (*api.Message, *subsc
 			return nil, nil, err
 		}
 	case len(files) == 1:
-		info, err := inspectSocket(int(files[0].Fd()))
+		info, err := passedSocket(req, files[0])
 		if err != nil {
 			return nil, nil, err
 		}
