@@ -576,6 +576,9 @@ socket listening on it. Needs root: santad takes the sockets with pidfd_getfd.`,
 			if !byPort && (pid == 0 || port != "" || !cmd.Flags().Changed("fd")) {
 				return errors.New("give --pid and --fd, or --port PORT/udp or PORT/tcp")
 			}
+			if cmd.Flags().Changed("sample-rate") && sample.Bytes == 0 {
+				return errors.New("--sample-rate needs --sample-bytes (how much of each missed request to copy): alone it changes nothing")
+			}
 			var p uint16
 			var proto uint32
 			if byPort {
@@ -590,7 +593,7 @@ socket listening on it. Needs root: santad takes the sockets with pidfd_getfd.`,
 			}
 			defer c.Close()
 			if sample.Bytes == 0 {
-				sample = santa.SampleOptions{} // --sample-rate alone leaves the sampling as it is
+				sample = santa.SampleOptions{} // no sampling asked for: leave it as it is
 			}
 			// the sampling goes in the bind request: santad binds all or none
 			var socks []api.SocketInfo

@@ -83,6 +83,7 @@ func TestErrorsSayWhatToDo(t *testing.T) {
 		"rules add --socket 1 --tag a\x01b FILE":       "control character",
 		"attach --port 53/sctp":                        "only udp and tcp",
 		"attach --port 0":                              "from 1 to 65535",
+		"attach --port 53 --sample-rate 10":            "--sample-rate needs --sample-bytes",
 		"rules add FILE":                               `required flag(s) "socket"`,
 		"top --interval 0":                             "--interval 0s: must be positive",
 		"top --count -1":                               "--count -1: must not be negative",
