@@ -79,7 +79,8 @@ func ClaimTag(socketPath string, protocol uint32, port uint16, tag string) (*Cla
 // (sticky, as /tmp), so another may have put something at path first: a
 // symlink, which must not be followed (root's controller would truncate
 // the file it names), or a file of its own, held locked to keep this
-// controller from starting. root removes either; another user is refused,
+// controller from starting, or a directory with files in it. root removes
+// any of them (RemoveAll follows no symlink); another user is refused,
 // naming the owner.
 func openOwnClaim(path string) (*os.File, error) {
 	if fi, err := os.Lstat(path); err == nil && !ownedRegular(fi) {
@@ -87,7 +88,7 @@ func openOwnClaim(path string) (*os.File, error) {
 			return nil, fmt.Errorf("%s is not a file of yours (owner uid %d): another user put it there; remove it",
 				path, fi.Sys().(*syscall.Stat_t).Uid)
 		}
-		if err := os.Remove(path); err != nil {
+		if err := os.RemoveAll(path); err != nil {
 			return nil, err
 		}
 	}

@@ -178,6 +178,17 @@ func TestClaimTagPlanted(t *testing.T) {
 	}
 
 	os.Remove(path)
+	// a directory with a file in it, which os.Remove cannot remove
+	if out, err := asNobody("sh", "-c", "mkdir "+path+" && touch "+path+"/x").CombinedOutput(); err != nil {
+		t.Fatalf("nobody's directory: %v %s", err, out)
+	}
+	if c, err := ClaimTag(socket, api.ProtocolUDP, 53, "t"); err != nil {
+		t.Errorf("root's claim beside nobody's directory: %v", err)
+	} else {
+		c.Release()
+	}
+
+	os.RemoveAll(path)
 	squat := asNobody("flock", path, "sleep", "60") // nobody's file, locked
 	if err := squat.Start(); err != nil {
 		t.Fatal(err)
