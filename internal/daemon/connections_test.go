@@ -3,7 +3,9 @@ package daemon_test
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"github.com/santa-offload/santa/api"
 	"net"
@@ -13,10 +15,12 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/santa-offload/santa/internal/testbed"
+	"golang.org/x/sys/unix"
 )
 
 // TestAcceptFailuresBackOff runs santad out of fds with idle connections:
@@ -294,5 +298,79 @@ func TestSocketModeDeniedSaysWhy(t *testing.T) {
 	}
 	if _, err := sd.cli(0, "status"); err != nil {
 		t.Errorf("root: %v", err)
+	}
+}
+
+// TestSocketBoundToBridgePort: santad refuses a socket bound
+// (SO_BINDTODEVICE) to its interface when that interface is a bridge port.
+// The rule processor looks sockets up on the port a request arrives on,
+// before the bridge takes it: it found nobody's socket bound to the port,
+// and nobody's rules answered requests the kernel delivers to root's socket
+// bound to the bridge on the same port (sockets bound to different
+// interfaces may share a port, whoever their users).
+func TestSocketBoundToBridgePort(t *testing.T) {
+	tb := testbed.New(t)
+	// the server's interface becomes a port of bridge hb0, which takes its addresses
+	ip := func(args ...string) {
+		t.Helper()
+		if out, err := tb.Server.Run("ip", args...); err != nil {
+			t.Fatal(err, out)
+		}
+	}
+	ip("link", "add", "hb0", "address", tb.Server.MAC.String(), "type", "bridge")
+	ip("link", "set", tb.Server.Dev, "master", "hb0")
+	ip("addr", "flush", "dev", tb.Server.Dev)
+	ip("addr", "add", tb.Server.IP4.String()+"/24", "dev", "hb0")
+	ip("link", "set", "hb0", "up")
+	sd := newSantad(t, tb)
+	sd.start()
+	server := netip.AddrPortFrom(tb.Server.IP4, 7150)
+	var rootConn *net.UDPConn
+	if err := tb.Server.Do(func() error {
+		lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
+			var serr error
+			err := c.Control(func(fd uintptr) { serr = unix.BindToDevice(int(fd), "hb0") })
+			return errors.Join(err, serr)
+		}}
+		pc, err := lc.ListenPacket(context.Background(), "udp4", fmt.Sprintf("0.0.0.0:%d", server.Port()))
+		if err == nil {
+			rootConn = pc.(*net.UDPConn)
+		}
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer rootConn.Close()
+	go func() { // root's server: echoes with a prefix
+		buf := make([]byte, 2048)
+		for {
+			n, peer, err := rootConn.ReadFromUDP(buf)
+			if err != nil {
+				return
+			}
+			rootConn.WriteToUDP(append([]byte("root:"), buf[:n]...), peer)
+		}
+	}()
+	prog := `import socket, sys, time, santa
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, sys.argv[2].encode())
+s.bind(("0.0.0.0", int(sys.argv[3])))
+rule = santa.Rule(conditions=[santa.Condition(offset=0, pattern=b"Hello")],
+                  processors=[santa.Put(reply_offset=0, template=b"nobody")], reply_len=6)
+try:
+    with santa.Client(sys.argv[1]) as c:
+        c.add(s, [rule])
+    print("added", flush=True)
+except santa.Error as e:
+    print("refused", int(e.status), e, flush=True)
+print("ready cookie=0 rule=0", flush=True)
+time.sleep(120)`
+	a := startApp(t, tb, nobody, []string{"PYTHONPATH=" + filepath.Join(work, "python")},
+		"/usr/bin/python3", "-c", prog, sd.Socket, tb.Server.Dev, fmt.Sprint(server.Port()))
+	if out := a.out.String(); !strings.Contains(out, fmt.Sprintf("refused %d ", api.StatusInvalid)) || !strings.Contains(out, "a port of hb0") {
+		t.Errorf("nobody passing its socket bound to the bridge port: %q, want invalid naming the bridge", out)
+	}
+	if got := exchange(t, tb, server, "Hello"); got != "root:Hello" {
+		t.Errorf("Hello to root's socket bound to the bridge: %q, want root's own answer", got)
 	}
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/santa-offload/santa/api"
 	"github.com/santa-offload/santa/internal/sockets"
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
 
@@ -44,6 +45,9 @@ func inspectSocket(fd int) (api.SocketInfo, error) {
 			"(domain %d, type %d, protocol %d): santad offloads UDP sockets and listening TCP sockets", domain, typ, proto)
 	}
 	if err := inSantadsNetns(fd); err != nil {
+		return api.SocketInfo{}, err
+	}
+	if err := boundWhereDelivered(fd); err != nil {
 		return api.SocketInfo{}, err
 	}
 	sa, err := unix.Getsockname(fd)
@@ -86,6 +90,53 @@ func inSantadsNetns(fd int) error {
 	if socketNS.Dev != santadNS.Dev || socketNS.Ino != santadNS.Ino {
 		return fail(api.StatusInvalid, "the socket is in another network namespace than santad's (net:[%d], not net:[%d]): "+
 			"the rule processor answers requests on santad's interfaces only, for sockets of its namespace", socketNS.Ino, santadNS.Ino)
+	}
+	return nil
+}
+
+// boundWhereDelivered refuses a socket bound to an interface
+// (SO_BINDTODEVICE) that hands the frames it receives to another one: a
+// bridge, bond or VRF port, or the lower interface of a macvlan or ipvlan.
+// The rule processor looks the socket up on the interface a frame arrives
+// on, before that handover, and would find such a socket, which the kernel
+// never gives the frame; and the socket the kernel does give it to, bound
+// to the upper interface on the same port, may be another user's, whose
+// requests the rules would then answer.
+func boundWhereDelivered(fd int) error {
+	ifindex, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_BINDTOIFINDEX)
+	if err != nil {
+		return fail(api.StatusInternal, "SO_BINDTOIFINDEX: %v", err)
+	}
+	if ifindex == 0 {
+		return nil
+	}
+	l, err := netlink.LinkByIndex(ifindex)
+	if err != nil {
+		return fail(api.StatusInternal, "the interface the socket is bound to (%d): %v", ifindex, err)
+	}
+	name := l.Attrs().Name
+	if m := l.Attrs().MasterIndex; m != 0 {
+		master := fmt.Sprintf("index %d", m)
+		if ml, err := netlink.LinkByIndex(m); err == nil {
+			master = ml.Attrs().Name
+		}
+		return fail(api.StatusInvalid, "the socket is bound to interface %s (SO_BINDTODEVICE), a port of %s, which the kernel "+
+			"gives its frames to: rules on it would answer requests the kernel never delivers to it; "+
+			"offload a socket bound to no interface", name, master)
+	}
+	links, err := netlink.LinkList()
+	if err != nil {
+		return fail(api.StatusInternal, "interfaces: %v", err)
+	}
+	for _, u := range links {
+		switch u.Type() {
+		case "macvlan", "macvtap", "ipvlan", "ipvtap":
+			if u.Attrs().ParentIndex == ifindex {
+				return fail(api.StatusInvalid, "the socket is bound to interface %s (SO_BINDTODEVICE), the lower interface "+
+					"of %s %s, which the kernel gives frames for it to: rules on it would answer requests the kernel never delivers to it; "+
+					"offload a socket bound to no interface", name, u.Type(), u.Attrs().Name)
+			}
+		}
 	}
 	return nil
 }
