@@ -10,25 +10,32 @@
  * connection to the kernel with that segment. */
 #pragma once
 
+#define SANTA_NO_UID 0xffffffff /* the kernel's INVALID_UID: no socket has it */
+
 /* The cookie of the listener a segment reaches (0 for a listener whose
  * cookie was never asked for, which has no rules); *listener says there is
  * one. *kernel_sock says the kernel has a socket of its own for the 4-tuple
- * (then 0 is returned). */
+ * (then 0 is returned). *uid is the owner (sk_uid) of the socket found, a
+ * listener or a full socket of the kernel's, else SANTA_NO_UID. */
 static __always_inline __u64 tcp_listener(struct xdp_md *ctx, struct pkt_info *req, int *listener,
-					  int *kernel_sock)
+					  int *kernel_sock, __u32 *uid)
 {
 	__u32 tuple_len = req->family == 4 ? sizeof(req->tuple.ipv4) : sizeof(req->tuple.ipv6);
 	struct bpf_sock *sk = bpf_skc_lookup_tcp(ctx, &req->tuple, tuple_len, BPF_F_CURRENT_NETNS, 0);
+	*uid = SANTA_NO_UID;
 	if (!sk)
 		return 0;
 	__u64 cookie = 0;
+	struct sock *ksk = bpf_rdonly_cast(sk, bpf_core_type_id_kernel(struct sock));
 	if (sk->state == BPF_TCP_LISTEN) {
-		struct sock *ksk = bpf_rdonly_cast(sk, bpf_core_type_id_kernel(struct sock));
 		cookie = ksk->__sk_common.skc_cookie.counter;
 		*listener = 1;
 	} else {
 		*kernel_sock = 1;
 	}
+	/* time-wait and request sockets are no struct sock */
+	if (sk->state != BPF_TCP_TIME_WAIT && sk->state != BPF_TCP_NEW_SYN_RECV)
+		*uid = ksk->sk_uid.val;
 	bpf_sk_release(sk);
 	return cookie;
 }
@@ -247,8 +254,11 @@ static __always_inline int tcp_syn(struct xdp_md *ctx, struct pkt_info *req, str
  * (SANTA_PORTS_TCP_SAMPLED): elsewhere the second socket lookup would be
  * wasted on every data segment. The listener is what a lookup without the
  * source finds; req's source is zeroed for it (the caller passes the
- * segment on and reads req no more). */
-static __always_inline void sample_kernel_data(struct xdp_md *ctx, struct pkt_info *req)
+ * segment on and reads req no more). That listener need not be the one
+ * that accepted the connection (closed since, another user's listening on
+ * the port now): only one of the connection's owner (conn_uid), as its
+ * accepted sockets are, gets its data. */
+static __always_inline void sample_kernel_data(struct xdp_md *ctx, struct pkt_info *req, __u32 conn_uid)
 {
 	if (req->payload_len == 0 || !port_in(local_port(req), SANTA_PORTS_TCP_SAMPLED))
 		return;
@@ -260,7 +270,10 @@ static __always_inline void sample_kernel_data(struct xdp_md *ctx, struct pkt_in
 		req->tuple.ipv6.sport = 0;
 	}
 	int listener = 0, kernel_sock = 0;
-	__u64 cookie = tcp_listener(ctx, req, &listener, &kernel_sock);
+	__u32 uid;
+	__u64 cookie = tcp_listener(ctx, req, &listener, &kernel_sock, &uid);
+	if (uid != conn_uid || conn_uid == SANTA_NO_UID)
+		return;
 	struct santa_scratch *s = scratch();
 	__u32 id = cookie && s ? socket_ruleset_id(s, cookie) : 0;
 	const struct santa_ruleset *rs = id ? bpf_map_lookup_elem(&santa_rulesets, &id) : NULL;
@@ -277,10 +290,11 @@ __noinline int tcp_segment(struct xdp_md *ctx, struct pkt_info *req)
 	if (!req)
 		return XDP_PASS;
 	int listener = 0, kernel_sock = 0;
-	__u64 cookie = tcp_listener(ctx, req, &listener, &kernel_sock);
+	__u32 uid;
+	__u64 cookie = tcp_listener(ctx, req, &listener, &kernel_sock, &uid);
 	if (kernel_sock) {
 		COUNT(tcp_pass_kernel_socket);
-		sample_kernel_data(ctx, req);
+		sample_kernel_data(ctx, req, uid);
 		return XDP_PASS;
 	}
 	if (!listener) {

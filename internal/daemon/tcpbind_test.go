@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"os"
@@ -13,6 +14,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -385,5 +387,62 @@ func TestJournalCompactsWhileRunning(t *testing.T) {
 	}
 	if len(rules) != 1 || !strings.Contains(string(rules[0].Processors[0].Template), fmt.Sprintf("%05d", n-1)) {
 		t.Fatalf("after a restart, santad does not have the last version of the rule")
+	}
+}
+
+// TestKernelDataNotSampledForAnotherUsersListener: data on a connection the
+// kernel owns is sampled for the listener a lookup finds on its port, which
+// need not be the one that accepted it. Root's server accepted a
+// connection and closed its listener; uid nobody then listened on the
+// port (both with SO_REUSEADDR, as Go's and most servers' listeners are)
+// and subscribed to its samples: it got the requests of root's
+// connection, Authorization header and all. Only a listener of the
+// connection's own user gets them now.
+func TestKernelDataNotSampledForAnotherUsersListener(t *testing.T) {
+	tb := testbed.New(t)
+	sd := newSantad(t, tb)
+	sd.start()
+	server := netip.AddrPortFrom(tb.Server.IP4, 7950)
+	l := listenTCP(t, tb, server)
+	var conn net.Conn
+	if err := tb.Client.Do(func() (err error) {
+		conn, err = net.Dial("tcp", server.String())
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	accepted, err := l.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer accepted.Close()
+	l.Close() // root's connection goes on without its listener
+	prog := `import socket, sys, santa
+l = socket.socket()
+l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+l.bind(("0.0.0.0", int(sys.argv[2])))
+l.listen(8)
+c = santa.Client(sys.argv[1])
+c.bind(l)
+samples = c.subscribe(l, 200, 1000)
+print("ready cookie=0 rule=0", flush=True)
+for s in samples:
+    print("sample", s.data, flush=True)`
+	a := startApp(t, tb, nobody, []string{"PYTHONPATH=" + filepath.Join(work, "python")},
+		"/usr/bin/python3", "-c", prog, sd.Socket, fmt.Sprint(server.Port()))
+	buf := make([]byte, 256)
+	for i := 0; i < 3; i++ {
+		req := fmt.Sprintf("GET /%d HTTP/1.1\r\nAuthorization: Bearer root-secret\r\n\r\n", i)
+		if _, err := io.WriteString(conn, req); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadAtLeast(accepted, buf, len(req)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(500 * time.Millisecond) // samples reach the subscriber within milliseconds
+	if out := a.out.String(); strings.Contains(out, "sample") {
+		t.Errorf("nobody's listener got samples of root's connection:\n%s", out)
 	}
 }
