@@ -62,6 +62,9 @@ type Config struct {
 
 // Quota bounds what one uid may install; zero means unlimited.
 type Quota struct {
+	// Rules and TemplateBytes bound a uid's share of dataplane.max_rules
+	// and data_mib (a sixteenth of the defaults): above them, one user
+	// could fill the data plane and leave no room to root or the others.
 	Rules         uint64 `yaml:"rules"`
 	TemplateBytes uint64 `yaml:"template_bytes"` // patterns, masks and reply templates
 	// Rulesets bounds the sockets a uid binds: without it one user could
@@ -103,7 +106,7 @@ func DefaultConfig() Config {
 		MetricsRuleLimit: 10000,
 		LogFormat:        "json",
 		LogLevel:         "info",
-		Quota:            Quota{Rules: 100000, TemplateBytes: 64 << 20, Rulesets: 64, Connections: 256, RequestBytes: 1 << 30},
+		Quota:            Quota{Rules: 4096, TemplateBytes: 1 << 20, Rulesets: 64, Connections: 256, RequestBytes: 1 << 30},
 		Dataplane: DataplaneConfig{HashBits: d.HashBits, MaxRules: d.MaxRules, MaxRulesets: d.MaxRulesets,
 			DataMiB: d.DataMiB, SampleRingKiB: d.SampleRingKiB, TCPFlows: d.TCPFlows, TCPIdleClose: d.TCPIdleClose},
 	}

@@ -72,3 +72,19 @@ func TestConfigValidate(t *testing.T) {
 		t.Errorf("the defaults: %v", err)
 	}
 }
+
+// The default quota leaves a user a share of the data plane, not all of it:
+// with 100000 rules and 64 MiB, uid nobody filled the 65536 rules of the
+// default data plane and root's adds failed (data plane full).
+func TestDefaultQuotaLeavesRoom(t *testing.T) {
+	c := DefaultConfig()
+	if q, room := c.Quota.Rules, uint64(c.Dataplane.MaxRules); q == 0 || q > room/2 {
+		t.Errorf("quota.rules %d of dataplane.max_rules %d: one user may take over half", q, room)
+	}
+	if q, room := c.Quota.TemplateBytes, uint64(c.Dataplane.DataMiB)<<20; q == 0 || q > room/2 {
+		t.Errorf("quota.template_bytes %d of dataplane.data_mib %d bytes: one user may take over half", q, room)
+	}
+	if q, room := c.Quota.Rulesets, uint64(c.Dataplane.MaxRulesets); q == 0 || q > room/2 {
+		t.Errorf("quota.rulesets %d of dataplane.max_rulesets %d: one user may take over half", q, room)
+	}
+}
