@@ -281,9 +281,13 @@ func runController[R any, C controller[R]](e env, newCtl func() (C, error), dura
 // controllerContext ends on SIGINT, SIGTERM, SIGHUP or after d (0:
 // never). SIGHUP too: a controller killed with its terminal would leave
 // its rules answering, without following zone or key changes, until their
-// TTL or lease ends.
+// TTL or lease ends. A SIGHUP ignored at start (nohup) stays ignored.
 func controllerContext(d time.Duration) (context.Context, context.CancelFunc) {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
+	stopOn := []os.Signal{os.Interrupt, syscall.SIGTERM}
+	if !signal.Ignored(syscall.SIGHUP) {
+		stopOn = append(stopOn, syscall.SIGHUP)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), stopOn...)
 	if d <= 0 {
 		return ctx, stop
 	}

@@ -3,9 +3,12 @@ package main
 import (
 	"bytes"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -220,5 +223,23 @@ func TestControllerThatNeverStarted(t *testing.T) {
 		if strings.Contains(stdout.String(), "done:") {
 			t.Errorf("santa %s: a done line from a controller that never started:\n%s", args[0], stdout.String())
 		}
+	}
+}
+
+// TestHangupIgnoredUnderNohup: a controller started with SIGHUP ignored
+// (nohup) leaves it ignored and runs on when its terminal closes; without
+// nohup a SIGHUP stops it (the dnsctl test TestHangupStops).
+func TestHangupIgnoredUnderNohup(t *testing.T) {
+	signal.Ignore(syscall.SIGHUP)
+	defer signal.Reset(syscall.SIGHUP)
+	ctx, stop := controllerContext(0)
+	defer stop()
+	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-ctx.Done():
+		t.Fatal("a SIGHUP ignored at the start (nohup) stopped the controller")
+	case <-time.After(300 * time.Millisecond):
 	}
 }
