@@ -965,12 +965,13 @@ func (c *Controller) expireLoop(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case now := <-t.C:
+		case <-t.C:
 			c.mu.Lock()
 			if ctx.Err() != nil { // Run is removing every rule
 				c.mu.Unlock()
 				return
 			}
+			now := time.Now() // the lock may have taken a while
 			byEP := map[*endpoint][]*entry{}
 			for len(c.expiry) > 0 {
 				it := c.expiry[0]
@@ -1106,10 +1107,13 @@ func (c *Controller) configuredZone(name string) string {
 	return best
 }
 
-// loop refreshes rules, polls serials, learns from samples and handles
-// NOTIFY until ctx ends, or until a socket's watch ends (gone).
+// loop handles the controller's events until ctx ends or the sample watch
+// ends (gone): just after every second of the wall clock the refreshes and
+// questions due, then SOA polls, NOTIFYs, miss samples and adaptive
+// decisions. It waits with c.mu released, so that expireLoop can remove
+// the rules not refreshed in time, and handles each event holding it.
 func (c *Controller) loop(ctx context.Context, notified <-chan string, gone <-chan error) error {
-	tick := time.NewTicker(time.Second)
+	tick := time.NewTimer(untilNextSecond(time.Now()))
 	defer tick.Stop()
 	var poll <-chan time.Time
 	if c.cfg.Poll > 0 {
@@ -1117,50 +1121,72 @@ func (c *Controller) loop(ctx context.Context, notified <-chan string, gone <-ch
 		defer t.Stop()
 		poll = t.C
 	}
-	decide := time.NewTicker(c.cfg.Interval)
-	defer decide.Stop()
+	var decide <-chan time.Time
+	if c.cfg.Mode == Adaptive {
+		t := time.NewTicker(c.cfg.Interval)
+		defer t.Stop()
+		decide = t.C
+	}
 	for {
+		var handle func() error
+		c.mu.Unlock()
 		select {
 		case <-ctx.Done():
+			c.mu.Lock()
 			return nil
 		case err := <-gone:
+			c.mu.Lock()
 			return err
-		case now := <-tick.C:
-			if err := c.refreshDue(now); err != nil {
-				return err
-			}
-			if err := c.askAgainDue(now); err != nil {
-				return err
-			}
-			if err := c.askAgainWithRoom(); err != nil {
-				return err
-			}
-			c.quietDown(now)
+		case <-tick.C:
+			tick.Reset(untilNextSecond(time.Now()))
+			handle = c.everySecond
 		case <-poll:
-			if err := c.pollAll(); err != nil {
-				return err
-			}
+			handle = c.pollAll
 		case apex := <-notified:
-			z := c.zones[canonical(apex)]
-			if z == nil {
-				c.log.Info("NOTIFY for a zone no rule is in", "zone", apex)
-				continue
-			}
-			if err := c.checkZone(z); err != nil {
-				return err
-			}
+			handle = func() error { return c.notified(apex) }
 		case ev := <-c.samples:
-			if err := c.learn(ev); err != nil {
-				return err
-			}
-		case <-decide.C:
-			if c.cfg.Mode == Adaptive {
-				if err := c.adapt(); err != nil {
-					return err
-				}
-			}
+			handle = func() error { return c.learn(ev) }
+		case <-decide:
+			handle = c.adapt
+		}
+		c.mu.Lock()
+		if err := handle(); err != nil {
+			return err
 		}
 	}
+}
+
+// untilNextSecond is the time until just after the next second of the
+// wall clock: refreshes are due by the second (schedule).
+func untilNextSecond(now time.Time) time.Duration {
+	return now.Truncate(time.Second).Add(time.Second + 2*time.Millisecond).Sub(now)
+}
+
+// everySecond refreshes the answers and asks again the questions that are
+// due, and lowers the miss sampling once no new shape came for a while.
+func (c *Controller) everySecond() error {
+	now := time.Now()
+	if err := c.refreshDue(now); err != nil {
+		return err
+	}
+	if err := c.askAgainDue(now); err != nil {
+		return err
+	}
+	if err := c.askAgainWithRoom(); err != nil {
+		return err
+	}
+	c.quietDown(now)
+	return nil
+}
+
+// notified checks the zone a NOTIFY named.
+func (c *Controller) notified(apex string) error {
+	z := c.zones[canonical(apex)]
+	if z == nil {
+		c.log.Info("NOTIFY for a zone no rule is in", "zone", apex)
+		return nil
+	}
+	return c.checkZone(z)
 }
 
 // refreshDue asks again for every answer due for refresh and updates,

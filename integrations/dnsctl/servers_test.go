@@ -1010,6 +1010,27 @@ func TestOneSecondTTLNotOffloaded(t *testing.T) {
 	}
 }
 
+// TestTwoSecondTTLRefreshedInTime: an answer with a TTL of 2 s is
+// refreshed every second, just after the second turns, before the
+// controller's expiry (300 ms before the TTL runs out, now that it runs
+// while the loop waits) would remove it: the kernel answers it all along,
+// and its rule never goes.
+func TestTwoSecondTTLRefreshedInTime(t *testing.T) {
+	r := newRig(t, testbed.KindNSD, 0, "two 2 IN A 198.18.255.80")
+	two := "two." + r.zone.Origin
+	ctl := r.startController("static", "--port", "53/udp", "--names", r.namesFile([]string{two}, []uint16{dns.TypeA}), "--shape", "plain")
+	r.waitKernelAnswer(two, "A", "198.18.255.80", 5*time.Second, ctl) // dig's query shape learned
+	missed := 0
+	for end := time.Now().Add(8 * time.Second); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+		if got, kernel := r.dig(two, "A"); got != "198.18.255.80" || !kernel {
+			missed++
+		}
+	}
+	if missed > 0 || strings.Contains(ctl.Output(), "not refreshed in time") || strings.Contains(ctl.Output(), "rules are installed") {
+		t.Errorf("%d queries not answered by the kernel; the rule of a 2-s TTL went:\n%s", missed, ctl.Output())
+	}
+}
+
 // TestStopWithServerHung: with the server stopped (SIGSTOP) while the
 // controller asks it for a refresh, each question waits for its tries of
 // --timeout (3 × 10 s here); a stop (SIGTERM) ends those questions at once,
