@@ -168,7 +168,9 @@ bench-http: need-root deps build
 install: build
 	install -D -m 0755 $(BIN)/santad $(DESTDIR)$(PREFIX)/sbin/santad
 	install -D -m 0755 $(BIN)/santa $(DESTDIR)$(PREFIX)/bin/santa
-	install -D -m 0644 dist/santad.service $(DESTDIR)/etc/systemd/system/santad.service
+	@# the unit names santad's and the docs' paths under PREFIX
+	install -d $(DESTDIR)/etc/systemd/system
+	sed 's|/usr/local/|$(PREFIX)/|g' dist/santad.service > $(DESTDIR)/etc/systemd/system/santad.service
 	[[ -e $(DESTDIR)/etc/santa/santad.yaml ]] || install -D -m 0644 dist/santad.yaml $(DESTDIR)/etc/santa/santad.yaml
 	install -D -m 0644 -t $(DESTDIR)$(PREFIX)/share/doc/santa docs/*.md
 	$(MAKE) --no-print-directory -C clients/c install PREFIX=$(PREFIX) DESTDIR=$(DESTDIR)
