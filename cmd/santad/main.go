@@ -92,8 +92,9 @@ over from the journal in the state directory. Needs root.`,
 		Short: "Detach the rule processor and remove all pins and state (uninstall)",
 		Long: `cleanup detaches the rule processor from every interface a santad attached
 it to, removes the pinned programs and maps and the journal: every rule is
-gone. Stop santad first: beside a running santad it refuses and changes
-nothing.`,
+gone. It also removes the control socket, the lock and the claims of
+controllers that ended. Stop santad first: beside a running santad it
+refuses and changes nothing.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, _, err := o.load(cmd)

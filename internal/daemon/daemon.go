@@ -768,10 +768,11 @@ func (d *Daemon) abort() {
 
 // Cleanup detaches the rule processor and removes every pin and the state
 // santad keeps: for uninstalling, and for tests.
-func Cleanup(cfg Config) error {
+func Cleanup(cfg Config) (cerr error) {
 	// never under a running santad, which would go on without its journal
 	if lock, err := lockFile(cfg.lockPath()); err == nil {
-		defer lock.Close()
+		// removed last, still held: nothing of santad's is left in the state directory
+		defer func() { cerr = errors.Join(cerr, os.Remove(cfg.lockPath()), lock.Close()) }()
 	} else if !errors.Is(err, os.ErrNotExist) { // no state directory: no santad
 		return err
 	}
@@ -786,9 +787,47 @@ func Cleanup(cfg Config) error {
 	for _, g := range cfg.generations() {
 		errs = append(errs, dataplane.Unpin(cfg.genDir(g)))
 	}
-	errs = append(errs, os.RemoveAll(cfg.BPFFS), os.RemoveAll(cfg.journalPath()), os.RemoveAll(cfg.Socket))
+	errs = append(errs, os.RemoveAll(cfg.BPFFS), os.RemoveAll(cfg.journalPath()), os.RemoveAll(cfg.Socket),
+		removeClaims(api.ClaimsDir(cfg.Socket)))
 	_, err := removeCompactionLeftovers(cfg.journalPath())
 	return errors.Join(append(errs, err)...)
+}
+
+// removeClaims removes the controllers' claim files in dir that no
+// controller holds (a controller leaves its file when it ends), and dir
+// once it is empty; a running controller keeps its claim.
+func removeClaims(dir string) error {
+	ents, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	} else if err != nil {
+		return err
+	}
+	var errs []error
+	for _, e := range ents {
+		path := filepath.Join(dir, e.Name())
+		if e.Type().IsRegular() {
+			// O_NONBLOCK and O_NOFOLLOW: another user may have swapped in a fifo or a symlink
+			f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NONBLOCK|unix.O_NOFOLLOW, 0)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			err = unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+			if err == nil {
+				err = os.Remove(path)
+			} else if errors.Is(err, unix.EWOULDBLOCK) {
+				err = nil // held: a controller runs
+			}
+			errs = append(errs, err, f.Close())
+			continue
+		}
+		errs = append(errs, os.RemoveAll(path)) // nothing a controller made (RemoveAll follows no link)
+	}
+	if err := os.Remove(dir); err != nil && !errors.Is(err, unix.ENOTEMPTY) && !errors.Is(err, unix.EEXIST) {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
 }
 
 // removePeerPass removes the program santad gave the veth peer of the

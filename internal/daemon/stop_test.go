@@ -17,6 +17,7 @@ import (
 
 	"github.com/santa-offload/santa/api"
 	"github.com/santa-offload/santa/clients/go/santa"
+	"github.com/santa-offload/santa/integrations/follow"
 	"github.com/santa-offload/santa/internal/testbed"
 )
 
@@ -208,6 +209,52 @@ func TestCleanupRefusesRunningSantad(t *testing.T) {
 	sd.stop(syscall.SIGTERM)
 	if err := sd.Cleanup(); err != nil {
 		t.Fatalf("santad cleanup after santad stopped: %v", err)
+	}
+}
+
+// TestCleanupLeavesNothing: `santad cleanup` after santad ran with a
+// controller's claim (as `santa dns` leaves one when it ends) removes what
+// santad and the controllers put beside its socket and in its state
+// directory, the lock too; a claim a controller still holds stays.
+func TestCleanupLeavesNothing(t *testing.T) {
+	tb := testbed.New(t)
+	sd := newSantad(t, tb)
+	sd.start()
+	ended, err := follow.ClaimTag(sd.Socket, api.ProtocolUDP, 7303, "ended")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ended.Release()
+	running, err := follow.ClaimTag(sd.Socket, api.ProtocolUDP, 7303, "running")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sd.stop(syscall.SIGTERM)
+	left := func() []string {
+		var paths []string
+		filepath.WalkDir(sd.dir, func(path string, d os.DirEntry, err error) error {
+			if err == nil && !d.IsDir() {
+				paths = append(paths, strings.TrimPrefix(path, sd.dir+"/"))
+			}
+			return err
+		})
+		return paths
+	}
+	if err := sd.Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := left(), []string{"controllers/udp-7303-uid0-running"}; !slices.Equal(got, want) {
+		t.Errorf("after santad cleanup beside a running controller: %q left, want %q", got, want)
+	}
+	running.Release()
+	if err := sd.Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+	if got := left(); len(got) != 0 {
+		t.Errorf("after santad cleanup: %q left, want nothing", got)
+	}
+	if _, err := os.Stat(filepath.Join(sd.dir, "controllers")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("after santad cleanup the controllers' directory is there (%v)", err)
 	}
 }
 
