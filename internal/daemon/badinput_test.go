@@ -300,6 +300,13 @@ func TestMalformedRequests(t *testing.T) {
 		"after on delete":            {mustEncode(t, &api.Message{V: 1, Op: api.OpDelete, Seq: 1, Socket: 1, After: 5}), api.StatusInvalid},
 		"tag on add":                 {mustEncode(t, &api.Message{V: 1, Op: api.OpAdd, Seq: 1, Socket: 1, Tag: "t"}), api.StatusInvalid},
 		"more in a request":          {mustEncode(t, &api.Message{V: 1, Op: api.OpListRules, Seq: 1, Socket: 1, More: true}), api.StatusInvalid},
+		"status in a request":        {mustEncode(t, &api.Message{V: 1, Op: api.OpHealth, Seq: 1, Status: api.StatusInternal}), api.StatusInvalid},
+		"counters in a request":      {mustEncode(t, &api.Message{V: 1, Op: api.OpHealth, Seq: 1, Counters: map[string]uint64{"answered": 1}}), api.StatusInvalid},
+		"rules on delete":            {mustEncode(t, &api.Message{V: 1, Op: api.OpDelete, Seq: 1, Socket: 1, Rules: []api.Rule{{ReplyLen: 1}}}), api.StatusInvalid},
+		"ids on list_rules":          {mustEncode(t, &api.Message{V: 1, Op: api.OpListRules, Seq: 1, Socket: 1, IDs: []uint64{1}}), api.StatusInvalid},
+		"ids on unbind":              {mustEncode(t, &api.Message{V: 1, Op: api.OpUnbind, Seq: 1, Socket: 1, IDs: []uint64{1}}), api.StatusInvalid},
+		"sample_bytes on add":        {mustEncode(t, &api.Message{V: 1, Op: api.OpAdd, Seq: 1, Socket: 1, SampleBytes: 64}), api.StatusInvalid},
+		"socket on list_sockets":     {mustEncode(t, &api.Message{V: 1, Op: api.OpListSockets, Seq: 1, Socket: 1}), api.StatusInvalid},
 	} {
 		m := raw(tc.body)
 		if m.Status != tc.want || m.Error == "" {

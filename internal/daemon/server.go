@@ -231,6 +231,9 @@ func (s *session) dispatch(req *api.Message, files []*os.File) (*api.Message, *s
 	if req.More {
 		return nil, nil, fail(api.StatusInvalid, "more belongs to list_rules responses, not to requests")
 	}
+	if err := misplacedKeys(req); err != nil {
+		return nil, nil, err
+	}
 	d := s.d
 	switch req.Op {
 	case api.OpHealth:
@@ -288,6 +291,27 @@ func (s *session) dispatch(req *api.Message, files []*os.File) (*api.Message, *s
 		return nil, nil, err
 	}
 	return resp, nil, nil
+}
+
+// misplacedKeys refuses the keys of a request that its op does not read:
+// ignoring them would ignore what the client asked for (ids on a
+// list_rules, sampling on an add), as an unknown key would.
+func misplacedKeys(req *api.Message) error {
+	op := req.Op
+	switch {
+	case req.Status != 0 || req.Error != "" || req.Sockets != nil || req.Stats != nil || req.Daemon != nil ||
+		req.Counters != nil || req.Sample != nil || req.RequestLen != 0:
+		return fail(api.StatusInvalid, "status, error, sockets, stats, daemon, counters, sample and request_len belong to responses and events, not to requests")
+	case req.Rules != nil && op != api.OpAdd && op != api.OpReplace && op != api.OpModify:
+		return fail(api.StatusInvalid, "rules belong to add, replace and modify only")
+	case req.IDs != nil && op != api.OpDelete && op != api.OpStats:
+		return fail(api.StatusInvalid, "ids belong to delete and stats only")
+	case (req.SampleBytes != 0 || req.SampleRate != 0) && op != api.OpBind && op != api.OpSubscribe:
+		return fail(api.StatusInvalid, "sample_bytes and sample_rate belong to bind and subscribe only")
+	case req.Socket != 0 && (op == api.OpHealth || op == api.OpListSockets):
+		return fail(api.StatusInvalid, "socket: %s is about no one socket", op)
+	}
+	return nil
 }
 
 // rulesetOps are the operations on one socket's rule set; true if a passed
