@@ -439,6 +439,11 @@ func (s *session) bind(req *api.Message, files []*os.File) (*api.Message, *subsc
 		return nil, nil, fail(api.StatusInvalid, "sample_bytes %d: at most %d (a whole request the matcher sees)",
 			req.SampleBytes, dataplane.MaxSample)
 	}
+	// a rate of 0 would take no sample at all (as a subscribe without one, refused there too)
+	if req.SampleBytes != 0 && req.SampleRate == 0 {
+		return nil, nil, fail(api.StatusInvalid, "sample_bytes %d without sample_rate: no request would be sampled; give sample_rate (samples per second and CPU, e.g. 1000)",
+			req.SampleBytes)
+	}
 	sample := dataplane.SampleOptions{Bytes: int(req.SampleBytes), PerSecond: int(req.SampleRate)}
 	var found []api.SocketInfo
 	if req.Protocol != 0 && req.Port == 0 {

@@ -2,6 +2,7 @@ package daemon_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"strings"
@@ -15,6 +16,24 @@ import (
 	"github.com/santa-offload/santa/internal/testbed"
 	"golang.org/x/sys/unix"
 )
+
+// TestBindSamplingNeedsRate: a bind that turns sampling on without a rate
+// would take no sample (the rule processor allows 0 a second), silently; it
+// is refused, as a subscribe without one is, and binds nothing.
+func TestBindSamplingNeedsRate(t *testing.T) {
+	tb := testbed.New(t)
+	sd := newSantad(t, tb)
+	sd.start()
+	conn, target := serverSocket(t, tb, netip.AddrPortFrom(tb.Server.IP4, 7911))
+	defer conn.Close()
+	c := sd.client()
+	if _, err := c.Bind(target, santa.SampleOptions{Bytes: 64}); !errors.Is(err, santa.ErrInvalid) || !strings.Contains(err.Error(), "sample_rate") {
+		t.Fatalf("bind with sample bytes and no rate: %v, want invalid naming sample_rate", err)
+	}
+	if socks, err := c.ListSockets(); err != nil || len(socks) != 0 {
+		t.Fatalf("after the refused bind: %+v (%v), want no rule set", socks, err)
+	}
+}
 
 // TestSubscribersWidestSampling: a socket with several subscribers is
 // sampled as widely as any of them asks (most bytes, highest rate), so a
