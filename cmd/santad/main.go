@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"os/signal"
 	"syscall"
@@ -73,6 +74,9 @@ over from the journal in the state directory. Needs root.`,
 			d, err := daemon.Start(cfg, log)
 			if err != nil {
 				return err
+			}
+			if err := notifyReady(); err != nil {
+				log.Warn("could not tell systemd that santad serves", "error", err)
 			}
 			return d.Wait(ctx)
 		},
@@ -158,4 +162,21 @@ func (o *options) load(cmd *cobra.Command) (daemon.Config, *slog.Logger, error) 
 		return cfg, nil, errors.New("santad needs root (CAP_BPF, CAP_NET_ADMIN, CAP_SYS_PTRACE for attach by pid)")
 	}
 	return cfg, log, nil
+}
+
+// notifyReady tells systemd (Type=notify: $NOTIFY_SOCKET) that santad
+// serves, so that `systemctl start santad` returns only then and a client
+// run right after it finds the control socket listening.
+func notifyReady() error {
+	path := os.Getenv("NOTIFY_SOCKET")
+	if path == "" {
+		return nil // not started by systemd
+	}
+	conn, err := net.DialUnix("unixgram", nil, &net.UnixAddr{Name: path, Net: "unixgram"}) // "@...": abstract, as Go reads it
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	_, err = conn.Write([]byte("READY=1"))
+	return err
 }
