@@ -177,5 +177,5 @@ install: build
 	$(PYTHON) -m pip install --no-build-isolation --no-deps --break-system-packages $(if $(DESTDIR),--root $(DESTDIR)) ./clients/python
 
 clean:
-	rm -rf $(BIN) out
+	rm -rf $(BIN) out clients/python/build clients/python/santa.egg-info
 	$(MAKE) --no-print-directory -C clients/c clean
