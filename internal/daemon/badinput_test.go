@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -319,6 +320,50 @@ func TestMalformedRequests(t *testing.T) {
 	}
 	if m := raw(mustEncode(t, &api.Message{V: 1, Op: api.OpHealth, Seq: 7})); m.Status != api.StatusOK || m.Seq != 7 || m.Daemon == nil {
 		t.Fatalf("health after bad requests: %+v", m)
+	}
+}
+
+// TestBindSocketMustAgree: a bind that passes an fd and names a socket
+// cookie too is refused unless the two agree, as every other request is
+// (docs/protocol.md "Targets"); a bind by pid and fd, or port, takes no
+// cookie. It bound the passed socket and ignored the cookie.
+func TestBindSocketMustAgree(t *testing.T) {
+	tb := testbed.New(t)
+	sd := newSantad(t, tb)
+	sd.start()
+	udp, _ := serverSocket(t, tb, netip.AddrPortFrom(tb.Server.IP4, 7304))
+	f, err := udp.File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	conn, err := api.Dial(sd.Socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	for _, tc := range []struct {
+		name string
+		req  *api.Message
+		fd   int
+	}{
+		{"a passed fd and another cookie", &api.Message{V: 1, Op: api.OpBind, Seq: 1, Socket: 12345}, int(f.Fd())},
+		{"pid, fd and a cookie", &api.Message{V: 1, Op: api.OpBind, Seq: 2, PID: uint32(os.Getpid()), FD: uint32(f.Fd()), Socket: 12345}, -1},
+		{"port and a cookie", &api.Message{V: 1, Op: api.OpBind, Seq: 3, Port: 7304, Socket: 12345}, -1},
+	} {
+		if err := conn.Send(tc.req, tc.fd); err != nil {
+			t.Fatal(err)
+		}
+		m, _, err := conn.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m.Status != api.StatusInvalid {
+			t.Errorf("bind with %s: status %s %q, want invalid", tc.name, m.Status, m.Error)
+		}
+	}
+	if socks, err := sd.client().ListSockets(); err != nil || len(socks) != 0 {
+		t.Errorf("after the refused binds: %+v (%v), want no rule set", socks, err)
 	}
 }
 

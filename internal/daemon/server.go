@@ -460,6 +460,9 @@ func (s *session) bind(req *api.Message, files []*os.File) (*api.Message, *subsc
 		if len(files) > 0 {
 			return nil, nil, fail(api.StatusInvalid, "bind takes a passed fd, or pid and fd, or port: not several")
 		}
+		if req.Socket != 0 {
+			return nil, nil, fail(api.StatusInvalid, "socket goes with a passed fd (its cookie): a bind by pid and fd, or by port, names its sockets by those")
+		}
 		if s.uid != 0 {
 			return nil, nil, fail(api.StatusPermission, "binding another process's socket by pid or port needs root; "+
 				"an application passes its own socket's fd instead")
@@ -486,6 +489,9 @@ func (s *session) bind(req *api.Message, files []*os.File) (*api.Message, *subsc
 		info, err := passedSocket(req, files[0])
 		if err != nil {
 			return nil, nil, err
+		}
+		if req.Socket != 0 && req.Socket != info.Cookie {
+			return nil, nil, fail(api.StatusInvalid, "the passed socket has cookie %d, the request names %d", info.Cookie, req.Socket)
 		}
 		info.Owner, info.PID = s.uid, uint32(s.pid)
 		found = []api.SocketInfo{info}
