@@ -196,6 +196,10 @@ func (c Config) Validate() error {
 		return fmt.Errorf("dataplane.tcp_idle_close %v: must be between 0 (never) and %v (a connection's stamps expire after 128 s)",
 			d.TCPIdleClose, dataplane.MaxTCPIdleClose)
 	}
+	// the data plane's ranges, here so that a mistake leaves nothing behind
+	if err := c.dataplaneConfig().Validate(); err != nil {
+		return fmt.Errorf("dataplane.%w", err)
+	}
 	_, err := c.userPorts()
 	return err
 }

@@ -60,6 +60,8 @@ func TestConfigValidate(t *testing.T) {
 		"no flows":                    {func(c *Config) { c.Dataplane.TCPFlows = 0 }, "dataplane.tcp_flows 0: must be more than 0"},
 		"negative hash bits":          {func(c *Config) { c.Dataplane.HashBits = -1 }, "dataplane.hash_bits -1: must be more than 0"},
 		"idle close past the stamps":  {func(c *Config) { c.Dataplane.TCPIdleClose = 130 * time.Second }, "dataplane.tcp_idle_close 2m10s: must be between 0 (never) and 1m50s"},
+		"hash bits past 28":           {func(c *Config) { c.Dataplane.HashBits = 40 }, "dataplane.hash_bits 40: must be between 8 and 28"},
+		"sample ring of 3 KiB":        {func(c *Config) { c.Dataplane.SampleRingKiB = 3 }, "dataplane.sample_ring_kib 3: must be a power of two"},
 		"idle close without a unit":   {func(c *Config) { c.Dataplane.TCPIdleClose = 75 }, "dataplane.tcp_idle_close 75ns: give a duration with its unit"},
 	} {
 		c := DefaultConfig()

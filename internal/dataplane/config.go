@@ -75,22 +75,24 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-func (c Config) validate() error {
+// Validate checks the sizes, each named by its key under santad's config
+// dataplane:, before anything is loaded.
+func (c Config) Validate() error {
 	switch {
 	case c.HashBits < 8 || c.HashBits > 28:
-		return fmt.Errorf("hash bits %d: must be between 8 and 28", c.HashBits)
+		return fmt.Errorf("hash_bits %d: must be between 8 and 28", c.HashBits)
 	case c.MaxRules < 1 || c.MaxRules > 1<<26:
-		return fmt.Errorf("max rules %d: must be between 1 and %d", c.MaxRules, 1<<26)
+		return fmt.Errorf("max_rules %d: must be between 1 and %d", c.MaxRules, 1<<26)
 	case c.MaxRulesets < 2 || c.MaxRulesets > 1<<20:
-		return fmt.Errorf("max rule sets %d: must be between 2 and %d", c.MaxRulesets, 1<<20)
+		return fmt.Errorf("max_rulesets %d: must be between 2 and %d", c.MaxRulesets, 1<<20)
 	case c.DataMiB < 1 || c.DataMiB > 1<<14:
-		return fmt.Errorf("data memory %d MiB: must be between 1 and %d", c.DataMiB, 1<<14)
+		return fmt.Errorf("data_mib %d: must be between 1 and %d", c.DataMiB, 1<<14)
 	case c.SampleRingKiB < 4 || c.SampleRingKiB&(c.SampleRingKiB-1) != 0:
-		return fmt.Errorf("sample ring %d KiB: must be a power of two of at least 4", c.SampleRingKiB)
+		return fmt.Errorf("sample_ring_kib %d: must be a power of two of at least 4", c.SampleRingKiB)
 	case c.TCPFlows < 1 || c.TCPFlows > 1<<24:
-		return fmt.Errorf("TCP flows %d: must be between 1 and %d", c.TCPFlows, 1<<24)
+		return fmt.Errorf("tcp_flows %d: must be between 1 and %d", c.TCPFlows, 1<<24)
 	case c.TCPIdleClose > MaxTCPIdleClose:
-		return fmt.Errorf("TCP idle close %v: at most %v (a connection's stamps expire after 128 s), or negative for never", c.TCPIdleClose, MaxTCPIdleClose)
+		return fmt.Errorf("tcp_idle_close %v: at most %v (a connection's stamps expire after 128 s), or negative for never", c.TCPIdleClose, MaxTCPIdleClose)
 	}
 	return nil
 }

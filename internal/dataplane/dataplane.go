@@ -98,7 +98,7 @@ var (
 // DefaultConfig's). It needs CAP_BPF and CAP_NET_ADMIN.
 func Load(cfg Config) (*Dataplane, error) {
 	cfg = cfg.withDefaults()
-	if err := cfg.validate(); err != nil {
+	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	spec, err := loadSpec()
