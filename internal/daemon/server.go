@@ -490,9 +490,6 @@ func (s *session) bind(req *api.Message, files []*os.File) (*api.Message, *subsc
 		if err != nil {
 			return nil, nil, err
 		}
-		if req.Socket != 0 && req.Socket != info.Cookie {
-			return nil, nil, fail(api.StatusInvalid, "the passed socket has cookie %d, the request names %d", info.Cookie, req.Socket)
-		}
 		info.Owner, info.PID = s.uid, uint32(s.pid)
 		found = []api.SocketInfo{info}
 	default:
