@@ -45,14 +45,7 @@ func expectRetired(t *testing.T, tr *mcctl.Tracker, step, key string) {
 // and reads reply lines until one starts with last.
 func tcpExchange(t *testing.T, r *rig, request []byte, last string) []string {
 	t.Helper()
-	var c net.Conn
-	if err := r.tb.Client.Do(func() (err error) {
-		c, err = net.Dial("tcp", r.mc.Addr4.String())
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := r.dialTCP(t)
 	c.SetDeadline(time.Now().Add(5 * time.Second))
 	if _, err := c.Write(request); err != nil {
 		t.Fatal(err)
@@ -336,14 +329,7 @@ func TestTextOnlyMemcached(t *testing.T) {
 func TestTrackerUrgentData(t *testing.T) {
 	r := newRig(t)
 	_, _, get := r.offloadOld("hot")
-	var c net.Conn
-	if err := r.tb.Client.Do(func() (err error) {
-		c, err = net.Dial("tcp", r.mc.Addr4.String())
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := r.dialTCP(t)
 	raw, err := c.(*net.TCPConn).SyscallConn()
 	if err != nil {
 		t.Fatal(err)

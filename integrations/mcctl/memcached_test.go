@@ -49,21 +49,6 @@ type rig struct {
 }
 
 // newRig starts memcached, and santad with more flags (e.g. --config).
-// dialTCP connects to memcached's TCP port from the client namespace; the
-// connection stays open until the test ends.
-func (r *rig) dialTCP(t *testing.T) net.Conn {
-	t.Helper()
-	var c net.Conn
-	if err := r.tb.Client.Do(func() (err error) {
-		c, err = net.Dial("tcp", r.mc.Addr4.String())
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	return c
-}
-
 func newRig(t *testing.T, santadFlags ...string) *rig {
 	return newRigWith(t, testbed.MemcachedOptions{}, santadFlags...)
 }
@@ -78,6 +63,21 @@ func newRigWith(t *testing.T, o testbed.MemcachedOptions, santadFlags ...string)
 	bpffs := "/sys/fs/bpf/santa-mcctl-" + tb.ID
 	sd := tb.StartSantad(t, bin, bpffs, map[string]func() string{"memcached output": mc.Log}, santadFlags...)
 	return &rig{t: t, tb: tb, mc: mc, santad: sd, bpffs: bpffs}
+}
+
+// dialTCP connects to memcached's TCP port from the client namespace; the
+// connection stays open until the test ends.
+func (r *rig) dialTCP(t *testing.T) net.Conn {
+	t.Helper()
+	var c net.Conn
+	if err := r.tb.Client.Do(func() (err error) {
+		c, err = net.Dial("tcp", r.mc.Addr4.String())
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
 }
 
 // startController runs `santa memcached MODE ARGS` and waits for "ready:".
