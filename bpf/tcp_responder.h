@@ -431,6 +431,14 @@ __noinline int tcp_segment(struct xdp_md *ctx, struct pkt_info *req)
 			COUNT(tcp_drop_gap); /* as a request after a gap, below */
 			return XDP_DROP;
 		}
+		/* The client closed before eBPF's reply arrived (nc -N): a
+		 * FIN-ACK at its ack would sit inside that reply, end the
+		 * client's stream before it and ack the request, which the
+		 * client would never send again. It sends its FIN again. */
+		if (f && (__s32)(t->seq - f->reply_end) < 0) {
+			COUNT(tcp_drop_pipelined);
+			return XDP_DROP;
+		}
 		if (f && t->seq == f->reply_end && (!f->multi || fin))
 			bpf_map_delete_elem(&santa_tcp_flows, &req->tuple);
 		t->flags |= fin ? 0 : TCP_FIN;

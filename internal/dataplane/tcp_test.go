@@ -794,3 +794,39 @@ func checksumOffloadOff(t *testing.T, tb *testbed.Testbed) {
 		t.Fatalf("ethtool -K %s tx off: %v: %s", tb.Server.Dev, err, out)
 	}
 }
+
+// TestTCPHalfCloseUnderLoss: clients that close their side right after the
+// request (nc -N, shutdown(SHUT_WR)) over a link that loses replies. Their
+// FIN reaches eBPF before its reply reaches them; a FIN-ACK then, at the
+// client's ack inside the reply, ended the stream before the reply when
+// the reply was lost and acked the request: the client read nothing.
+func TestTCPHalfCloseUnderLoss(t *testing.T) {
+	tb, link := testbed.NewImpaired(t, testbed.Options{}, testbed.ImpairOptions{Seed: 11})
+	// the client's FIN comes again after its retransmission timeout
+	if _, err := tb.Client.Run("sysctl", "-q", "-w", "net.ipv4.tcp_rto_min_us=10000"); err != nil {
+		t.Fatal(err)
+	}
+	d, addr, hot, reply := answeringHot(t, tb)
+	if err := link.Set(testbed.ToClient, testbed.Impairment{Loss: 0.3}); err != nil {
+		t.Fatal(err)
+	}
+	before := counterNames(t, d)
+	for i := 0; i < 20; i++ {
+		c := dialFromClient(t, tb, addr)
+		io.WriteString(c, hot)
+		if err := c.(*net.TCPConn).CloseWrite(); err != nil {
+			t.Fatal(err)
+		}
+		c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		got, err := io.ReadAll(c)
+		if err != nil || string(got) != reply {
+			t.Fatalf("connection %d: read %q (%v), want the reply then EOF (counters %v)", i, got, err, counterNames(t, d))
+		}
+		c.Close()
+	}
+	if lost := link.Counters(testbed.ToClient).Dropped; lost == 0 {
+		t.Fatal("the link lost nothing: the test proves nothing")
+	}
+	after := counterNames(t, d)
+	t.Logf("FINs dropped during a reply: %d", after["tcp_drop_pipelined"]-before["tcp_drop_pipelined"])
+}

@@ -646,3 +646,55 @@ func TestTCPWhileCarrying(t *testing.T) {
 	}
 	e.expect("request once carried", conn.segment(0, 0, request), xdpTx, nil, "answered")
 }
+
+// TestTCPFinDuringAReply: a client that closes right after its request
+// (nc -N, shutdown(SHUT_WR)) sends its FIN before eBPF's reply arrives. A
+// FIN-ACK then would sit at the client's ack, inside eBPF's reply: taken
+// in order (the reply lost, or overtaken by the FIN-ACK), it ends the
+// client's stream before the reply, whose bytes the client then discards
+// (a long reply's, already queued out of order, too), and it acks the
+// request, which the client then never sends again. The FIN is dropped
+// until the client has all of the reply; the client sends it again.
+func TestTCPFinDuringAReply(t *testing.T) {
+	request, reply := httpGet("/", ""), httpReply("hi", "")
+	long, longReply := httpGet("/long", ""), httpReply(strings.Repeat("o", 3000), "")
+	e := newEnv(t, Config{})
+	addr := netip.AddrPortFrom(e.tb.Server.IP4, 8081)
+	srv := startTCPServer(t, e.tb, addr)
+	e.bindRules(e.known(srv.sock()), exactRule(request, reply, false), exactRule(long, longReply, false))
+	fin := func(c *fixtureConn, off, acked uint32) []byte {
+		return tcpFrame(t, c.client, c.server, &layers.TCP{ACK: true, FIN: true, Seq: 1001 + off,
+			Ack: c.serverSeq + 1 + acked, Window: 502, Options: []layers.TCPOption{{OptionType: layers.TCPOptionKindNop},
+				{OptionType: layers.TCPOptionKindNop}, tsOption(778, c.stamp)}}, "")
+	}
+	for i, tc := range []struct {
+		name, request string
+		replyLen      uint32
+		verdict       uint32
+	}{
+		{"one-segment reply", request, uint32(len(reply)), xdpTx},
+		{"long reply", long, uint32(len(longReply)), xdpPass},
+	} {
+		conn := connect(e, netip.AddrPortFrom(e.tb.Client.IP4, uint16(40001+i)), addr, 1460)
+		flows := flowCount(t, e.d)
+		reqLen := uint32(len(tc.request))
+		if verdict, _ := e.run(conn.segment(0, 0, tc.request)); verdict != tc.verdict {
+			t.Fatalf("%s: request: verdict %d, counters %v", tc.name, verdict, e.counters())
+		}
+		e.expect(tc.name+": FIN before the reply", fin(conn, reqLen, 0), xdpDrop, nil, "tcp_drop_pipelined")
+		if tc.replyLen > 1448 {
+			e.expect(tc.name+": FIN with part of it", fin(conn, reqLen, 1448), xdpDrop, nil, "tcp_drop_pipelined")
+		}
+		if n := flowCount(t, e.d); n != flows+1 {
+			t.Fatalf("%s: %d flows, want the reply's in flight", tc.name, n)
+		}
+		before := e.counters()
+		verdict, out := e.run(fin(conn, reqLen, tc.replyLen))
+		if after := e.counters(); verdict != xdpTx || after["tcp_fin_answered"] != before["tcp_fin_answered"]+1 {
+			t.Fatalf("%s: FIN again, with the reply: verdict %d, counters %v", tc.name, verdict, after)
+		}
+		if r, _ := parseTCP(t, out); !r.FIN || r.Seq != conn.serverSeq+1+tc.replyLen || r.Ack != 1001+reqLen+1 {
+			t.Fatalf("%s: FIN again: %+v, want a FIN-ACK after the reply", tc.name, r)
+		}
+	}
+}
