@@ -240,6 +240,13 @@ static __always_inline int tcp_syn(struct xdp_md *ctx, struct pkt_info *req, str
 		t.syn = 0;
 		t.seq = f->reply_end;
 		t.ack = f->req_end;
+		/* its stamp carries the connection's options, not the SYN's: the
+		 * client takes it for its next echo, and a blind SYN would
+		 * otherwise set the options of the connection's handover */
+		if (f->opts & SANTA_FLOW_OPTS_KNOWN) {
+			t.opts = f->opts & ~SANTA_FLOW_OPTS_KNOWN;
+			t.tsval = stamp_make(req, unit, 0, t.opts);
+		}
 		COUNT(tcp_syn_challenged);
 		return tcp_send(ctx, req, &t, 0);
 	}

@@ -698,3 +698,32 @@ func TestTCPFinDuringAReply(t *testing.T) {
 		}
 	}
 }
+
+// TestTCPChallengeKeepsOptions: the challenge ACK a SYN on a flow's
+// 4-tuple gets carries a stamp of the connection's options, not the
+// SYN's. The client takes that stamp for its next echo (the ACK sits at its
+// next byte, and a stamp of options with higher bits passes its PAWS
+// check), so a blind SYN without window scaling would have the connection
+// handed over, and long replies sized, without it.
+func TestTCPChallengeKeepsOptions(t *testing.T) {
+	request, reply := httpGet("/", ""), httpReply("hi", "")
+	e, addr := tcpEnv(t, request, reply)
+	conn := connect(e, netip.AddrPortFrom(e.tb.Client.IP4, 40001), addr, 1460)
+	if verdict, _ := e.run(conn.segment(0, 0, request)); verdict != xdpTx {
+		t.Fatalf("request: verdict %d, counters %v", verdict, e.counters())
+	}
+	// MSS 1460, no window scale, no SACK
+	before := e.counters()
+	verdict, out := e.run(tcpFrame(t, conn.client, conn.server, &layers.TCP{SYN: true, Seq: 99999, Window: 64240,
+		Options: []layers.TCPOption{{OptionType: layers.TCPOptionKindMSS, OptionLength: 4, OptionData: []byte{0x05, 0xb4}},
+			tsOption(1, 0)}}, ""))
+	if after := e.counters(); verdict != xdpTx || after["tcp_syn_challenged"] != before["tcp_syn_challenged"]+1 {
+		t.Fatalf("SYN on the flow: verdict %d, counters %v", verdict, after)
+	}
+	challenge := mustTCP(t, out)
+	stamp, _ := timestamps(t, challenge)
+	if stamp>>18&127 != conn.stamp>>18&127 || !stampValid(t, e.d, conn.client, conn.server, stamp, nowUnit(t)) {
+		t.Fatalf("challenge ACK's stamp %#x: options %#b, want the connection's %#b in a valid stamp",
+			stamp, stamp>>18&127, conn.stamp>>18&127)
+	}
+}
