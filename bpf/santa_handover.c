@@ -332,6 +332,29 @@ int santa_handover(struct __sk_buff *skb)
 		return TC_ACT_OK;
 	if (sk->state != BPF_TCP_LISTEN) /* the kernel has it already */
 		goto release;
+	/* A reply of eBPF's not all acked: XDP passes such a segment only
+	 * once the connection's rule set went (it drops it before), and the
+	 * kernel's socket, made from it at the client's ack, would not know
+	 * the rest of the reply. As XDP does when the rule of a reply in
+	 * flight went: a client that has none of it (one segment, not acked)
+	 * has its request handed over when it sends it again (anything else
+	 * is dropped till then); one that may have part of it is reset (the
+	 * kernel resets an ACK its listener gets). */
+	struct tcphdr *th = (void *)s->l4;
+	__u32 ack = bpf_ntohl(th->ack_seq);
+	struct santa_tcp_flow *f = bpf_map_lookup_elem(&santa_tcp_flows, &req.tuple);
+	if (f && (__s32)(ack - f->reply_end) < 0) {
+		if (ack != f->reply_start || f->reply_end - f->reply_start > opts_mss(opts) - TS_OPTION_LEN) {
+			bpf_map_delete_elem(&santa_tcp_flows, &req.tuple);
+			COUNT(tcp_reset_rule_gone);
+			goto release;
+		}
+		if (bpf_ntohl(th->seq) != f->req_seq) {
+			COUNT(tcp_drop_rule_gone);
+			bpf_sk_release(sk);
+			return TC_ACT_SHOT;
+		}
+	}
 	struct sock *listener = (struct sock *)bpf_skc_to_tcp_sock(sk);
 	if (!listener)
 		goto release;

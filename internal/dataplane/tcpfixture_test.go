@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"github.com/gopacket/gopacket"
 	"github.com/gopacket/gopacket/layers"
 )
@@ -726,4 +727,64 @@ func TestTCPChallengeKeepsOptions(t *testing.T) {
 		t.Fatalf("challenge ACK's stamp %#x: options %#b, want the connection's %#b in a valid stamp",
 			stamp, stamp>>18&127, conn.stamp>>18&127)
 	}
+}
+
+// TestTCPHandoverWithAReplyInFlight: once a connection's rule set went, XDP
+// passes its segments before it looks at flows, and the TC hook hands the
+// connection over. Not while a reply of eBPF's is in flight: the kernel's
+// socket, made at the client's ack, would send its own bytes where the
+// client holds (or, for a long reply, may hold out of order) eBPF's, and
+// know nothing of the rest. A client that may have part of the reply is
+// reset (the hook leaves the segment to the listener, which resets it); one
+// that has none of a one-segment reply has its request handed over when it
+// sends it again.
+func TestTCPHandoverWithAReplyInFlight(t *testing.T) {
+	request, reply := httpGet("/", ""), httpReply("hi", "")
+	long, longReply := httpGet("/long", ""), httpReply(strings.Repeat("o", 3000), "")
+	e := newEnv(t, Config{})
+	addr := netip.AddrPortFrom(e.tb.Server.IP4, 8081)
+	srv := startTCPServer(t, e.tb, addr)
+	e.bindRules(e.known(srv.sock()), exactRule(request, reply, false), exactRule(long, longReply, false))
+	short := connect(e, netip.AddrPortFrom(e.tb.Client.IP4, 40001), addr, 1460)
+	if verdict, _ := e.run(short.segment(0, 0, request)); verdict != xdpTx {
+		t.Fatalf("request: verdict %d", verdict)
+	}
+	partial := connect(e, netip.AddrPortFrom(e.tb.Client.IP4, 40002), addr, 1460)
+	if verdict, _ := e.run(partial.segment(0, 0, long)); verdict != xdpPass {
+		t.Fatalf("long request: verdict %d", verdict)
+	}
+	if err := e.d.Unbind(srv.cookie); err != nil {
+		t.Fatal(err)
+	}
+	const tcOK, tcShot = 0, 2
+	tc := func(name string, frame []byte, verdict uint32, counters ...string) {
+		t.Helper()
+		if v, _ := e.run(frame); v != xdpPass {
+			t.Fatalf("%s: XDP verdict %d, want it passed (the rule set went)", name, v)
+		}
+		before := e.counters()
+		var got uint32
+		if err := e.tb.Server.Do(func() (err error) {
+			got, err = e.d.objs.SantaHandover.Run(&ebpf.RunOptions{Data: frame, Repeat: 1})
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		after := e.counters()
+		moved := 0
+		for _, c := range counters {
+			moved += int(after[c] - before[c])
+		}
+		if got != verdict || moved != 1 {
+			t.Errorf("%s: TC verdict %d, want %d; counters %v, want one of %v to move", name, got, verdict, after, counters)
+		}
+	}
+	tc("long reply's request again, part of it acked", partial.segment(0, 1448, long), tcOK, "tcp_reset_rule_gone")
+	if n := flowCount(t, e.d); n != 1 {
+		t.Fatalf("%d flows after the reset, want the other connection's", n)
+	}
+	reqLen := uint32(len(request))
+	tc("ACK before the one-segment reply", short.segment(reqLen, 0, ""), tcShot, "tcp_drop_rule_gone")
+	// (bpf_sk_assign_tcp_reqsk refuses BPF_PROG_RUN's skb here)
+	tc("one-segment reply's request again", short.segment(0, 0, request), tcOK, "tcp_handed_over", "tcp_handover_failed")
 }
