@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -15,6 +16,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
 
 	"github.com/santa-offload/santa/internal/testbed"
@@ -829,4 +833,66 @@ func TestTCPHalfCloseUnderLoss(t *testing.T) {
 	}
 	after := counterNames(t, d)
 	t.Logf("FINs dropped during a reply: %d", after["tcp_drop_pipelined"]-before["tcp_drop_pipelined"])
+}
+
+// TestRuleSetGoneDuringAReply: a client holds part of a long reply (a
+// program at its ingress drops the last segment) when the rule set goes.
+// Its retransmitted request, which XDP now passes, must not be handed over:
+// the kernel's socket, made at the client's ack, sent the application's
+// reply after the part of eBPF's the client held, one stream of both. The
+// client is reset instead.
+func TestRuleSetGoneDuringAReply(t *testing.T) {
+	tb := testbed.New(t)
+	d := loadAttached(t, tb, Config{})
+	addr := netip.AddrPortFrom(tb.Server.IP4, 8080)
+	srv := startTCPServer(t, tb, addr)
+	if err := d.Bind(srv.sock(), SampleOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	long, reply := httpGet("/long", ""), httpReply(strings.Repeat("o", 3000), "")
+	if _, err := d.AddRules(srv.cookie, []Rule{exactRule(long, reply, false)}); err != nil {
+		t.Fatal(err)
+	}
+	// segments of 1448, 1448 and 145 bytes: drop IPv4 packets of 197
+	drop, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.SchedCLS, License: "GPL", Instructions: asm.Instructions{
+		asm.LoadMem(asm.R2, asm.R1, 76, asm.Word), // skb->data
+		asm.LoadMem(asm.R3, asm.R1, 80, asm.Word), // skb->data_end
+		asm.Mov.Reg(asm.R4, asm.R2),
+		asm.Add.Imm(asm.R4, 18),
+		asm.JGT.Reg(asm.R4, asm.R3, "next"),
+		asm.LoadMem(asm.R5, asm.R2, 16, asm.Half), // the IP total length
+		asm.JNE.Imm(asm.R5, 0xc500, "next"),
+		asm.Mov.Imm(asm.R0, 2), // TCX_DROP
+		asm.Return(),
+		asm.Mov.Imm(asm.R0, -1).WithSymbol("next"), // TCX_NEXT
+		asm.Return(),
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer drop.Close()
+	if err := tb.Client.Do(func() error {
+		l, err := link.AttachTCX(link.TCXOptions{Interface: tb.Client.Ifindex, Program: drop, Attach: ebpf.AttachTCXIngress})
+		if err == nil {
+			t.Cleanup(func() { l.Close() })
+		}
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	c := dialFromClient(t, tb, addr)
+	io.WriteString(c, long)
+	time.Sleep(300 * time.Millisecond)
+	if err := d.Unbind(srv.cookie); err != nil {
+		t.Fatal(err)
+	}
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	got, err := io.ReadAll(c)
+	if !errors.Is(err, unix.ECONNRESET) || string(got) != reply[:2*1448] {
+		t.Fatalf("read %d bytes (%q at the end), %v; want eBPF's first two segments and a reset",
+			len(got), got[max(0, len(got)-60):], err)
+	}
+	if s := srv.Streams(); len(s) != 0 {
+		t.Errorf("the listener accepted %q", s)
+	}
 }
