@@ -66,7 +66,8 @@ struct tcp_opts {
 	__u8 sack_ok;
 	__u8 has_ts;
 	__u8 bad;       /* malformed option list */
-	__u8 sack_blocks; /* a SACK option: the client misses data */
+	__u8 sack_blocks; /* a SACK option */
+	__u32 sack_left;  /* its first block's left edge: above the ack, the client misses data */
 	__u32 tsval;
 	__u32 tsecr;
 };
@@ -117,6 +118,9 @@ static long tcp_parse_option(__u64 index, struct opts_walk *w)
 		o->wscale = v[0] > 14 ? 14 : v[0];
 	} else if (kind == 4 && len == 2) {
 		o->sack_ok = 1;
+	} else if (kind == 5 && len >= 10) {
+		o->sack_blocks = 1;
+		o->sack_left = (__u32)v[0] << 24 | (__u32)v[1] << 16 | (__u32)v[2] << 8 | v[3];
 	} else if (kind == 8 && len == 10) {
 		o->has_ts = 1;
 		o->tsval = (__u32)v[0] << 24 | (__u32)v[1] << 16 | (__u32)v[2] << 8 | v[3];

@@ -499,8 +499,9 @@ __noinline int tcp_segment(struct xdp_md *ctx, struct pkt_info *req)
 		}
 		if (f && f->multi && (__s32)(t->seq - f->reply_start) >= 0 && (__s32)(t->seq - f->reply_end) < 0) {
 			/* a reply of several segments is not all acked: a repeated
-			 * ack (or one with SACK blocks) says a segment went missing */
-			int repeated = o->sack_blocks || t->seq == f->last_ack;
+			 * ack, or one with SACK blocks above it (not a D-SACK of
+			 * a duplicate), says a segment went missing */
+			int repeated = (o->sack_blocks && (__s32)(o->sack_left - t->seq) > 0) || t->seq == f->last_ack;
 			if (t->seq != f->last_ack)
 				f->resends = 0;
 			f->last_ack = t->seq;

@@ -788,3 +788,34 @@ func TestTCPHandoverWithAReplyInFlight(t *testing.T) {
 	// (bpf_sk_assign_tcp_reqsk refuses BPF_PROG_RUN's skb here)
 	tc("one-segment reply's request again", short.segment(0, 0, request), tcOK, "tcp_handed_over", "tcp_handover_failed")
 }
+
+// TestTCPResendOnSACK: the first ack of a long reply that carries SACK
+// blocks above it (the client holds later segments: one before them went
+// missing) has eBPF resend at once, as a repeated ack does; without it
+// the client's retransmission timer brought the rest. A D-SACK (a block
+// below the ack: a duplicate arrived) asks for nothing.
+func TestTCPResendOnSACK(t *testing.T) {
+	long, reply := httpGet("/long", ""), httpReply(strings.Repeat("o", 3000), "")
+	e, addr := tcpEnv(t, long, reply)
+	conn := connect(e, netip.AddrPortFrom(e.tb.Client.IP4, 40001), addr, 1460)
+	if verdict, _ := e.run(conn.segment(0, 0, long)); verdict != xdpPass {
+		t.Fatalf("long request: verdict %d", verdict)
+	}
+	reqLen, replyLen := uint32(len(long)), uint32(len(reply))
+	sack := func(acked, left, right uint32) []byte {
+		block := binary.BigEndian.AppendUint32(binary.BigEndian.AppendUint32(nil, conn.serverSeq+1+left), conn.serverSeq+1+right)
+		return tcpFrame(t, conn.client, conn.server, &layers.TCP{ACK: true, Seq: 1001 + reqLen, Ack: conn.serverSeq + 1 + acked,
+			Window: 502, Options: []layers.TCPOption{{OptionType: layers.TCPOptionKindNop}, {OptionType: layers.TCPOptionKindNop},
+				tsOption(778, conn.stamp), {OptionType: layers.TCPOptionKindNop}, {OptionType: layers.TCPOptionKindNop},
+				{OptionType: layers.TCPOptionKindSACK, OptionLength: 10, OptionData: block}}}, "")
+	}
+	before := e.counters()
+	verdict, out := e.run(sack(1448, 2*1448, replyLen))
+	if after := e.counters(); verdict != xdpPass || after["tcp_resend"] != before["tcp_resend"]+1 {
+		t.Fatalf("first ack with a SACK block above it: verdict %d, counters %v", verdict, after)
+	}
+	if from := binary.LittleEndian.Uint16(out[24:]); binary.LittleEndian.Uint32(out) != santaTCPEmitMagic || from != 1448 || out[30] != 1 {
+		t.Fatalf("TC is to send from byte %d (resend %d), want a resend from 1448", from, out[30])
+	}
+	e.expect("D-SACK", sack(2*1448, 1448, 2*1448), xdpDrop, nil, "tcp_ack_consumed")
+}
