@@ -463,8 +463,10 @@ __noinline int tcp_segment(struct xdp_md *ctx, struct pkt_info *req)
 		 * next byte, so every probe is answered, however often the
 		 * client probes; without one (no request answered yet, or the
 		 * flow swept) such a segment is taken for a probe after an idle
-		 * stamp unit. */
-		if (f ? seq + 1 == f->req_end : age >= 1) {
+		 * stamp unit. A client probes only once it has all eBPF sent:
+		 * before, one byte there is a 1-byte request sent again. */
+		if (f ? seq + 1 == f->req_end && (req->payload_len == 0 || (__s32)(t->seq - f->reply_end) >= 0)
+		      : age >= 1) {
 			if (!request_checksum_ok(req, s)) {
 				COUNT(pass_bad_checksum);
 				return XDP_PASS;

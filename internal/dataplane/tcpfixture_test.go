@@ -819,3 +819,26 @@ func TestTCPResendOnSACK(t *testing.T) {
 	}
 	e.expect("D-SACK", sack(2*1448, 1448, 2*1448), xdpDrop, nil, "tcp_ack_consumed")
 }
+
+// TestTCPOneByteRequestAgain: a 1-byte request sent again (its reply was
+// lost) lies where a keepalive probe with a byte does, at the client's next
+// byte - 1. It was answered as a probe, with an ACK of the request and no
+// reply, which the client then never asked for again. A client probes only
+// once it has all of eBPF's reply; before that, the byte is the request.
+func TestTCPOneByteRequestAgain(t *testing.T) {
+	e, addr := tcpEnv(t, "x", "yy")
+	conn := connect(e, netip.AddrPortFrom(e.tb.Client.IP4, 40001), addr, 1460)
+	if verdict, _ := e.run(conn.segment(0, 0, "x")); verdict != xdpTx {
+		t.Fatalf("request: verdict %d, counters %v", verdict, e.counters())
+	}
+	before := e.counters()
+	verdict, out := e.run(conn.segment(0, 0, "x"))
+	if after := e.counters(); verdict != xdpTx || after["tcp_request_repeated"] != before["tcp_request_repeated"]+1 {
+		t.Fatalf("the request again: verdict %d, counters %v", verdict, after)
+	}
+	if r, payload := parseTCP(t, out); payload != "yy" || r.Ack != 1002 {
+		t.Fatalf("the request again: %q, ack %d; want its reply", payload, r.Ack)
+	}
+	e.expect("probe with a byte, the reply acked", conn.segment(0, 2, "x"), xdpTx, nil, "tcp_keepalive_answered")
+	e.expect("probe without", conn.segment(0, 2, ""), xdpTx, nil, "tcp_keepalive_answered")
+}
