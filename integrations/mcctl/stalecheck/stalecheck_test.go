@@ -44,7 +44,17 @@ func checkClean(t *testing.T, rep stalecheck.Report, err error) {
 	for _, v := range rep.Stale {
 		t.Error(v)
 	}
-	if rep.Violations > 0 || len(rep.ModelErrors) > 0 || rep.WriteErrors > 0 || rep.ReadErrors > 0 {
+	// A UDP GET may go unanswered (a datagram dropped on a busy host, as
+	// seen under CI load: 4 of 3626): not judged, and no staleness; a few
+	// are let be, when every error kept is such a timeout.
+	timeouts := 0
+	for _, e := range rep.Errors {
+		if strings.Contains(e, "i/o timeout") {
+			timeouts++
+		}
+	}
+	fewTimeouts := timeouts == len(rep.Errors) && int(rep.ReadErrors) <= len(rep.Errors) && rep.ReadErrors*100 <= rep.Reads
+	if rep.Violations > 0 || len(rep.ModelErrors) > 0 || rep.WriteErrors > 0 || (rep.ReadErrors > 0 && !fewTimeouts) {
 		t.Errorf("violations %d, model errors %q, write errors %d, read errors %d: %q",
 			rep.Violations, rep.ModelErrors, rep.WriteErrors, rep.ReadErrors, rep.Errors)
 	}
