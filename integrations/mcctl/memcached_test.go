@@ -947,33 +947,3 @@ func TestRepliesOfOneDatagram(t *testing.T) {
 		t.Errorf("the log does not say %q:\n%s", want, ctl.Output())
 	}
 }
-
-// TestTwoTagsKeepAnswering: with a second controller (another tag) on the
-// port, a write of the first one's key is followed by the kernel answering
-// its GETs again. The first one's fetch connection, opened before the
-// second's tracker, was one that tracker could not follow: each fetch
-// bumped the epoch, which retired every rule of both, which fetched again,
-// without end (about 40 rebuilds a second, and no GET answered from the
-// kernel until the second controller stopped).
-func TestTwoTagsKeepAnswering(t *testing.T) {
-	r := newRig(t)
-	const key = "tags:hot"
-	conns, _, get := r.offloadOld(key)
-	file := filepath.Join(t.TempDir(), "keys")
-	writeKeys(t, file, []string{"tags:other"})
-	r.startController("static", "--keys", file, "--tag", "second")
-	if err := conns["text"].Set(key, []byte("new"), 0, 0); err != nil {
-		t.Fatal(err)
-	}
-	r.waitAnswered(func() { get() }, r.counters()["answered"])
-	time.Sleep(time.Second)
-	before := r.counters()["answered"]
-	for range 50 {
-		if v := get(); v != "new" {
-			t.Fatalf("GET after the set: %q, want new", v)
-		}
-	}
-	if n := r.counters()["answered"] - before; n < 45 {
-		t.Errorf("the kernel answered %d of 50 GETs a second after the key was rebuilt, want nearly all", n)
-	}
-}
