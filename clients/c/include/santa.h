@@ -85,8 +85,8 @@ extern "C" {
 #define SANTA_GUARD_SLOTS (1u << 20)
 /** Largest reply payload over IPv4 (santad allows 20 bytes less over IPv6). */
 #define SANTA_MAX_REPLY 1472
-/** Largest miss sample santad sends. */
-#define SANTA_MAX_SAMPLE 256
+/** Largest miss sample santad sends: a whole request window (sample_bytes may not exceed it). */
+#define SANTA_MAX_SAMPLE 1472
 
 /** What santa_status() reports (the protocol's status codes, plus one local value). */
 enum santa_status_code {

@@ -273,6 +273,12 @@ static int fake_serve(struct fake *f, int conn)
 		struct sp_msg ev = { .v = 1, .op = SP_OP_SAMPLE, .seq = req.seq, .socket = cookie, .request_len = 1000,
 			             .sample = { big, sizeof big } };
 		rc = fake_send(conn, &ev);
+		/* the most santad sends: a whole request window */
+		uint8_t window[SANTA_REQUEST_WINDOW];
+		memset(window, 'w', sizeof window);
+		ev.sample = (struct sp_bytes){ window, sizeof window };
+		ev.request_len = sizeof window;
+		rc |= fake_send(conn, &ev);
 		ev.sample = (struct sp_bytes){ (uint8_t *)"abc", 3 };
 		ev.request_len = 3;
 		rc |= fake_send(conn, &ev);
@@ -468,7 +474,7 @@ static void test_subscribe(const char *path)
 {
 	struct santa_client *c = santa_connect(path), *sub = santa_connect(path);
 	struct santa_health h;
-	uint8_t buf[8];
+	uint8_t buf[8], whole[SANTA_MAX_SAMPLE];
 	size_t len = 0;
 	uint32_t request_len = 0;
 	uint64_t cookie = 0;
@@ -479,6 +485,9 @@ static void test_subscribe(const char *path)
 	CHECK(santa_subscribe(sub, -1, cookie, 32, 100) == 0, "subscribe: %s", santa_error(sub));
 	CHECK(santa_next_sample(sub, buf, sizeof buf, &len, &request_len, 5000) == 0, "sample: %s", santa_error(sub));
 	CHECK(len == 200 && request_len == 1000 && buf[0] == 0 && buf[7] == 7, "cut sample: len %zu", len);
+	CHECK(santa_next_sample(sub, whole, sizeof whole, &len, &request_len, 5000) == 0 && len == SANTA_REQUEST_WINDOW &&
+	      request_len == SANTA_REQUEST_WINDOW && whole[len - 1] == 'w',
+	      "a whole request window fits a SANTA_MAX_SAMPLE buffer: len %zu", len);
 	CHECK(santa_next_sample(sub, buf, sizeof buf, &len, NULL, -1) == 0 && len == 3 && memcmp(buf, "abc", 3) == 0,
 	      "second sample");
 	errno = 0;
