@@ -44,13 +44,17 @@ var encMode = func() cbor.EncMode {
 // The decoders refuse anything outside the protocol: duplicate keys,
 // indefinite lengths, tags, and nesting or sizes beyond what a frame can
 // hold. santad's also refuses unknown keys; a client's skips them
-// (docs/protocol.md "Versioning").
+// (docs/protocol.md "Versioning"). santad's takes text that is not UTF-8,
+// the tags of requests, so that it refuses a rule's tag as invalid, naming
+// the rule and the tag (CheckTag), not the whole message as malformed.
 const maxNestedLevels = 8
 
-var decMode, lenientDecMode = newDecMode(cbor.ExtraDecErrorUnknownField), newDecMode(cbor.ExtraDecErrorNone)
+var decMode, lenientDecMode = newDecMode(cbor.ExtraDecErrorUnknownField, cbor.UTF8DecodeInvalid),
+	newDecMode(cbor.ExtraDecErrorNone, cbor.UTF8RejectInvalid)
 
-func newDecMode(extra cbor.ExtraDecErrorCond) cbor.DecMode {
+func newDecMode(extra cbor.ExtraDecErrorCond, utf8 cbor.UTF8Mode) cbor.DecMode {
 	m, err := cbor.DecOptions{
+		UTF8:              utf8,
 		DupMapKey:         cbor.DupMapKeyEnforcedAPF,
 		IndefLength:       cbor.IndefLengthForbidden,
 		TagsMd:            cbor.TagsForbidden,

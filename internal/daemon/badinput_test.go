@@ -67,6 +67,7 @@ func TestBadInput(t *testing.T) {
 		"65 processors":                {Conditions: good[0].Conditions, Processors: slices.Repeat(good[0].Processors, 65), ReplyLen: 1},
 		"tag of 65 bytes":              {Conditions: good[0].Conditions, Processors: good[0].Processors, ReplyLen: 1, Tag: strings.Repeat("t", 65)},
 		"tag with a newline":           {Conditions: good[0].Conditions, Processors: good[0].Processors, ReplyLen: 1, Tag: "santa\ndns"},
+		"tag not UTF-8":                {Conditions: good[0].Conditions, Processors: good[0].Processors, ReplyLen: 1, Tag: "santa\xffdns"},
 		"put with a length": {Conditions: good[0].Conditions, ReplyLen: 1,
 			Processors: []api.Processor{{Kind: api.KindPut, Template: api.Bytes("x"), SrcOffset: 3, Length: 1}}},
 		"copy with a template": {Conditions: good[0].Conditions, ReplyLen: 1,
