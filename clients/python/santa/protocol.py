@@ -184,6 +184,11 @@ class _Scalar(_Codec):
     def encode(self, value: Any, path: str) -> Any:
         if type(value) not in self.accept:
             raise TypeError(f"{path}: want {self.name}, got {_type_name(value)}")
+        if self.kind is str:
+            try:  # a lone surrogate (e.g. os.fsdecode of bytes that are not UTF-8) has no UTF-8 form
+                value.encode()
+            except UnicodeEncodeError as e:
+                raise ValueError(f"{path}: {value!r} is not UTF-8 text ({e.reason} at {e.start})") from None
         return self.kind(value)
 
     def decode(self, wire: Any, path: str) -> Any:

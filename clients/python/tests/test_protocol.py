@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import pathlib
 import types
 import typing
@@ -169,6 +170,11 @@ def test_encode_accepts_bytes_like_and_enums() -> None:
 def test_encode_refuses(message: Message, error: type[Exception]) -> None:
     with pytest.raises(error):
         encode(message)
+
+
+def test_encode_refuses_text_that_is_not_utf8() -> None:
+    with pytest.raises(ValueError, match=r"message\.rules\[0\]\.tag: .* is not UTF-8"):
+        encode(Message(rules=[Rule([Condition(0, b"x")], [Put(0, b"x")], 1, tag=os.fsdecode(b"santa\xffdns"))]))
 
 
 def test_error_text() -> None:
