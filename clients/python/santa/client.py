@@ -73,7 +73,7 @@ class Client:
 
     ``path`` is santad's Unix socket (default: ``$SANTA_SOCKET``, else
     ``/run/santa/santa.sock``); ``timeout`` (seconds) bounds every socket
-    operation. Connecting raises :class:`OSError` (e.g.
+    operation of a request, not the wait for miss samples (:meth:`subscribe`). Connecting raises :class:`OSError` (e.g.
     :class:`FileNotFoundError`, :class:`ConnectionRefusedError`) if santad is
     unreachable. Every method raises :class:`santa.Error` when santad refuses
     the request, :class:`santa.ProtocolError` when its answer is not valid,
@@ -246,6 +246,10 @@ class Client:
         with self._lock:  # no other request may slip in between
             seq = self._call(Op.SUBSCRIBE, target, sample_bytes=sample_bytes, sample_rate=sample_rate).seq
             self._subscribed = True
+            # samples come only when requests miss: a quiet spell longer than
+            # the timeout would end the iterator, and its stream, for good
+            assert self._sock is not None
+            self._sock.settimeout(None)
         return self._samples(seq)
 
     # -- plumbing ----------------------------------------------------------

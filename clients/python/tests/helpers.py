@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 import struct
+import time
 from dataclasses import dataclass, field
 from collections.abc import Callable
 
@@ -21,8 +22,9 @@ def cookie(fd: int) -> int:
 
 
 #: Answers one request (and the cookie of the socket passed with it, if any)
-#: with the messages to send back, or None to close the connection.
-Handler = Callable[[Message, int | None], list[Message] | None]
+#: with the messages to send back (a float: a pause of that many seconds
+#: first), or None to close the connection.
+Handler = Callable[[Message, int | None], list[Message | float] | None]
 
 
 @dataclass
@@ -49,7 +51,10 @@ class FakeSantad:
                 if responses is None:
                     return
                 for response in responses:
-                    send_message(conn, response)
+                    if isinstance(response, float):
+                        time.sleep(response)
+                    else:
+                        send_message(conn, response)
 
 
 def ok(request: Message, **fields: object) -> Message:

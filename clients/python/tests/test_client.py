@@ -122,6 +122,15 @@ def test_subscribe(santad: Callable[[Handler], FakeSantad], udp: socket.socket) 
     assert fake.requests[0] == (Message(v=1, op=Op.SUBSCRIBE, seq=1, sample_bytes=64, sample_rate=10), cookie(udp.fileno()))
 
 
+def test_subscribe_waits_past_the_timeout(santad: Callable[[Handler], FakeSantad]) -> None:
+    def events(r: Message, c: int | None) -> list[Message | float]:
+        return [ok(r), 0.6, Message(v=1, op=Op.SAMPLE, seq=r.seq, socket=9, sample=b"late", request_len=4)]
+
+    fake = santad(events)
+    with santa.Client(fake.path, timeout=0.2) as client:
+        assert next(client.subscribe(santa.Cookie(9), 64, 10)) == santa.Sample(9, b"late", 4)
+
+
 def test_subscribe_refused(santad: Callable[[Handler], FakeSantad]) -> None:
     fake = santad(lambda r, c: [Message(v=1, op=r.op, seq=r.seq, status=4, error="socket 9 has no rule set")])
     with santa.Client(fake.path, timeout=10) as client, pytest.raises(santa.Error, match="no rule set"):
