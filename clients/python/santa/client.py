@@ -227,7 +227,7 @@ class Client:
         return resp.rules, resp.more
 
     def stats(self, target: Target, ids: Iterable[int] | None = None) -> list[RuleStats]:
-        """Per-rule statistics of the rules ``ids`` (all the socket's rules if ``None``)."""
+        """Per-rule statistics of the rules ``ids`` (all the socket's rules if ``None`` or empty: the protocol cannot ask for none, as Go's ``Stats`` with no ids)."""
         return self._call(Op.STATS, target, ids=list(ids or ())).stats
 
     def subscribe(self, target: Target, sample_bytes: int, sample_rate: int) -> Iterator[Sample]:
