@@ -8,6 +8,7 @@
  * "Restarts of santad").
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <poll.h>
 #include <stdarg.h>
@@ -425,6 +426,9 @@ static int request(struct santa_client *c, struct sp_msg *req, bool targeted, in
 		return -1;
 	if (targeted && sockfd < 0 && cookie == 0)
 		return fail(c, EINVAL, "%s: no target: pass the socket's fd or its cookie", op_name(req->op));
+	/* else sendmsg's EBADF reads as if the connection to santad were bad */
+	if (targeted && sockfd >= 0 && fcntl(sockfd, F_GETFD) < 0)
+		return fail(c, EBADF, "%s: the target fd %d is not open", op_name(req->op), sockfd);
 	if (targeted)
 		req->socket = cookie;
 	req->v = SP_VERSION;

@@ -458,7 +458,9 @@ static void test_calls(const char *path)
 	CHECK(santa_health(NULL, &h) == -1 && errno == EINVAL, "NULL client");
 	int closed = dup(udp);
 	close(closed);
-	CHECK(santa_add(c, closed, 0, one, 1, ids) == -1 && errno == EBADF, "bad fd: %s", santa_error(c));
+	CHECK(santa_add(c, closed, 0, one, 1, ids) == -1 && errno == EBADF &&
+	          strstr(santa_error(c), "add: the target fd") && strstr(santa_error(c), "is not open"),
+	      "bad fd: %s", santa_error(c));
 	CHECK(fake.requests == before, "%d local failures reached santad", fake.requests - before);
 	CHECK(santa_health(c, &h) == 0, "connection unusable after local failures: %s", santa_error(c));
 

@@ -198,6 +198,13 @@ func (e *errUnread) Unwrap() error { return e.send }
 // call sends a request about target t (if any) and returns santad's
 // response, dialing anew if santad closed the connection (see Client).
 func (c *Client) call(req *api.Message, t *Target) (*api.Message, error) {
+	if t != nil && t.fd >= 0 {
+		// else sendmsg's EBADF reads as if the connection to santad were bad
+		var st syscall.Stat_t
+		if err := syscall.Fstat(t.fd, &st); err != nil {
+			return nil, fmt.Errorf("santad %s: the target fd %d is not open: %w", req.Op, t.fd, err)
+		}
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.seq++

@@ -2,6 +2,7 @@ package santa
 
 import (
 	"errors"
+	"fmt"
 	"net"
 	"path/filepath"
 	"strings"
@@ -272,6 +273,33 @@ func TestBindPIDRange(t *testing.T) {
 	done := health(c)
 	if req := answer(t, conn); req.Op != api.OpHealth {
 		t.Errorf("santad got %s first, want health", req.Op)
+	}
+	if err := wait(t, done); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestClosedTargetFD(t *testing.T) {
+	f, c := dialFake(t)
+	conn := f.accept(t)
+	done := health(c) // the fake has accepted: no goroutine takes the closed fd's number meanwhile
+	answer(t, conn)
+	if err := wait(t, done); err != nil {
+		t.Fatal(err)
+	}
+	closed, err := syscall.Dup(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	syscall.Close(closed)
+	_, err = c.Add(FD(closed), []api.Rule{{ReplyLen: 1}})
+	if !errors.Is(err, syscall.EBADF) || !strings.Contains(err.Error(), fmt.Sprintf("santad add: the target fd %d is not open", closed)) {
+		t.Errorf("Add with a closed fd: %v", err)
+	}
+	// nothing was sent: the next request on the connection is a health
+	done = health(c)
+	if req := answer(t, conn); req.Op != api.OpHealth {
+		t.Errorf("santad got %s after the closed fd, want health", req.Op)
 	}
 	if err := wait(t, done); err != nil {
 		t.Fatal(err)

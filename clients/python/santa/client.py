@@ -287,6 +287,11 @@ class Client:
         """Send a request about ``target`` (if any) and return santad's successful response."""
         fd, cookie = _resolve(target)
         name = op.name.lower()
+        if fd is not None:  # else sendmsg's EBADF reads as if the connection to santad were bad
+            try:
+                os.fstat(fd)
+            except OSError as e:
+                raise OSError(e.errno, f"santad {name}: the target fd {fd} is not open") from None
         with self._lock:
             if self._subscribed:
                 raise RuntimeError("this connection carries sample events since subscribe(); use another Client")

@@ -7,6 +7,8 @@ answers.
 
 from __future__ import annotations
 
+import errno
+import os
 import pathlib
 import socket
 from collections.abc import Callable
@@ -135,6 +137,19 @@ def test_subscribe_refused(santad: Callable[[Handler], FakeSantad]) -> None:
     fake = santad(lambda r, c: [Message(v=1, op=r.op, seq=r.seq, status=4, error="socket 9 has no rule set")])
     with santa.Client(fake.path, timeout=10) as client, pytest.raises(santa.Error, match="no rule set"):
         client.subscribe(santa.Cookie(9), 64, 10)
+
+
+def test_closed_target_fd(santad: Callable[[Handler], FakeSantad], udp: socket.socket) -> None:
+    fake = santad(lambda r, c: [ok(r)])
+    with santa.Client(fake.path, timeout=10) as client:
+        client.health()  # the fake has accepted: no thread takes the closed fd's number meanwhile
+        closed = os.dup(udp.fileno())
+        os.close(closed)
+        with pytest.raises(OSError, match=f"santad add: the target fd {closed} is not open") as e:
+            client.add(closed, [LISTING1])
+        assert e.value.errno == errno.EBADF
+        client.health()
+    assert [m.op for m, _ in fake.requests] == [Op.HEALTH, Op.HEALTH]
 
 
 def test_targets_are_unambiguous() -> None:
