@@ -154,6 +154,9 @@ class Client:
 
     def bind_pid(self, pid: int, fd: int, sample_bytes: int = 0, sample_rate: int = 0) -> SocketInfo:
         """(root) Give the socket behind fd ``fd`` of process ``pid`` a rule set."""
+        # 0 is no pid on the wire (santad: "not found: process 0: invalid argument"), as Go's BindPID refuses
+        if not (1 <= pid <= _MAX_PID and 0 <= fd <= _MAX_PID):
+            raise ValueError(f"santad bind: pid {pid}, fd {fd}: want a process id from 1 and an fd from 0 (to {_MAX_PID})")
         resp = self._call(Op.BIND, pid=pid, fd=fd, sample_bytes=sample_bytes, sample_rate=sample_rate)
         return self._one_socket(resp)
 
@@ -392,6 +395,9 @@ class Client:
             os.close(fd)
         return message
 
+
+#: The largest process id and fd number (Linux's are C ints).
+_MAX_PID = 2**31 - 1
 
 #: The longest path a Unix socket address holds (sun_path, less its NUL).
 _MAX_PATH = 107

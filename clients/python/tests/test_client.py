@@ -139,6 +139,16 @@ def test_subscribe_refused(santad: Callable[[Handler], FakeSantad]) -> None:
         client.subscribe(santa.Cookie(9), 64, 10)
 
 
+def test_bind_pid_range(santad: Callable[[Handler], FakeSantad]) -> None:
+    fake = santad(lambda r, c: [ok(r)])
+    with santa.Client(fake.path, timeout=10) as client:
+        for pid, fd in ((0, 3), (-1, 3), (1, -1), (2**31, 3), (1, 2**31)):
+            with pytest.raises(ValueError, match="want a process id from 1"):
+                client.bind_pid(pid, fd)
+        client.health()
+    assert [m.op for m, _ in fake.requests] == [Op.HEALTH]  # nothing went to santad
+
+
 def test_closed_target_fd(santad: Callable[[Handler], FakeSantad], udp: socket.socket) -> None:
     fake = santad(lambda r, c: [ok(r)])
     with santa.Client(fake.path, timeout=10) as client:
