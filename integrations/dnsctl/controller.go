@@ -123,6 +123,7 @@ type Controller struct {
 	cfg    Config
 	log    *slog.Logger
 	client *santa.Client
+	santad uint32 // the pid of the santad the run started with
 	eps    []*endpoint
 
 	allowed map[Question]bool // Static and Top: the questions that may be offloaded
@@ -353,6 +354,7 @@ func (c *Controller) Run(ctx context.Context) error {
 		return err
 	}
 	c.client = client
+	c.santad = follow.SantadPID(client)
 	defer client.Close()
 	if err := c.attach(); err != nil {
 		follow.UnbindEmpty(c.client, c.created, c.log)
@@ -388,7 +390,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	defer c.removeAll()
+	defer c.removeAll(ctx)
 	expireCtx, stopExpire := context.WithCancel(ctx)
 	defer stopExpire()
 	go c.expireLoop(expireCtx)
@@ -1364,7 +1366,11 @@ func (c *Controller) remove(ep *endpoint, es []*entry) error {
 
 // removeAll deletes every rule with the controller's tag on its sockets (on
 // exit): its own and those a predecessor left that it did not get to.
-func (c *Controller) removeAll() {
+func (c *Controller) removeAll(ctx context.Context) {
+	if follow.KeepRules(ctx, c.client, c.santad) {
+		c.log.Warn("santad went away: the rules stay for the next controller with this tag to take over")
+		return
+	}
 	for _, ep := range c.eps {
 		if err := follow.DeleteTagged(c.client, ep.cookies, c.cfg.Tag); err != nil {
 			// santad went away: the next controller with this tag takes them over

@@ -279,11 +279,27 @@ func santadPID(socket string) uint32 {
 		return 0
 	}
 	defer c.Close()
+	return SantadPID(c)
+}
+
+// SantadPID is the pid of the santad c talks to, 0 if none answers.
+func SantadPID(c *santa.Client) uint32 {
 	info, _, err := c.Health()
 	if err != nil {
 		return 0
 	}
 	return info.PID
+}
+
+// KeepRules says whether a controller's run that ends now (ctx is the run's)
+// must leave its rules rather than delete them: it failed, and santad, which
+// answered with pid when the run started, no longer answers or is another
+// process, as Run finds too. santad went away under the run: its rules go on
+// answering, restored by the next santad, until the next run or controller
+// with the tag takes them over. The client would dial a santad started
+// meanwhile and delete them there.
+func KeepRules(ctx context.Context, c *santa.Client, pid uint32) bool {
+	return ctx.Err() == nil && SantadPID(c) != pid
 }
 
 // waitForSantad returns once santad at socket answers, or with ctx's error

@@ -403,12 +403,13 @@ func (c *Controller) Run(ctx context.Context) error {
 	}
 	c.attach(client, socks)
 	c.binder = client
+	santad := follow.SantadPID(client)
 	defer func() { follow.UnbindEmpty(client, c.created, c.log) }()
 	inherited, err := follow.Inherit(c.cfg.Socket, c.cfg.Tag, slices.Collect(maps.Keys(c.byCookie)), c.log)
 	if err != nil {
 		return err
 	}
-	defer c.removeAll()
+	defer func() { c.removeAll(follow.KeepRules(ctx, client, santad)) }()
 	// watched before the takeover fetches: a file changed after its
 	// response was fetched again must count for its rule
 	w, err := watch(c.cfg.Root, c.log)
@@ -1576,8 +1577,14 @@ func (c *Controller) dropIdle(now time.Time) error {
 }
 
 // removeAll deletes every rule of the controller (on exit), after reading
-// their hits for the report.
-func (c *Controller) removeAll() {
+// their hits for the report, unless keep: santad went away under the run
+// (follow.KeepRules), and the rules stay, ending with their lease unless a
+// controller takes them over.
+func (c *Controller) removeAll(keep bool) {
+	if keep {
+		c.log.Warn("santad went away: the rules stay for the next controller with this tag to take over")
+		return
+	}
 	// santa.ErrNotFound: the rules went with their socket (nginx stopped)
 	if err := c.readHits(); err != nil && !errors.Is(err, santa.ErrNotFound) {
 		c.log.Warn("reading the rules' hits on exit failed", "error", err)

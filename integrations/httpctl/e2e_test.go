@@ -1492,3 +1492,55 @@ func TestE2ERootSwapped(t *testing.T) {
 		t.Error("the kernel no longer answers after the deploy")
 	}
 }
+
+// TestE2ESantadRestartedAtOnce: santad killed and started again at once
+// (as systemd's Restart= or an upgrade does) ends the controller's run, as
+// any santad that goes away does, and its rules stay with the new santad,
+// answering until their lease. Before, the run's exit dialed the new santad
+// and deleted them there: every request went to nginx until the next run
+// learned them again, and for good without --follow. The controller is busy
+// meanwhile fetching slow.bin again after a change (nginx sends it at
+// 2 kB/s), so it sees santad gone only once the new one serves.
+func TestE2ESantadRestartedAtOnce(t *testing.T) {
+	slow := bytes.Repeat([]byte{'s'}, 3000)
+	r := newE2E(t, e2eOptions{files: map[string][]byte{"a.txt": fileBefore, "slow.bin": slow},
+		nginxHTTP: "map $uri $santa_test_rate { /slow.bin 2k; default 0; }\nlimit_rate $santa_test_rate;"})
+	dir := t.TempDir()
+	get := func(name string) string {
+		out := filepath.Join(dir, name)
+		r.curl("-o", out, r.ng.URL4("/a.txt"))
+		return out
+	}
+	get("learn")
+	r.curl("-o", filepath.Join(dir, "slow"), r.ng.URL4("/slow.bin"))
+	learned := r.waitLines(4, "GET /a.txt HTTP/1.1", "GET /slow.bin HTTP/1.1")
+	if err := os.WriteFile(filepath.Join(r.ng.Root, "slow.bin"), slow, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond) // settled: the fetch is under way
+	if err := r.sd.Stop(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	r.restartSantad()
+	select {
+	case err := <-r.errc:
+		r.stopped = true
+		t.Logf("the controller ended with: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the controller still runs 10 s after santad was killed")
+	}
+	var left []e2eRule
+	for _, rule := range r.rules() {
+		if rule.family == 4 {
+			left = append(left, rule)
+		}
+	}
+	if len(left) == 0 || len(left) > len(learned) {
+		t.Fatalf("the new santad holds %d IPv4 rules, want those the controller left (%d before slow.bin changed)", len(left), len(learned))
+	}
+	before := r.counters()["answered"]
+	checkFile(t, get("offloaded"), fileBefore, "after the restart")
+	if r.counters()["answered"] == before {
+		t.Error("the rule processor did not answer /a.txt with the rule the controller left")
+	}
+}

@@ -772,7 +772,7 @@ func TestSantadRefusal(t *testing.T) {
 	if len(r.c.entries) != 1 || len(r.fs.snapshot()) != 2 || r.c.Report().Skipped != 1 {
 		t.Errorf("%d requests, %d rules, report %+v; want /a.txt on both sockets", len(r.c.entries), len(r.fs.snapshot()), r.c.Report())
 	}
-	r.c.removeAll()
+	r.c.removeAll(false)
 	if n := len(r.fs.snapshot()); n != 0 {
 		t.Errorf("%d rules left after removeAll", n)
 	}

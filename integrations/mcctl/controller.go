@@ -118,6 +118,7 @@ type Controller struct {
 	cfg     Config
 	log     *slog.Logger
 	client  *santa.Client
+	santad  uint32 // the pid of the santad the run started with
 	guards  *guardMap
 	tracker *Tracker
 	links   *linkFollower // nil: Interfaces were given
@@ -290,11 +291,12 @@ func (c *Controller) Run(ctx context.Context) (err error) {
 	if c.client, err = santa.Dial(c.cfg.Socket); err != nil {
 		return err
 	}
+	c.santad = follow.SantadPID(c.client)
 	defer c.client.Close()
 	if err := c.attach(); err != nil {
 		return err
 	}
-	defer c.removeAll()
+	defer c.removeAll(ctx)
 	c.fetch = newFetcher(c.cfg.Server.String(), c.cfg.Timeout)
 	defer c.fetch.close()
 	if err := c.fetch.connect(); err != nil {
@@ -965,7 +967,12 @@ func (c *Controller) remove(es []*entry) error {
 // removeAll deletes every rule the controller installed and detaches the
 // sockets its attach bound (on exit, before the tracker stops); rules it
 // cannot delete set rulesLeft.
-func (c *Controller) removeAll() {
+func (c *Controller) removeAll(ctx context.Context) {
+	if follow.KeepRules(ctx, c.client, c.santad) {
+		c.log.Warn("santad went away: the rules stay for the next controller with this tag to take over")
+		c.rulesLeft = true
+		return
+	}
 	// every rule with the tag on the sockets: this controller's, and those a
 	// predecessor left that it did not get to
 	n := len(c.entries)
