@@ -780,8 +780,13 @@ func Cleanup(cfg Config) (cerr error) {
 	ents, _ := os.ReadDir(cfg.linksDir())
 	for _, e := range ents {
 		if l, err := link.LoadPinnedLink(filepath.Join(cfg.linksDir(), e.Name()), nil); err == nil {
-			errs = append(errs, removePeerPass(l, strings.TrimPrefix(e.Name(), "xdp-")))
-			errs = append(errs, l.Unpin(), l.Close())
+			// the rule processor first: without the peer's program its
+			// replies would be dropped until it is gone
+			peer := peerPassOf(l, strings.TrimPrefix(e.Name(), "xdp-"))
+			errs = append(errs, l.Unpin(), l.Detach(), l.Close())
+			if peer != 0 {
+				errs = append(errs, dataplane.RemovePeerPass(peer))
+			}
 		}
 	}
 	for _, g := range cfg.generations() {
@@ -830,22 +835,22 @@ func removeClaims(dir string) error {
 	return errors.Join(errs...)
 }
 
-// removePeerPass removes the program santad gave the veth peer of the
-// interface XDP link l is attached to (dataplane.PeerPassName), if l is
-// attached to ifname: an ifindex only names ifname in santad's network
-// namespace, where cleanup is to run.
-func removePeerPass(l link.Link, ifname string) error {
+// peerPassOf is the ifindex of the interface XDP link l is attached to, for
+// removing the program santad gave its veth peer (dataplane.PeerPassName),
+// if l is attached to ifname; 0 if none: an ifindex only names ifname in
+// santad's network namespace, where cleanup is to run.
+func peerPassOf(l link.Link, ifname string) int {
 	info, err := l.Info()
 	if err != nil || info.XDP() == nil || info.XDP().Ifindex == 0 {
-		return nil // no XDP link, or attached nowhere
+		return 0 // no XDP link, or attached nowhere
 	}
 	ifindex := int(info.XDP().Ifindex)
 	if !interfaceNamed(ifindex, ifname) {
 		slog.Warn("interface of a pinned XDP link not found in this network namespace: run cleanup in santad's to remove the program santad gave its veth peer",
 			"interface", ifname, "ifindex", ifindex)
-		return nil
+		return 0
 	}
-	return dataplane.RemovePeerPass(ifindex)
+	return ifindex
 }
 
 // interfaceNamed says whether ifindex is the interface ifname in santad's

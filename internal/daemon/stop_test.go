@@ -2,6 +2,7 @@ package daemon_test
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"maps"
@@ -19,6 +20,7 @@ import (
 	"github.com/santa-offload/santa/clients/go/santa"
 	"github.com/santa-offload/santa/integrations/follow"
 	"github.com/santa-offload/santa/internal/testbed"
+	"golang.org/x/sys/unix"
 )
 
 // TestStopWhileBusy stops santad (SIGTERM) three times while clients add,
@@ -289,6 +291,106 @@ func TestVethPeerPassOutlivesSantad(t *testing.T) {
 	}
 	if err := sd.Cleanup(); err != nil {
 		t.Fatalf("santad cleanup: %v", err)
+	}
+	if x, err := tb.ClientXDP(); err != nil || x.Attached != 0 {
+		t.Errorf("after santad cleanup the client end has XDP %+v (%v), want none", x, err)
+	}
+}
+
+// TestCleanupUnderLoad: `santad cleanup` under a steady load of requests
+// that a rule answers, over a veth whose other end has santad's
+// santa_peer_pass, loses none: every request is answered, by the rule until
+// the rule processor is detached, by the application after. Cleanup removed
+// the other end's program first, and for the ~10 ms until it detached the
+// rule processor the replies it sent with XDP_TX were dropped (60 of 5000
+// a second).
+func TestCleanupUnderLoad(t *testing.T) {
+	tb := testbed.NewWith(t, testbed.Options{NoClientPass: true})
+	sd := newSantad(t, tb)
+	sd.start()
+	server := netip.AddrPortFrom(tb.Server.IP4, 7304)
+	conn, target := serverSocket(t, tb, server)
+	// the rule and the application answer alike: "pong" and the request's
+	// 8-byte sequence number
+	if _, err := sd.client().Add(target, []api.Rule{{
+		Conditions: []api.Condition{santa.Match(0, []byte("ping"))},
+		Processors: []api.Processor{santa.Put(0, []byte("pong")), santa.Copy(4, 4, 8)},
+		ReplyLen:   12, MinLen: 12, MaxLen: 12,
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		buf := make([]byte, 64)
+		for {
+			n, from, err := conn.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				return
+			}
+			if n == 12 {
+				copy(buf, "pong")
+				conn.WriteToUDPAddrPort(buf[:12], from)
+			}
+		}
+	}()
+	client, err := tb.DialUDP(server)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	// room for every answer if the reader below is slow to be scheduled
+	if rc, err := client.SyscallConn(); err != nil {
+		t.Fatal(err)
+	} else if rc.Control(func(fd uintptr) {
+		err = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 16<<20)
+	}); err != nil {
+		t.Fatalf("SO_RCVBUFFORCE: %v", err)
+	}
+	const rate, total = 5000, 5000
+	got := make([]bool, total)
+	done := make(chan int)
+	go func() {
+		received := 0
+		buf := make([]byte, 64)
+		for {
+			client.SetReadDeadline(time.Now().Add(2 * time.Second))
+			n, err := client.Read(buf)
+			if err != nil {
+				done <- received
+				return
+			}
+			if seq := binary.BigEndian.Uint64(buf[4:12]); n == 12 && string(buf[:4]) == "pong" && seq < total && !got[seq] {
+				got[seq] = true
+				received++
+			}
+		}
+	}()
+	cleaned := make(chan error, 1)
+	go func() {
+		time.Sleep(200 * time.Millisecond)
+		sd.stop(syscall.SIGTERM)
+		cleaned <- sd.Cleanup()
+	}()
+	start := time.Now()
+	req := make([]byte, 12)
+	copy(req, "ping")
+	for i := range total {
+		time.Sleep(time.Until(start.Add(time.Duration(i) * time.Second / rate)))
+		binary.BigEndian.PutUint64(req[4:], uint64(i))
+		if _, err := client.Write(req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := <-cleaned; err != nil {
+		t.Fatalf("santad cleanup: %v", err)
+	}
+	if received := <-done; received != total {
+		var lost []int
+		for i, ok := range got {
+			if !ok && len(lost) < 20 {
+				lost = append(lost, i)
+			}
+		}
+		t.Errorf("%d of %d requests answered across santad cleanup; first lost: %v", received, total, lost)
 	}
 	if x, err := tb.ClientXDP(); err != nil || x.Attached != 0 {
 		t.Errorf("after santad cleanup the client end has XDP %+v (%v), want none", x, err)
