@@ -41,7 +41,8 @@ type Daemon struct {
 	released *dataplane.Released
 	samples  *dataplane.MissSamples
 	lock     *os.File
-	pinned   string // the generation directory this instance pinned, "" before it pins
+	pinsLock *os.File // flock on the bpffs directory: one santad per bpffs too
+	pinned   string   // the generation directory this instance pinned, "" before it pins
 	listener *net.UnixListener
 	metrics  *metrics
 	wg       sync.WaitGroup
@@ -171,6 +172,12 @@ func Start(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 		}()
 	}
 	if err := dataplane.EnsureBPFFS(cfg.BPFFS); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(cfg.BPFFS, 0o700); err != nil {
+		return nil, err
+	}
+	if d.pinsLock, err = lockPins(cfg.BPFFS); err != nil {
 		return nil, err
 	}
 	gens := cfg.generations()
@@ -723,6 +730,7 @@ func (d *Daemon) Close() error {
 	err := d.j.close()
 	d.mu.Unlock()
 	d.dp.Close()
+	d.pinsLock.Close()
 	d.lock.Close()
 	d.log.Info("santad stopped; the rule processor stays attached until the next santad takes over")
 	return err
@@ -761,6 +769,9 @@ func (d *Daemon) abort() {
 	if d.j != nil {
 		d.j.close()
 	}
+	if d.pinsLock != nil {
+		d.pinsLock.Close()
+	}
 	if d.lock != nil {
 		d.lock.Close()
 	}
@@ -774,6 +785,12 @@ func Cleanup(cfg Config) (cerr error) {
 		// removed last, still held: nothing of santad's is left in the state directory
 		defer func() { cerr = errors.Join(cerr, os.Remove(cfg.lockPath()), lock.Close()) }()
 	} else if !errors.Is(err, os.ErrNotExist) { // no state directory: no santad
+		return err
+	}
+	// nor under a santad of another state directory that pins there
+	if pins, err := lockPins(cfg.BPFFS); err == nil {
+		defer pins.Close()
+	} else if !errors.Is(err, os.ErrNotExist) {
 		return err
 	}
 	var errs []error
@@ -858,6 +875,22 @@ func peerPassOf(l link.Link, ifname string) int {
 func interfaceNamed(ifindex int, ifname string) bool {
 	iface, err := net.InterfaceByIndex(ifindex)
 	return err == nil && iface.Name == ifname
+}
+
+// lockPins takes an exclusive lock on the bpffs directory dir: a santad of
+// another state directory pinning there would take this one's pins for a
+// predecessor's, detach the rule processor from this one's interfaces and
+// remove its maps (and its cleanup would remove them all).
+func lockPins(dir string) (*os.File, error) {
+	f, err := os.Open(dir)
+	if err != nil {
+		return nil, err
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("another santad, of another state_dir, pins at %s: give each santad a bpffs directory of its own (%w)", dir, err)
+	}
+	return f, nil
 }
 
 // lockFile takes an exclusive lock so that only one santad runs per state directory.

@@ -397,6 +397,40 @@ func TestCleanupUnderLoad(t *testing.T) {
 	}
 }
 
+// TestSantadsShareNoBPFFS: a second santad, of another state directory and
+// network namespace, given the first one's bpffs (the default
+// /sys/fs/bpf/santa for both, as the state directories were made apart) is
+// refused, and so is its cleanup, both leaving the first one's pins, and
+// its rule answering, after it stopped too. Before, the second santad took
+// the first one's pins for a predecessor's: it unpinned its links
+// ("detached from an interface no longer configured") and removed its
+// maps, and the first one's offload ended when it stopped.
+func TestSantadsShareNoBPFFS(t *testing.T) {
+	tb := testbed.New(t)
+	first := newSantad(t, tb)
+	first.start()
+	server := netip.AddrPortFrom(tb.Server.IP4, 7305)
+	_, target := serverSocket(t, tb, server)
+	addPingPong(t, first.client(), target)
+	pins := "/sys/fs/bpf/" + filepath.Base(first.dir)
+	link := filepath.Join(pins, "links", "xdp-"+tb.Server.Dev)
+	second := newSantad(t, testbed.New(t), "--bpffs", pins, "--metrics", "off")
+	want := "another santad, of another state_dir, pins at " + pins
+	if err := second.Start(context.Background()); err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("a second santad with the first one's bpffs: %v, want an error saying %q", err, want)
+	}
+	if err := second.Cleanup(); err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("the second santad's cleanup beside the first: %v, want an error saying %q", err, want)
+	}
+	if _, err := os.Stat(link); err != nil {
+		t.Errorf("the first santad's XDP link pin: %v", err)
+	}
+	first.stop(syscall.SIGTERM)
+	if got := exchange(t, tb, server, "ping"); got != "pong" {
+		t.Errorf("after the first santad stopped its rule answers %q, want pong", got)
+	}
+}
+
 // TestVethPeerLeftAlone: with veth_peer_pass: false santad leaves the
 // other end of its veth without an XDP program.
 func TestVethPeerLeftAlone(t *testing.T) {
