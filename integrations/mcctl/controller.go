@@ -284,6 +284,9 @@ func (c *Controller) Run(ctx context.Context) (err error) {
 		return err
 	}
 	defer c.guards.close()
+	if err := c.guards.ofSantad(c.cfg.Socket); err != nil {
+		return err
+	}
 	if err := c.startTracker(); err != nil {
 		return err
 	}

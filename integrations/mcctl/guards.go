@@ -4,10 +4,13 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"sync/atomic"
 	"unsafe"
 
 	"github.com/cilium/ebpf"
+	"github.com/santa-offload/santa/clients/go/santa"
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
 
@@ -38,6 +41,55 @@ func openGuards(pin string) (*guardMap, error) {
 		return nil, fmt.Errorf("map guard map %s: %w", pin, err)
 	}
 	return &guardMap{m: m, mem: mem}, nil
+}
+
+// ofSantad refuses a guard map that the rule processor of santad at socket
+// does not read: another santad's (--guards left at its default beside a
+// santad with another --bpffs). Its tracker would bump slots santad never
+// reads, and its rules, whose versions it read there, would never answer,
+// while it said they were offloaded. The rule processor is found on the
+// interfaces santad attached to in this network namespace; with none there
+// is nothing to compare with.
+func (g *guardMap) ofSantad(socket string) error {
+	c, err := santa.Dial(socket)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	info, _, err := c.Health()
+	if err != nil {
+		return err
+	}
+	mi, err := g.m.Info()
+	if err != nil {
+		return err
+	}
+	id, ok := mi.ID()
+	if !ok {
+		return nil
+	}
+	for _, iface := range info.Interfaces {
+		l, err := netlink.LinkByName(iface.Name)
+		if err != nil || l.Attrs().Xdp == nil || !l.Attrs().Xdp.Attached {
+			continue
+		}
+		p, err := ebpf.NewProgramFromID(ebpf.ProgramID(l.Attrs().Xdp.ProgId))
+		if err != nil {
+			continue
+		}
+		pi, err := p.Info()
+		p.Close()
+		if err != nil {
+			continue
+		}
+		if ids, ok := pi.MapIDs(); ok {
+			if slices.Contains(ids, id) {
+				return nil
+			}
+			return fmt.Errorf("the guard map --guards names (map %d) is not the one the rule processor of santad at %s reads (on %s): give --guards <santad's --bpffs>/guards", id, socket, iface.Name)
+		}
+	}
+	return nil
 }
 
 // version is slot's current version.

@@ -30,6 +30,7 @@ import (
 	"github.com/santa-offload/santa/integrations/mcctl/stalecheck"
 	"github.com/santa-offload/santa/internal/mcproto"
 	"github.com/santa-offload/santa/internal/testbed"
+	"golang.org/x/sys/unix"
 )
 
 // bin holds santad and santa, built once for the package.
@@ -945,5 +946,39 @@ func TestRepliesOfOneDatagram(t *testing.T) {
 	}
 	if want := over + ": the reply (1401 bytes) takes more than one datagram"; !strings.Contains(ctl.Output(), want) {
 		t.Errorf("the log does not say %q:\n%s", want, ctl.Output())
+	}
+}
+
+// TestGuardsOfAnotherSantad: a controller given a guard map that santad's
+// rule processor does not read (another santad's: --guards left at its
+// default beside a santad with another --bpffs) refuses to start, saying
+// so, before it attaches its tracker. Before, it said its keys were
+// offloaded, and none was ever answered: its rules carried the versions of
+// the other map.
+func TestGuardsOfAnotherSantad(t *testing.T) {
+	r := newRig(t)
+	other := r.bpffs + "-other"
+	if err := os.MkdirAll(other, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(other) })
+	m, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Array, KeySize: 4, ValueSize: 8, MaxEntries: 1 << 20, Flags: unix.BPF_F_MMAPABLE}) // santa_guards' shape
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if err := m.Pin(filepath.Join(other, "guards")); err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(t.TempDir(), "keys")
+	writeKeys(t, file, []string{"a"})
+	argv := testbed.ControllerArgv(filepath.Join(bin, "santa"), r.tb.Server.NS, r.santad.Socket, "memcached",
+		"--guards", filepath.Join(other, "guards"), "static", "--keys", file, "--duration", "5s")
+	out, err := exec.Command(argv[0], argv[1:]...).CombinedOutput()
+	if want := "is not the one the rule processor of santad"; err == nil || !strings.Contains(string(out), want) {
+		t.Errorf("santa memcached with another map's --guards: %v, output:\n%s\nwant an error saying %q", err, out, want)
+	}
+	if _, err := os.Stat(filepath.Join(r.bpffs, "memcached-"+fmt.Sprint(r.mc.Addr4.Port()))); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the refused controller's tracker pins: %v, want none", err)
 	}
 }
