@@ -1120,6 +1120,10 @@ func TestE2EStartedAnew(t *testing.T) {
 	}
 }
 
+// slowBin has nginx send /slow.bin at 2 kB/s (the rest at full speed):
+// fetching it holds a controller's takeover for a second or so.
+const slowBin = "map $uri $santa_test_rate { /slow.bin 2k; default 0; }\nlimit_rate $santa_test_rate;"
+
 // TestE2EChangedDuringTakeover: a file changed while the next controller
 // takes over the rules a predecessor left, after it fetched the file's
 // response again, is seen: the root is watched before the takeover's
@@ -1128,7 +1132,7 @@ func TestE2EStartedAnew(t *testing.T) {
 // after a.txt's, at 2 kB/s, which holds the takeover for a second or two.
 func TestE2EChangedDuringTakeover(t *testing.T) {
 	r := newE2E(t, e2eOptions{files: map[string][]byte{"a.txt": fileBefore, "slow.bin": bytes.Repeat([]byte{'s'}, 2500)},
-		nginxHTTP: "map $uri $santa_test_rate { /slow.bin 2k; default 0; }\nlimit_rate $santa_test_rate;"})
+		nginxHTTP: slowBin})
 	dir := t.TempDir()
 	get := func(name string) string {
 		out := filepath.Join(dir, name)
@@ -1504,7 +1508,7 @@ func TestE2ERootSwapped(t *testing.T) {
 func TestE2ESantadRestartedAtOnce(t *testing.T) {
 	slow := bytes.Repeat([]byte{'s'}, 3000)
 	r := newE2E(t, e2eOptions{files: map[string][]byte{"a.txt": fileBefore, "slow.bin": slow},
-		nginxHTTP: "map $uri $santa_test_rate { /slow.bin 2k; default 0; }\nlimit_rate $santa_test_rate;"})
+		nginxHTTP: slowBin})
 	dir := t.TempDir()
 	get := func(name string) string {
 		out := filepath.Join(dir, name)

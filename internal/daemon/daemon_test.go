@@ -286,16 +286,7 @@ func TestRestartUnderLoad(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer client.Close()
-	// Room for every answer even if the reader below is slow to be
-	// scheduled (2 CPUs, other tests running): the default receive buffer
-	// holds a few hundred of them, a tenth of a second at this rate.
-	if rc, err := client.SyscallConn(); err != nil {
-		t.Fatal(err)
-	} else if rc.Control(func(fd uintptr) {
-		err = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 16<<20)
-	}); err != nil {
-		t.Fatalf("SO_RCVBUFFORCE: %v", err)
-	}
+	roomForEveryAnswer(t, client)
 	got := make([]bool, total)
 	var received int
 	var wg sync.WaitGroup
@@ -840,4 +831,20 @@ func TestRulesExpireFarOff(t *testing.T) {
 	sd.stop(syscall.SIGTERM)
 	sd.start()
 	check("after santad's restart")
+}
+
+// roomForEveryAnswer gives conn a 16 MiB receive buffer: room for every
+// answer of a load test even if its reader is slow to be scheduled (2
+// CPUs, other tests running); the default holds a few hundred.
+func roomForEveryAnswer(t *testing.T, conn *net.UDPConn) {
+	t.Helper()
+	rc, err := conn.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cerr := rc.Control(func(fd uintptr) {
+		err = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 16<<20)
+	}); cerr != nil || err != nil {
+		t.Fatalf("SO_RCVBUFFORCE: %v %v", cerr, err)
+	}
 }

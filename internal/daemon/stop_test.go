@@ -20,7 +20,6 @@ import (
 	"github.com/santa-offload/santa/clients/go/santa"
 	"github.com/santa-offload/santa/integrations/follow"
 	"github.com/santa-offload/santa/internal/testbed"
-	"golang.org/x/sys/unix"
 )
 
 // TestStopWhileBusy stops santad (SIGTERM) three times while clients add,
@@ -337,14 +336,7 @@ func TestCleanupUnderLoad(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer client.Close()
-	// room for every answer if the reader below is slow to be scheduled
-	if rc, err := client.SyscallConn(); err != nil {
-		t.Fatal(err)
-	} else if rc.Control(func(fd uintptr) {
-		err = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 16<<20)
-	}); err != nil {
-		t.Fatalf("SO_RCVBUFFORCE: %v", err)
-	}
+	roomForEveryAnswer(t, client)
 	const rate, total = 5000, 5000
 	got := make([]bool, total)
 	done := make(chan int)
