@@ -215,26 +215,9 @@ func decodedBound(data []byte, depth int) (int, []byte, error) {
 	if depth > maxNestedLevels {
 		return 0, nil, fmt.Errorf("%w: nested deeper than %d levels", ErrMalformed, maxNestedLevels)
 	}
-	if len(data) == 0 {
-		return 0, nil, fmt.Errorf("%w: truncated", ErrMalformed)
-	}
-	major, info := data[0]>>5, data[0]&0x1f
-	data = data[1:]
-	var arg uint64
-	switch {
-	case info < 24:
-		arg = uint64(info)
-	case info <= 27:
-		n := 1 << (info - 24)
-		if len(data) < n {
-			return 0, nil, fmt.Errorf("%w: truncated", ErrMalformed)
-		}
-		for _, b := range data[:n] {
-			arg = arg<<8 | uint64(b)
-		}
-		data = data[n:]
-	default:
-		return 0, nil, fmt.Errorf("%w: indefinite length or reserved header %#x", ErrMalformed, info)
+	major, arg, data, err := readHead(data)
+	if err != nil {
+		return 0, nil, err
 	}
 	items, each := uint64(0), 0
 	switch major {
@@ -262,4 +245,65 @@ func decodedBound(data []byte, depth int) (int, []byte, error) {
 		bound, data = bound+n, rest
 	}
 	return bound, data, nil
+}
+
+// readHead reads the head of the CBOR item data starts with: its major
+// type and argument (a value, a length or a count), and what follows.
+func readHead(data []byte) (major byte, arg uint64, rest []byte, err error) {
+	if len(data) == 0 {
+		return 0, 0, nil, fmt.Errorf("%w: truncated", ErrMalformed)
+	}
+	major, info := data[0]>>5, data[0]&0x1f
+	data = data[1:]
+	switch {
+	case info < 24:
+		arg = uint64(info)
+	case info <= 27:
+		n := 1 << (info - 24)
+		if len(data) < n {
+			return 0, 0, nil, fmt.Errorf("%w: truncated", ErrMalformed)
+		}
+		for _, b := range data[:n] {
+			arg = arg<<8 | uint64(b)
+		}
+		data = data[n:]
+	default:
+		return 0, 0, nil, fmt.Errorf("%w: indefinite length or reserved header %#x", ErrMalformed, info)
+	}
+	return major, arg, data, nil
+}
+
+// HeaderPrefix is how many bytes of a message HeaderOf reads at most: a
+// map head and three keys with 64-bit values.
+const HeaderPrefix = 9 + 3*(1+9)
+
+// HeaderOf reads a request's op and seq from the first bytes of its CBOR
+// map, where the core deterministic encoding every client uses puts them
+// (keys 0 v, 1 op and 2 seq, in that order), without decoding the rest.
+// santad echoes them in its answer to a frame it does not decode, so that
+// the client can tell which request was refused. What it cannot read is 0.
+func HeaderOf(data []byte) (op Op, seq uint64) {
+	major, pairs, data, err := readHead(data)
+	if err != nil || major != 5 {
+		return 0, 0
+	}
+	next := uint64(0) // the smallest key that may follow
+	for range min(pairs, 3) {
+		kmajor, key, rest, err := readHead(data)
+		if err != nil || kmajor != 0 || key < next || key > 2 {
+			break
+		}
+		vmajor, value, rest, err := readHead(rest)
+		if err != nil || vmajor != 0 {
+			break
+		}
+		switch key {
+		case 1:
+			op = Op(value)
+		case 2:
+			seq = value
+		}
+		next, data = key+1, rest
+	}
+	return op, seq
 }

@@ -109,8 +109,9 @@ var ErrTooLarge = errors.New("message too large")
 
 // Recv reads one message and any fds passed with it; the caller owns the
 // files. A frame whose content does not decode returns ErrMalformed (with
-// the files), and the stream stays usable; a bad frame header returns
-// ErrFrame, after which the stream is out of step.
+// the files, and a message holding only the op and seq HeaderOf reads from
+// it), and the stream stays usable; a bad frame header returns ErrFrame,
+// after which the stream is out of step.
 func (c *Conn) Recv() (*Message, []*os.File, error) {
 	return c.RecvWithin(nil)
 }
@@ -119,8 +120,9 @@ func (c *Conn) Recv() (*Message, []*os.File, error) {
 // reserve is asked for a frame's length before its body is read, then for
 // what decoding it may allocate (DecodedBound) before it is decoded, and
 // may wait for room. If it refuses, the frame is skipped (the stream stays
-// in step) and RecvWithin returns its error, with the files. A nil reserve
-// bounds nothing.
+// in step) and RecvWithin returns its error, with the files and a message
+// holding only the op and seq HeaderOf reads from the frame's first bytes.
+// A nil reserve bounds nothing.
 func (c *Conn) RecvWithin(reserve func(n int) error) (*Message, []*os.File, error) {
 	var hdr [4]byte
 	oob := make([]byte, unix.CmsgSpace(4*4))
@@ -148,11 +150,16 @@ func (c *Conn) RecvWithin(reserve func(n int) error) (*Message, []*os.File, erro
 	}
 	if reserve != nil {
 		if err := reserve(int(size)); err != nil {
-			if _, serr := io.CopyN(io.Discard, c.c, int64(size)); serr != nil {
+			prefix := make([]byte, min(int(size), HeaderPrefix))
+			_, serr := io.ReadFull(c.c, prefix)
+			if serr == nil {
+				_, serr = io.CopyN(io.Discard, c.c, int64(size)-int64(len(prefix)))
+			}
+			if serr != nil {
 				closeAll(files)
 				return nil, nil, serr
 			}
-			return nil, files, err
+			return headerOnly(prefix), files, err
 		}
 	}
 	body := make([]byte, size)
@@ -166,14 +173,21 @@ func (c *Conn) RecvWithin(reserve func(n int) error) (*Message, []*os.File, erro
 			err = reserve(bound)
 		}
 		if err != nil {
-			return nil, files, err
+			return headerOnly(body), files, err
 		}
 	}
 	m, err := c.decode(body)
 	if err != nil {
-		return nil, files, err
+		return headerOnly(body), files, err
 	}
 	return m, files, nil
+}
+
+// headerOnly is the message of a frame that was not decoded: the op and
+// seq its first bytes name.
+func headerOnly(body []byte) *Message {
+	op, seq := HeaderOf(body)
+	return &Message{Op: op, Seq: seq}
 }
 
 func parseRights(oob []byte) ([]*os.File, error) {

@@ -319,6 +319,11 @@ func TestMalformedRequests(t *testing.T) {
 	if m := raw([]byte{0xa2, 0x00, 0x01, 0x18, 0xff, 0x01}); !strings.Contains(m.Error, "unknown key 255") {
 		t.Errorf("a request with key 255: %q, want an error naming the key", m.Error)
 	}
+	// protocol.md: ... and echoes the op and seq the frame's first bytes name
+	unknownKey := []byte{0xa4, 0x00, 0x01, 0x01, byte(api.OpAdd), 0x02, 0x1b, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00, 0x00, 0x05, 0x18, 0xff, 0x01}
+	if m := raw(unknownKey); m.Status != api.StatusMalformed || m.Op != api.OpAdd || m.Seq != 1<<40|5 {
+		t.Errorf("an add with seq 2^40+5 and key 255: %s op %s seq %d, want malformed op add seq %d", m.Status, m.Op, m.Seq, uint64(1<<40|5))
+	}
 	if m := raw(mustEncode(t, &api.Message{V: 1, Op: api.OpHealth, Seq: 7})); m.Status != api.StatusOK || m.Seq != 7 || m.Daemon == nil {
 		t.Fatalf("health after bad requests: %+v", m)
 	}

@@ -156,7 +156,7 @@ for path in sys.argv[2:]:
     body = open(path, "rb").read()
     s.sendall(struct.pack(">I", len(body)) + body)
     m, _ = recv_message(s)
-    print(int(m.status), m.error or "-")`
+    print(int(m.status), m.seq, m.error or "-")`
 	args := []string{"-c", send, sd.Socket, frames + "0", frames + "1", frames + "2"}
 	env := []string{"PYTHONPATH=" + filepath.Join(work, "python")}
 	out, err := runAs(tb, nobody, env, "/usr/bin/python3", args...)
@@ -164,10 +164,11 @@ for path in sys.argv[2:]:
 		t.Fatal(err)
 	}
 	answers := strings.Split(strings.TrimSpace(out), "\n")
-	quota := fmt.Sprintf("%d ", api.StatusQuota)
-	if len(answers) != 3 || !strings.HasPrefix(answers[0], quota) || !strings.Contains(answers[0], "quota.request_bytes") ||
-		!strings.HasPrefix(answers[1], quota) || !strings.Contains(answers[1], "quota.request_bytes") || answers[2] != "0 -" {
-		t.Errorf("as nobody: 300 kB decoding to 13.6 MB, a 2 MB frame, then health, answered\n%s\nwant quota (naming quota.request_bytes) twice, then ok", out)
+	// each refusal echoes the seq of the frame it did not decode
+	quota := func(seq int) string { return fmt.Sprintf("%d %d ", api.StatusQuota, seq) }
+	if len(answers) != 3 || !strings.HasPrefix(answers[0], quota(1)) || !strings.Contains(answers[0], "quota.request_bytes") ||
+		!strings.HasPrefix(answers[1], quota(2)) || !strings.Contains(answers[1], "quota.request_bytes") || answers[2] != "0 3 -" {
+		t.Errorf("as nobody: 300 kB decoding to 13.6 MB, a 2 MB frame, then health, answered\n%s\nwant quota (seq 1, then 2, naming quota.request_bytes), then ok (seq 3)", out)
 	}
 	if out, err := runAs(tb, 0, env, "/usr/bin/python3", args...); err != nil || strings.Contains(out, "request_bytes") {
 		t.Errorf("as root: %v\n%s\nwant the frames decoded (root has no such bound)", err, out)

@@ -147,7 +147,11 @@ func (s *session) serve() {
 			inStep := errors.Is(err, api.ErrMalformed) || status == api.StatusQuota
 			if inStep || errors.Is(err, api.ErrFrame) {
 				s.d.metrics.request(0, status)
-				s.conn.Send(&api.Message{V: api.Version, Status: status, Error: err.Error()}, -1)
+				refusal := &api.Message{V: api.Version, Status: status, Error: err.Error()}
+				if req != nil { // the op and seq the frame's first bytes name: the client knows what was refused
+					refusal.Op, refusal.Seq = req.Op, req.Seq
+				}
+				s.conn.Send(refusal, -1)
 			}
 			if inStep {
 				continue

@@ -333,7 +333,7 @@ static int recv_msg(struct santa_client *c, struct sp_msg *m)
 /* Checks that m answers (op, seq) and succeeded; frees m unless it did. */
 static int check_answer(struct santa_client *c, uint64_t op, uint64_t seq, struct sp_msg *m)
 {
-	/* santad answers a request it could not parse without op and seq, e.g.
+	/* santad answers a request whose op and seq it could not read without them, e.g.
 	 * an older santad refusing a key it does not know; still one answer */
 	bool unparsed = m->op == 0 && m->seq == 0 && m->status != 0;
 	int rc = 0;

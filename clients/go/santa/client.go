@@ -274,7 +274,7 @@ func (c *Client) exchange(conn *api.Conn, req *api.Message, fd int) (*api.Messag
 		}
 		return nil, fmt.Errorf("santad %s: receive: %w", req.Op, err)
 	}
-	if resp.Status != api.StatusOK && resp.Seq == 0 { // santad could not read the request
+	if resp.Status != api.StatusOK && resp.Seq == 0 { // santad could not read the request's seq (docs/protocol.md "Transport")
 		return nil, &Error{Op: req.Op, Status: resp.Status, Message: resp.Error}
 	}
 	if resp.Seq != req.Seq || resp.Op != req.Op {

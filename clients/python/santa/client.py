@@ -314,7 +314,7 @@ class Client:
                     raise ConnectionError(errno.EPIPE, f"santad {name}: santad at {self.path} closed the new "
                                           "connection too before reading the request")
         answered = resp.seq == request.seq and resp.op == op
-        # santad answers a request it could not parse with seq 0: still this request's answer.
+        # santad answers a request whose seq it could not read with seq 0: still this request's answer.
         if resp.status != Status.OK and (answered or resp.seq == 0):
             raise Error(resp.status, resp.error)
         if not answered:
