@@ -424,8 +424,8 @@ static int request(struct santa_client *c, struct sp_msg *req, bool targeted, in
 	memset(resp, 0, sizeof *resp);
 	if (begin(c, false) < 0)
 		return -1;
-	if (targeted && sockfd < 0 && cookie == 0)
-		return fail(c, EINVAL, "%s: no target: pass the socket's fd or its cookie", op_name(req->op));
+	if (targeted && sockfd < 0 && cookie == 0) /* in the Go and Python clients' words (docs/api.md) */
+		return fail(c, EINVAL, "%s: no target socket: pass the socket's fd or name its cookie", op_name(req->op));
 	/* else sendmsg's EBADF reads as if the connection to santad were bad */
 	if (targeted && sockfd >= 0 && fcntl(sockfd, F_GETFD) < 0)
 		return fail(c, EBADF, "%s: the target fd %d is not open", op_name(req->op), sockfd);
@@ -496,7 +496,7 @@ int santa_bind(struct santa_client *c, int sockfd, uint32_t sample_bytes, uint32
 	struct sp_msg req = { .op = SP_OP_BIND, .sample_bytes = sample_bytes, .sample_rate = sample_rate }, resp;
 
 	if (c && sockfd < 0)
-		return fail(c, EINVAL, "bind: pass the socket's fd");
+		return fail(c, EINVAL, "bind: no target socket: bind needs the socket's fd (a cookie names a rule set that exists)");
 	if (request(c, &req, false, sockfd, 0, &resp) < 0)
 		return -1;
 	if (resp.nsockets != 1) {

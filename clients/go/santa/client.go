@@ -48,17 +48,39 @@ var (
 
 // Target names the socket a request is about: either a socket the caller
 // holds (its fd is passed to santad, which proves ownership) or the cookie of
-// a socket that already has a rule set.
+// a socket that already has a rule set. The zero Target names none: a call
+// with it fails before anything is sent, as one with FD(-1) or Cookie(0).
 type Target struct {
-	fd     int
-	cookie uint64
+	fd     int    // the fd to pass, if passFD
+	cookie uint64 // else the rule set's cookie
+	passFD bool
 }
 
 // FD targets the socket behind this file descriptor; the fd is passed along.
-func FD(fd int) Target { return Target{fd: fd} }
+func FD(fd int) Target { return Target{fd: fd, passFD: true} }
 
 // Cookie targets the rule set of the socket with this SO_COOKIE.
-func Cookie(cookie uint64) Target { return Target{fd: -1, cookie: cookie} }
+func Cookie(cookie uint64) Target { return Target{cookie: cookie} }
+
+// check refuses, before anything is sent, a target that names no socket
+// (docs/api.md "Targets"): a closed fd, else sendmsg's EBADF reads as if
+// the connection to santad were bad.
+func (t Target) check(op api.Op) error {
+	if t.passFD && t.fd >= 0 {
+		var st syscall.Stat_t
+		if err := syscall.Fstat(t.fd, &st); err != nil {
+			return fmt.Errorf("santad %s: the target fd %d is not open: %w", op, t.fd, err)
+		}
+		return nil
+	}
+	if op == api.OpBind {
+		return errors.New("santad bind: no target socket: bind needs the socket's fd (a cookie names a rule set that exists)")
+	}
+	if t.passFD || t.cookie == 0 {
+		return fmt.Errorf("santad %s: no target socket: pass the socket's fd or name its cookie", op)
+	}
+	return nil
+}
 
 // Socket targets a socket the caller holds, e.g. a *net.UDPConn or a
 // *net.TCPListener. Keep it alive until the call returns.
@@ -198,25 +220,21 @@ func (e *errUnread) Unwrap() error { return e.send }
 // call sends a request about target t (if any) and returns santad's
 // response, dialing anew if santad closed the connection (see Client).
 func (c *Client) call(req *api.Message, t *Target) (*api.Message, error) {
-	if t != nil && t.fd >= 0 {
-		// else sendmsg's EBADF reads as if the connection to santad were bad
-		var st syscall.Stat_t
-		if err := syscall.Fstat(t.fd, &st); err != nil {
-			return nil, fmt.Errorf("santad %s: the target fd %d is not open: %w", req.Op, t.fd, err)
+	fd := -1
+	if t != nil {
+		if err := t.check(req.Op); err != nil {
+			return nil, err
+		}
+		if t.passFD {
+			fd = t.fd
+		} else {
+			req.Socket = t.cookie
 		}
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.seq++
 	req.V, req.Seq = api.Version, c.seq
-	fd := -1
-	if t != nil {
-		if t.fd >= 0 {
-			fd = t.fd
-		} else {
-			req.Socket = t.cookie
-		}
-	}
 	conn, err := c.current()
 	if err != nil {
 		return nil, fmt.Errorf("santad %s: %w", req.Op, err)

@@ -305,3 +305,43 @@ func TestClosedTargetFD(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestTargetsThatNameNoSocket: a target that names no socket is refused
+// before anything is sent, in the C and Python clients' words (docs/api.md
+// "Targets"). The zero Target passed fd 0, FD(-1) and Cookie(0) went to
+// santad, and so did a bind by cookie.
+func TestTargetsThatNameNoSocket(t *testing.T) {
+	f, c := dialFake(t)
+	const (
+		bind = "santad bind: no target socket: bind needs the socket's fd (a cookie names a rule set that exists)"
+		add  = "santad add: no target socket: pass the socket's fd or name its cookie"
+	)
+	for _, tc := range []struct {
+		name string
+		call func() error
+		want string
+	}{
+		{"Bind(Target{})", func() error { _, err := c.Bind(Target{}, SampleOptions{}); return err }, bind},
+		{"Bind(FD(-1))", func() error { _, err := c.Bind(FD(-1), SampleOptions{}); return err }, bind},
+		{"Bind(Cookie(5))", func() error { _, err := c.Bind(Cookie(5), SampleOptions{}); return err }, bind},
+		{"Add(Target{})", func() error { _, err := c.Add(Target{}, []api.Rule{{ReplyLen: 1}}); return err }, add},
+		{"Add(FD(-1))", func() error { _, err := c.Add(FD(-1), []api.Rule{{ReplyLen: 1}}); return err }, add},
+		{"Unbind(Cookie(0))", func() error { return c.Unbind(Cookie(0)) },
+			"santad unbind: no target socket: pass the socket's fd or name its cookie"},
+	} {
+		done := make(chan error, 1)
+		go func() { done <- tc.call() }()
+		if err := wait(t, done); err == nil || err.Error() != tc.want {
+			t.Errorf("%s: %v, want %q", tc.name, err, tc.want)
+		}
+	}
+	// nothing was sent: the first request on the connection is a health
+	conn := f.accept(t)
+	done := health(c)
+	if req := answer(t, conn); req.Op != api.OpHealth || req.Seq != 1 {
+		t.Errorf("santad got %s seq %d first, want health seq 1", req.Op, req.Seq)
+	}
+	if err := wait(t, done); err != nil {
+		t.Fatal(err)
+	}
+}

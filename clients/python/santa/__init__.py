@@ -23,7 +23,7 @@ from .protocol import (
     OutcomeUnknownError, Processor, ProtocolError, Put, Rule, RuleStats, SocketInfo, Status,
 )
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "Client", "Cookie", "Health", "Sample", "Target", "socket_path",

@@ -26,6 +26,13 @@ class _HasFileno(Protocol):
     def fileno(self) -> int: ...
 
 
+class _Untargeted:
+    """The target of a request about no one socket (health, a root bind by pid or port)."""
+
+
+_UNTARGETED = _Untargeted()
+
+
 @dataclass(frozen=True)
 class Cookie:
     """Names an existing rule set by its socket's cookie (``SO_COOKIE``).
@@ -147,8 +154,6 @@ class Client:
         (request bytes per sample, at most 1472; ``sample_rate`` samples per
         second and CPU).
         """
-        if isinstance(target, Cookie):
-            raise TypeError("bind needs the socket itself (a socket object or fd), not a cookie")
         resp = self._call(Op.BIND, target, sample_bytes=sample_bytes, sample_rate=sample_rate)
         return self._one_socket(resp)
 
@@ -185,9 +190,9 @@ class Client:
         """Swap all the socket's rules for ``rules`` (may be empty) in one step; return the new ids."""
         return self._rule_ids(Op.REPLACE, target, rules)
 
-    def modify(self, target: Target, rules: Sequence[Rule]) -> list[int]:
-        """Change rules in place, all or none; each rule's ``id`` says which. Return the ids."""
-        return self._rule_ids(Op.MODIFY, target, rules)
+    def modify(self, target: Target, rules: Sequence[Rule]) -> None:
+        """Change rules in place, all or none; each rule's ``id`` says which (and stays its id)."""
+        self._rule_ids(Op.MODIFY, target, rules)
 
     def delete(self, target: Target, ids: Iterable[int]) -> None:
         """Delete the rules with these ids, all or none."""
@@ -286,10 +291,10 @@ class Client:
             raise ProtocolError(f"bind: santad returned {len(resp.sockets)} sockets, want 1")
         return resp.sockets[0]
 
-    def _call(self, op: Op, target: Target | None = None, **fields: object) -> Message:
-        """Send a request about ``target`` (if any) and return santad's successful response."""
-        fd, cookie = _resolve(target)
+    def _call(self, op: Op, target: Target | None | _Untargeted = _UNTARGETED, **fields: object) -> Message:
+        """Send a request about ``target`` (if it is about a socket) and return santad's successful response."""
         name = op.name.lower()
+        fd, cookie = (None, 0) if isinstance(target, _Untargeted) else _resolve(target, name)
         if fd is not None:  # else sendmsg's EBADF reads as if the connection to santad were bad
             try:
                 os.fstat(fd)
@@ -410,20 +415,26 @@ def _dial_hint(err: int | None) -> str:
     return "is santad running?"
 
 
-def _resolve(target: Target | None) -> tuple[int | None, int]:
-    """Split a target into the fd to pass and the cookie to name (0 for none)."""
-    if target is None:
-        return None, 0
-    if isinstance(target, Cookie):
-        return None, target.value
+def _resolve(target: Target | None, name: str) -> tuple[int | None, int]:
+    """Split the target of request ``name`` into the fd to pass and the
+    cookie to name (0 for none); refuse one that names no socket, as the C
+    and Go clients do (docs/api.md "Targets")."""
     if isinstance(target, bool):
         raise TypeError("target must be a socket, an fd or a santa.Cookie, not a bool")
-    if isinstance(target, int):
+    fd, cookie = None, 0
+    if isinstance(target, Cookie):
+        cookie = target.value
+    elif isinstance(target, int):
         fd = target
     elif callable(getattr(target, "fileno", None)):
         fd = target.fileno()
-    else:
+    elif target is not None:
         raise TypeError(f"target must be a socket, an fd or a santa.Cookie, not {type(target).__name__}")
-    if fd < 0:
-        raise ValueError(f"target fd {fd} is not open")
-    return fd, 0
+    if fd is not None and fd >= 0:
+        return fd, 0
+    if name == "bind":  # a Cookie is a target of another kind
+        refusal = TypeError if isinstance(target, Cookie) else ValueError
+        raise refusal("santad bind: no target socket: bind needs the socket's fd (a cookie names a rule set that exists)")
+    if fd is not None or cookie == 0:
+        raise ValueError(f"santad {name}: no target socket: pass the socket's fd or name its cookie")
+    return None, cookie

@@ -60,7 +60,7 @@ def test_every_request(santad: Callable[[Handler], FakeSantad], udp: socket.sock
         assert client.list_rules(target) == [LISTING1]
         assert client.stats(target) == stats
         assert client.stats(target, [3]) == stats
-        assert client.modify(target, [santa.Rule(id=3)]) == [3]
+        assert client.modify(target, [santa.Rule(id=3)]) is None
         client.delete(target, iter([3, 4]))
         client.unbind(target)
         assert client.bind_port(80, protocol=socket.IPPROTO_TCP) == [info]
@@ -163,18 +163,39 @@ def test_closed_target_fd(santad: Callable[[Handler], FakeSantad], udp: socket.s
 
 
 def test_targets_are_unambiguous() -> None:
-    assert santa.client._resolve(santa.Cookie(3)) == (None, 3)
-    assert santa.client._resolve(3) == (3, 0)
+    assert santa.client._resolve(santa.Cookie(3), "add") == (None, 3)
+    assert santa.client._resolve(3, "add") == (3, 0)
     with pytest.raises(TypeError):
-        santa.client._resolve(True)
+        santa.client._resolve(True, "add")
     with pytest.raises(TypeError):
-        santa.client._resolve("/run/santa/santa.sock")  # type: ignore[arg-type]
+        santa.client._resolve("/run/santa/santa.sock", "add")  # type: ignore[arg-type]
 
 
 def test_bind_needs_the_socket(santad: Callable[[Handler], FakeSantad]) -> None:
     fake = santad(lambda r, c: [])
     with santa.Client(fake.path) as client, pytest.raises(TypeError, match="cookie"):
         client.bind(santa.Cookie(1))
+
+
+def test_targets_that_name_no_socket(santad: Callable[[Handler], FakeSantad]) -> None:
+    """A target naming no socket is refused before anything is sent, with
+    the words of the C and Go clients (docs/api.md "Targets"): it went to
+    santad (None, Cookie(0)), or was refused as a closed fd (-1)."""
+    fake = santad(lambda r, c: [ok(r)])
+    bind = "santad bind: no target socket: bind needs the socket's fd"
+    with santa.Client(fake.path, timeout=10) as client:
+        for call, error, words in [
+            (lambda: client.bind(-1), ValueError, bind),
+            (lambda: client.bind(None), ValueError, bind),  # type: ignore[arg-type]
+            (lambda: client.bind(santa.Cookie(5)), TypeError, bind),
+            (lambda: client.add(-1, [LISTING1]), ValueError, "santad add: no target socket: pass the socket's fd or name its cookie"),
+            (lambda: client.unbind(santa.Cookie(0)), ValueError, "santad unbind: no target socket"),
+            (lambda: client.list_rules(None), ValueError, "santad list_rules: no target socket"),  # type: ignore[arg-type]
+        ]:
+            with pytest.raises(error, match=words):
+                call()
+        client.health()
+    assert [m.op for m, _ in fake.requests] == [Op.HEALTH]  # nothing else went to santad
 
 
 def test_socket_path(monkeypatch: pytest.MonkeyPatch, santad: Callable[[Handler], FakeSantad]) -> None:
