@@ -136,6 +136,30 @@ var vectorMessages = []Vector{
 		More: true}},
 	{Name: "delete every rule tagged santa-http", Message: Message{V: 1, Op: OpDelete, Seq: 23, Socket: 4097, Tag: "santa-http"}},
 	{Name: "delete by tag response: the ids deleted", Message: Message{V: 1, Op: OpDelete, Seq: 23, IDs: []uint64{7, 8, 65536}}},
+	// 64-bit fields hold values past 32 bits, and past 63 (where a signed
+	// 64-bit integer, or a JSON number read as a double, would break)
+	{Name: "list rules in pages after a rule id past 2^32, seq and cookie past 2^63", Message: Message{V: 1, Op: OpListRules,
+		Seq: 1<<63 + 24, Socket: 1<<63 + 4097, After: 1<<32 + 41, Limit: 2}},
+	{Name: "list_rules response: ids and expiry past 2^32, the last id and version", Message: Message{V: 1, Op: OpListRules, Seq: 1<<32 + 24,
+		Rules: []Rule{
+			{ID: 1<<32 + 42, Version: 1<<32 - 1, Conditions: []Condition{{Offset: 12, Pattern: Bytes("\x01a\x00")}},
+				Processors: []Processor{{Kind: KindPut, Template: Bytes{0x81, 0x80}}}, ReplyLen: 2, Expires: 1<<32 + 1},
+			{ID: 1<<64 - 1, Version: 1, Conditions: []Condition{{Offset: 12, Pattern: Bytes("\x01b\x00")}},
+				Processors: []Processor{{Kind: KindPut, Template: Bytes{0x81, 0x83}}}, ReplyLen: 2, Expires: 1<<64 - 1,
+				Guards: []Guard{{Slot: 1, Version: 1<<64 - 1}}}},
+		More: true}},
+	{Name: "list sockets response: cookie, counts, hits and reply bytes past 2^32", Message: Message{V: 1, Op: OpListSockets, Seq: 25,
+		Sockets: []SocketInfo{{Cookie: 1<<64 - 1, Family: 4, Protocol: 17, Address: Bytes{198, 18, 0, 1}, Port: 53, Owner: 1<<32 - 1,
+			Rules: 1<<32 + 5, TemplateBytes: 1<<40 + 9, Hits: 1<<63 + 77, ReplyBytes: 1<<64 - 1, PID: 1<<32 - 1}}}},
+	{Name: "stats response: hits and bytes past 2^32 and 2^63", Message: Message{V: 1, Op: OpStats, Seq: 26,
+		Stats: []RuleStats{{ID: 1<<32 + 3, Hits: 1<<32 + 1, Bytes: 1<<63 + 1}, {ID: 1<<64 - 1, Hits: 1<<64 - 1, Bytes: 1<<64 - 1}}}},
+	{Name: "health response: counters and sizes past 2^32", Message: Message{V: 1, Op: OpHealth, Seq: 27,
+		Daemon: &DaemonInfo{Version: "0.3.0", Protocol: 1, PID: 1<<32 - 1, UptimeSeconds: 1<<32 + 7, Sockets: 1<<32 + 1,
+			Rules: 1 << 33, MaxRules: 1 << 34, DataBytes: 1 << 40, MaxDataBytes: 1 << 41, UID: 1<<32 - 2,
+			QuotaRules: 1<<32 + 1, QuotaBytes: 1 << 63, UsedRules: 1 << 32, UsedBytes: 1<<63 + 1, QuotaRulesets: 1<<32 + 3, UsedRulesets: 1<<32 + 2},
+		Counters: map[string]uint64{"answered": 1<<32 + 9, "pass_no_match": 1<<63 + 5, "tcp_answered": 1<<64 - 1}}},
+	{Name: "delete rules with ids past 2^32 and 2^63, by a cookie past 2^32", Message: Message{V: 1, Op: OpDelete, Seq: 28, Socket: 1<<32 + 4097,
+		IDs: []uint64{1 << 32, 1<<63 + 1, 1<<64 - 1}}},
 }
 
 const skippedKeysPath = "../testdata/protocol/skipped_keys.json"
