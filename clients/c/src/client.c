@@ -552,7 +552,7 @@ static int send_rules(struct santa_client *c, uint64_t op, int sockfd, uint64_t 
 	for (size_t i = 0; i < n; i++) {
 		if (santa_proto_rule_check(rules[i], err, sizeof err) < 0) {
 			free(wire);
-			return fail(c, EINVAL, "%s: rule %zu: %s", op_name(op), i, err);
+			return fail(c, EINVAL, "%s: rule %zu: invalid rule: %s", op_name(op), i, err);
 		}
 		wire[i] = rules[i]->r; /* shallow: the encoder only reads the rule's buffers */
 	}

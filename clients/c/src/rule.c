@@ -1,7 +1,8 @@
 /*
  * rule.c - the rule builder. It refuses what santad would certainly refuse
  * (see internal/dataplane/rule.go) so mistakes surface at the line that made
- * them; santad still validates everything.
+ * them, naming the field in santad's words (the Go and Python clients get
+ * santad's text for the same rule); santad still validates everything.
  */
 #include <errno.h>
 #include <stdarg.h>
@@ -85,9 +86,12 @@ int santa_rule_length(struct santa_rule *rule, uint32_t min_len, uint32_t max_le
 {
 	if (!rule)
 		return rule_fail(NULL, EINVAL, "no rule");
-	if (min_len > SANTA_REQUEST_WINDOW || max_len > SANTA_REQUEST_WINDOW)
-		return rule_fail(rule, EINVAL, "length bounds %u..%u: at most %d (the request bytes the matcher sees)",
-		                 min_len, max_len, SANTA_REQUEST_WINDOW);
+	if (min_len > SANTA_REQUEST_WINDOW)
+		return rule_fail(rule, EINVAL, "min length %u: must be between 0 and %d (the request bytes the matcher sees)",
+		                 min_len, SANTA_REQUEST_WINDOW);
+	if (max_len > SANTA_REQUEST_WINDOW)
+		return rule_fail(rule, EINVAL, "max length %u: must be between 0 and %d (the request bytes the matcher sees)",
+		                 max_len, SANTA_REQUEST_WINDOW);
 	if (max_len && min_len > max_len)
 		return rule_fail(rule, EINVAL, "min length %u exceeds max length %u", min_len, max_len);
 	rule->r.min_len = min_len;
@@ -102,7 +106,7 @@ int santa_rule_guard(struct santa_rule *rule, uint32_t slot, uint64_t version)
 	if (!rule)
 		return rule_fail(NULL, EINVAL, "no rule");
 	if (i == SANTA_MAX_GUARDS)
-		return rule_fail(rule, EINVAL, "guard %zu: a rule has at most %d guards", i, SANTA_MAX_GUARDS);
+		return rule_fail(rule, EINVAL, "%zu guards: at most %d per rule", i + 1, SANTA_MAX_GUARDS);
 	if (slot >= SANTA_GUARD_SLOTS)
 		return rule_fail(rule, EINVAL, "guard %zu: slot %u is past the guard map's %u slots", i, slot,
 		                 SANTA_GUARD_SLOTS);
@@ -134,7 +138,7 @@ int santa_rule_tag(struct santa_rule *rule, const char *tag)
 	if (!rule)
 		return rule_fail(NULL, EINVAL, "no rule");
 	if (tag && strlen(tag) > SANTA_MAX_TAG)
-		return rule_fail(rule, EINVAL, "tag: %zu bytes, at most %d", strlen(tag), SANTA_MAX_TAG);
+		return rule_fail(rule, EINVAL, "tag \"%.20s\"… is %zu bytes, at most %d", tag, strlen(tag), SANTA_MAX_TAG);
 	if (tag && *tag && !(dup = strdup(tag)))
 		return rule_fail(rule, ENOMEM, "tag: out of memory");
 	free(rule->r.tag);
@@ -151,7 +155,7 @@ static int add_condition(struct santa_rule *rule, uint32_t offset, const void *p
 	if (!rule)
 		return rule_fail(NULL, EINVAL, "no rule");
 	if (i == SANTA_MAX_CONDITIONS)
-		return rule_fail(rule, EINVAL, "condition %zu: a rule has at most %d conditions", i, SANTA_MAX_CONDITIONS);
+		return rule_fail(rule, EINVAL, "%zu conditions: at most %d per rule", i + 1, SANTA_MAX_CONDITIONS);
 	if (!pattern || len == 0)
 		return rule_fail(rule, EINVAL, "condition %zu: empty pattern", i);
 	if (len > SANTA_MAX_PATTERN)
@@ -245,7 +249,7 @@ static int add_copy(struct santa_rule *rule, uint32_t reply_offset, uint32_t src
 	if (!rule)
 		return rule_fail(NULL, EINVAL, "no rule");
 	if (len == 0)
-		return rule_fail(rule, EINVAL, "processor %zu (copy): length must be positive", rule->r.nprocessors);
+		return rule_fail(rule, EINVAL, "processor %zu (copy): length 0 must be positive", rule->r.nprocessors);
 	if (check_reply_range(rule, "copy", reply_offset, len) < 0)
 		return -1;
 	if ((uint64_t)src_offset + len > SANTA_REQUEST_WINDOW)

@@ -451,7 +451,7 @@ static void test_calls(const char *path)
 	      "no target: %s", santa_error(c));
 	santa_rule_put(bad, 6, "!", 1);
 	CHECK(santa_add(c, udp, 0, poisoned, 1, ids) == -1 && errno == EINVAL &&
-	          strstr(santa_error(c), "add: rule 0: processor 1 (put): writes reply bytes 6..7"),
+	          strstr(santa_error(c), "add: rule 0: invalid rule: processor 1 (put): writes reply bytes 6..7"),
 	      "poisoned rule: %s", santa_error(c));
 	CHECK(santa_bind(c, -1, 0, 0, NULL) == -1 && errno == EINVAL &&
 	          strstr(santa_error(c), "bind: no target socket: bind needs the socket's fd"),

@@ -84,7 +84,7 @@ static void test_conditions(void)
 	CHECK(santa_rule_match(r, 0, big, SANTA_MAX_PATTERN) == 0, "1024-byte pattern refused");
 	CHECK(santa_rule_match(r, 1471, "a", 1) == 0, "last byte of the window refused");
 	CHECK(santa_rule_match(r, 2, "b", 1) == 0 && santa_rule_match(r, 3, "c", 1) == 0, "conditions 3 and 4 refused");
-	REFUSED(r, santa_rule_match(r, 4, "d", 1), "condition 4: a rule has at most 4 conditions");
+	REFUSED(r, santa_rule_match(r, 4, "d", 1), "5 conditions: at most 4 per rule");
 	santa_rule_free(r);
 }
 
@@ -94,7 +94,7 @@ static void test_processors(void)
 	REFUSED_NEW(6, santa_rule_put(r, 0, NULL, 1), "processor 0 (put): empty template");
 	REFUSED_NEW(6, santa_rule_put(r, 4, "abc", 3), "processor 0 (put): writes reply bytes 4..7 of a 6-byte reply");
 	REFUSED_NEW(6, santa_rule_put(r, UINT32_MAX, "a", 1), "writes reply bytes 4294967295..4294967296");
-	REFUSED_NEW(6, santa_rule_copy(r, 0, 0, 0), "processor 0 (copy): length must be positive");
+	REFUSED_NEW(6, santa_rule_copy(r, 0, 0, 0), "processor 0 (copy): length 0 must be positive");
 	REFUSED_NEW(6, santa_rule_copy(r, 5, 0, 2), "processor 0 (copy): writes reply bytes 5..7 of a 6-byte reply");
 	REFUSED_NEW(6, santa_rule_copy(r, 0, 1471, 2), "request bytes 1471..1473 lie outside the first 1472 bytes");
 
@@ -141,7 +141,10 @@ static void test_masks_and_bounds(void)
 	REFUSED_NEW(9, santa_rule_copy_masked(r, 0, 0, nine, 9), "processor 0 (copy): a masked copy of 9 bytes: masked copies hold at most 8");
 	REFUSED_NEW(6, santa_rule_copy_masked(r, 0, 0, NULL, 1), "processor 0 (copy): no mask");
 	REFUSED_NEW(6, santa_rule_length(r, 7, 6), "min length 7 exceeds max length 6");
-	REFUSED_NEW(6, santa_rule_length(r, 0, SANTA_REQUEST_WINDOW + 1), "at most 1472");
+	REFUSED_NEW(6, santa_rule_length(r, 0, SANTA_REQUEST_WINDOW + 1),
+	            "max length 1473: must be between 0 and 1472 (the request bytes the matcher sees)");
+	REFUSED_NEW(6, santa_rule_length(r, SANTA_REQUEST_WINDOW + 1, 0),
+	            "min length 1473: must be between 0 and 1472 (the request bytes the matcher sees)");
 
 	/* a rule needs a condition whose first byte is compared in full */
 	struct santa_rule *r = fresh(6);
@@ -169,7 +172,7 @@ static void test_guards(void)
 	CHECK(santa_rule_guard(r, 0, 0) == 0 && santa_rule_guard(r, SANTA_GUARD_SLOTS - 1, UINT64_MAX) == 0,
 	      "two guards refused: %s", santa_rule_error(r));
 	CHECK(santa_proto_rule_check(r, err, sizeof err) == 0, "guarded rule refused: %s", err);
-	REFUSED(r, santa_rule_guard(r, 1, 1), "guard 2: a rule has at most 2 guards");
+	REFUSED(r, santa_rule_guard(r, 1, 1), "3 guards: at most 2 per rule");
 	santa_rule_free(r);
 }
 
@@ -292,7 +295,10 @@ static void test_wire(void)
 	memset(long_tag, 't', sizeof long_tag - 1);
 	long_tag[sizeof long_tag - 1] = '\0';
 	r = fresh(1);
-	CHECK(santa_rule_tag(r, long_tag) == -1 && errno == EINVAL && santa_rule_error(r), "a 65-byte tag taken");
+	/* in santad's words (api.CheckTag) */
+	CHECK(santa_rule_tag(r, long_tag) == -1 && errno == EINVAL && santa_rule_error(r) &&
+	          strcmp(santa_rule_error(r), "tag \"tttttttttttttttttttt\"… is 65 bytes, at most 64") == 0,
+	      "a 65-byte tag: %s", santa_rule_error(r) ? santa_rule_error(r) : "taken");
 	santa_rule_free(r);
 	r = fresh(1);
 	long_tag[SANTA_MAX_TAG] = '\0';
