@@ -97,15 +97,23 @@ over from the journal in the state directory. Needs root.`,
 		Long: `cleanup detaches the rule processor from every interface a santad attached
 it to, removes the pinned programs and maps and the journal: every rule is
 gone. It also removes the control socket, the lock and the claims of
-controllers that ended. Stop santad first: beside a running santad it
-refuses and changes nothing.`,
+controllers that ended, and says what it removed (or that there was
+nothing). Stop santad first: beside a running santad it refuses and
+changes nothing.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, _, err := o.load(cmd)
 			if err != nil {
 				return err
 			}
-			return daemon.Cleanup(cfg)
+			removed, err := daemon.Cleanup(cfg)
+			for _, r := range removed {
+				fmt.Fprintln(cmd.OutOrStdout(), r)
+			}
+			if len(removed) == 0 && err == nil {
+				fmt.Fprintf(cmd.OutOrStdout(), "nothing to remove: no santad state in %s, %s or at %s\n", cfg.StateDir, cfg.BPFFS, cfg.Socket)
+			}
+			return err
 		},
 	})
 	return root

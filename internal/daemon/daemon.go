@@ -43,6 +43,7 @@ type Daemon struct {
 	lock     *os.File
 	pinsLock *os.File // flock on the bpffs directory: one santad per bpffs too
 	pinned   string   // the generation directory this instance pinned, "" before it pins
+	made     []string // directories and files Start made, in order: a failed start removes them
 	listener *net.UnixListener
 	metrics  *metrics
 	wg       sync.WaitGroup
@@ -114,11 +115,15 @@ func Start(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 			d.abort()
 		}
 	}()
-	if err := os.MkdirAll(cfg.StateDir, 0o755); err != nil {
+	if err := d.mkdirAll(cfg.StateDir, 0o755); err != nil {
 		return nil, err
 	}
+	lockMade := !exists(cfg.lockPath())
 	if d.lock, err = lockFile(cfg.lockPath()); err != nil {
 		return nil, err
+	}
+	if lockMade {
+		d.made = append(d.made, cfg.lockPath())
 	}
 	// what the configuration names must exist before anything is loaded,
 	// pinned or attached: a failed start leaves the rule processor in place
@@ -174,7 +179,7 @@ func Start(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 	if err := dataplane.EnsureBPFFS(cfg.BPFFS); err != nil {
 		return nil, err
 	}
-	if err := os.MkdirAll(cfg.BPFFS, 0o700); err != nil {
+	if err := d.mkdirAll(cfg.BPFFS, 0o700); err != nil {
 		return nil, err
 	}
 	if d.pinsLock, err = lockPins(cfg.BPFFS); err != nil {
@@ -204,6 +209,9 @@ func Start(cfg Config, log *slog.Logger) (_ *Daemon, err error) {
 	// it is not missed: the old hook covers the time before, this one after.
 	if d.released, err = d.dp.OpenReleased(); err != nil {
 		return nil, err
+	}
+	if !exists(cfg.journalPath()) { // restore writes one
+		d.made = append(d.made, cfg.journalPath())
 	}
 	if d.release, err = d.dp.AttachReleaseHook(cgroup); err != nil {
 		return nil, err
@@ -648,7 +656,7 @@ func (d *Daemon) listen() error {
 	if max := len(unix.RawSockaddrUnix{}.Path) - 1; len(path) > max {
 		return fmt.Errorf("control socket %s: longer than the %d bytes of a Unix socket's path", path, max)
 	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+	if err := d.mkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return fmt.Errorf("control socket: %w", err)
 	}
 	if err := removeStaleSocket(path); err != nil {
@@ -660,6 +668,9 @@ func (d *Daemon) listen() error {
 	}
 	l.SetUnlinkOnClose(false) // a successor may already listen on the path
 	d.listener = l
+	if claims := api.ClaimsDir(path); !exists(claims) {
+		d.made = append(d.made, claims)
+	}
 	if err := api.MakeClaimsDir(path); err != nil {
 		return fmt.Errorf("controllers' directory: %w", err)
 	}
@@ -737,8 +748,8 @@ func (d *Daemon) Close() error {
 }
 
 // abort undoes a failed Start, which attached nothing (attach undoes
-// itself): it removes the control socket and the pins Start made, and
-// leaves a previous instance's alone.
+// itself): it removes the control socket, the pins and the directories,
+// lock and journal Start made, and leaves a previous instance's alone.
 func (d *Daemon) abort() {
 	close(d.stop)
 	if d.listener != nil {
@@ -772,60 +783,129 @@ func (d *Daemon) abort() {
 	if d.pinsLock != nil {
 		d.pinsLock.Close()
 	}
+	// what it made, innermost first; a directory only if empty: a
+	// controller may have claimed a tag meanwhile
+	for _, path := range slices.Backward(d.made) {
+		if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+			d.log.Warn("could not remove what the failed start made", "path", path, "error", err)
+		}
+	}
 	if d.lock != nil {
 		d.lock.Close()
 	}
 }
 
+// mkdirAll makes dir and its missing parents, as os.MkdirAll, and
+// remembers those it made for abort.
+func (d *Daemon) mkdirAll(dir string, mode os.FileMode) error {
+	var missing []string
+	for p := filepath.Clean(dir); !exists(p); p = filepath.Dir(p) {
+		missing = append(missing, p)
+		if p == filepath.Dir(p) {
+			break
+		}
+	}
+	if err := os.MkdirAll(dir, mode); err != nil {
+		return err
+	}
+	for _, p := range slices.Backward(missing) {
+		d.made = append(d.made, p)
+	}
+	return nil
+}
+
+// exists says whether path names anything (a dangling link too); a path
+// it cannot tell about counts as there, which a failed start leaves alone.
+func exists(path string) bool {
+	_, err := os.Lstat(path)
+	return !errors.Is(err, os.ErrNotExist)
+}
+
 // Cleanup detaches the rule processor and removes every pin and the state
-// santad keeps: for uninstalling, and for tests.
-func Cleanup(cfg Config) (cerr error) {
+// santad keeps: for uninstalling, and for tests. It returns what it
+// removed, one line each, for santad cleanup to say.
+func Cleanup(cfg Config) (removed []string, cerr error) {
+	var errs []error
+	did := func(what string, err error) {
+		if err != nil {
+			errs = append(errs, err)
+		} else {
+			removed = append(removed, what)
+		}
+	}
 	// never under a running santad, which would go on without its journal
+	lockThere := exists(cfg.lockPath())
 	if lock, err := lockFile(cfg.lockPath()); err == nil {
 		// removed last, still held: nothing of santad's is left in the state directory
-		defer func() { cerr = errors.Join(cerr, os.Remove(cfg.lockPath()), lock.Close()) }()
+		defer func() {
+			err := os.Remove(cfg.lockPath())
+			if err == nil && lockThere { // else this call made it
+				removed = append(removed, "removed the lock "+cfg.lockPath())
+			}
+			cerr = errors.Join(cerr, err, lock.Close())
+		}()
 	} else if !errors.Is(err, os.ErrNotExist) { // no state directory: no santad
-		return err
+		return nil, err
 	}
 	// nor under a santad of another state directory that pins there
 	if pins, err := lockPins(cfg.BPFFS); err == nil {
 		defer pins.Close()
 	} else if !errors.Is(err, os.ErrNotExist) {
-		return err
+		return nil, err
 	}
-	var errs []error
 	ents, _ := os.ReadDir(cfg.linksDir())
 	for _, e := range ents {
 		if l, err := link.LoadPinnedLink(filepath.Join(cfg.linksDir(), e.Name()), nil); err == nil {
 			// the rule processor first: without the peer's program its
 			// replies would be dropped until it is gone
-			peer := peerPassOf(l, strings.TrimPrefix(e.Name(), "xdp-"))
-			errs = append(errs, l.Unpin(), l.Detach(), l.Close())
+			ifname := strings.TrimPrefix(e.Name(), "xdp-")
+			peer := peerPassOf(l, ifname)
+			did("detached the rule processor from "+ifname, errors.Join(l.Unpin(), l.Detach(), l.Close()))
 			if peer != 0 {
-				errs = append(errs, dataplane.RemovePeerPass(peer))
+				did("removed "+dataplane.PeerPassName+" from the other end of "+ifname, dataplane.RemovePeerPass(peer))
 			}
 		}
 	}
 	for _, g := range cfg.generations() {
-		errs = append(errs, dataplane.Unpin(cfg.genDir(g)))
+		did("removed the pins of generation "+strconv.Itoa(g)+" in "+cfg.genDir(g), dataplane.Unpin(cfg.genDir(g)))
 	}
-	errs = append(errs, os.RemoveAll(cfg.BPFFS), os.RemoveAll(cfg.journalPath()), os.RemoveAll(cfg.Socket),
-		removeClaims(api.ClaimsDir(cfg.Socket)))
-	_, err := removeCompactionLeftovers(cfg.journalPath())
-	return errors.Join(append(errs, err)...)
+	for _, p := range [][2]string{{"the pin directory", cfg.BPFFS}, {"the journal", cfg.journalPath()},
+		{"the control socket", cfg.Socket}} {
+		if exists(p[1]) {
+			did("removed "+p[0]+" "+p[1], os.RemoveAll(p[1]))
+		}
+	}
+	claims, err := removeClaims(api.ClaimsDir(cfg.Socket))
+	for _, c := range claims {
+		did("removed "+c, nil)
+	}
+	errs = append(errs, err)
+	leftovers, err := removeCompactionLeftovers(cfg.journalPath())
+	for _, l := range leftovers {
+		did("removed the unfinished journal compaction "+l, nil)
+	}
+	errs = append(errs, err)
+	return removed, errors.Join(errs...)
 }
 
 // removeClaims removes the controllers' claim files in dir that no
 // controller holds (a controller leaves its file when it ends), and dir
-// once it is empty; a running controller keeps its claim.
-func removeClaims(dir string) error {
+// once it is empty, and returns what it removed; a running controller
+// keeps its claim.
+func removeClaims(dir string) (removed []string, _ error) {
 	ents, err := os.ReadDir(dir)
 	if errors.Is(err, os.ErrNotExist) {
-		return nil
+		return nil, nil
 	} else if err != nil {
-		return err
+		return nil, err
 	}
 	var errs []error
+	gone := func(path string, err error) {
+		if err == nil {
+			removed = append(removed, path)
+		}
+		errs = append(errs, err)
+	}
 	for _, e := range ents {
 		path := filepath.Join(dir, e.Name())
 		if e.Type().IsRegular() {
@@ -837,19 +917,21 @@ func removeClaims(dir string) error {
 			}
 			err = unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
 			if err == nil {
-				err = os.Remove(path)
-			} else if errors.Is(err, unix.EWOULDBLOCK) {
-				err = nil // held: a controller runs
+				gone(path, os.Remove(path))
+			} else if !errors.Is(err, unix.EWOULDBLOCK) { // held: a controller runs
+				errs = append(errs, err)
 			}
-			errs = append(errs, err, f.Close())
+			errs = append(errs, f.Close())
 			continue
 		}
-		errs = append(errs, os.RemoveAll(path)) // nothing a controller made (RemoveAll follows no link)
+		gone(path, os.RemoveAll(path)) // nothing a controller made (RemoveAll follows no link)
 	}
-	if err := os.Remove(dir); err != nil && !errors.Is(err, unix.ENOTEMPTY) && !errors.Is(err, unix.EEXIST) {
+	if err := os.Remove(dir); err == nil {
+		removed = append(removed, dir)
+	} else if !errors.Is(err, unix.ENOTEMPTY) && !errors.Is(err, unix.EEXIST) {
 		errs = append(errs, err)
 	}
-	return errors.Join(errs...)
+	return removed, errors.Join(errs...)
 }
 
 // peerPassOf is the ifindex of the interface XDP link l is attached to, for

@@ -8,6 +8,7 @@ import (
 	"maps"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -241,21 +242,92 @@ func TestCleanupLeavesNothing(t *testing.T) {
 		})
 		return paths
 	}
-	if err := sd.Cleanup(); err != nil {
-		t.Fatal(err)
+	// and says what it removed
+	said := cleanupSays(t, sd)
+	for _, want := range []string{"detached the rule processor from " + tb.Server.Dev,
+		"removed the journal " + filepath.Join(sd.dir, "state", "journal"), "removed the control socket " + sd.Socket,
+		"removed " + filepath.Join(sd.dir, "controllers", "udp-7303-uid0-ended"),
+		"removed the lock " + filepath.Join(sd.dir, "state", "santad.lock")} {
+		if !slices.Contains(said, want) {
+			t.Errorf("santad cleanup said %q, want a line %q", said, want)
+		}
 	}
 	if got, want := left(), []string{"controllers/udp-7303-uid0-running"}; !slices.Equal(got, want) {
 		t.Errorf("after santad cleanup beside a running controller: %q left, want %q", got, want)
 	}
 	running.Release()
-	if err := sd.Cleanup(); err != nil {
-		t.Fatal(err)
+	if got, want := cleanupSays(t, sd), []string{"removed " + filepath.Join(sd.dir, "controllers", "udp-7303-uid0-running"),
+		"removed " + filepath.Join(sd.dir, "controllers")}; !slices.Equal(got, want) {
+		t.Errorf("santad cleanup of the claim left: said %q, want %q", got, want)
 	}
 	if got := left(); len(got) != 0 {
 		t.Errorf("after santad cleanup: %q left, want nothing", got)
 	}
+	if got := cleanupSays(t, sd); len(got) != 1 || !strings.HasPrefix(got[0], "nothing to remove: no santad state in "+filepath.Join(sd.dir, "state")) {
+		t.Errorf("santad cleanup with nothing left said %q, want that there is nothing to remove", got)
+	}
 	if _, err := os.Stat(filepath.Join(sd.dir, "controllers")); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("after santad cleanup the controllers' directory is there (%v)", err)
+	}
+}
+
+// cleanupSays runs santad cleanup with sd's flags and returns the lines it prints.
+func cleanupSays(t *testing.T, sd *santadProc) []string {
+	t.Helper()
+	argv := append([]string{"nsenter", "--net=/run/netns/" + sd.tb.Server.NS, filepath.Join(work, "santad"), "cleanup"}, sd.Args...)
+	out, err := exec.Command(argv[0], argv[1:]...).Output()
+	if err != nil {
+		t.Fatalf("santad cleanup: %v\n%s", err, out)
+	}
+	return strings.Split(strings.TrimSpace(string(out)), "\n")
+}
+
+// TestFailedStartLeavesNoTrace: a start that fails after it made its state
+// directory, lock and control socket (a cgroup that is not one), or after
+// it pinned and wrote a journal (attaching to a bridge in native mode after
+// the veth), removes what it made, the directories too: it left the state
+// directory and the lock, the socket's directory and controllers/ beside
+// the socket, and the bpffs directory.
+func TestFailedStartLeavesNoTrace(t *testing.T) {
+	tb := testbed.New(t)
+	if out, err := tb.Server.Run("ip", "link", "add", "santa-br0", "up", "type", "bridge"); err != nil {
+		t.Fatalf("add a bridge: %v: %s", err, out)
+	}
+	notCgroup := filepath.Join(t.TempDir(), "santad.yaml")
+	if err := os.WriteFile(notCgroup, []byte("cgroup: /tmp\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	sd := newSantad(t, tb)
+	made := filepath.Join(sd.dir, "made")
+	bpffs := filepath.Join("/sys/fs/bpf", filepath.Base(sd.dir)+"-made", "pins")
+	sd.Args = append(slices.Clone(sd.Args), "--state-dir", filepath.Join(made, "state", "santad"),
+		"--socket", filepath.Join(made, "run", "santa.sock"), "--bpffs", bpffs)
+	for _, f := range []struct {
+		want  string
+		flags []string
+	}{
+		{"not a directory of a cgroup v2 hierarchy", []string{"--config", notCgroup}},
+		{"attach native XDP to santa-br0", []string{"--interface", "santa-br0", "--xdp-mode", "native"}},
+	} {
+		args := sd.Args
+		sd.Args = append(slices.Clone(args), f.flags...)
+		err := sd.Start(context.Background())
+		sd.Args = args
+		if err == nil || !strings.Contains(err.Error(), f.want) {
+			t.Fatalf("santad %s: %v, want an error saying %q", strings.Join(f.flags, " "), err, f.want)
+		}
+		for _, dir := range []string{made, filepath.Dir(bpffs)} {
+			var left []string
+			filepath.WalkDir(dir, func(path string, _ os.DirEntry, err error) error {
+				if err == nil {
+					left = append(left, path)
+				}
+				return nil
+			})
+			if len(left) > 0 {
+				t.Errorf("santad %s left %q", strings.Join(f.flags, " "), left)
+			}
+		}
 	}
 }
 
