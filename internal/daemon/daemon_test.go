@@ -457,6 +457,8 @@ func TestMetrics(t *testing.T) {
 		`santa_rules 1`,
 		`santa_sockets 1`,
 		`santa_tcp_idle_closed_total 0`,
+		// the HELP names every family of events it counts
+		"# HELP santa_dataplane_events_total Rule processor outcomes: answered, every pass reason, miss sampling, and the TCP path's tcp_* events",
 	} {
 		if !strings.Contains(body, want) {
 			t.Errorf("metrics lack %q", want)

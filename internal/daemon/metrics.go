@@ -41,7 +41,8 @@ func newMetrics(d *Daemon) *metrics {
 		expired: prometheus.NewCounter(prometheus.CounterOpts{Name: "santa_rules_expired_total",
 			Help: "Rules santad removed because their expires time came."}),
 		events: prometheus.NewDesc("santa_dataplane_events_total",
-			"Rule processor outcomes: answered, every pass reason, and miss sampling (see bpf/santa.h).", []string{"event"}, nil),
+			"Rule processor outcomes: answered, every pass reason, miss sampling, and the TCP path's tcp_* events "+
+				"(socket-less answers, hand-offs and passes to the kernel: docs/tcp.md) (see bpf/santa.h).", []string{"event"}, nil),
 		ruleHits: prometheus.NewDesc("santa_rule_hits_total", "Requests answered by a rule.", []string{"socket", "rule"}, nil),
 		ruleBytes: prometheus.NewDesc("santa_rule_reply_bytes_total", "Reply frame bytes sent by a rule.",
 			[]string{"socket", "rule"}, nil),
