@@ -1,6 +1,7 @@
 package mcctl
 
 import (
+	"crypto/rand"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -132,6 +133,15 @@ func LoadTracker(cfg TrackerConfig) (*Tracker, error) {
 		if err := spec.Variables["text_only"].Set(uint8(1)); err != nil {
 			return nil, err
 		}
+	}
+	// a forged segment whose bytes match a digest of parsed ones would
+	// pass for a retransmission of them: its key is secret
+	var digestKey [2]uint64
+	if err := binary.Read(rand.Reader, binary.NativeEndian, &digestKey); err != nil {
+		return nil, fmt.Errorf("tracker: digest key: %w", err)
+	}
+	if err := spec.Variables["digest_key"].Set(digestKey); err != nil {
+		return nil, err
 	}
 	realtimeMinusMonotonic := time.Now().Unix() - int64(monotonicNow()/time.Second)
 	if err := spec.Variables["realtime_minus_monotonic"].Set(realtimeMinusMonotonic); err != nil {

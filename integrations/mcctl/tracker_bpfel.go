@@ -32,6 +32,8 @@ type trackerMcCounters struct {
 	UnackedBumps      uint64
 	DelayedFlushes    uint64
 	BadChecksums      uint64
+	ResentDiffer      uint64
+	ResentUnchecked   uint64
 }
 
 type trackerMcFlow struct {
@@ -63,7 +65,15 @@ type trackerMcFlow struct {
 		Slot  uint32
 		Count uint32
 	}
-	Sticky [8]uint32
+	Sticky  [8]uint32
+	Nparsed uint32
+	_       [4]byte
+	Parsed  [8]struct {
+		_      structs.HostLayout
+		Seq    uint32
+		Len    uint32
+		Digest uint64
+	}
 }
 
 type trackerMcFlowKey struct {
@@ -84,6 +94,7 @@ const (
 	trackerMcLimitMC_HEAD               trackerMcLimit = 512
 	trackerMcLimitMC_QUEUE              trackerMcLimit = 16
 	trackerMcLimitMC_STICKY             trackerMcLimit = 8
+	trackerMcLimitMC_PARSED             trackerMcLimit = 8
 	trackerMcLimitMC_MAX_KEY            trackerMcLimit = 250
 	trackerMcLimitMC_FNV_BASIS          trackerMcLimit = 2166136261
 	trackerMcLimitMC_FNV_PRIME          trackerMcLimit = 16777619
@@ -133,6 +144,7 @@ const (
 	trackerMapSantaGuards            = "santa_guards"
 	trackerProgMcEgress              = "mc_egress"
 	trackerProgMcIngress             = "mc_ingress"
+	trackerVarDigestKey              = "digest_key"
 	trackerVarMcLimitLayout          = "mc_limit_layout"
 	trackerVarRealtimeMinusMonotonic = "realtime_minus_monotonic"
 	trackerVarTcpPorts               = "tcp_ports"
@@ -204,6 +216,7 @@ type trackerMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type trackerVariableSpecs struct {
+	DigestKey              *ebpf.VariableSpec `ebpf:"digest_key"`
 	McLimitLayout          *ebpf.VariableSpec `ebpf:"mc_limit_layout"`
 	RealtimeMinusMonotonic *ebpf.VariableSpec `ebpf:"realtime_minus_monotonic"`
 	TcpPorts               *ebpf.VariableSpec `ebpf:"tcp_ports"`
@@ -257,6 +270,7 @@ func (m *trackerMaps) Close() error {
 //
 // It can be passed to loadTrackerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type trackerVariables struct {
+	DigestKey              *ebpf.Variable `ebpf:"digest_key"`
 	McLimitLayout          *ebpf.Variable `ebpf:"mc_limit_layout"`
 	RealtimeMinusMonotonic *ebpf.Variable `ebpf:"realtime_minus_monotonic"`
 	TcpPorts               *ebpf.Variable `ebpf:"tcp_ports"`

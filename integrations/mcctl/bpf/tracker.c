@@ -8,8 +8,11 @@
  * answer once the writer has its reply.
  *
  * TCP streams are parsed in order: a segment past a gap is dropped so the
- * client resends it in order. Each connection keeps the replies it owes as a
- * queue of runs; a reply that completes pops the queue. Where replies cannot
+ * client resends it in order, and bytes sent again where the tracker has
+ * parsed must be those parsed (by keyed digests), or the kernel may have
+ * dropped what the tracker parsed and taken them instead. Each connection
+ * keeps the replies it owes as a queue of runs; a reply that completes pops
+ * the queue. Where replies cannot
  * be counted (quiet commands, unknown commands) the connection falls back to
  * bumping every key it wrote on every reply; where the requests cannot be
  * parsed at all, every segment bumps the epoch, which retires every rule.
@@ -40,6 +43,9 @@ volatile const __s64 realtime_minus_monotonic = 0;
 /* memcached reads every TCP connection as text (-B ascii), whatever its
  * first byte. */
 volatile const __u8 text_only = 0;
+/* The key of the digests of parsed request bytes (struct mc_parsed), random
+ * per load: bytes forged to match a digest would need it. */
+volatile const __u64 digest_key[2] = {};
 
 /* Guard slot -> version: santad's pinned santa_guards, replaced at load. */
 struct {
@@ -1003,6 +1009,136 @@ static long walk_step(__u32 i, struct walk *w)
 	return 0;
 }
 
+/* ---- digests of parsed request bytes ---- */
+
+#define ROTL(x, b) ((x) << (b) | (x) >> (64 - (b)))
+#define SIPROUND(v0, v1, v2, v3)                                                   \
+	do {                                                                       \
+		v0 += v1, v1 = ROTL(v1, 13), v1 ^= v0, v0 = ROTL(v0, 32);          \
+		v2 += v3, v3 = ROTL(v3, 16), v3 ^= v2;                             \
+		v0 += v3, v3 = ROTL(v3, 21), v3 ^= v0;                             \
+		v2 += v1, v1 = ROTL(v1, 17), v1 ^= v2, v2 = ROTL(v2, 32);          \
+	} while (0)
+
+struct digest_walk {
+	struct __sk_buff *skb;
+	__u32 pos, end;
+	__u32 cut; /* could not be read */
+	__u64 v[4];
+};
+
+/* Absorb 64 bytes of the segment, in words of 8, zero-padded. */
+static long digest_step(__u32 i, struct digest_walk *w)
+{
+	if (w->pos >= w->end)
+		return 1;
+	__u32 n = w->end - w->pos;
+	if (n > 64)
+		n = 64;
+	__u64 buf[8] = {};
+	if (bpf_skb_load_bytes(w->skb, w->pos, buf, NONZERO(n, 63))) {
+		w->cut = 1;
+		return 1;
+	}
+	__u64 v0 = w->v[0], v1 = w->v[1], v2 = w->v[2], v3 = w->v[3];
+	for (int k = 0; k < 8; k++) {
+		if (k * 8 >= n)
+			break;
+		v3 ^= buf[k];
+		SIPROUND(v0, v1, v2, v3);
+		SIPROUND(v0, v1, v2, v3);
+		v0 ^= buf[k];
+	}
+	w->v[0] = v0, w->v[1] = v1, w->v[2] = v2, w->v[3] = v3;
+	w->pos += n;
+	return 0;
+}
+
+/* SipHash-2-4 under digest_key of the segment's bytes [pos, pos + len),
+ * zero-padded to whole words, then of their length. Returns 0 if they
+ * could all be read. */
+__noinline int mc_digest(struct __sk_buff *skb, __u32 pos, __u32 len, __u64 *digest)
+{
+	if (!skb || !digest)
+		return -1;
+	__u64 k0 = digest_key[0], k1 = digest_key[1];
+	struct digest_walk w = {.skb = skb, .pos = pos, .end = pos + len,
+				.v = {k0 ^ 0x736f6d6570736575ull, k1 ^ 0x646f72616e646f6dull,
+				      k0 ^ 0x6c7967656e657261ull, k1 ^ 0x7465646279746573ull}};
+	bpf_loop(1 << 13, digest_step, &w, 0); /* 512 KiB, a BIG TCP segment */
+	if (w.cut || w.pos < w.end)
+		return -1;
+	__u64 v0 = w.v[0], v1 = w.v[1], v2 = w.v[2], v3 = w.v[3];
+	v3 ^= len;
+	SIPROUND(v0, v1, v2, v3);
+	SIPROUND(v0, v1, v2, v3);
+	v0 ^= len;
+	v2 ^= 0xff;
+	for (int r = 0; r < 4; r++)
+		SIPROUND(v0, v1, v2, v3);
+	*digest = v0 ^ v1 ^ v2 ^ v3;
+	return 0;
+}
+
+/* Keep the digest of request bytes [seq, seq + len), at pos in the
+ * segment, about to be parsed. Bytes that cannot be digested could not be
+ * checked when sent again: the connection is lost. */
+__noinline int mc_remember(struct __sk_buff *skb, struct mc_flow *f, __u32 pos, __u32 seq, __u32 len)
+{
+	if (!skb || !f)
+		return 0;
+	__u64 digest;
+	if (mc_digest(skb, pos, len, &digest)) {
+		lose(f);
+		return 0;
+	}
+	struct mc_parsed *e = &f->parsed[f->nparsed & (MC_PARSED - 1)];
+	e->seq = seq;
+	e->len = len;
+	e->digest = digest;
+	f->nparsed++;
+	return 0;
+}
+
+enum { RESENT_SAME, RESENT_DIFFER, RESENT_UNCHECKED };
+
+/* A request segment that starts before in.seq carries bytes the tracker
+ * parsed. The kernel takes bytes at a sequence number once: if it dropped
+ * those parsed (a forged segment: an ACK of unsent data, out of its window,
+ * an old timestamp) and takes these, memcached reads other bytes than the
+ * tracker did, and a write among them would pass for a retransmission. So
+ * these must be the bytes parsed, digest by digest of the kept segments
+ * from where one began. */
+__noinline int mc_resent(struct __sk_buff *skb, const struct mc_flow *f, const struct packet *p)
+{
+	if (!skb || !f || !p)
+		return RESENT_UNCHECKED;
+	__u32 end = p->seq + p->payload_len;
+	__u32 checked = p->seq; /* the bytes before it are the parsed ones */
+	__u32 kept = f->nparsed < MC_PARSED ? f->nparsed : MC_PARSED;
+	for (__u32 i = 0; i < MC_PARSED; i++) {
+		if (i >= kept)
+			break;
+		const struct mc_parsed *e = &f->parsed[(f->nparsed - kept + i) & (MC_PARSED - 1)];
+		if ((__s32)(e->seq + e->len - checked) <= 0)
+			continue; /* before the segment */
+		if ((__s32)(e->seq - end) >= 0)
+			break; /* after it */
+		/* the segment starts or ends inside e: other boundaries */
+		if (e->seq != checked || (__s32)(e->seq + e->len - end) > 0)
+			return RESENT_UNCHECKED;
+		__u64 digest;
+		if (mc_digest(skb, p->payload_off + (e->seq - p->seq), e->len, &digest))
+			return RESENT_UNCHECKED;
+		if (digest != e->digest)
+			return RESENT_DIFFER;
+		checked = e->seq + e->len;
+	}
+	__u32 parsed_end = (__s32)(end - f->in.seq) < 0 ? end : f->in.seq;
+	/* older than the digests kept */
+	return (__s32)(checked - parsed_end) < 0 ? RESENT_UNCHECKED : RESENT_SAME;
+}
+
 /* Parse the new bytes of a segment; returns 0 if it is to be dropped. */
 static __always_inline int walk_segment(struct __sk_buff *skb, struct mc_flow *f, const struct packet *p,
 					int egress)
@@ -1010,7 +1146,7 @@ static __always_inline int walk_segment(struct __sk_buff *skb, struct mc_flow *f
 	struct mc_stream *s = egress ? &f->out : &f->in;
 	__u32 end_seq = p->seq + p->payload_len;
 	if ((__s32)(end_seq - s->seq) <= 0)
-		return 1; /* a retransmission of parsed bytes */
+		return 1; /* a retransmission of parsed bytes (requests: checked by mc_resent) */
 	__u32 skipped = s->seq - p->seq;
 	if ((__s32)skipped < 0) { /* past a gap */
 		if (!egress) {
@@ -1023,6 +1159,8 @@ static __always_inline int walk_segment(struct __sk_buff *skb, struct mc_flow *f
 	}
 	struct walk w = {.skb = skb, .flow = f, .pos = p->payload_off + skipped,
 			 .end = p->payload_off + p->payload_len, .egress = egress};
+	if (!egress)
+		mc_remember(skb, f, w.pos, s->seq, end_seq - s->seq);
 	bpf_loop(1 << 16, walk_step, &w, 0);
 	s->seq = end_seq;
 	return 1;
@@ -1160,6 +1298,17 @@ static __always_inline int tcp_request(struct __sk_buff *skb, const struct packe
 	if (!mc_tcp_checksum_ok(skb, p)) {
 		COUNT(bad_checksums);
 		return TCX_DROP;
+	}
+	if ((__s32)(f->in.seq - p->seq) > 0) {
+		int resent = mc_resent(skb, f, p);
+		if (resent == RESENT_DIFFER)
+			COUNT(resent_differ);
+		else if (resent == RESENT_UNCHECKED)
+			COUNT(resent_unchecked);
+		if (resent != RESENT_SAME) {
+			lose(f);
+			return TCX_NEXT;
+		}
 	}
 	return walk_segment(skb, f, p, 0) ? TCX_NEXT : TCX_DROP;
 }

@@ -9,6 +9,7 @@ enum mc_limit {
 	MC_HEAD = 512,            /* bytes of a command or reply head carried across segments */
 	MC_QUEUE = 16,            /* replies a connection may owe before it is tracked coarsely */
 	MC_STICKY = 8,            /* keys a coarsely tracked connection remembers */
+	MC_PARSED = 8,            /* request segments a connection keeps the digest of */
 	MC_MAX_KEY = 250,         /* memcached's key length limit */
 	MC_FNV_BASIS = 2166136261u,
 	MC_FNV_PRIME = 16777619u,
@@ -43,6 +44,15 @@ struct mc_owed {
 	__u32 count;
 };
 
+/* Request bytes [seq, seq + len) as parsed, by their keyed digest: bytes
+ * sent again there must be the same, or the kernel may have taken other
+ * bytes than those the tracker parsed. */
+struct mc_parsed {
+	__u32 seq;
+	__u32 len;
+	__u64 digest;
+};
+
 /* A memcached TCP connection, keyed by struct mc_flow_key. */
 struct mc_flow {
 	struct mc_stream in;  /* requests, client to memcached */
@@ -53,6 +63,8 @@ struct mc_flow {
 	__u32 nsticky;
 	struct mc_owed queue[MC_QUEUE];
 	__u32 sticky[MC_STICKY]; /* slots written on an uncounted connection */
+	__u32 nparsed;        /* parsed[nparsed % MC_PARSED] is the next to fill */
+	struct mc_parsed parsed[MC_PARSED]; /* the last ones, back to back up to in.seq */
 };
 
 struct mc_flow_key {
@@ -92,4 +104,6 @@ struct mc_counters {
 	__u64 unacked_bumps;     /* bumps for writes no reply may follow (noreply, quiet, reset, unparsed, untracked): the controller repeats them later */
 	__u64 delayed_flushes;   /* flush_all with a delay (text or binary): no rule is installed until it applies (mc_flush_hold) */
 	__u64 bad_checksums;     /* TCP request segments with a wrong checksum, dropped before they are parsed */
+	__u64 resent_differ;     /* TCP request segments at parsed sequence numbers with other bytes than those parsed: connection lost */
+	__u64 resent_unchecked;  /* TCP request segments at parsed sequence numbers not to be compared with those parsed (other boundaries, older than the kept digests): connection lost */
 };
