@@ -789,6 +789,13 @@ func (c *Controller) retired(now time.Time) (keys []string, moved bool, err erro
 	// controller's tracker (they share the guard map).
 	epochMoved := epoch != c.epochSeen
 	c.epochSeen = epoch
+	if epochMoved && !bumped[epochSlot] && !lost && c.fetch != nil {
+		// Maybe by our fetches: a tracker started after our connection
+		// opened cannot follow it, and bumps the epoch at each of them,
+		// retiring every rule to fetch again, without end. The next fetch
+		// dials anew, seen open by every tracker there is.
+		c.fetch.close()
+	}
 	if lost || bumped[epochSlot] || epochMoved {
 		for _, e := range c.entries {
 			check(e)

@@ -915,6 +915,58 @@ func TestTwoTagsOnOnePort(t *testing.T) {
 	r.startController("static", "--keys", file, "--tag", "second")
 }
 
+// TestTwoTagsKeepAnswering: with a second controller (another tag) on the
+// port, a write of the first one's key is followed by the kernel answering
+// its GETs again. The first one's fetch connection, opened before the
+// second's tracker, was one that tracker could not follow: each fetch
+// bumped the epoch, which retired every rule of both, which fetched again,
+// without end (about 40 rebuilds a second, and no GET answered from the
+// kernel until the second controller stopped). The epoch moves after the
+// write until its bumps without a reply have settled (the set's connection
+// is older than both trackers, --settle 1 s); from then on it must not.
+func TestTwoTagsKeepAnswering(t *testing.T) {
+	r := newRig(t)
+	const key = "tags:hot"
+	conns, _, get := r.offloadOld(key)
+	file := filepath.Join(t.TempDir(), "keys")
+	writeKeys(t, file, []string{"tags:other"})
+	r.startController("static", "--keys", file, "--tag", "second")
+	guards, err := ebpf.LoadPinnedMap(filepath.Join(r.bpffs, "guards"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer guards.Close()
+	epoch := func() (v uint64) {
+		if err := guards.Lookup(uint32(1), &v); err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	if err := conns["text"].Set(key, []byte("new"), 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	const still = 1500 * time.Millisecond
+	last, since := epoch(), time.Now()
+	for deadline := time.Now().Add(8 * time.Second); time.Since(since) < still; time.Sleep(20 * time.Millisecond) {
+		if v := epoch(); v != last {
+			last, since = v, time.Now()
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the epoch still moves 8 s after the set (version %d): the controllers retire each other's rules", last)
+		}
+	}
+	r.waitAnswered(func() { get() }, r.counters()["answered"])
+	before := r.counters()["answered"]
+	for range 50 {
+		if v := get(); v != "new" {
+			t.Fatalf("GET after the set: %q, want new", v)
+		}
+	}
+	if n := r.counters()["answered"] - before; n < 50 {
+		t.Errorf("the kernel answered %d of 50 GETs once the epoch stood still, want all", n)
+	}
+}
+
 // TestRepliesOfOneDatagram: memcached sends a UDP reply of more than 1400
 // bytes, its frame header included, as two datagrams; a rule answers with
 // one, so only replies of up to 1400 bytes are offloaded. Rules took
