@@ -25,12 +25,7 @@ import (
 func TestSecondControllerWithTagRefused(t *testing.T) {
 	r := newE2E(t, e2eOptions{files: map[string][]byte{"a.txt": fileBefore}})
 	dir := t.TempDir()
-	get := func(name string) string {
-		out := filepath.Join(dir, name)
-		r.curl("-o", out, r.ng.URL4("/a.txt"))
-		return out
-	}
-	get("learn")
+	r.curlFile(dir, "learn", "/a.txt")
 	ruleIDs := func(rs []e2eRule) []uint64 {
 		var ids []uint64
 		for _, x := range rs {
@@ -63,7 +58,7 @@ func TestSecondControllerWithTagRefused(t *testing.T) {
 		t.Errorf("the running controller's rules are now %v, were %v", now, learned)
 	}
 	before := r.counters()["answered"]
-	checkFile(t, get("offloaded"), fileBefore, "after the second controller was refused")
+	checkFile(t, r.curlFile(dir, "offloaded", "/a.txt"), fileBefore, "after the second controller was refused")
 	if r.counters()["answered"] == before {
 		t.Error("the running controller's rule no longer answers")
 	}

@@ -335,6 +335,15 @@ func (r *e2eRig) curl(args ...string) string {
 	return out
 }
 
+// curlFile fetches path over IPv4 with curl into the file name under dir
+// and returns the file's path.
+func (r *e2eRig) curlFile(dir, name, path string) string {
+	r.t.Helper()
+	out := filepath.Join(dir, name)
+	r.curl("-o", out, r.ng.URL4(path))
+	return out
+}
+
 // checkFile fails unless the file at p holds want.
 func checkFile(t *testing.T, p string, want []byte, what string) {
 	t.Helper()

@@ -1053,11 +1053,10 @@ func TestE2EFollowRestart(t *testing.T) {
 		t.Fatal("the following controller did not attach to the new nginx within 15 s")
 	}
 	dir := t.TempDir()
-	r.curl("-o", filepath.Join(dir, "learn"), r.ng.URL4("/a.txt"))
+	r.curlFile(dir, "learn", "/a.txt")
 	r.waitLines(4, "GET /a.txt HTTP/1.1")
 	before := r.counters()["answered"]
-	r.curl("-o", filepath.Join(dir, "a"), r.ng.URL4("/a.txt"))
-	checkFile(t, filepath.Join(dir, "a"), files["a.txt"], "after the restart")
+	checkFile(t, r.curlFile(dir, "a", "/a.txt"), files["a.txt"], "after the restart")
 	if r.counters()["answered"] == before {
 		t.Error("after the restart the rule processor answered nothing")
 	}
@@ -1074,12 +1073,12 @@ func TestE2ESantadGone(t *testing.T) {
 	// after the kill, too little on a slow machine for the controller to
 	// end and the "stale" fetch to be answered before the lease ends
 	const lease = 2 * minLease
-	r, get, killed := offloadThenKillSantad(t, lease)
+	r, dir, killed := offloadThenKillSantad(t, lease)
 	// renewed last before the kill, for lease rounded up to the second
 	time.Sleep(time.Until(killed.Add(lease + time.Second + 100*time.Millisecond)))
-	checkFile(t, get("expired"), fileAfter, "once the lease ended, santad still gone")
+	checkFile(t, r.curlFile(dir, "expired", "/a.txt"), fileAfter, "once the lease ended, santad still gone")
 	r.restartSantad()
-	checkFile(t, get("restarted"), fileAfter, "after santad restarted")
+	checkFile(t, r.curlFile(dir, "restarted", "/a.txt"), fileAfter, "after santad restarted")
 	socks, err := r.client.ListSockets()
 	if err != nil {
 		t.Fatal(err)
@@ -1098,14 +1097,14 @@ func TestE2ESantadGone(t *testing.T) {
 // fetches the request's response again and replaces the rule, so the
 // kernel answers the changed file at once, without learning it again.
 func TestE2EStartedAnew(t *testing.T) {
-	r, get, _ := offloadThenKillSantad(t, 0)
+	r, dir, _ := offloadThenKillSantad(t, 0)
 	r.restartSantad()
 	// the premise: the restored rule answers, with the old file
-	checkFile(t, get("stale"), fileBefore, "after santad restarted, no controller running")
+	checkFile(t, r.curlFile(dir, "stale", "/a.txt"), fileBefore, "after santad restarted, no controller running")
 
 	r.startController(e2eOptions{})
 	before := r.counters()["answered"]
-	checkFile(t, get("offloaded-again"), fileAfter, "once the next controller started")
+	checkFile(t, r.curlFile(dir, "offloaded-again", "/a.txt"), fileAfter, "once the next controller started")
 	if r.counters()["answered"] == before {
 		t.Error("the first request after the next controller started did not come from its rule")
 	}
@@ -1134,14 +1133,9 @@ func TestE2EChangedDuringTakeover(t *testing.T) {
 	r := newE2E(t, e2eOptions{files: map[string][]byte{"a.txt": fileBefore, "slow.bin": bytes.Repeat([]byte{'s'}, 2500)},
 		nginxHTTP: slowBin})
 	dir := t.TempDir()
-	get := func(name string) string {
-		out := filepath.Join(dir, name)
-		r.curl("-o", out, r.ng.URL4("/a.txt"))
-		return out
-	}
-	get("learn")
+	r.curlFile(dir, "learn", "/a.txt")
 	r.waitLines(4, "GET /a.txt HTTP/1.1") // a.txt's rule first: taken over first
-	r.curl("-o", filepath.Join(dir, "slow"), r.ng.URL4("/slow.bin"))
+	r.curlFile(dir, "slow", "/slow.bin")
 	r.waitLines(4, "GET /a.txt HTTP/1.1", "GET /slow.bin HTTP/1.1")
 	if err := r.sd.Stop(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
@@ -1168,7 +1162,7 @@ func TestE2EChangedDuringTakeover(t *testing.T) {
 		t.Fatalf("the takeover took %v: a.txt may have changed after it", took)
 	}
 	time.Sleep(300 * time.Millisecond) // the change's settle and fetch
-	checkFile(t, get("after"), fileAfter, "after a change during the takeover")
+	checkFile(t, r.curlFile(dir, "after", "/a.txt"), fileAfter, "after a change during the takeover")
 }
 
 // a.txt of offloadThenKillSantad, before and after santad was killed.
@@ -1180,21 +1174,16 @@ var (
 // offloadThenKillSantad starts a rig with lease (0: the default) whose
 // controller offloads GET /a.txt (fileBefore), kills santad, waits until
 // the controller ended and changes a.txt to fileAfter; the rule still
-// answers with fileBefore. get fetches /a.txt over IPv4 into a new file
-// named name; killed is when santad was killed.
-func offloadThenKillSantad(t *testing.T, lease time.Duration) (r *e2eRig, get func(name string) string, killed time.Time) {
+// answers with fileBefore. dir is for the files curl fetches (curlFile);
+// killed is when santad was killed.
+func offloadThenKillSantad(t *testing.T, lease time.Duration) (r *e2eRig, dir string, killed time.Time) {
 	t.Helper()
 	r = newE2E(t, e2eOptions{files: map[string][]byte{"a.txt": fileBefore}, lease: lease})
-	dir := t.TempDir()
-	get = func(name string) string {
-		out := filepath.Join(dir, name)
-		r.curl("-o", out, r.ng.URL4("/a.txt"))
-		return out
-	}
-	get("learn")
+	dir = t.TempDir()
+	r.curlFile(dir, "learn", "/a.txt")
 	r.waitLines(4, "GET /a.txt HTTP/1.1")
 	before := r.counters()["answered"]
-	checkFile(t, get("offloaded"), fileBefore, "offloaded")
+	checkFile(t, r.curlFile(dir, "offloaded", "/a.txt"), fileBefore, "offloaded")
 	if r.counters()["answered"] == before {
 		t.Fatal("the rule processor did not answer the learned request")
 	}
@@ -1213,8 +1202,8 @@ func offloadThenKillSantad(t *testing.T, lease time.Duration) (r *e2eRig, get fu
 	if err := os.WriteFile(filepath.Join(r.ng.Root, "a.txt"), fileAfter, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	checkFile(t, get("stale"), fileBefore, "right after santad was killed")
-	return r, get, killed
+	checkFile(t, r.curlFile(dir, "stale", "/a.txt"), fileBefore, "right after santad was killed")
+	return r, dir, killed
 }
 
 // reloadNginx rewrites nginx's worker_processes from one count to another
@@ -1436,9 +1425,7 @@ func TestE2ERootSwapped(t *testing.T) {
 	r := newE2E(t, e2eOptions{files: files, root: current})
 	dir := t.TempDir()
 	get := func() string {
-		out := filepath.Join(dir, "r")
-		r.curl("-o", out, r.ng.URL4("/r.txt"))
-		b, err := os.ReadFile(out)
+		b, err := os.ReadFile(r.curlFile(dir, "r", "/r.txt"))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -1510,13 +1497,8 @@ func TestE2ESantadRestartedAtOnce(t *testing.T) {
 	r := newE2E(t, e2eOptions{files: map[string][]byte{"a.txt": fileBefore, "slow.bin": slow},
 		nginxHTTP: slowBin})
 	dir := t.TempDir()
-	get := func(name string) string {
-		out := filepath.Join(dir, name)
-		r.curl("-o", out, r.ng.URL4("/a.txt"))
-		return out
-	}
-	get("learn")
-	r.curl("-o", filepath.Join(dir, "slow"), r.ng.URL4("/slow.bin"))
+	r.curlFile(dir, "learn", "/a.txt")
+	r.curlFile(dir, "slow", "/slow.bin")
 	learned := r.waitLines(4, "GET /a.txt HTTP/1.1", "GET /slow.bin HTTP/1.1")
 	if err := os.WriteFile(filepath.Join(r.ng.Root, "slow.bin"), slow, 0o644); err != nil {
 		t.Fatal(err)
@@ -1543,7 +1525,7 @@ func TestE2ESantadRestartedAtOnce(t *testing.T) {
 		t.Fatalf("the new santad holds %d IPv4 rules, want those the controller left (%d before slow.bin changed)", len(left), len(learned))
 	}
 	before := r.counters()["answered"]
-	checkFile(t, get("offloaded"), fileBefore, "after the restart")
+	checkFile(t, r.curlFile(dir, "offloaded", "/a.txt"), fileBefore, "after the restart")
 	if r.counters()["answered"] == before {
 		t.Error("the rule processor did not answer /a.txt with the rule the controller left")
 	}
