@@ -219,10 +219,10 @@ const (
 // copy of it (beyond its Date).
 var errVaries = fmt.Errorf("%w: nginx's response varies", errNotOffloadable)
 
-// workPerSecond bounds the time the controller spends fetching from nginx
-// for learning and for re-validation in one second, so that a slow nginx
-// does not hold up the Date rewrites and the handling of changes.
-const workPerSecond = 300 * time.Millisecond
+// maxBatchTime bounds the time a batch of fetches from nginx takes, so
+// that what it fetched is applied soon and the next batch (a request
+// whose file changed goes first) does not wait long behind a slow nginx.
+const maxBatchTime = 300 * time.Millisecond
 
 // maxLearnPerSecond bounds the requests fetched and installed per second.
 const maxLearnPerSecond = 256
@@ -260,13 +260,26 @@ type Controller struct {
 	w          *watcher
 	rootID     fileID
 	rootWarned bool // the failure to watch the new document root is logged
-	// inLoop: the loop runs, and handles a change under the root as soon
-	// as the change cuts the fetch under way short (during a takeover,
-	// before the loop, a change waits for the loop anyway)
+	// inLoop: the loop runs, and fetches from nginx go to the fetch
+	// worker (fetchNext), a change under the root cutting the fetch under
+	// way short; before the loop (a takeover) and in tests they are made
+	// at once, and a change waits for the loop
 	inLoop bool
+	// fetching is the batch the fetch worker fetches (nil: none), sent
+	// to it on toFetch and back on fetched when done; changed are the
+	// paths under the root that changed meanwhile, whose requests'
+	// responses may be stale
+	fetching *fetchBatch
+	toFetch  chan *fetchBatch
+	fetched  chan *fetchBatch
+	changed  []string
+	// toLearn are the requests learn found hot, for the next learn
+	// batch; revalidateDue says the next re-validation batch is due
+	toLearn       []string
+	revalidateDue bool
 
-	// ctx is the run's (Run's context): the loops that fetch from nginx,
-	// one request after another, and each fetch stop at its end
+	// ctx ends the fetches from nginx: Run's context, the loop's in the
+	// loop (which ends with it)
 	ctx context.Context
 
 	idleChecked, reported time.Time
@@ -695,11 +708,14 @@ func (c *Controller) join(g *group, cookie uint64) error {
 }
 
 // loop handles samples and changes on disk as they come; every
-// 10 ms it fetches what changed and settled; just after every second of
-// the wall clock it offloads what got hot, rewrites Dates, re-validates
-// and removes idle rules; until ctx ends or a socket's watch ends (gone).
-// A change under the document root cuts a fetch short (watcher.fetchContext),
-// so that it is handled at once.
+// 10 ms it has what changed and settled fetched again; just after every
+// second of the wall clock it rewrites Dates, has what got hot fetched,
+// and the rules due for re-validation, and removes idle rules; until ctx
+// ends or a socket's watch ends (gone). The fetches from nginx run off
+// the loop, a batch at a time (fetchNext), so that a slow or hung nginx
+// holds up neither the Date rewrites nor the handling of a change; a
+// change under the document root also cuts the fetch under way short
+// (watcher.fetchContext).
 func (c *Controller) loop(ctx context.Context, gone <-chan error) error {
 	fine := time.NewTicker(10 * time.Millisecond)
 	defer fine.Stop()
@@ -707,7 +723,20 @@ func (c *Controller) loop(ctx context.Context, gone <-chan error) error {
 	defer second.Stop()
 	now := time.Now()
 	c.idleChecked, c.reported = now, now
-	c.inLoop = true
+	c.toFetch, c.fetched = make(chan *fetchBatch, 1), make(chan *fetchBatch, 1)
+	if err := c.startFetchWorker(); err != nil {
+		return err
+	}
+	ctx, stopFetching := context.WithCancel(ctx)
+	c.ctx, c.inLoop = ctx, true
+	defer func() {
+		stopFetching()
+		if c.fetching != nil {
+			<-c.fetched // the fetch under way ends with ctx
+			c.fetching = nil
+		}
+		close(c.toFetch)
+	}()
 	for {
 		select {
 		case <-ctx.Done():
@@ -726,11 +755,19 @@ func (c *Controller) loop(ctx context.Context, gone <-chan error) error {
 			if err := c.survive(c.invalidate(p, time.Now())); err != nil {
 				return err
 			}
+		case b := <-c.fetched:
+			c.fetching = nil
+			if err := c.survive(b.apply(b)); err != nil {
+				return err
+			}
+			if err := c.survive(c.fetchNext(time.Now())); err != nil {
+				return err
+			}
 		case now := <-fine.C:
 			if err := c.survive(c.followRoot(now)); err != nil {
 				return err
 			}
-			if err := c.survive(c.refetchPending(now)); err != nil {
+			if err := c.survive(c.fetchNext(now)); err != nil {
 				return err
 			}
 		case <-second.C:
@@ -814,14 +851,27 @@ func (c *Controller) sample(cookie uint64, data []byte, requestLen int) {
 }
 
 // learn offloads the requests sampled at least MinSamples times (the
-// hottest first, up to MaxRules), then halves the counts.
+// hottest first, up to MaxRules), then halves the counts. They are
+// fetched once the fetch worker is free (learnBatch).
 func (c *Controller) learn(now time.Time) error {
-	defer c.hot.Decay()
+	c.toLearn = c.hot.Hot(c.cfg.MinSamples)
+	c.hot.Decay()
+	return c.fetchNext(now)
+}
+
+// learnBatch fetches the requests learn found hot that are neither
+// offloaded, pending nor refused (at most maxLearnPerSecond), until room
+// of them are answered; those not fetched are learned again.
+func (c *Controller) learnBatch(now time.Time) *fetchBatch {
+	keys := c.toLearn
+	c.toLearn = nil
 	room := min(c.cfg.MaxRules-len(c.entries)-len(c.pending), maxLearnPerSecond)
-	var news []*entry
-	start := time.Now()
-	for _, key := range c.hot.Hot(c.cfg.MinSamples) {
-		if len(news) >= room || time.Since(start) > workPerSecond {
+	if room <= 0 {
+		return nil
+	}
+	var tasks []*fetchTask
+	for _, key := range keys {
+		if len(tasks) == maxLearnPerSecond {
 			break
 		}
 		if c.entries[key] != nil || c.pending[key] != nil {
@@ -839,16 +889,9 @@ func (c *Controller) learn(now time.Time) error {
 		if err != nil {
 			continue
 		}
-		e := c.newEntry(c.groups[i], req)
-		err = c.probe(e, now)
-		if errors.Is(err, errCutShort) {
-			break // the rest at the next second
-		}
-		if err == nil {
-			news = append(news, e)
-		}
+		tasks = append(tasks, c.probeTask(c.newEntry(c.groups[i], req)))
 	}
-	return c.install(news, nil, now)
+	return newBatch(tasks, room, now, c.probed)
 }
 
 // relearn offloads again the requests of the rules a predecessor left
@@ -910,68 +953,81 @@ func (c *Controller) newEntry(g *group, req request) *entry {
 	return &entry{key: entryKey(g, req.raw), g: g, req: req, obj: objectPath(c.cfg.Root, req.path), dir: strings.HasSuffix(req.path, "/")}
 }
 
-// probe fetches e's response twice and keeps it if it may be offloaded:
-// both responses are complete, offloadable and, Date aside, the same
-// (a response that differs between two identical requests, such as one
-// with a per-request cookie or id, must not be answered from a rule). For
-// a wildcard listener it also fetches the response over every other
-// address a client may send the request to, which must be the same too: a
-// rule answers the request whatever address it came to, and nginx picks
-// the server block by that address when a `listen ADDR:PORT` shares the
-// wildcard socket. On failure it refuses e for a while and returns why.
+// probe fetches e's response and keeps it if it may be offloaded (see
+// probeTask), at once: the takeover's fetches, before the loop. On
+// failure it refuses e for a while and returns why.
 func (c *Controller) probe(e *entry, now time.Time) error {
+	t := c.probeTask(e)
+	if t.err == nil {
+		t.resp, t.err = c.fetcher(nil).fetchSame(t)
+	}
+	if errors.Is(t.err, errCutShort) {
+		return t.err // no failure of nginx's
+	}
+	return c.took(e, t.resp, t.err, now)
+}
+
+// probeTask is the fetch of e's request before it is offloaded: twice,
+// and both responses complete, offloadable and, Date aside, the same (a
+// response that differs between two identical requests, such as one with
+// a per-request cookie or id, must not be answered from a rule). For a
+// wildcard listener also over every other address a client may send the
+// request to, where it must be the same too: a rule answers the request
+// whatever address it came to, and nginx picks the server block by that
+// address when a `listen ADDR:PORT` shares the wildcard socket.
+func (c *Controller) probeTask(e *entry) *fetchTask {
 	e.sources = sources(e.obj, e.dir) // a link may point elsewhere since the last fetch
-	from := []netip.AddrPort{e.g.fetch, e.g.fetch}
+	return c.task(e, 2)
+}
+
+// task is the fetch of e's request over every other address of its
+// wildcard group (wildcardAddrs), then n times from the group's address.
+func (c *Controller) task(e *entry, n int) *fetchTask {
+	t := &fetchTask{e: e, req: e.req, main: e.g.fetch, maxReply: e.g.maxReply}
 	if e.g.wildcard {
-		others, err := c.wildcardAddrs(e.g)
-		if err != nil {
-			c.refuse(e, err, now)
-			return err
-		}
-		from = append(others, from...)
+		t.from, t.err = c.wildcardAddrs(e.g)
 	}
-	var last *response
-	for i, addr := range from {
-		r, err := c.fetchFrom(addr, e)
-		if errors.Is(err, errCutShort) {
-			return err // no failure of nginx's
-		}
-		if err != nil && addr != e.g.fetch {
-			err = fmt.Errorf("over %v: %w", addr, err)
-		}
-		if err != nil {
-			c.refuse(e, err, now)
-			return err
-		}
-		if d, _ := r.at(r.date); last != nil && !bytes.Equal(last.withDate(d), r.raw) {
-			err := fmt.Errorf("%w: two responses to the same request differ beyond Date (over %v and %v)", errVaries, from[i-1], addr)
-			c.refuse(e, err, now)
-			return err
-		}
-		last = r
+	for range n {
+		t.from = append(t.from, e.g.fetch)
 	}
-	c.setResponse(e, last, now)
+	return t
+}
+
+// took makes the response of e's probe e's, or, on failure (err), refuses
+// e for a while and returns err.
+func (c *Controller) took(e *entry, resp *response, err error, now time.Time) error {
+	if err != nil {
+		c.refuse(e, err, now)
+		return err
+	}
+	c.setResponse(e, resp, now)
 	c.checkRoot(e)
 	return nil
 }
 
-// errCutShort ends a fetch that the stop or a change under the document
-// root cut short (not nginx): nothing is refused for it.
-var errCutShort = errors.New("fetch cut short")
+// probed applies a batch of probes (learned or pending requests): the
+// requests that may be offloaded are installed, the others refused. One
+// whose file changed while it was fetched (the response may be the old
+// file's) is neither: a pending one is fetched again once the file has
+// settled, a learned one is learned again; so are those not fetched.
+func (c *Controller) probed(b *fetchBatch) error {
+	var news []*entry
+	for _, t := range b.tasks[:b.done] {
+		if c.changedWhileFetched(t.e) {
+			continue
+		}
+		delete(c.pending, t.e.key)
+		if c.took(t.e, t.resp, t.err, b.now) == nil {
+			news = append(news, t.e)
+		}
+	}
+	return c.install(news, nil, b.now)
+}
 
-// fetchFrom fetches e's request from nginx at addr (see fetchContext for
-// what cuts it short).
-func (c *Controller) fetchFrom(addr netip.AddrPort, e *entry) (*response, error) {
-	ctx, end := c.ctx, func() {}
-	if c.inLoop {
-		ctx, end = c.w.fetchContext(c.ctx)
-	}
-	defer end()
-	r, err := fetch(ctx, addr, e.req, e.g.maxReply, c.cfg.Timeout)
-	if err != nil && ctx.Err() != nil {
-		return nil, fmt.Errorf("%w: %w", errCutShort, context.Cause(ctx))
-	}
-	return r, err
+// changedWhileFetched says a change under the root during the batch under
+// way affects e.
+func (c *Controller) changedWhileFetched(e *entry) bool {
+	return slices.ContainsFunc(c.changed, func(p string) bool { return affects(p, e.sources, e.dir) })
 }
 
 // isTimeout says err is a fetch that ran out of time.
@@ -1220,9 +1276,12 @@ func (c *Controller) remove(es []*entry) error {
 
 // invalidate deletes at once the rules of every request whose response
 // a change of path p may have changed (see affects), and fetches them
-// again once p has been quiet for Settle (refetchPending). Requests
+// again once p has been quiet for Settle (pendingBatch). Requests
 // refused before are tried again at the next chance.
 func (c *Controller) invalidate(p string, now time.Time) error {
+	if c.fetching != nil {
+		c.changed = append(c.changed, p)
+	}
 	var hit []*entry
 	for _, e := range c.entries {
 		if affects(p, e.sources, e.dir) {
@@ -1324,29 +1383,16 @@ func (c *Controller) followRoot(now time.Time) error {
 	return err
 }
 
-// refetchPending fetches the requests whose files changed and have been
-// quiet since for Settle, and offloads them again if they still may be.
-func (c *Controller) refetchPending(now time.Time) error {
-	var again []*entry
-	start := time.Now()
+// pendingBatch fetches the requests whose files changed and have been
+// quiet since for Settle, to offload them again if they still may be.
+func (c *Controller) pendingBatch(now time.Time) *fetchBatch {
+	var tasks []*fetchTask
 	for _, e := range c.pending {
-		if c.stopped() || time.Since(start) > workPerSecond {
-			break // the rest at the next tick: Dates, leases and a stop wait meanwhile
-		}
-		if now.Before(e.due) {
-			continue
-		}
-		delete(c.pending, e.key)
-		err := c.probe(e, now)
-		if errors.Is(err, errCutShort) {
-			c.pending[e.key] = e // fetched once the change is handled
-			break
-		}
-		if err == nil {
-			again = append(again, e)
+		if !now.Before(e.due) {
+			tasks = append(tasks, c.probeTask(e))
 		}
 	}
-	return c.install(again, nil, now)
+	return newBatch(tasks, 0, now, c.probed)
 }
 
 // refresh rewrites the rules whose lease has half or less left (all of
@@ -1428,39 +1474,53 @@ func (c *Controller) forgetLapsed(now time.Time) error {
 	return c.remove(lapsed)
 }
 
-// revalidate fetches the responses of the rules not checked for Interval
-// again (at most their share of a second, oldest first) and compares them
-// with what the rules send, Date aside. A new body or ETag is a change
-// inotify did not report (a file outside the watched tree, a network file
-// system, a change of nginx's configuration): the rule is rebuilt with
-// the new response. Other differences are headers that change with time
-// (a max-age counting down, a per-request cookie): the request is no
-// longer offloaded.
+// revalidate has the responses of the rules not checked for Interval
+// fetched again (revalidateBatch), once the fetch worker is free.
 func (c *Controller) revalidate(now time.Time) error {
+	c.revalidateDue = true
+	return c.fetchNext(now)
+}
+
+// revalidateBatch fetches the responses of the rules not checked for
+// Interval (their share of a second, oldest first), for a wildcard
+// listener over its other addresses too (as probeTask: a reload may since
+// have given one of them a server block of its own, which loopback's
+// response does not show).
+func (c *Controller) revalidateBatch(now time.Time) *fetchBatch {
+	if !c.revalidateDue {
+		return nil
+	}
+	c.revalidateDue = false
 	var due []*entry
 	for _, e := range c.entries {
 		if now.Sub(e.checked) >= c.cfg.Interval {
 			due = append(due, e)
 		}
 	}
-	if len(due) == 0 {
-		return nil
-	}
 	slices.SortFunc(due, func(a, b *entry) int { return a.checked.Compare(b.checked) })
 	share := (len(c.entries)*int(time.Second) + int(c.cfg.Interval) - 1) / int(c.cfg.Interval)
-	due = due[:min(len(due), max(share, 1))]
+	var tasks []*fetchTask
+	for _, e := range due[:min(len(due), max(share, 1))] {
+		tasks = append(tasks, c.task(e, 1))
+	}
+	return newBatch(tasks, 0, now, c.revalidated)
+}
+
+// revalidated compares the responses a re-validation batch fetched with
+// what the rules send, Date aside. A new body or ETag is a change inotify
+// did not report (a file outside the watched tree, a network file system,
+// a change of nginx's configuration): the rule is rebuilt with the new
+// response. Other differences are headers that change with time (a
+// max-age counting down, a per-request cookie): the request is no longer
+// offloaded. A rule deleted meanwhile (its file changed, it idled) is
+// left as it is.
+func (c *Controller) revalidated(b *fetchBatch) error {
+	now := b.now
 	var changed, gone []*entry
-	start := time.Now()
-	for _, e := range due {
-		if time.Since(start) > workPerSecond {
-			break
-		}
-		r, err := c.fetchFrom(e.g.fetch, e)
-		if err == nil && e.g.wildcard {
-			err = c.sameElsewhere(e, r)
-		}
-		if errors.Is(err, errCutShort) {
-			break // the rest at the next second
+	for _, t := range b.tasks[:b.done] {
+		e, r, err := t.e, t.resp, t.err
+		if c.entries[e.key] != e {
+			continue
 		}
 		switch {
 		case err != nil && !isNotOffloadable(err):
@@ -1500,27 +1560,6 @@ func (c *Controller) revalidate(now time.Time) error {
 		}
 	}
 	return c.remove(gone)
-}
-
-// sameElsewhere checks that nginx answers e's request over every other
-// address of its wildcard group as it did over loopback (r), as probe
-// does: a reload may since have given one of them a server block of its
-// own, which loopback's response does not show.
-func (c *Controller) sameElsewhere(e *entry, r *response) error {
-	others, err := c.wildcardAddrs(e.g)
-	if err != nil {
-		return err
-	}
-	for _, addr := range others {
-		o, err := c.fetchFrom(addr, e)
-		if err != nil {
-			return fmt.Errorf("over %v: %w", addr, err)
-		}
-		if d, _ := o.at(o.date); !bytes.Equal(r.withDate(d), o.raw) {
-			return fmt.Errorf("%w: the responses over %v and %v differ beyond Date", errVaries, e.g.fetch, addr)
-		}
-	}
-	return nil
 }
 
 // readHits reads the rules' hits from santad into the entries, and adds

@@ -39,6 +39,7 @@ type e2eOptions struct {
 	paths     []string // Config.Paths; nil: every path
 	accessLog bool
 	lease     time.Duration // Config.Lease; 0: the default
+	timeout   time.Duration // Config.Timeout; 0: the default
 	// nginxHTTP is NginxOptions.ExtraHTTPConfig: more of nginx's http block
 	nginxHTTP string
 	// impair: an impaired testbed (testbed.NewImpaired) with short TCP
@@ -106,7 +107,7 @@ func (r *e2eRig) startController(o e2eOptions) {
 	ready := make(chan Report, 1)
 	var err error
 	r.ctl, err = New(Config{Socket: r.sd.Socket, Port: testPort, Root: r.ng.Root, Paths: o.paths, MinSamples: 1,
-		MaxReply: e2eMaxReply, DateRefresh: 1000, Lease: o.lease,
+		MaxReply: e2eMaxReply, DateRefresh: 1000, Lease: o.lease, Timeout: o.timeout,
 		Log:   slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo})),
 		Ready: func(rep Report) { ready <- rep }})
 	if err != nil {

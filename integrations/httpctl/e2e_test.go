@@ -21,6 +21,7 @@ import (
 	"math/rand"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -1489,9 +1490,11 @@ func TestE2ERootSwapped(t *testing.T) {
 // any santad that goes away does, and its rules stay with the new santad,
 // answering until their lease. Before, the run's exit dialed the new santad
 // and deleted them there: every request went to nginx until the next run
-// learned them again, and for good without --follow. The controller is busy
+// learned them again, and for good without --follow. The controller is
 // meanwhile fetching slow.bin again after a change (nginx sends it at
-// 2 kB/s), so it sees santad gone only once the new one serves.
+// 2 kB/s). (That fetch held the controller's loop, so it saw santad gone
+// only once the new one served; it runs off the loop now, and the
+// controller may see santad gone before the new one serves.)
 func TestE2ESantadRestartedAtOnce(t *testing.T) {
 	slow := bytes.Repeat([]byte{'s'}, 3000)
 	r := newE2E(t, e2eOptions{files: map[string][]byte{"a.txt": fileBefore, "slow.bin": slow},
@@ -1528,5 +1531,57 @@ func TestE2ESantadRestartedAtOnce(t *testing.T) {
 	checkFile(t, r.curlFile(dir, "offloaded", "/a.txt"), fileBefore, "after the restart")
 	if r.counters()["answered"] == before {
 		t.Error("the rule processor did not answer /a.txt with the rule the controller left")
+	}
+}
+
+// TestE2EDateWhileNginxHung: while nginx is hung (SIGSTOP) and the
+// controller's fetch of a request learned meanwhile waits for it
+// (--timeout 1 min), the rules' Dates are still rewritten every second:
+// curl, answered by eBPF, gets a Date at most 2 s behind its clock, a
+// later one each second. The fetches ran on the controller's loop, which
+// rewrote no Date until the fetch gave up.
+func TestE2EDateWhileNginxHung(t *testing.T) {
+	r := newE2E(t, e2eOptions{files: map[string][]byte{"a.txt": fileBefore, "b.txt": fileAfter}, timeout: time.Minute})
+	dir := t.TempDir()
+	r.curlFile(dir, "learn", "/a.txt")
+	r.waitLines(4, "GET /a.txt HTTP/1.1")
+	hangNginx(t, r.ng)
+	// a request no rule answers: sampled, handed to the hung nginx, and
+	// learned: the controller fetches it from nginx, which does not answer
+	c := r.dial(netip.AddrPortFrom(r.tb.Server.IP4, testPort))
+	defer c.Close()
+	if _, err := io.WriteString(c, "GET /b.txt HTTP/1.1\r\nHost: santa\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); !fetchUnderWay(t, r.tb.Server); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the controller did not fetch the new request from nginx within 5 s: %+v", r.ctl.Report())
+		}
+	}
+	before := r.counters()["answered"]
+	var last time.Time
+	for i := range 4 {
+		if i > 0 {
+			time.Sleep(time.Second)
+		}
+		hdr := r.curl("-D", "-", "-o", "/dev/null", r.ng.URL4("/a.txt"))
+		_, value, _ := strings.Cut(hdr, "\r\nDate: ")
+		date, err := time.Parse(http.TimeFormat, strings.TrimSpace(strings.SplitN(value, "\r\n", 2)[0]))
+		if err != nil {
+			t.Fatalf("reply %d: no Date (%v): %q", i, err, hdr)
+		}
+		if lag := time.Since(date); lag > 2*time.Second || lag < -time.Second {
+			t.Errorf("reply %d: Date %v is %v behind the clock, nginx hung", i, date, lag.Round(time.Millisecond))
+		}
+		if i > 0 && !date.After(last) {
+			t.Errorf("reply %d: Date %v, no later than the one a second before", i, date)
+		}
+		last = date
+	}
+	if !fetchUnderWay(t, r.tb.Server) {
+		t.Fatal("the fetch from the hung nginx ended while the Dates were read")
+	}
+	if n := r.counters()["answered"] - before; n < 4 {
+		t.Errorf("eBPF answered %d of the 4 requests", n)
 	}
 }

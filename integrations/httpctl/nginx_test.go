@@ -439,23 +439,7 @@ func TestChangeWhileNginxHung(t *testing.T) {
 	r.c.samples <- sample{11, []byte(req), len(req)}
 	within("learned", 5*time.Second, func(reply string) bool { return strings.HasSuffix(reply, string(smallFile)) })
 
-	pids, err := r.ng.PIDs()
-	if err != nil {
-		t.Fatal(err)
-	}
-	hung := true
-	resume := func() {
-		if hung {
-			for _, pid := range pids {
-				syscall.Kill(pid, syscall.SIGCONT)
-			}
-			hung = false
-		}
-	}
-	t.Cleanup(resume) // before nginx's own Stop
-	for _, pid := range pids {
-		syscall.Kill(pid, syscall.SIGSTOP)
-	}
+	resume := hangNginx(t, r.ng)
 	time.Sleep(1500 * time.Millisecond) // a re-validation (every second here) waits for nginx
 	if err := os.WriteFile(filepath.Join(r.ng.Root, "a.txt"), []byte("changed"), 0o644); err != nil {
 		t.Fatal(err)
@@ -467,6 +451,43 @@ func TestChangeWhileNginxHung(t *testing.T) {
 	if rep := r.c.Report(); rep.Skipped != 0 || rep.FetchErrors != 0 {
 		t.Errorf("a fetch cut short by the change counted as nginx's failure: %+v", rep)
 	}
+}
+
+// hangNginx stops nginx's processes (SIGSTOP): the kernel still takes
+// connections to it, and nginx answers none. resume lets it go on, as the
+// test's end does (before nginx is stopped).
+func hangNginx(t *testing.T, ng *testbed.Nginx) (resume func()) {
+	t.Helper()
+	pids, err := ng.PIDs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	hung := true
+	resume = func() {
+		if hung {
+			for _, pid := range pids {
+				syscall.Kill(pid, syscall.SIGCONT)
+			}
+			hung = false
+		}
+	}
+	t.Cleanup(resume)
+	for _, pid := range pids {
+		syscall.Kill(pid, syscall.SIGSTOP)
+	}
+	return resume
+}
+
+// fetchUnderWay says a connection to nginx's port from its own network
+// namespace is up: the controller's fetch (to a hung nginx, whose kernel
+// completes the handshake).
+func fetchUnderWay(t *testing.T, server testbed.Side) bool {
+	t.Helper()
+	out, err := server.Run("ss", "-Htn", "state", "established", fmt.Sprintf("( dport = :%d )", testPort))
+	if err != nil {
+		t.Fatalf("ss: %v: %s", err, out)
+	}
+	return strings.TrimSpace(out) != ""
 }
 
 // TestInvalidate runs the controller's loop with its inotify watch: a

@@ -322,18 +322,7 @@ func predecessorLeftRulesNginxHung(t *testing.T) (*santadRig, *santa.Client, []a
 			t.Fatal(err)
 		}
 	}
-	pids, err := r.ng.PIDs()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, pid := range pids {
-		syscall.Kill(pid, syscall.SIGSTOP)
-	}
-	t.Cleanup(func() { // before nginx's own Stop
-		for _, pid := range pids {
-			syscall.Kill(pid, syscall.SIGCONT)
-		}
-	})
+	hangNginx(t, r.ng)
 	return r, client, socks
 }
 
@@ -410,14 +399,7 @@ func TestStopWhileTakingOverFromHungNginx(t *testing.T) {
 	deadline := time.Now().Add(10 * time.Second)
 	// into the takeover: a fetch's connection is up (the kernel completes
 	// the handshake for the stopped nginx), its request unanswered
-	for {
-		out, err := r.tb.Server.Run("ss", "-Htn", "state", "established", fmt.Sprintf("( dport = :%d )", testPort))
-		if err != nil {
-			t.Fatalf("ss: %v: %s", err, out)
-		}
-		if strings.TrimSpace(string(out)) != "" {
-			break
-		}
+	for !fetchUnderWay(t, r.tb.Server) {
 		if time.Now().After(deadline) {
 			t.Fatal("no fetch of the takeover within 10 s")
 		}

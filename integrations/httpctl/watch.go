@@ -29,8 +29,8 @@ type watcher struct {
 	done    chan struct{}
 
 	// unread counts the changes sent, or about to be, that the loop has
-	// not taken yet; a change cuts short the fetch under way (cutFetch),
-	// so that its rules go at once however long nginx takes to answer
+	// not taken yet; a change cuts short the fetch under way (cutFetch):
+	// it may be of the changed file, whose fetch should not wait for it
 	mu       sync.Mutex
 	unread   int
 	cutFetch context.CancelCauseFunc
@@ -144,7 +144,8 @@ func (w *watcher) taken() {
 
 // fetchContext is the context of one fetch: it ends with ctx, and with
 // errFileChanged as its cause at the next change, or at once if a change
-// is unread. The loop fetches one request at a time; end releases it.
+// is unread. The fetch worker fetches one request at a time; end
+// releases it.
 func (w *watcher) fetchContext(ctx context.Context) (fctx context.Context, end func()) {
 	fctx, cancel := context.WithCancelCause(ctx)
 	w.mu.Lock()
