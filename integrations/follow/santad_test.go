@@ -357,3 +357,59 @@ func TestWatcherSetRate(t *testing.T) {
 		t.Error("SetRate after the watch's context ended: no error")
 	}
 }
+
+// KeepRules: a run that ends while its santad still serves deletes its rules
+// (false); so does a run cancelled (ctx ended: the controller was told to
+// stop). A run whose santad went away, and one whose santad was replaced by
+// another process meanwhile (systemd's restart, an upgrade), leaves them
+// (true): deleting them there would take the offload from the new santad.
+func TestKeepRules(t *testing.T) {
+	tb := testbed.New(t)
+	sd := testbed.NewSantad(filepath.Join(bin, "santad"), tb.Server.NS, t.TempDir(), "/sys/fs/bpf/santa-follow-"+tb.ID,
+		"--interface", tb.Server.Dev)
+	t.Cleanup(func() {
+		if err := errors.Join(sd.Stop(syscall.SIGTERM), sd.Cleanup()); err != nil {
+			t.Error(err)
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := sd.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c, err := santa.Dial(sd.Socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	pid := SantadPID(c)
+	if pid == 0 {
+		t.Fatal("santad does not answer Health")
+	}
+	if KeepRules(ctx, c, pid) {
+		t.Error("santad still serves: the rules must be deleted")
+	}
+	cancelled, stop := context.WithCancel(ctx)
+	stop()
+	if KeepRules(cancelled, c, pid) {
+		t.Error("the run was cancelled: the rules must be deleted")
+	}
+	if err := sd.Stop(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if !KeepRules(ctx, c, pid) {
+		t.Error("santad is gone: the rules must stay for the next santad")
+	}
+	if err := sd.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := SantadPID(c); got == 0 || got == pid {
+		t.Fatalf("after the restart the client reached santad %d, want the new one (not %d)", got, pid)
+	}
+	if !KeepRules(ctx, c, pid) {
+		t.Error("another santad serves now: the rules must stay with it")
+	}
+	if KeepRules(cancelled, c, pid) {
+		t.Error("the run was cancelled: the rules must be deleted even at the new santad")
+	}
+}
