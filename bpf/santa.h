@@ -36,6 +36,8 @@ enum santa_limit {
 	SANTA_LOCAL_FILTER_BITS = 12, /* santa_local_filter: 2^12 slots */
 	SANTA_LOCAL_FILTER_SLOTS = 1 << 12,
 	SANTA_SOCKET_CACHE = 16,     /* santa_scratch: cached santa_sockets answers per CPU */
+	SANTA_PORT_SHARERS = 32,     /* sockets of a UDP hash slot walked for one bound to an interface on the
+				      * port (port_shared_with_bound); a longer chain is taken as having one */
 	SANTA_LOCAL_CACHE = 4,       /* santa_scratch: cached santa_local_addrs answers per CPU */
 	SANTA_GEN_SOCKETS = 0,       /* santa_gens: the word of santa_sockets */
 	SANTA_GEN_LOCAL_ADDRS = 1,   /* santa_gens: the word of santa_local_addrs */
@@ -217,6 +219,8 @@ struct santa_reasons {
 				  * address since removed): the kernel would not deliver */
 	__u64 pass_other_host;   /* unicast frame to another MAC than the interface's (promiscuous
 				  * interface, bridge port, flooding switch): the kernel drops it */
+	__u64 pass_under_master; /* arrived on a port of a bridge, bond, team, Open vSwitch or VRF, whose master
+				  * the kernel hands it to, where another socket (or none) may receive it */
 	__u64 pass_port_unbound; /* no socket bound to the destination port has a rule set (santa_ports):
 				  * passed without a socket lookup */
 	__u64 pass_no_socket;    /* no socket would receive the packet */

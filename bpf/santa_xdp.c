@@ -36,14 +36,21 @@ static __always_inline int count_parse_result(int err)
  * read-only BTF cast of the socket gives the same value. */
 extern void *bpf_rdonly_cast(const void *obj, __u32 btf_id) __ksym;
 
+/* The UDP socket the kernel would deliver the request to, looked up on
+ * the interface it arrived on (NULL: none), to be released. */
+static __always_inline struct bpf_sock *lookup_udp(struct xdp_md *ctx, struct pkt_info *req)
+{
+	__u32 tuple_len = req->family == 4 ? sizeof(req->tuple.ipv4) : sizeof(req->tuple.ipv6);
+	return bpf_sk_lookup_udp(ctx, &req->tuple, tuple_len, BPF_F_CURRENT_NETNS, 0);
+}
+
 /* The cookie of the socket this request would be delivered to; *found
  * says there is one. A socket's cookie is made when first asked for
  * (SO_COOKIE): santad asks before binding rules, so a socket without one
  * (cookie 0) has no rules. */
 static __always_inline __u64 receiving_socket(struct xdp_md *ctx, struct pkt_info *req, int *found)
 {
-	__u32 tuple_len = req->family == 4 ? sizeof(req->tuple.ipv4) : sizeof(req->tuple.ipv6);
-	struct bpf_sock *sk = bpf_sk_lookup_udp(ctx, &req->tuple, tuple_len, BPF_F_CURRENT_NETNS, 0);
+	struct bpf_sock *sk = lookup_udp(ctx, req);
 	if (!sk)
 		return 0;
 	struct sock *ksk = bpf_rdonly_cast(sk, bpf_core_type_id_kernel(struct sock));
@@ -142,6 +149,73 @@ static __always_inline int kernel_would_deliver(struct xdp_md *ctx, struct santa
 		return 0;
 	}
 	return 1;
+}
+
+/* Another socket on ksk's port, in its network namespace, is bound to an
+ * interface (SO_BINDTODEVICE): on a master, one bound to the master
+ * outranks ksk, which is bound to none (sockets share a port with
+ * SO_REUSEADDR, any user's, or SO_REUSEPORT). It walks the port's slot of
+ * the UDP hash table, SANTA_PORT_SHARERS sockets at most. */
+static __always_inline int port_shared_with_bound(struct sock *ksk)
+{
+	struct net *net = BPF_CORE_READ(ksk, __sk_common.skc_net.net); /* compared as a number */
+	__u16 port = ksk->__sk_common.skc_num;
+	__u64 cookie = ksk->__sk_common.skc_cookie.counter;
+	struct udp_table *table = BPF_CORE_READ(net, ipv4.udp_table);
+	__u32 slot = (port + BPF_CORE_READ(net, hash_mix)) & BPF_CORE_READ(table, mask);
+	struct udp_hslot *hslot = (void *)BPF_CORE_READ(table, hash) + slot * bpf_core_type_size(struct udp_hslot);
+	struct hlist_node *node = BPF_CORE_READ(hslot, head.first);
+	for (int i = 0; i < SANTA_PORT_SHARERS; i++) {
+		if (!node)
+			return 0;
+		struct sock *other = (void *)node - bpf_core_field_offset(struct sock, __sk_common.skc_node);
+		if (BPF_CORE_READ(other, __sk_common.skc_num) == port &&
+		    BPF_CORE_READ(other, __sk_common.skc_net.net) == net &&
+		    BPF_CORE_READ(other, __sk_common.skc_bound_dev_if) &&
+		    BPF_CORE_READ(other, __sk_common.skc_cookie.counter) != cookie)
+			return 1;
+		node = BPF_CORE_READ(node, next);
+	}
+	return 1;
+}
+
+/* The kernel may deliver the request to another socket than the one the
+ * lookup on this interface finds, once it hands the frame to a master and
+ * looks the socket up there: the socket is bound to this interface (made
+ * a port after the bind), which gets nothing there, or to none, and shares
+ * its port with one bound to an interface, maybe the master, which the
+ * kernel prefers there. */
+static __always_inline int outranked_on_master(struct xdp_md *ctx, struct pkt_info *req)
+{
+	struct bpf_sock *sk = lookup_udp(ctx, req);
+	if (!sk)
+		return 1;
+	int outranked = sk->bound_dev_if ||
+			port_shared_with_bound(bpf_rdonly_cast(sk, bpf_core_type_id_kernel(struct sock)));
+	bpf_sk_release(sk);
+	return outranked;
+}
+
+/* The kernel delivers the request to the socket the lookup on this
+ * interface found (counted if not), also when it hands the frame to a
+ * master first and looks the socket up there: a port of a bridge, bond,
+ * team or Open vSwitch does, and a VRF's interface, where a socket bound
+ * to no interface gets nothing unless udp_l3mdev_accept is set. */
+static __always_inline int master_delivers(struct xdp_md *ctx, struct pkt_info *req)
+{
+	struct net_device *dev = ((struct xdp_buff *)bpf_cast_to_kern_ctx(ctx))->rxq->dev;
+	__u64 priv = BPF_CORE_READ_BITFIELD_PROBED(dev, priv_flags);
+	__u64 port = bpf_core_enum_value(enum netdev_priv_flags, IFF_BRIDGE_PORT) |
+		     bpf_core_enum_value(enum netdev_priv_flags, IFF_TEAM_PORT) |
+		     bpf_core_enum_value(enum netdev_priv_flags, IFF_OVS_DATAPATH);
+	int delivers = 1;
+	if (priv & bpf_core_enum_value(enum netdev_priv_flags, IFF_L3MDEV_SLAVE))
+		delivers = dev->nd_net.net->ipv4.sysctl_udp_l3mdev_accept && !outranked_on_master(ctx, req);
+	else if ((priv & port) || (dev->flags & IFF_SLAVE))
+		delivers = !outranked_on_master(ctx, req);
+	if (!delivers)
+		COUNT(pass_under_master);
+	return delivers;
 }
 
 /* Copy the first bytes of an unmatched request to the miss-sample ring,
@@ -601,7 +675,7 @@ __noinline int udp_request(struct xdp_md *ctx, struct pkt_info *req)
 		COUNT(pass_bad_checksum);
 		return XDP_PASS;
 	}
-	if (!kernel_would_deliver(ctx, s, req))
+	if (!kernel_would_deliver(ctx, s, req) || !master_delivers(ctx, req))
 		return XDP_PASS;
 	return answer_udp(ctx, req, s, slot, r, st);
 }

@@ -311,47 +311,11 @@ func TestSocketModeDeniedSaysWhy(t *testing.T) {
 // interfaces may share a port, whoever their users).
 func TestSocketBoundToBridgePort(t *testing.T) {
 	tb := testbed.New(t)
-	// the server's interface becomes a port of bridge hb0, which takes its addresses
-	ip := func(args ...string) {
-		t.Helper()
-		if out, err := tb.Server.Run("ip", args...); err != nil {
-			t.Fatal(err, out)
-		}
-	}
-	ip("link", "add", "hb0", "address", tb.Server.MAC.String(), "type", "bridge")
-	ip("link", "set", tb.Server.Dev, "master", "hb0")
-	ip("addr", "flush", "dev", tb.Server.Dev)
-	ip("addr", "add", tb.Server.IP4.String()+"/24", "dev", "hb0")
-	ip("link", "set", "hb0", "up")
+	makeBridgePort(t, tb)
 	sd := newSantad(t, tb)
 	sd.start()
 	server := netip.AddrPortFrom(tb.Server.IP4, 7150)
-	var rootConn *net.UDPConn
-	if err := tb.Server.Do(func() error {
-		lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
-			var serr error
-			err := c.Control(func(fd uintptr) { serr = unix.BindToDevice(int(fd), "hb0") })
-			return errors.Join(err, serr)
-		}}
-		pc, err := lc.ListenPacket(context.Background(), "udp4", fmt.Sprintf("0.0.0.0:%d", server.Port()))
-		if err == nil {
-			rootConn = pc.(*net.UDPConn)
-		}
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	defer rootConn.Close()
-	go func() { // root's server: echoes with a prefix
-		buf := make([]byte, 2048)
-		for {
-			n, peer, err := rootConn.ReadFromUDP(buf)
-			if err != nil {
-				return
-			}
-			rootConn.WriteToUDP(append([]byte("root:"), buf[:n]...), peer)
-		}
-	}()
+	rootEcho(t, tb, server.Port(), false)
 	prog := `import socket, sys, time, santa
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 s.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, sys.argv[2].encode())
@@ -373,5 +337,128 @@ time.sleep(120)`
 	}
 	if got := exchange(t, tb, server, "Hello"); got != "root:Hello" {
 		t.Errorf("Hello to root's socket bound to the bridge: %q, want root's own answer", got)
+	}
+}
+
+// makeBridgePort makes the server's interface a port of bridge hb0, which
+// takes its MAC and IPv4 address.
+func makeBridgePort(t *testing.T, tb *testbed.Testbed) {
+	t.Helper()
+	ip := func(args ...string) {
+		t.Helper()
+		if out, err := tb.Server.Run("ip", args...); err != nil {
+			t.Fatal(err, out)
+		}
+	}
+	ip("link", "add", "hb0", "address", tb.Server.MAC.String(), "type", "bridge")
+	ip("link", "set", tb.Server.Dev, "master", "hb0")
+	ip("addr", "flush", "dev", tb.Server.Dev)
+	ip("addr", "add", tb.Server.IP4.String()+"/24", "dev", "hb0")
+	ip("link", "set", "hb0", "up")
+}
+
+// rootEcho runs root's UDP server on port of every IPv4 address, bound to
+// bridge hb0 (SO_BINDTODEVICE), with SO_REUSEADDR if reuseAddr: it echoes
+// each datagram prefixed with "root:" until the test ends.
+func rootEcho(t *testing.T, tb *testbed.Testbed, port uint16, reuseAddr bool) {
+	t.Helper()
+	var conn *net.UDPConn
+	if err := tb.Server.Do(func() error {
+		lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
+			var serr error
+			err := c.Control(func(fd uintptr) {
+				serr = unix.BindToDevice(int(fd), "hb0")
+				if serr == nil && reuseAddr {
+					serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEADDR, 1)
+				}
+			})
+			return errors.Join(err, serr)
+		}}
+		pc, err := lc.ListenPacket(context.Background(), "udp4", fmt.Sprintf("0.0.0.0:%d", port))
+		if err == nil {
+			conn = pc.(*net.UDPConn)
+		}
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	go func() {
+		buf := make([]byte, 2048)
+		for {
+			n, peer, err := conn.ReadFromUDP(buf)
+			if err != nil {
+				return
+			}
+			conn.WriteToUDP(append([]byte("root:"), buf[:n]...), peer)
+		}
+	}()
+}
+
+// TestReuseAddrSocketUnderBridge: on a bridge port, uid nobody's socket
+// bound to no interface but with SO_REUSEADDR shares its port with root's
+// socket bound to the bridge (SO_REUSEADDR too), which the kernel prefers:
+// the rule processor, whose socket lookup on the port finds only nobody's,
+// answered root's requests with nobody's rules. It now passes them
+// (pass_under_master), also once nobody has cleared SO_REUSEADDR (the
+// sockets still share the port), and still answers for nobody's socket
+// that shares its port with none. A socket bound to the interface before
+// it became a port, which the kernel then no longer delivers to, is not
+// answered for either.
+func TestReuseAddrSocketUnderBridge(t *testing.T) {
+	tb := testbed.New(t)
+	sd := newSantad(t, tb)
+	sd.start()
+	prog := `import os, socket, sys, time, santa
+def sock(port, reuse, device):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    if reuse:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if device:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, device.encode())
+    s.bind(("0.0.0.0", port))
+    return s
+socks = {"reuse": sock(7160, True, ""), "plain": sock(7161, False, ""), "bound": sock(7162, False, sys.argv[2])}
+with santa.Client(sys.argv[1]) as c:
+    for name, s in socks.items():
+        c.add(s, [santa.Rule(conditions=[santa.Condition(offset=0, pattern=b"Hello")],
+                             processors=[santa.Put(reply_offset=0, template=name.encode())], reply_len=len(name))])
+print("ready cookie=0 rule=0", flush=True)
+while not os.path.exists(sys.argv[3]):
+    time.sleep(0.05)
+socks["reuse"].setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 0)  # root's shares the port all the same
+print("cleared", flush=True)
+time.sleep(120)`
+	dir, err := os.MkdirTemp(work, "bridge-") // one nobody may look into
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	os.Chmod(dir, 0o755)
+	rootBound := filepath.Join(dir, "root-bound")
+	a := startApp(t, tb, nobody, []string{"PYTHONPATH=" + filepath.Join(work, "python")},
+		"/usr/bin/python3", "-c", prog, sd.Socket, tb.Server.Dev, rootBound)
+	makeBridgePort(t, tb)
+	rootEcho(t, tb, 7160, true)
+	if err := os.WriteFile(rootBound, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); !strings.Contains(a.out.String(), "cleared"); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("nobody's program did not clear SO_REUSEADDR:\n%s", a.out.String())
+		}
+	}
+	at := func(port uint16) netip.AddrPort { return netip.AddrPortFrom(tb.Server.IP4, port) }
+	if got := exchange(t, tb, at(7160), "Hello"); got != "root:Hello" {
+		t.Errorf("Hello to port 7160, where the kernel delivers to root's socket bound to the bridge: %q, want root's own answer", got)
+	}
+	if got := exchange(t, tb, at(7161), "Hello"); got != "plain" {
+		t.Errorf("Hello to nobody's socket without SO_REUSEADDR: %q, want its rule's answer", got)
+	}
+	if got := exchangeOnce(tb, at(7162), "Hello"); got != "" {
+		t.Errorf("Hello to port 7162, whose only socket is bound to the bridge's port: %q, want no answer", got)
+	}
+	if _, c, err := sd.client().Health(); err != nil || c["pass_under_master"] < 2 {
+		t.Errorf("pass_under_master %d (%v), want a pass for each request nobody's rules matched at 7160 and 7162", c["pass_under_master"], err)
 	}
 }

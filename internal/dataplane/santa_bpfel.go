@@ -87,6 +87,7 @@ const (
 	santaSantaLimitSANTA_LOCAL_FILTER_BITS  santaSantaLimit = 12
 	santaSantaLimitSANTA_LOCAL_FILTER_SLOTS santaSantaLimit = 4096
 	santaSantaLimitSANTA_SOCKET_CACHE       santaSantaLimit = 16
+	santaSantaLimitSANTA_PORT_SHARERS       santaSantaLimit = 32
 	santaSantaLimitSANTA_LOCAL_CACHE        santaSantaLimit = 4
 	santaSantaLimitSANTA_GEN_SOCKETS        santaSantaLimit = 0
 	santaSantaLimitSANTA_GEN_LOCAL_ADDRS    santaSantaLimit = 1
@@ -146,6 +147,7 @@ type santaSantaReasons struct {
 	PassBadAddress       uint64
 	PassNotLocal         uint64
 	PassOtherHost        uint64
+	PassUnderMaster      uint64
 	PassPortUnbound      uint64
 	PassNoSocket         uint64
 	PassNoRuleset        uint64
