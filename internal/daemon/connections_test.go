@@ -404,7 +404,7 @@ func rootEcho(t *testing.T, tb *testbed.Testbed, port uint16, reuseAddr bool) {
 // sockets still share the port), and still answers for nobody's socket
 // that shares its port with none. A socket bound to the interface before
 // it became a port, which the kernel then no longer delivers to, is not
-// answered for either.
+// answered for either, and santa attach --port says why it refuses it.
 func TestReuseAddrSocketUnderBridge(t *testing.T) {
 	tb := testbed.New(t)
 	sd := newSantad(t, tb)
@@ -460,5 +460,8 @@ time.sleep(120)`
 	}
 	if _, c, err := sd.client().Health(); err != nil || c["pass_under_master"] < 2 {
 		t.Errorf("pass_under_master %d (%v), want a pass for each request nobody's rules matched at 7160 and 7162", c["pass_under_master"], err)
+	}
+	if out, err := sd.cli(0, "attach", "--port", "7162/udp"); err == nil || !strings.Contains(out, "is refused") || !strings.Contains(out, "a port of hb0") {
+		t.Errorf("santa attach --port 7162/udp: %v %q, want it refused saying the socket is bound to a port of hb0", err, out)
 	}
 }

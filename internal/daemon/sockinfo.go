@@ -2,8 +2,10 @@ package daemon
 
 import (
 	"fmt"
+	"log/slog"
 	"os/user"
 	"strconv"
+	"strings"
 
 	"github.com/santa-offload/santa/api"
 	"github.com/santa-offload/santa/internal/sockets"
@@ -164,7 +166,9 @@ func socketOfProcess(pid, fd int) (api.SocketInfo, error) {
 // socketsOnPort finds every unconnected UDP socket (proto api.ProtocolUDP)
 // or every listening TCP socket (api.ProtocolTCP) bound to port by a process
 // in santad's network namespace (the only one its interfaces answer for),
-// each socket once however many processes share it.
+// each socket once however many processes share it. A socket santad would
+// refuse to bind (inspectSocket) is left out, with a line in santad's log;
+// if every one is, the error names each and why.
 func socketsOnPort(port uint16, proto uint32) ([]api.SocketInfo, error) {
 	find, what := sockets.FindUDPSockets, "a UDP socket bound to port %d"
 	if proto == api.ProtocolTCP {
@@ -176,26 +180,39 @@ func socketsOnPort(port uint16, proto uint32) ([]api.SocketInfo, error) {
 	}
 	seen := map[uint64]bool{}
 	var out []api.SocketInfo
+	var refused []string
+	status := api.StatusNotFound
 	for _, pid := range pids {
 		found, err := find(pid, port)
 		if err != nil {
 			continue // exited meanwhile, or a kernel thread
 		}
 		for _, s := range found {
-			if !seen[s.Cookie] {
-				seen[s.Cookie] = true
-				if info, err := inspectSocket(s.FD); err == nil {
-					info.PID = uint32(pid)
-					out = append(out, info)
-				}
+			if seen[s.Cookie] {
+				continue
 			}
+			seen[s.Cookie] = true
+			info, err := inspectSocket(s.FD)
+			if err != nil {
+				refused = append(refused, fmt.Sprintf("socket %d of pid %d: %v", s.Cookie, pid, err))
+				status = statusOf(err)
+				continue
+			}
+			info.PID = uint32(pid)
+			out = append(out, info)
 		}
 		sockets.CloseAll(found)
 	}
-	if len(out) == 0 {
-		return nil, fail(api.StatusNotFound, "no process in santad's network namespace has "+what, port)
+	switch {
+	case len(out) > 0:
+		for _, r := range refused {
+			slog.Info("bind by port: left a socket out", "port", port, "refused", r)
+		}
+		return out, nil
+	case len(refused) > 0:
+		return nil, fail(status, "every socket on port %d is refused: %s", port, strings.Join(refused, "; "))
 	}
-	return out, nil
+	return nil, fail(api.StatusNotFound, "no process in santad's network namespace has "+what, port)
 }
 
 func lookupGroup(name string) (int, error) {
