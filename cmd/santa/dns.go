@@ -213,8 +213,8 @@ func (f *dnsFlags) run(e env, g *globals, mode dnsctl.Mode, qs []dnsctl.Question
 	return runController(e, func() (*dnsctl.Controller, error) { return dnsctl.New(cfg) }, f.duration,
 		followpkg.Options{Follow: f.follow, Socket: cfg.Socket, Port: cfg.Port, Protocol: api.ProtocolUDP, Log: cfg.Log},
 		func(r dnsctl.Report) string {
-			return fmt.Sprintf("done: installed %d, refreshed %d, changed %d, removed %d rules; %d questions not offloaded yet, asked again",
-				r.Installed, r.Refreshed, r.Changed, r.Removed, r.Waiting)
+			return fmt.Sprintf("done: installed %d, refreshed %d, changed %d, removed %d rules, %d gone with their sockets; %d questions not offloaded yet, asked again",
+				r.Installed, r.Refreshed, r.Changed, r.Removed, r.Gone, r.Waiting)
 		})
 }
 

@@ -149,7 +149,7 @@ func TestRefusedAtStartBackOnZoneChange(t *testing.T) {
 	if err := ctl.Stop(20 * time.Second); err != nil {
 		t.Fatal(err)
 	}
-	if want := "done: installed 2, refreshed 0, changed 0, removed 2 rules; 0 questions not offloaded yet, asked again"; !strings.Contains(ctl.Output(), want) {
+	if want := "done: installed 2, refreshed 0, changed 0, removed 2 rules, 0 gone with their sockets; 0 questions not offloaded yet, asked again"; !strings.Contains(ctl.Output(), want) {
 		t.Errorf("the controller does not say %q:\n%s", want, ctl.Output())
 	}
 }

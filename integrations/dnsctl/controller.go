@@ -113,7 +113,8 @@ type Report struct {
 	Installed uint64         // rules added
 	Refreshed uint64         // answers asked again before their TTL ran out
 	Changed   uint64         // rules modified after their answer changed
-	Removed   uint64         // rules deleted (answer no longer offloadable, expired, evicted)
+	Removed   uint64         // rules deleted (answer no longer offloadable, expired, evicted, on exit)
+	Gone      uint64         // rules that went with their socket, which the server closed
 	Skipped   map[string]int // questions not offloaded when first asked, by reason
 	Waiting   int            // questions not offloaded for now, asked again (Static, Top): later, or when santad has room
 }
@@ -1372,16 +1373,18 @@ func (c *Controller) removeAll(ctx context.Context) {
 		return
 	}
 	for _, ep := range c.eps {
-		if err := follow.DeleteTagged(c.client, ep.cookies, c.cfg.Tag); err != nil {
+		deleted, gone, err := follow.DeleteTaggedCounted(c.client, ep.cookies, c.cfg.Tag)
+		if err != nil {
 			// santad went away: the next controller with this tag takes them over
 			c.log.Warn("removing the rules on exit failed", "server", ep.addr, "error", err)
 			continue
 		}
-		n := len(ep.entries) * len(ep.cookies)
-		c.count(func(r *Report) { r.Removed += uint64(n) })
+		// the rules of a socket the server closed went with it
+		withSockets := len(ep.entries) * len(gone)
+		c.count(func(r *Report) { r.Removed += uint64(deleted); r.Gone += uint64(withSockets) })
 		clear(ep.entries)
 		ep.learned = 0
-		c.log.Info("removed the controller's rules", "server", ep.addr, "rules", n)
+		c.log.Info("removed the controller's rules", "server", ep.addr, "rules", deleted, "gone_with_their_sockets", withSockets)
 	}
 	follow.UnbindEmpty(c.client, c.created, c.log)
 }

@@ -18,7 +18,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -1407,8 +1409,9 @@ func TestTop(t *testing.T) {
 
 // TestFollowServerRestart: when the server closes its sockets (a restart),
 // santa dns notices at once, even in static mode with no learning: without
-// --follow it exits and says why; with --follow it waits and offloads
-// again once the new server process has its sockets.
+// --follow it exits and says why, its done line counting its rules as
+// gone with their sockets (it said it removed them); with --follow it
+// waits and offloads again once the new server process has its sockets.
 func TestFollowServerRestart(t *testing.T) {
 	r := newRig(t, testbed.KindNSD, 0)
 	www := "www." + r.zone.Origin
@@ -1428,6 +1431,17 @@ func TestFollowServerRestart(t *testing.T) {
 	if !exited || err == nil || !strings.Contains(once.Output(), "the server closed a socket") ||
 		!strings.Contains(once.Output(), "--follow") {
 		t.Errorf("without --follow, 5 s after the server stopped: exited %v (%v), output:\n%s", exited, err, once.Output())
+	}
+	// its 2 rules (IPv4, IPv6) went with the sockets, at least the one
+	// whose close it noticed; it may have deleted the other's first
+	var removed, gone int
+	m := regexp.MustCompile(`done: .* removed (\d+) rules, (\d+) gone with their sockets;`).FindStringSubmatch(once.Output())
+	if m != nil {
+		removed, _ = strconv.Atoi(m[1])
+		gone, _ = strconv.Atoi(m[2])
+	}
+	if m == nil || gone < 1 || removed+gone != 2 {
+		t.Errorf("the done line of the controller without --follow: want its 2 rules counted as removed or gone with their sockets, at least 1 gone:\n%s", once.Output())
 	}
 	if exited, _ := following.Wait(time.Second); exited {
 		t.Fatalf("with --follow the controller exited when the server stopped:\n%s", following.Output())

@@ -385,13 +385,24 @@ func InNamespace(socks []api.SocketInfo) (bool, error) {
 // moving the rest of the set; in one request 2 s. The rules of a socket that
 // is gone went with it.
 func DeleteTagged(c *santa.Client, cookies []uint64, tag string) error {
+	_, _, err := DeleteTaggedCounted(c, cookies, tag)
+	return err
+}
+
+// DeleteTaggedCounted is DeleteTagged that also says how many rules santad
+// deleted, and which sockets were gone (with their rules).
+func DeleteTaggedCounted(c *santa.Client, cookies []uint64, tag string) (deleted int, gone []uint64, err error) {
 	for _, cookie := range cookies {
-		_, err := c.DeleteTagged(santa.Cookie(cookie), tag)
-		if err != nil && !errors.Is(err, santa.ErrNotFound) {
-			return fmt.Errorf("delete the rules tagged %q of socket %d: %w", tag, cookie, err)
+		ids, err := c.DeleteTagged(santa.Cookie(cookie), tag)
+		switch {
+		case errors.Is(err, santa.ErrNotFound):
+			gone = append(gone, cookie)
+		case err != nil:
+			return deleted, gone, fmt.Errorf("delete the rules tagged %q of socket %d: %w", tag, cookie, err)
 		}
+		deleted += len(ids)
 	}
-	return nil
+	return deleted, gone, nil
 }
 
 // RuleClient is what AddEverywhere and DeleteRules need of a santad client
