@@ -138,8 +138,10 @@ type Controller struct {
 	rep   Report
 	repMu sync.Mutex
 	// created are the sockets whose rule set this controller's attach
-	// made: it removes them again on exit if no one else added rules.
+	// made, or a predecessor's that it took over (takeOverCreated): it
+	// removes them again on exit if no one else added rules.
 	created   []uint64
+	claim     *follow.Claim     // this run's hold on its tag on the port
 	attached  int               // sockets attached to (Report.Sockets once started)
 	inherited *follow.Inherited // a predecessor's rules, until installed again or deleted
 	room      follow.Room       // when rules went from santad, after it had no room (askAgainWithRoom)
@@ -376,12 +378,15 @@ func (c *Controller) Run(ctx context.Context) error {
 	defer stopAsking()
 	// claimed once attached: --pid and --fd name a socket whose port only
 	// santad's answer tells
-	claim, err := follow.ClaimTag(c.cfg.Socket, api.ProtocolUDP, c.eps[0].addr.Port(), c.cfg.Tag)
-	if err != nil {
+	if c.claim, err = follow.ClaimTag(c.cfg.Socket, api.ProtocolUDP, c.eps[0].addr.Port(), c.cfg.Tag); err != nil {
 		follow.UnbindEmpty(c.client, c.created, c.log)
 		return err
 	}
-	defer claim.Release()
+	defer c.claim.Release()
+	if err := c.takeOverCreated(); err != nil {
+		follow.UnbindEmpty(c.client, c.created, c.log)
+		return err
+	}
 	var cookies []uint64
 	for _, ep := range c.eps {
 		cookies = append(cookies, ep.cookies...)
@@ -501,6 +506,35 @@ func (c *Controller) attach() error {
 		c.log.Info("attached", "server", ep.addr, "family", ep.family, "sockets", len(ep.cookies))
 	}
 	return nil
+}
+
+// takeOverCreated takes over the rule sets a predecessor with the tag on
+// the port made and left (it was killed, or santad went away), as its
+// claim recorded them: santad told only that one's bind that it made them,
+// so they would stay bound, without rules, for good. Those still bound are
+// this run's to unbind on exit when empty, as its own; other rule sets,
+// another program's or another tag's controller's, are not. It records
+// them with this run's own for the next run.
+func (c *Controller) takeOverCreated() error {
+	socks, err := c.client.ListSockets()
+	if err != nil {
+		return fmt.Errorf("list the rule sets: %w", err)
+	}
+	bound := map[uint64]bool{}
+	for _, s := range socks {
+		bound[s.Cookie] = true
+	}
+	taken := 0
+	for _, cookie := range c.claim.Created() {
+		if bound[cookie] && !slices.Contains(c.created, cookie) {
+			c.created = append(c.created, cookie)
+			taken++
+		}
+	}
+	if taken > 0 {
+		c.log.Info("taking over the rule sets a predecessor made", "tag", c.cfg.Tag, "rule_sets", taken)
+	}
+	return c.claim.RecordCreated(c.created)
 }
 
 // created are the cookies of the sockets whose rule set santad made for
@@ -1372,11 +1406,13 @@ func (c *Controller) removeAll(ctx context.Context) {
 		c.log.Warn("santad went away: the rules stay for the next controller with this tag to take over")
 		return
 	}
+	removedAll := true
 	for _, ep := range c.eps {
 		deleted, gone, err := follow.DeleteTaggedCounted(c.client, ep.cookies, c.cfg.Tag)
 		if err != nil {
 			// santad went away: the next controller with this tag takes them over
 			c.log.Warn("removing the rules on exit failed", "server", ep.addr, "error", err)
+			removedAll = false
 			continue
 		}
 		// the rules of a socket the server closed went with it
@@ -1387,6 +1423,11 @@ func (c *Controller) removeAll(ctx context.Context) {
 		c.log.Info("removed the controller's rules", "server", ep.addr, "rules", deleted, "gone_with_their_sockets", withSockets)
 	}
 	follow.UnbindEmpty(c.client, c.created, c.log)
+	if removedAll {
+		if err := c.claim.RecordCreated(nil); err != nil {
+			c.log.Warn("recording that the rule sets this run made are unbound failed", "error", err)
+		}
+	}
 }
 
 // canonical is name in lower case, fully qualified: how zones are compared.

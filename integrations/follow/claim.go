@@ -3,6 +3,7 @@ package follow
 import (
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"net/url"
 	"os"
@@ -27,8 +28,15 @@ var ErrTagClaimed = errors.New("two controllers on one port need different tags 
 // directory (that of its control socket). The kernel drops it when the
 // controller exits, however it ends, so a controller killed with SIGKILL
 // leaves nothing that keeps the next one from starting and taking over
-// the rules it left.
-type Claim struct{ file *os.File }
+// the rules it left. The file also keeps the rule sets the holder's attach
+// made (RecordCreated), for the next holder to take over: santad tells only
+// the bind that makes a rule set so, and a rule set left without rules
+// stays bound until somebody unbinds it.
+type Claim struct {
+	file *os.File
+	// created are the rule sets the last holder recorded, read when claimed
+	created []uint64
+}
 
 // ClaimTag claims tag on port (api.ProtocolUDP or api.ProtocolTCP) of
 // santad at socketPath ("": santa.SocketPath()) for this controller, until
@@ -63,15 +71,66 @@ func ClaimTag(socketPath string, protocol uint32, port uint16, tag string) (*Cla
 		}
 		holder := "pid unknown" // the holder has not written it yet
 		if b, err := os.ReadFile(path); err == nil && len(b) > 0 {
-			holder = "pid " + strings.TrimSpace(string(b))
+			pid, _, _ := strings.Cut(string(b), "\n")
+			holder = "pid " + pid
 		}
 		return nil, fmt.Errorf("another controller (%s) runs with tag %q on %s port %d (%s): %w",
 			holder, tag, proto, port, path, ErrTagClaimed)
 	}
+	c := &Claim{file: f, created: recordedCreated(f)}
 	// the pid only names the holder in the message of a controller refused
-	f.Truncate(0)
-	f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
-	return &Claim{file: f}, nil
+	if err := c.RecordCreated(c.created); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("claim tag %q: %w", tag, err)
+	}
+	return c, nil
+}
+
+// createdPrefix starts the claim file's line of the rule sets its holder
+// made, after the line of its pid.
+const createdPrefix = "created"
+
+// recordedCreated reads the rule sets the claim file's last holder recorded.
+func recordedCreated(f *os.File) []uint64 {
+	b, err := io.ReadAll(io.NewSectionReader(f, 0, 1<<20))
+	if err != nil {
+		return nil
+	}
+	var cookies []uint64
+	for _, line := range strings.Split(string(b), "\n") {
+		fields := strings.Fields(line)
+		if len(fields) == 0 || fields[0] != createdPrefix {
+			continue
+		}
+		for _, field := range fields[1:] {
+			if cookie, err := strconv.ParseUint(field, 10, 64); err == nil {
+				cookies = append(cookies, cookie)
+			}
+		}
+	}
+	return cookies
+}
+
+// Created are the rule sets (socket cookies) the claim's last holder
+// recorded as made by its attach and not unbound again: a predecessor that
+// was killed, or that left its rules because santad went away.
+func (c *Claim) Created() []uint64 { return c.created }
+
+// RecordCreated records cookies as the rule sets this holder's attach made
+// (and those of its predecessor it took over), for the next holder should
+// this one leave them bound: record none once they are unbound.
+func (c *Claim) RecordCreated(cookies []uint64) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d\n%s", os.Getpid(), createdPrefix)
+	for _, cookie := range cookies {
+		fmt.Fprintf(&b, " %d", cookie)
+	}
+	b.WriteString("\n")
+	if err := c.file.Truncate(0); err != nil {
+		return err
+	}
+	_, err := c.file.WriteAt([]byte(b.String()), 0)
+	return err
 }
 
 // openOwnClaim opens the claim file at path, a file of this user's that
