@@ -54,7 +54,10 @@ Modes:
 	}
 	cmd.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error {
 		f.fdGiven = cmd.Flags().Changed("fd")
-		return refuseZero(cmd, "parallel", "timeout", "tag", "max-rules", "sample-rate", "quiet-sample-rate", "quiet-after", "min-samples", "interval", "idle")
+		if err := refuseNotPositive(cmd, "parallel", "timeout", "tag", "max-rules", "sample-rate", "quiet-sample-rate", "quiet-after", "min-samples", "interval", "idle"); err != nil {
+			return err
+		}
+		return f.checkRanges()
 	}
 	pf := cmd.PersistentFlags()
 	pf.StringVar(&f.port, "port", "", "attach to every UDP socket bound to this port, e.g. 53/udp")
@@ -158,6 +161,28 @@ removes rules without hits for --idle.`,
 	return cmd
 }
 
+// maxParallel bounds --parallel: each question in flight has a socket of
+// its own at each server address, with a 64 KiB buffer.
+const maxParallel = 1024
+
+// checkRanges refuses the values of --poll, --pid, --fd and --parallel that
+// refuseNotPositive lets through and the controller cannot use, naming the
+// flag and what it takes (the controller's own check names its settings,
+// some of which are no flag).
+func (f *dnsFlags) checkRanges() error {
+	switch {
+	case f.cfg.Poll < 0:
+		return fmt.Errorf("--poll %q: must be 0 (no polling) or more (default %v)", f.cfg.Poll.String(), dnsctl.DefaultConfig.Poll)
+	case f.pid < 0:
+		return fmt.Errorf("--pid %d: want a process id, from 1", f.pid)
+	case f.fd < 0:
+		return fmt.Errorf("--fd %d: want an fd number, from 0", f.fd)
+	case f.cfg.Parallel > maxParallel:
+		return fmt.Errorf("--parallel %d: at most %d (each question in flight has a socket of its own)", f.cfg.Parallel, maxParallel)
+	}
+	return nil
+}
+
 func parseTypes(s string) ([]uint16, error) {
 	var out []uint16
 	for _, t := range strings.FieldsFunc(s, func(r rune) bool { return r == ',' || r == ' ' }) {
@@ -195,7 +220,7 @@ func (f *dnsFlags) run(e env, g *globals, mode dnsctl.Mode, qs []dnsctl.Question
 	if f.server != "" {
 		a, err := netip.ParseAddr(f.server)
 		if err != nil {
-			return fmt.Errorf("--server: %w", err)
+			return fmt.Errorf("--server %q: want an IP address, e.g. 127.0.0.1 or ::1 (the port is --port's)", f.server)
 		}
 		cfg.Server = a
 	}

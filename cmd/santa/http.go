@@ -44,7 +44,7 @@ went away) stop answering within --lease, santad running or not. It must
 run in nginx's network namespace, next to santad. See docs/http.md.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := refuseZero(cmd, "max-rules", "min-samples", "sample-rate", "max-reply", "interval", "lease", "settle", "timeout", "tag"); err != nil {
+			if err := refuseNotPositive(cmd, "max-rules", "min-samples", "sample-rate", "max-reply", "interval", "lease", "settle", "timeout", "tag"); err != nil {
 				return err
 			}
 			port = strings.ToLower(port) // 80/TCP too

@@ -115,6 +115,20 @@ func TestErrorsSayWhatToDo(t *testing.T) {
 		"dns adaptive --port 53 --min-samples 0":                                                                `--min-samples "0": must be more than 0`,
 		"dns adaptive --port 53 --interval 0":                                                                   `--interval "0s": must be more than 0`,
 		"dns adaptive --port 53 --idle 0":                                                                       `--idle "0s": must be more than 0`,
+		"dns adaptive --port 53 --max-rules -1":                                                                 `--max-rules "-1": must be more than 0 (default 100000)`,
+		"dns static --names - --port 53 --parallel -1":                                                          `--parallel "-1": must be more than 0`,
+		"dns static --names - --port 53 --parallel 1025":                                                        `--parallel 1025: at most 1024`,
+		"dns static --names - --port 53 --timeout -1s":                                                          `--timeout "-1s": must be more than 0`,
+		"dns adaptive --port 53 --interval -1s":                                                                 `--interval "-1s": must be more than 0`,
+		"dns adaptive --port 53 --idle -1m":                                                                     `--idle "-1m0s": must be more than 0`,
+		"dns static --names - --port 53 --quiet-after -1s":                                                      `--quiet-after "-1s": must be more than 0`,
+		"dns static --names - --port 53 --poll -1s":                                                             `--poll "-1s": must be 0 (no polling) or more (default 1s)`,
+		"dns static --names - --pid -1 --fd 3":                                                                  `--pid -1: want a process id, from 1`,
+		"dns static --names - --pid 7 --fd -1":                                                                  `--fd -1: want an fd number, from 0`,
+		"dns static --names - --port 53 --sample-rate -1":                                                       `--sample-rate "-1": want a whole number from 0 to 4294967295 (default 5000)`,
+		"dns adaptive --port 53 --min-samples x":                                                                `--min-samples "x": want a whole number from 0 to 18446744073709551615 (default 4)`,
+		"dns adaptive --port 53 --server 127.0.0.1:53":                                                          `--server "127.0.0.1:53": want an IP address`,
+		"dns static --names - --port 53 --poll 1":                                                               `--poll "1": want a duration such as 500ms, 2s or 1m (default 1s)`,
 	} {
 		var out bytes.Buffer
 		root := newRoot(env{stdout: &out, stderr: &out, stdin: strings.NewReader("")})

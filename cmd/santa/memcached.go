@@ -55,7 +55,7 @@ Modes:
   adaptive  the keys that miss most often, learned from miss samples`,
 	}
 	cmd.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error {
-		return refuseZero(cmd, "guards", "refresh", "settle", "batch", "timeout", "tag", "count", "max-rules", "min-samples", "idle", "sample-rate")
+		return refuseNotPositive(cmd, "guards", "refresh", "settle", "batch", "timeout", "tag", "count", "max-rules", "min-samples", "idle", "sample-rate")
 	}
 	pf := cmd.PersistentFlags()
 	pf.StringVar(&f.port, "port", "11211/udp", "memcached's UDP port (its -U): attach to every socket bound to it")
