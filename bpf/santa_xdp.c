@@ -204,7 +204,7 @@ static __always_inline int outranked_on_master(struct xdp_md *ctx, struct pkt_in
 static __always_inline int master_delivers(struct xdp_md *ctx, struct pkt_info *req)
 {
 	struct net_device *dev = ((struct xdp_buff *)bpf_cast_to_kern_ctx(ctx))->rxq->dev;
-	__u64 priv = BPF_CORE_READ_BITFIELD_PROBED(dev, priv_flags);
+	__u64 priv = BPF_CORE_READ_BITFIELD(dev, priv_flags);
 	__u64 port = bpf_core_enum_value(enum netdev_priv_flags, IFF_BRIDGE_PORT) |
 		     bpf_core_enum_value(enum netdev_priv_flags, IFF_TEAM_PORT) |
 		     bpf_core_enum_value(enum netdev_priv_flags, IFF_OVS_DATAPATH);
