@@ -60,8 +60,9 @@ enum santa_limit {
 	 * drops the frame (tcp_drop_emit_layout) instead of misreading it.
 	 * 0x53545345 named two layouts, before and after the rule ref came in
 	 * (up to commit 3257ea6); 0x53545346 the one without the request's
-	 * place (req_off, req_len: up to commit 703a112). */
-	SANTA_TCP_EMIT_MAGIC = 0x53545347,
+	 * place (req_off, req_len: up to commit 703a112); 0x53545347 the one
+	 * without the listener's owner (uid: up to commit a1d35c6). */
+	SANTA_TCP_EMIT_MAGIC = 0x53545348,
 	/* santa_udp_emit.magic, likewise: TC sends the reply only for metadata
 	 * it can read, and passes any other to the socket untouched. */
 	SANTA_UDP_EMIT_MAGIC = 0x53554401,
@@ -392,7 +393,9 @@ struct santa_tcp_flow {
 	__u8 resends;      /* resends for repeated acks since the client's ack last moved */
 	__u8 opts;         /* the connection's stamp option bits | SANTA_FLOW_OPTS_KNOWN (0: a flow of
 			    * a version before it): santad closes an idle connection with a stamped FIN */
-	__u8 pad[5];
+	__u8 pad;
+	__u32 uid;         /* the owner (sk_uid) of the listener that answered: the stamps' MAC covers it
+			    * (0 from versions before it, whose stamps are those of owner 0) */
 };
 
 /* XDP -> TC metadata (before the frame): send segments of rule slot's reply
@@ -406,11 +409,12 @@ struct santa_tcp_emit {
 	__u32 tsecr;
 	__u32 stamp;       /* the TSval of the segments without FIN */
 	__u32 opts;        /* the stamp's option bits */
+	__u32 uid;         /* the listener's owner (sk_uid), for the stamp of a segment with eBPF's FIN */
 	__u16 from;        /* first reply byte to send (segments of opts' MSS less the timestamps) */
 	__u16 req_off;     /* the request's bytes in the frame, for the rule's copies (a reply with */
 	__u16 req_len;     /* copies takes one segment); req_len 0: the frame carries none */
 	__u8 resend;       /* a repeated ack: the segment at from, and the last one */
-	__u8 pad;
+	__u8 pad[5];
 	struct santa_rule_ref rule; /* whose reply */
 };
 

@@ -124,10 +124,13 @@ __noinline int emit_segment(struct __sk_buff *skb, const struct emit_state *st, 
 		.flags = TCP_ACK | (last ? TCP_PSH : 0) | (close ? TCP_FIN : 0),
 		.seq = st->e.seq + off,
 		.ack = st->e.ack,
-		.tsval = close ? stamp_make(req, unit, 1, st->e.opts) : st->e.stamp,
+		.tsval = st->e.stamp,
 		.tsecr = st->e.tsecr,
 		.opts = st->e.opts,
+		.uid = st->e.uid,
 	};
+	if (close)
+		t.tsval = stamp_make(req, unit, 1, &t);
 	struct tcphdr *th = write_tcp_header(s->hdr, l23, req, &t);
 	const __u8 *chunk = page->b + ((r->tpl + off) & (SANTA_PAGE_DATA - 1));
 	if (checksum_partial(skb)) {
@@ -320,10 +323,7 @@ int santa_handover(struct __sk_buff *skb)
 		return TC_ACT_OK;
 	struct tcp_opts o = {};
 	tcp_parse_options(s, req.l4_len, &o);
-	__u32 opts;
-	int fin;
-	__u64 age;
-	if (!o.has_ts || !stamp_check(&req, o.tsecr, stamp_unit(), &opts, &fin, &age))
+	if (!o.has_ts)
 		return TC_ACT_OK;
 
 	__u32 tuple_len = req.family == 4 ? sizeof(req.tuple.ipv4) : sizeof(req.tuple.ipv6);
@@ -331,6 +331,13 @@ int santa_handover(struct __sk_buff *skb)
 	if (!sk)
 		return TC_ACT_OK;
 	if (sk->state != BPF_TCP_LISTEN) /* the kernel has it already */
+		goto release;
+	/* only to a listener of the user whose listener answered the SYN (the
+	 * stamp's MAC covers its owner): another user's resets it */
+	__u32 opts;
+	int fin;
+	__u64 age;
+	if (!stamp_check(&req, o.tsecr, stamp_unit(), sock_uid(sk, BPF_TCP_LISTEN), &opts, &fin, &age))
 		goto release;
 	/* A reply of eBPF's not all acked: XDP passes such a segment only
 	 * once the connection's rule set went (it drops it before), and the

@@ -32,10 +32,6 @@ static __always_inline int count_parse_result(int err)
 	return XDP_PASS;
 }
 
-/* XDP may not call bpf_get_socket_cookie; reading the cookie through a
- * read-only BTF cast of the socket gives the same value. */
-extern void *bpf_rdonly_cast(const void *obj, __u32 btf_id) __ksym;
-
 /* The UDP socket the kernel would deliver the request to, looked up on
  * the interface it arrived on (NULL: none), to be released. */
 static __always_inline struct bpf_sock *lookup_udp(struct xdp_md *ctx, struct pkt_info *req)
@@ -44,10 +40,10 @@ static __always_inline struct bpf_sock *lookup_udp(struct xdp_md *ctx, struct pk
 	return bpf_sk_lookup_udp(ctx, &req->tuple, tuple_len, BPF_F_CURRENT_NETNS, 0);
 }
 
-/* The cookie of the socket this request would be delivered to; *found
- * says there is one. A socket's cookie is made when first asked for
- * (SO_COOKIE): santad asks before binding rules, so a socket without one
- * (cookie 0) has no rules. */
+/* The cookie of the socket this request would be delivered to (read
+ * through a BTF cast, bpf/tcp.h); *found says there is one. A socket's
+ * cookie is made when first asked for (SO_COOKIE): santad asks before
+ * binding rules, so a socket without one (cookie 0) has no rules. */
 static __always_inline __u64 receiving_socket(struct xdp_md *ctx, struct pkt_info *req, int *found)
 {
 	struct bpf_sock *sk = lookup_udp(ctx, req);

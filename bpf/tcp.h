@@ -9,18 +9,23 @@
  *   bit  25      eBPF has sent its FIN
  *   bits 24..18  the options negotiated in the handshake (mss index, window
  *                scale, SACK), needed to hand the connection to the kernel
- *   bits 17..0   SipHash-2-4 of (4-tuple, family, fin, options, full unit)
- *                under the key of the unit's epoch, low 18 bits
+ *   bits 17..0   SipHash-2-4 of (4-tuple, family, fin, options, full unit,
+ *                the listener's owner) under the key of the unit's epoch,
+ *                low 18 bits
  *
  * The MAC covers every other bit, so the options cannot be changed without
- * breaking it. A stamp older than SANTA_TCP_VALID_UNITS units is refused: no
- * replay beyond that. The time bits make stamps grow, as PAWS wants (a
- * stamp's bits below the time bits are fixed for one unit and connection). */
+ * breaking it. It covers the owner (sk_uid) of the listener that answered
+ * the SYN too: a stamp proves the connection only to a listener of the same
+ * user, never to another user's that took the port since. A stamp older
+ * than SANTA_TCP_VALID_UNITS units is refused: no replay beyond that. The
+ * time bits make stamps grow, as PAWS wants (a stamp's bits below the time
+ * bits are fixed for one unit and connection). */
 #pragma once
 
 #include "include/vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
+#include <bpf/bpf_core_read.h>
 #include "santa.h"
 #include "maps.h"
 #include "parsing.h"
@@ -53,6 +58,24 @@ static __always_inline const struct santa_rule *rule_of_ref(const struct santa_r
 	return r;
 }
 
+/* XDP may not call bpf_get_socket_cookie, and no helper reads a socket's
+ * owner: a read-only BTF cast of the socket reads both. */
+extern void *bpf_rdonly_cast(const void *obj, __u32 btf_id) __ksym;
+
+#define SANTA_NO_UID 0xffffffff /* the kernel's INVALID_UID: no socket has it */
+
+/* The owner (sk_uid) of socket sk, whose state the caller read (once: the
+ * verifier allows no pointer arithmetic on a socket, which the compiler
+ * makes of repeated reads): SANTA_NO_UID for time-wait and request
+ * sockets, which are no struct sock. */
+static __always_inline __u32 sock_uid(struct bpf_sock *sk, __u32 state)
+{
+	if (state == BPF_TCP_TIME_WAIT || state == BPF_TCP_NEW_SYN_RECV)
+		return SANTA_NO_UID;
+	struct sock *ksk = bpf_rdonly_cast(sk, bpf_core_type_id_kernel(struct sock));
+	return ksk->sk_uid.val;
+}
+
 #define STAMP_MAC_BITS 18
 #define STAMP_OPTS_SHIFT 18
 #define STAMP_FIN (1u << 25)
@@ -70,6 +93,19 @@ struct tcp_opts {
 	__u32 sack_left;  /* its first block's left edge: above the ack, the client misses data */
 	__u32 tsval;
 	__u32 tsecr;
+};
+
+/* What a reply segment carries besides its payload. */
+struct tcp_reply {
+	__u8 flags;
+	__u8 syn;     /* a SYN-ACK: the handshake's options */
+	__u32 seq;
+	__u32 ack;
+	__u32 tsval;
+	__u32 tsecr;
+	__u32 opts;   /* the stamp's option bits */
+	__u32 uid;    /* the listener's owner (sk_uid), which the stamp's MAC covers */
+	__u16 mss;    /* a SYN-ACK: the MSS announced */
 };
 
 /* The MSS values a stamp can carry (2 bits). */
@@ -209,9 +245,10 @@ __noinline __u64 siphash24_6(__u64 k0, __u64 k1, const struct stamp_msg *msg)
 	return v0 ^ v1 ^ v2 ^ v3;
 }
 
-/* The MAC bits of a stamp of unit for the request's connection, or -1 when
- * no key serves the unit's epoch. Global, so that its stack is its own. */
-__noinline __s64 stamp_mac(const struct pkt_info *req, __u64 unit, __u32 fin_opts)
+/* The MAC bits of a stamp of unit for the request's connection under a
+ * listener of owner uid, or -1 when no key serves the unit's epoch. Global,
+ * so that its stack is its own. */
+__noinline __s64 stamp_mac(const struct pkt_info *req, __u64 unit, __u32 fin_opts, __u32 uid)
 {
 	if (!req)
 		return -1;
@@ -221,43 +258,48 @@ __noinline __s64 stamp_mac(const struct pkt_info *req, __u64 unit, __u32 fin_opt
 	if (!k || k->epoch_plus1 != epoch + 1)
 		return -1;
 	/* the tuple (36 bytes, zero past an IPv4 tuple), then family, fin and
-	 * options, then the unit */
+	 * options, then the unit (below 2^31: ns >> 33) with the owner above
+	 * it. Owner 0 adds nothing: root's stamps are those of the versions
+	 * before the owner came in, so root's connections outlive an upgrade
+	 * from one (docs/tcp.md). */
 	const __u32 *t = (const __u32 *)&req->tuple;
 	struct stamp_msg m;
 #pragma unroll
 	for (int i = 0; i < 4; i++)
 		m.w[i] = t[2 * i] | (__u64)t[2 * i + 1] << 32;
 	m.w[4] = t[8] | (__u64)(fin_opts | (__u32)req->family << 8) << 32;
-	m.w[5] = unit;
+	m.w[5] = unit | (__u64)uid << 32;
 	return siphash24_6(k->k0, k->k1, &m) & ((1u << STAMP_MAC_BITS) - 1);
 }
 
-/* A stamp of the current unit, or 0 with no key (0 is never a stamp: its
- * MAC would have to be 0 at unit 0 with no options). */
-static __always_inline __u32 stamp_make(const struct pkt_info *req, __u64 unit, int fin, __u32 opts)
+/* A stamp of the current unit for reply t (its options and owner), or 0
+ * with no key (0 is never a stamp: its MAC would have to be 0 at unit 0
+ * with no options). */
+static __always_inline __u32 stamp_make(const struct pkt_info *req, __u64 unit, int fin, const struct tcp_reply *t)
 {
-	__u32 fin_opts = (fin ? 1 : 0) | opts << 1;
-	__s64 mac = stamp_mac(req, unit, fin_opts);
+	__u32 fin_opts = (fin ? 1 : 0) | t->opts << 1;
+	__s64 mac = stamp_mac(req, unit, fin_opts, t->uid);
 	if (mac < 0)
 		return 0;
 	return (__u32)(unit & 63) << STAMP_TIME_SHIFT | (fin ? STAMP_FIN : 0) |
-	       opts << STAMP_OPTS_SHIFT | (__u32)mac;
+	       t->opts << STAMP_OPTS_SHIFT | (__u32)mac;
 }
 
-/* The stamp for a reply, given the client's valid echo of one: the echo
- * itself if it is of this unit with the same FIN bit and options (its MAC
- * would be the same), else a new one. */
-static __always_inline __u32 reply_stamp(const struct pkt_info *req, __u64 unit, int fin, __u32 opts, __u32 echo)
+/* The stamp for reply t, given the client's echo of one that proved the
+ * connection to t's owner: the echo itself if it is of this unit with the
+ * same FIN bit and options (its MAC would be the same), else a new one. */
+static __always_inline __u32 reply_stamp(const struct pkt_info *req, __u64 unit, int fin,
+					 const struct tcp_reply *t, __u32 echo)
 {
 	if ((echo >> STAMP_TIME_SHIFT) == (unit & 63) && !!(echo & STAMP_FIN) == !!fin &&
-	    ((echo >> STAMP_OPTS_SHIFT) & 127) == opts)
+	    ((echo >> STAMP_OPTS_SHIFT) & 127) == t->opts)
 		return echo;
-	return stamp_make(req, unit, fin, opts);
+	return stamp_make(req, unit, fin, t);
 }
 
-/* Check a stamp echoed by the client. On success returns 1 and sets its
- * options, FIN bit and age in units. */
-static __always_inline int stamp_check(const struct pkt_info *req, __u32 stamp, __u64 unit,
+/* Check a stamp echoed by the client to a listener of owner uid. On
+ * success returns 1 and sets its options, FIN bit and age in units. */
+static __always_inline int stamp_check(const struct pkt_info *req, __u32 stamp, __u64 unit, __u32 uid,
 				       __u32 *opts, int *fin, __u64 *age)
 {
 	*age = (unit - (stamp >> STAMP_TIME_SHIFT)) & 63;
@@ -265,7 +307,7 @@ static __always_inline int stamp_check(const struct pkt_info *req, __u32 stamp, 
 		return 0;
 	*opts = (stamp >> STAMP_OPTS_SHIFT) & 127;
 	*fin = !!(stamp & STAMP_FIN);
-	__s64 mac = stamp_mac(req, unit - *age, (*fin ? 1 : 0) | *opts << 1);
+	__s64 mac = stamp_mac(req, unit - *age, (*fin ? 1 : 0) | *opts << 1, uid);
 	return mac >= 0 && (__u32)mac == (stamp & ((1u << STAMP_MAC_BITS) - 1));
 }
 
@@ -279,18 +321,6 @@ static __always_inline __u8 tcp_flags(const struct tcphdr *th)
 #define SANTA_MSS6 1440
 #define SANTA_WINDOW 64240 /* the receive window eBPF announces, as the kernel's first */
 #define TS_OPTION_LEN 12 /* NOP NOP TS: what every segment after the SYN-ACK carries */
-
-/* What a reply segment carries besides its payload. */
-struct tcp_reply {
-	__u8 flags;
-	__u8 syn;     /* a SYN-ACK: the handshake's options */
-	__u32 seq;
-	__u32 ack;
-	__u32 tsval;
-	__u32 tsecr;
-	__u32 opts;   /* the stamp's option bits */
-	__u16 mss;    /* a SYN-ACK: the MSS announced */
-};
 
 /* Write the reply's TCP header at hdr + l23 (40 bytes for a SYN-ACK, else
  * 32), checksum 0. */

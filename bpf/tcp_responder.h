@@ -10,8 +10,6 @@
  * connection to the kernel with that segment. */
 #pragma once
 
-#define SANTA_NO_UID 0xffffffff /* the kernel's INVALID_UID: no socket has it */
-
 /* The cookie of the listener a segment reaches (0 for a listener whose
  * cookie was never asked for, which has no rules); *listener says there is
  * one. *kernel_sock says the kernel has a socket of its own for the 4-tuple
@@ -26,16 +24,15 @@ static __always_inline __u64 tcp_listener(struct xdp_md *ctx, struct pkt_info *r
 	if (!sk)
 		return 0;
 	__u64 cookie = 0;
-	struct sock *ksk = bpf_rdonly_cast(sk, bpf_core_type_id_kernel(struct sock));
-	if (sk->state == BPF_TCP_LISTEN) {
+	__u32 state = sk->state;
+	if (state == BPF_TCP_LISTEN) {
+		struct sock *ksk = bpf_rdonly_cast(sk, bpf_core_type_id_kernel(struct sock));
 		cookie = ksk->__sk_common.skc_cookie.counter;
 		*listener = 1;
 	} else {
 		*kernel_sock = 1;
 	}
-	/* time-wait and request sockets are no struct sock */
-	if (sk->state != BPF_TCP_TIME_WAIT && sk->state != BPF_TCP_NEW_SYN_RECV)
-		*uid = ksk->sk_uid.val;
+	*uid = sock_uid(sk, state);
 	bpf_sk_release(sk);
 	return cookie;
 }
@@ -94,11 +91,14 @@ struct req_bytes {
 
 /* Pass the segment to TC with metadata that has it send the reply of flow f
  * from reply byte from on (or, with resend, the segment there and the last),
- * with the request's bytes at rq for the rule's copies: TC can send several
- * frames, and grow one beyond what XDP's frame has room for. */
-static __always_inline int emit_by_tc(struct xdp_md *ctx, const struct santa_tcp_flow *f, __u32 from,
-				      __u32 tsecr, __u32 opts, __u32 stamp, int resend, struct req_bytes rq)
+ * stamped for t, with the request's bytes at rq for the rule's copies: TC
+ * can send several frames, and grow one beyond what XDP's frame has room
+ * for. */
+static __always_inline int emit_by_tc(struct xdp_md *ctx, const struct pkt_info *req, const struct santa_tcp_flow *f,
+				      __u32 from, const struct tcp_reply *t, const struct tcp_opts *o, __u64 unit,
+				      int resend, struct req_bytes rq)
 {
+	__u32 stamp = reply_stamp(req, unit, 0, t, o->tsecr);
 	if (bpf_xdp_adjust_meta(ctx, -(int)sizeof(struct santa_tcp_emit))) {
 		COUNT(tcp_emit_failed);
 		return XDP_DROP; /* the client asks again */
@@ -112,9 +112,10 @@ static __always_inline int emit_by_tc(struct xdp_md *ctx, const struct santa_tcp
 	e->rule = f->rule;
 	e->seq = f->reply_start;
 	e->ack = f->req_seq;
-	e->tsecr = tsecr;
+	e->tsecr = o->tsval;
 	e->stamp = stamp;
-	e->opts = opts;
+	e->opts = t->opts;
+	e->uid = t->uid;
 	e->from = from;
 	e->req_off = rq.off;
 	e->req_len = rq.len;
@@ -140,7 +141,7 @@ static __always_inline int reply_gone(struct xdp_md *ctx, struct pkt_info *req, 
 	COUNT(tcp_reset_rule_gone);
 	t->flags = TCP_RST | TCP_ACK;
 	t->ack = ack;
-	t->tsval = reply_stamp(req, unit, 1, t->opts, o->tsecr);
+	t->tsval = reply_stamp(req, unit, 1, t, o->tsecr);
 	return tcp_send(ctx, req, t, 0);
 }
 
@@ -156,7 +157,7 @@ static __always_inline int answer_again(struct xdp_md *ctx, struct pkt_info *req
 	f->seen = unit;
 	if (!in_flight) {
 		t->ack = f->req_end;
-		t->tsval = reply_stamp(req, unit, fin, t->opts, o->tsecr);
+		t->tsval = reply_stamp(req, unit, fin, t, o->tsecr);
 		return tcp_send(ctx, req, t, 0);
 	}
 	const struct santa_rule *r = rule_of_ref(&f->rule);
@@ -168,8 +169,7 @@ static __always_inline int answer_again(struct xdp_md *ctx, struct pkt_info *req
 	if (rq.len == 0 || rq.len > SANTA_REQ_WINDOW || skip > SANTA_REQ_WINDOW)
 		rq.len = 0;
 	if (f->multi)
-		return emit_by_tc(ctx, f, t->seq - f->reply_start, o->tsval, t->opts,
-				  reply_stamp(req, unit, 0, t->opts, o->tsecr), 0, rq);
+		return emit_by_tc(ctx, req, f, t->seq - f->reply_start, t, o, unit, 0, rq);
 	if (rq.len == 0 || bpf_xdp_load_bytes(ctx, rq.off, s->req, NONZERO(rq.len, SANTA_OFF_MASK))) {
 		COUNT(pass_error);
 		return XDP_DROP; /* the client asks again */
@@ -178,18 +178,18 @@ static __always_inline int answer_again(struct xdp_md *ctx, struct pkt_info *req
 	t->flags |= TCP_PSH | (close ? TCP_FIN : 0);
 	t->seq = f->reply_start;
 	t->ack = f->req_end;
-	t->tsval = reply_stamp(req, unit, close, t->opts, o->tsecr);
+	t->tsval = reply_stamp(req, unit, close, t, o->tsecr);
 	int verdict = tcp_send(ctx, req, t, f->rule.slot);
 	if (verdict != TCP_NO_ROOM)
 		return verdict;
 	((struct santa_tcp_flow *)f)->multi = 1; /* TC sends it, as a long reply */
-	return emit_by_tc(ctx, f, t->seq - f->reply_start, o->tsval, t->opts,
-				  reply_stamp(req, unit, 0, t->opts, o->tsecr), 0, rq);
+	return emit_by_tc(ctx, req, f, t->seq - f->reply_start, t, o, unit, 0, rq);
 }
 
-/* A SYN to a listener with a rule set: answer it with a stamped SYN-ACK. */
+/* A SYN to a listener of owner uid with a rule set: answer it with a
+ * stamped SYN-ACK. */
 static __always_inline int tcp_syn(struct xdp_md *ctx, struct pkt_info *req, struct santa_scratch *s,
-				   __u8 flags, const struct tcp_opts *o, __u64 unit)
+				   __u8 flags, const struct tcp_opts *o, __u64 unit, __u32 uid)
 {
 	/* the client's MSS (absent: the default, RFC 9293); the kernel takes
 	 * no smaller one at a handover (bpf_sk_assign_tcp_reqsk) */
@@ -218,9 +218,10 @@ static __always_inline int tcp_syn(struct xdp_md *ctx, struct pkt_info *req, str
 		.ack = bpf_ntohl(((struct tcphdr *)s->l4)->seq) + 1,
 		.tsecr = o->tsval,
 		.opts = stamp_opts(o, client_mss, local_mss),
+		.uid = uid,
 		.mss = local_mss,
 	};
-	t.tsval = stamp_make(req, unit, 0, t.opts);
+	t.tsval = stamp_make(req, unit, 0, &t);
 	if (!t.tsval) {
 		COUNT(tcp_pass_no_key);
 		return XDP_PASS;
@@ -245,7 +246,7 @@ static __always_inline int tcp_syn(struct xdp_md *ctx, struct pkt_info *req, str
 		 * otherwise set the options of the connection's handover */
 		if (f->opts & SANTA_FLOW_OPTS_KNOWN) {
 			t.opts = f->opts & ~SANTA_FLOW_OPTS_KNOWN;
-			t.tsval = stamp_make(req, unit, 0, t.opts);
+			t.tsval = stamp_make(req, unit, 0, &t);
 		}
 		COUNT(tcp_syn_challenged);
 		return tcp_send(ctx, req, &t, 0);
@@ -360,11 +361,14 @@ __noinline int tcp_segment(struct xdp_md *ctx, struct pkt_info *req)
 		return XDP_DROP;
 	}
 	if (flags & TCP_SYN)
-		return tcp_syn(ctx, req, s, flags, o, unit);
+		return tcp_syn(ctx, req, s, flags, o, unit, uid);
 	__u32 opts;
 	int fin;
 	__u64 age;
-	if (!(flags & TCP_ACK) || !o->has_ts || !stamp_check(req, o->tsecr, unit, &opts, &fin, &age)) {
+	/* a stamp proves the connection to a listener of the owner it was made
+	 * under only: another user's that took the port since gets neither its
+	 * requests nor their samples (the kernel resets it) */
+	if (!(flags & TCP_ACK) || !o->has_ts || !stamp_check(req, o->tsecr, unit, uid, &opts, &fin, &age)) {
 		COUNT(tcp_pass_bad_stamp);
 		return XDP_PASS;
 	}
@@ -375,6 +379,7 @@ __noinline int tcp_segment(struct xdp_md *ctx, struct pkt_info *req)
 		.seq = bpf_ntohl(th->ack_seq),
 		.tsecr = o->tsval,
 		.opts = opts,
+		.uid = uid,
 	};
 	if ((flags & TCP_FIN) && req->payload_len) {
 		/* a client that closes before eBPF acked its last request sends
@@ -450,7 +455,7 @@ __noinline int tcp_segment(struct xdp_md *ctx, struct pkt_info *req)
 			bpf_map_delete_elem(&santa_tcp_flows, &req->tuple);
 		t->flags |= fin ? 0 : TCP_FIN;
 		t->ack = seq + 1;
-		t->tsval = reply_stamp(req, unit, 1, opts, o->tsecr);
+		t->tsval = reply_stamp(req, unit, 1, t, o->tsecr);
 		COUNT(tcp_fin_answered);
 		return tcp_send(ctx, req, t, 0);
 	}
@@ -474,7 +479,7 @@ __noinline int tcp_segment(struct xdp_md *ctx, struct pkt_info *req)
 			if (f)
 				f->seen = unit; /* probed: not idle, the sweep keeps it */
 			t->ack = seq + 1;
-			t->tsval = reply_stamp(req, unit, fin, opts, o->tsecr);
+			t->tsval = reply_stamp(req, unit, fin, t, o->tsecr);
 			COUNT(tcp_keepalive_answered);
 			return tcp_send(ctx, req, t, 0);
 		}
@@ -495,7 +500,7 @@ __noinline int tcp_segment(struct xdp_md *ctx, struct pkt_info *req)
 			}
 			f->last_ack = t->seq;
 			t->ack = f->req_end;
-			t->tsval = reply_stamp(req, unit, fin, opts, o->tsecr);
+			t->tsval = reply_stamp(req, unit, fin, t, o->tsecr);
 			COUNT(tcp_request_acked);
 			return tcp_send(ctx, req, t, 0);
 		}
@@ -524,8 +529,7 @@ __noinline int tcp_segment(struct xdp_md *ctx, struct pkt_info *req)
 				f->resends++;
 				COUNT(tcp_resend);
 				struct req_bytes none = {};
-				return emit_by_tc(ctx, f, t->seq - f->reply_start, o->tsval, opts,
-						  reply_stamp(req, unit, 0, opts, o->tsecr), 1, none);
+				return emit_by_tc(ctx, req, f, t->seq - f->reply_start, t, o, unit, 1, none);
 			}
 		}
 		COUNT(tcp_ack_consumed);
@@ -602,6 +606,7 @@ __noinline int tcp_segment(struct xdp_md *ctx, struct pkt_info *req)
 		.opts = opts | SANTA_FLOW_OPTS_KNOWN,
 		.last_ack = t->seq,
 		.seen = unit,
+		.uid = uid,
 	};
 	nf.reply_end = nf.reply_start + r->reply_len + (close ? 1 : 0);
 	rule_ref_set(&nf.rule, slot, r);
@@ -625,12 +630,11 @@ __noinline int tcp_segment(struct xdp_md *ctx, struct pkt_info *req)
 	struct req_bytes rq = { .off = req->payload_off, .len = req->payload_len };
 	if (multi) {
 		COUNT(tcp_long_reply);
-		return emit_by_tc(ctx, &nf, t->seq - nf.reply_start, o->tsval, opts,
-				  reply_stamp(req, unit, 0, opts, o->tsecr), 0, rq);
+		return emit_by_tc(ctx, req, &nf, t->seq - nf.reply_start, t, o, unit, 0, rq);
 	}
 	t->flags |= TCP_PSH | (close ? TCP_FIN : 0);
 	t->ack = seq + req->payload_len;
-	t->tsval = reply_stamp(req, unit, close, opts, o->tsecr);
+	t->tsval = reply_stamp(req, unit, close, t, o->tsecr);
 	int verdict = tcp_send(ctx, req, t, slot);
 	if (verdict != TCP_NO_ROOM)
 		return verdict;
@@ -643,5 +647,5 @@ __noinline int tcp_segment(struct xdp_md *ctx, struct pkt_info *req)
 	}
 	f->multi = nf.multi = 1;
 	COUNT(tcp_xdp_no_room);
-	return emit_by_tc(ctx, &nf, 0, o->tsval, opts, reply_stamp(req, unit, 0, opts, o->tsecr), 0, rq);
+	return emit_by_tc(ctx, req, &nf, 0, t, o, unit, 0, rq);
 }

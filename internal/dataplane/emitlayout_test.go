@@ -23,7 +23,7 @@ import (
 // runs beside the XDP program of another for moments; the magic is how TC
 // tells metadata it can read from metadata it must drop.
 var emitLayouts = map[uint32]string{
-	santaTCPEmitMagic: "magic@0:4 seq@4:4 ack@8:4 tsecr@12:4 stamp@16:4 opts@20:4 from@24:2 req_off@26:2 req_len@28:2 resend@30:1 pad@31:1 rule@32:24",
+	santaTCPEmitMagic: "magic@0:4 seq@4:4 ack@8:4 tsecr@12:4 stamp@16:4 opts@20:4 uid@24:4 from@28:2 req_off@30:2 req_len@32:2 resend@34:1 pad@35:5 rule@40:24",
 }
 
 // TestEmitLayoutHasItsMagic fails when struct santa_tcp_emit changed

@@ -291,6 +291,8 @@ func flowReader(m *ebpf.Map) (func(v []byte, rules *mmapArray) (f santaSantaTcpF
 		}
 		opts, _ := get(v, "opts") // 0 from versions before it: not known
 		f.Opts = uint8(opts)
+		// 0 from versions before it, whose stamps are those of owner 0
+		f.Uid = u32("uid")
 		if refOff >= 0 && refOff+binary.Size(f.Rule) <= len(v) {
 			r := v[refOff:]
 			f.Rule.Id, f.Rule.Slot = binary.LittleEndian.Uint64(r), binary.LittleEndian.Uint32(r[8:])

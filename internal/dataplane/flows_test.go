@@ -202,7 +202,7 @@ func TestFlowsCarried(t *testing.T) {
 	first, prev, pin := pinnedPredecessor(t, 16)
 	put := func(d *Dataplane, port uint16, replyEnd uint32) {
 		t.Helper()
-		f := santaSantaTcpFlow{ReplyEnd: replyEnd, Opts: flowOptsKnown | uint8(port)}
+		f := santaSantaTcpFlow{ReplyEnd: replyEnd, Opts: flowOptsKnown | uint8(port), Uid: 1000 + uint32(port)}
 		if err := d.objs.SantaTcpFlows.Put(flowKey(port), &f); err != nil {
 			t.Fatal(err)
 		}
@@ -241,8 +241,9 @@ func TestFlowsCarried(t *testing.T) {
 		t.Fatalf("before the swap: %+v, %v; want 3 flows carried", c, err)
 	}
 	var carried santaSantaTcpFlow
-	if err := next.objs.SantaTcpFlows.Lookup(flowKey(2), &carried); err != nil || carried.Opts != flowOptsKnown|2 {
-		t.Errorf("a carried flow's options: %#x, %v; want %#x (santad closes idle connections with them)", carried.Opts, err, flowOptsKnown|2)
+	if err := next.objs.SantaTcpFlows.Lookup(flowKey(2), &carried); err != nil || carried.Opts != flowOptsKnown|2 || carried.Uid != 1002 {
+		t.Errorf("a carried flow's options %#x and listener's owner %d, %v; want %#x and 1002 (santad's FIN to an idle connection is stamped with them)",
+			carried.Opts, carried.Uid, err, flowOptsKnown|2)
 	}
 	// between the passes both programs run their tables
 	put(first, 1, 101) // the predecessor moves a flow on

@@ -86,9 +86,10 @@ func flowIPv4(t []byte) bool {
 }
 
 // flowStamp is the stamp bpf/tcp.h's stamp_make makes at unit for the
-// connection of flow key k (tuple t), with eBPF's FIN if fin, and the
-// connection's option bits; ok is false if no key serves unit's epoch.
-func (d *Dataplane) flowStamp(t []byte, unit uint64, fin bool, opts uint32) (stamp uint32, ok bool, err error) {
+// connection of flow key k (tuple t), with eBPF's FIN if fin, the
+// connection's option bits and its listener's owner uid; ok is false if no
+// key serves unit's epoch.
+func (d *Dataplane) flowStamp(t []byte, unit uint64, fin bool, opts, uid uint32) (stamp uint32, ok bool, err error) {
 	epoch := unit >> stampEpochShift
 	var key StampKey
 	if err := d.objs.SantaTcpKeys.Lookup(uint32(epoch%stampKeySlots), &key); err != nil {
@@ -109,7 +110,7 @@ func (d *Dataplane) flowStamp(t []byte, unit uint64, fin bool, opts uint32) (sta
 		m[i] = binary.LittleEndian.Uint64(t[8*i:])
 	}
 	m[4] = uint64(binary.LittleEndian.Uint32(t[32:])) | uint64(finOpts|family<<8)<<32
-	m[5] = unit
+	m[5] = unit | uint64(uid)<<32
 	stamp = uint32(unit&63)<<stampTimeShift | opts<<stampOptsShift | uint32(siphash24(key.K0, key.K1, m))&(1<<stampMACBits-1)
 	if fin {
 		stamp |= stampFIN

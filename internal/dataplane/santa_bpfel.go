@@ -104,7 +104,7 @@ const (
 	santaSantaLimitSANTA_TCP_SEGMENTS       santaSantaLimit = 10
 	santaSantaLimitSANTA_TCP_RESENDS        santaSantaLimit = 8
 	santaSantaLimitSANTA_MAX_TCP_REPLY      santaSantaLimit = 14480
-	santaSantaLimitSANTA_TCP_EMIT_MAGIC     santaSantaLimit = 1398035271
+	santaSantaLimitSANTA_TCP_EMIT_MAGIC     santaSantaLimit = 1398035272
 	santaSantaLimitSANTA_UDP_EMIT_MAGIC     santaSantaLimit = 1398096897
 	santaSantaLimitSANTA_FLOW_OPTS_KNOWN    santaSantaLimit = 128
 )
@@ -321,7 +321,8 @@ type santaSantaTcpFlow struct {
 	Multi   uint8
 	Resends uint8
 	Opts    uint8
-	Pad     [5]uint8
+	Pad     uint8
+	Uid     uint32
 }
 
 type santaSantaTcpKey struct {

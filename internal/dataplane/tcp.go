@@ -249,7 +249,7 @@ func (d *Dataplane) closeIdle(keys []santaBpfSockTuple, now uint64, closeUnits u
 			continue
 		}
 		t := tupleBytes(k)
-		stamp, ok, err := d.flowStamp(t, now, true, uint32(f.Opts&^flowOptsKnown))
+		stamp, ok, err := d.flowStamp(t, now, true, uint32(f.Opts&^flowOptsKnown), f.Uid)
 		if err != nil || !ok {
 			return fmt.Errorf("stamp for the FIN of an idle connection: no key for this unit (%v)", err)
 		}

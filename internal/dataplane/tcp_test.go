@@ -37,8 +37,25 @@ type tcpServer struct {
 
 func startTCPServer(t testing.TB, tb *testbed.Testbed, addr netip.AddrPort) *tcpServer {
 	t.Helper()
+	return startTCPServerOf(t, tb, addr, 0)
+}
+
+// nobody is the uid of another user's servers.
+const nobody = 65534
+
+// startTCPServerOf starts a tcpServer whose listener user uid owns (its
+// sk_uid: the socket is made with that fsuid), as that user's server's
+// would be.
+func startTCPServerOf(t testing.TB, tb *testbed.Testbed, addr netip.AddrPort, uid int) *tcpServer {
+	t.Helper()
 	srv := &tcpServer{port: addr.Port()}
 	err := tb.Server.Do(func() error {
+		// the calling thread's alone: Do locks it
+		prev, err := unix.SetfsuidRetUid(uid)
+		if err != nil {
+			return err
+		}
+		defer unix.Setfsuid(prev)
 		lc := net.ListenConfig{}
 		lc.SetMultipathTCP(false) // the kernel's lookup finds plain TCP listeners
 		ln, err := lc.Listen(context.Background(), "tcp", addr.String())
@@ -622,20 +639,95 @@ func TestTCPSynOnAStaleFlow(t *testing.T) {
 	}
 }
 
+// TestSocketlessConnectionOfAnotherUser: a socket-less connection proves
+// itself only to a listener of the user whose listener answered it. Root's
+// server answered a connection and closed its listener; uid nobody then
+// listened on the port with a rule for the same request: eBPF answered the
+// connection's next request with nobody's reply. Now that request is
+// refused (tcp_pass_bad_stamp) and the kernel resets the connection, as it
+// resets any ACK its listener gets. A listener of the same user that takes
+// the port again keeps that user's connections.
+func TestSocketlessConnectionOfAnotherUser(t *testing.T) {
+	tb := testbed.New(t)
+	d := loadAttached(t, tb, Config{})
+	addr := netip.AddrPortFrom(tb.Server.IP4, 8080)
+	hot := httpGet("/hot", "")
+	serve := func(uid int, reply string) *tcpServer {
+		srv := startTCPServerOf(t, tb, addr, uid)
+		if err := d.Bind(srv.sock(), SampleOptions{Bytes: 64, PerSecond: 1000}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := d.AddRules(srv.cookie, []Rule{exactRule(hot, reply, false)}); err != nil {
+			t.Fatal(err)
+		}
+		return srv
+	}
+	leave := func(srv *tcpServer) {
+		if err := d.Unbind(srv.cookie); err != nil {
+			t.Fatal(err)
+		}
+		srv.ln.Close()
+	}
+	ask := func(c net.Conn, r *bufio.Reader, want string) {
+		t.Helper()
+		io.WriteString(c, hot)
+		if got := readReply(t, c, r); got != want {
+			t.Fatalf("reply %q, want %q", got, want)
+		}
+	}
+	rootReply, nobodyReply := httpReply("root's", ""), httpReply("nobody's", "")
+	root := serve(0, rootReply)
+	rootConn := dialFromClient(t, tb, addr)
+	rootR := bufio.NewReader(rootConn)
+	ask(rootConn, rootR, rootReply)
+	leave(root)
+
+	other := serve(nobody, nobodyReply)
+	before := counterNames(t, d)
+	io.WriteString(rootConn, hot)
+	rootConn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if line, err := rootR.ReadString('\n'); !errors.Is(err, unix.ECONNRESET) {
+		t.Errorf("root's connection, on nobody's listener: read %q, %v; want a reset", line, err)
+	}
+	after := counterNames(t, d)
+	for _, c := range []string{"answered", "miss_sampled", "tcp_handed_over", "tcp_handover_failed"} {
+		if after[c] != before[c] {
+			t.Errorf("root's connection, on nobody's listener: %s +%d, want +0", c, after[c]-before[c])
+		}
+	}
+	if after["tcp_pass_bad_stamp"] == before["tcp_pass_bad_stamp"] {
+		t.Error("root's connection's request was not refused (tcp_pass_bad_stamp)")
+	}
+
+	// nobody's own connections are answered, and kept by its next listener
+	nobodyConn := dialFromClient(t, tb, addr)
+	nobodyR := bufio.NewReader(nobodyConn)
+	ask(nobodyConn, nobodyR, nobodyReply)
+	leave(other)
+	again := httpReply("nobody's again", "")
+	serve(nobody, again)
+	ask(nobodyConn, nobodyR, again)
+}
+
 // TestIdleConnectionClosed: a keep-alive connection eBPF answered, idle for
 // longer than Config.TCPIdleClose, is closed with eBPF's FIN, as a server's
 // keep-alive timeout would: the client reads the end of the stream (before,
 // nothing came, and a request after its stamps expired was reset), its
 // close is answered from the FIN's stamp (the flow went with the FIN), and
-// its socket ends (no LAST_ACK left).
+// its socket ends (no LAST_ACK left). The FIN's stamp is of the listener's
+// owner, kept with the flow: a listener of uid nobody's too.
 func TestIdleConnectionClosed(t *testing.T) {
 	tb := testbed.New(t)
 	d := loadAttached(t, tb, Config{})
 	hot, reply := httpGet("/hot", ""), httpReply("from eBPF", "")
-	for _, ip := range []netip.Addr{tb.Server.IP4, tb.Server.IP6} {
-		t.Run(map[bool]string{true: "IPv4", false: "IPv6"}[ip.Is4()], func(t *testing.T) {
+	for _, c := range []struct {
+		ip  netip.Addr
+		uid int // the listener's owner, which the FIN's stamp covers
+	}{{tb.Server.IP4, 0}, {tb.Server.IP6, 0}, {tb.Server.IP4, nobody}} {
+		ip := c.ip
+		t.Run(fmt.Sprintf("%s/uid%d", map[bool]string{true: "IPv4", false: "IPv6"}[ip.Is4()], c.uid), func(t *testing.T) {
 			addr := netip.AddrPortFrom(ip, 8080)
-			srv := startTCPServer(t, tb, addr)
+			srv := startTCPServerOf(t, tb, addr, c.uid)
 			if err := d.Bind(srv.sock(), SampleOptions{}); err != nil {
 				t.Fatal(err)
 			}

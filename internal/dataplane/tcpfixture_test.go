@@ -83,8 +83,9 @@ func TestSipHashVector(t *testing.T) {
 }
 
 // stampValid checks a stamp the way bpf/tcp.h does, with the key user
-// space wrote for its epoch, for an IPv4 connection c -> s.
-func stampValid(t *testing.T, d *Dataplane, c, s netip.AddrPort, stamp uint32, unit uint64) bool {
+// space wrote for its epoch, for an IPv4 connection c -> s to a listener
+// of owner uid.
+func stampValid(t *testing.T, d *Dataplane, c, s netip.AddrPort, stamp uint32, unit uint64, uid uint32) bool {
 	t.Helper()
 	field := uint64(stamp >> 26)
 	age := (unit - field) & 63
@@ -106,7 +107,7 @@ func stampValid(t *testing.T, d *Dataplane, c, s netip.AddrPort, stamp uint32, u
 		m[i] = binary.LittleEndian.Uint64(tuple[8*i:])
 	}
 	m[4] = uint64(binary.LittleEndian.Uint32(tuple[32:])) | (finOpts|4<<8)<<32
-	m[5] = u
+	m[5] = u | uint64(uid)<<32
 	return uint32(siphash24(k.K0, k.K1, m))&(1<<18-1) == stamp&(1<<18-1)
 }
 
@@ -147,7 +148,7 @@ func TestTCPFixtures(t *testing.T) {
 	if echo != 777 {
 		t.Fatalf("SYN-ACK echoes %d, want the SYN's TSval 777", echo)
 	}
-	if !stampValid(t, e.d, client, addr, stamp, nowUnit(t)) {
+	if !stampValid(t, e.d, client, addr, stamp, nowUnit(t), 0) {
 		t.Fatalf("the SYN-ACK's TSval %#x is not a valid stamp", stamp)
 	}
 	if opts := stamp >> 18 & 127; opts != 3<<5|7<<1|1 {
@@ -174,7 +175,7 @@ func TestTCPFixtures(t *testing.T) {
 		t.Fatalf("reply: seq %d ack %d flags PSH %v FIN %v payload %q", r.Seq, r.Ack, r.PSH, r.FIN, payload)
 	}
 	tsval, tsecr := timestamps(t, r)
-	if tsecr != 778 || !stampValid(t, e.d, client, addr, tsval, nowUnit(t)) {
+	if tsecr != 778 || !stampValid(t, e.d, client, addr, tsval, nowUnit(t), 0) {
 		t.Fatalf("reply timestamps %#x %d", tsval, tsecr)
 	}
 	// a SYN on the 4-tuple of a flow gets a challenge ACK (RFC 5961 4.2);
@@ -269,7 +270,10 @@ func TestInterfaceMTU(t *testing.T) {
 
 // santaTCPEmitMagic starts the metadata XDP leaves TC to send segments
 // (SANTA_TCP_EMIT_MAGIC, bpf/santa.h).
-const santaTCPEmitMagic = 0x53545347
+const santaTCPEmitMagic = 0x53545348
+
+// Where that metadata holds from and resend (its layout: emitLayouts).
+const emitFromOff, emitResendOff = 28, 34
 
 // fixtureConn is a client connection of BPF_PROG_RUN fixtures: eBPF has
 // answered its SYN with serverSeq and stamp.
@@ -413,6 +417,68 @@ func TestTCPReplyOfAGoneRule(t *testing.T) {
 	}
 }
 
+// TestTCPStampOfAnotherOwner: a stamp proves a connection only to a
+// listener of the owner (sk_uid) whose listener answered its SYN. Root's
+// listener answered a connection and closed; uid nobody listens on the port
+// since, with a rule for the same request and its samples on: the
+// connection's requests were answered by nobody's rule or sampled for it
+// (XDP), or handed over to nobody's listener (TC). Now XDP refuses them
+// (tcp_pass_bad_stamp) and TC leaves them to the kernel, which resets the
+// connection; nobody's own connections carry stamps of owner nobody.
+func TestTCPStampOfAnotherOwner(t *testing.T) {
+	request, other := httpGet("/", ""), httpGet("/other", "")
+	nobodyReply := httpReply("nobody's", "")
+	e := newEnv(t, Config{})
+	addr := netip.AddrPortFrom(e.tb.Server.IP4, 8081)
+	root := startTCPServer(t, e.tb, addr)
+	e.bindRules(e.known(root.sock()), exactRule(request, httpReply("root's", ""), false))
+	conn := connect(e, netip.AddrPortFrom(e.tb.Client.IP4, 40001), addr, 1460)
+	sampled := connect(e, netip.AddrPortFrom(e.tb.Client.IP4, 40002), addr, 1460)
+	if !stampValid(t, e.d, conn.client, addr, conn.stamp, nowUnit(t), 0) {
+		t.Fatalf("root's SYN-ACK's TSval %#x is no stamp of owner 0", conn.stamp)
+	}
+	if err := e.d.Unbind(root.cookie); err != nil {
+		t.Fatal(err)
+	}
+	root.ln.Close()
+	srv := startTCPServerOf(t, e.tb, addr, nobody)
+	if err := e.d.Bind(srv.sock(), SampleOptions{Bytes: 64, PerSecond: 1000}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.d.AddRules(srv.cookie, []Rule{exactRule(request, nobodyReply, false)}); err != nil {
+		t.Fatal(err)
+	}
+
+	e.expect("root's connection: request of nobody's rule", conn.segment(0, 0, request), xdpPass, nil, "tcp_pass_bad_stamp")
+	before := e.counters()
+	e.expect("root's connection: request of no rule", sampled.segment(0, 0, other), xdpPass, nil, "tcp_pass_bad_stamp")
+	if after := e.counters(); after["miss_sampled"] != before["miss_sampled"] {
+		t.Error("root's connection's request was sampled for nobody's rule set")
+	}
+	before = e.counters()
+	var verdict uint32
+	if err := e.tb.Server.Do(func() (err error) {
+		verdict, err = e.d.objs.SantaHandover.Run(&ebpf.RunOptions{Data: conn.segment(0, 0, other), Repeat: 1})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	after := e.counters()
+	if moved := after["tcp_handed_over"] + after["tcp_handover_failed"] - before["tcp_handed_over"] - before["tcp_handover_failed"]; verdict != 0 || moved != 0 {
+		t.Errorf("TC: root's connection to nobody's listener: verdict %d, %d handovers tried; want it left to the kernel", verdict, moved)
+	}
+
+	own := connect(e, netip.AddrPortFrom(e.tb.Client.IP4, 40003), addr, 1460)
+	if !stampValid(t, e.d, own.client, addr, own.stamp, nowUnit(t), nobody) {
+		t.Fatalf("nobody's SYN-ACK's TSval %#x is no stamp of owner nobody", own.stamp)
+	}
+	if verdict, out := e.run(own.segment(0, 0, request)); verdict != xdpTx {
+		t.Fatalf("nobody's connection: verdict %d, counters %v", verdict, e.counters())
+	} else if _, payload := parseTCP(t, out); payload != nobodyReply {
+		t.Fatalf("nobody's connection: reply %q, want %q", payload, nobodyReply)
+	}
+}
+
 // TestTCPSynMSS: the kernel takes no MSS below 536 (IPv4) or 1220 (IPv6)
 // at a handover, so such SYNs are the kernel's from the start; a SYN
 // without the option gets its family's default (RFC 9293) in the stamp.
@@ -497,7 +563,7 @@ func TestTCPResetSequence(t *testing.T) {
 		if after := e.counters(); verdict != xdpPass || after["tcp_request_repeated"] != before["tcp_request_repeated"]+1 {
 			t.Fatalf("%s: request again: verdict %d, counters %v", name, verdict, after)
 		}
-		if from := binary.LittleEndian.Uint16(out[24:]); from != 1448 {
+		if from := binary.LittleEndian.Uint16(out[emitFromOff:]); from != 1448 {
 			t.Fatalf("%s: TC is to send the reply from byte %d, want 1448 (what the client acks)", name, from)
 		}
 	}
@@ -605,7 +671,7 @@ func TestTCPFinWithDataOverAReply(t *testing.T) {
 	if after := e.counters(); verdict != xdpPass || after["tcp_request_repeated"] != before["tcp_request_repeated"]+1 {
 		t.Fatalf("both requests and FIN during the reply: verdict %d, counters %v", verdict, after)
 	}
-	if from := binary.LittleEndian.Uint16(out[24:]); binary.LittleEndian.Uint32(out) != santaTCPEmitMagic || from != 1448 {
+	if from := binary.LittleEndian.Uint16(out[emitFromOff:]); binary.LittleEndian.Uint32(out) != santaTCPEmitMagic || from != 1448 {
 		t.Fatalf("both requests and FIN during the reply: TC is to send the reply from byte %d, want 1448", from)
 	}
 
@@ -723,7 +789,7 @@ func TestTCPChallengeKeepsOptions(t *testing.T) {
 	}
 	challenge := mustTCP(t, out)
 	stamp, _ := timestamps(t, challenge)
-	if stamp>>18&127 != conn.stamp>>18&127 || !stampValid(t, e.d, conn.client, conn.server, stamp, nowUnit(t)) {
+	if stamp>>18&127 != conn.stamp>>18&127 || !stampValid(t, e.d, conn.client, conn.server, stamp, nowUnit(t), 0) {
 		t.Fatalf("challenge ACK's stamp %#x: options %#b, want the connection's %#b in a valid stamp",
 			stamp, stamp>>18&127, conn.stamp>>18&127)
 	}
@@ -814,8 +880,8 @@ func TestTCPResendOnSACK(t *testing.T) {
 	if after := e.counters(); verdict != xdpPass || after["tcp_resend"] != before["tcp_resend"]+1 {
 		t.Fatalf("first ack with a SACK block above it: verdict %d, counters %v", verdict, after)
 	}
-	if from := binary.LittleEndian.Uint16(out[24:]); binary.LittleEndian.Uint32(out) != santaTCPEmitMagic || from != 1448 || out[30] != 1 {
-		t.Fatalf("TC is to send from byte %d (resend %d), want a resend from 1448", from, out[30])
+	if from := binary.LittleEndian.Uint16(out[emitFromOff:]); binary.LittleEndian.Uint32(out) != santaTCPEmitMagic || from != 1448 || out[emitResendOff] != 1 {
+		t.Fatalf("TC is to send from byte %d (resend %d), want a resend from 1448", from, out[emitResendOff])
 	}
 	e.expect("D-SACK", sack(2*1448, 1448, 2*1448), xdpDrop, nil, "tcp_ack_consumed")
 }
