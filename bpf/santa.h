@@ -262,6 +262,8 @@ struct santa_reasons {
 	__u64 tcp_handover_long_reply; /* handover: the reply is longer than 10 segments of the client's MSS,
 				    * or takes several and copies request bytes */
 	__u64 tcp_drop_pipelined;   /* a request before the client acked the last reply: dropped, it retransmits */
+	__u64 tcp_drop_fin_in_reply; /* the client's FIN before it acked the last reply: dropped, it sends it
+				      * again (a FIN-ACK would end its stream inside the reply) */
 	__u64 tcp_drop_after_fin;   /* data after eBPF's FIN: dropped */
 	__u64 tcp_drop_old_request; /* a retransmitted request older than the last answered: dropped,
 				     * the later reply acks it */

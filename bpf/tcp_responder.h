@@ -448,7 +448,7 @@ __noinline int tcp_segment(struct xdp_md *ctx, struct pkt_info *req)
 		 * client's stream before it and ack the request, which the
 		 * client would never send again. It sends its FIN again. */
 		if (f && (__s32)(t->seq - f->reply_end) < 0) {
-			COUNT(tcp_drop_pipelined);
+			COUNT(tcp_drop_fin_in_reply);
 			return XDP_DROP;
 		}
 		if (f && t->seq == f->reply_end && (!f->multi || fin))

@@ -55,8 +55,8 @@ func httpFiles() map[string][]byte {
 var httpCounters = []string{
 	"tcp_syn_answered", "answered", "tcp_xdp_no_room", "tcp_long_reply", "tcp_segments_sent", "tcp_request_acked",
 	"tcp_fin_answered", "pass_no_match", "miss_sampled", "tcp_handed_over", "tcp_request_repeated", "tcp_resend",
-	"tcp_drop_pipelined", "tcp_handover_window", "tcp_handover_long_reply", "tcp_handover_failed", "tcp_emit_failed",
-	"pass_no_room", "pass_no_ruleset", "pass_no_socket", "pass_port_unbound",
+	"tcp_drop_pipelined", "tcp_drop_fin_in_reply", "tcp_handover_window", "tcp_handover_long_reply", "tcp_handover_failed",
+	"tcp_emit_failed", "pass_no_room", "pass_no_ruleset", "pass_no_socket", "pass_port_unbound",
 }
 
 // httpPart is the demo's HTTP part: nginx, the controller's rules and

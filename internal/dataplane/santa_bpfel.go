@@ -182,6 +182,7 @@ type santaSantaReasons struct {
 	TcpHandoverWindow    uint64
 	TcpHandoverLongReply uint64
 	TcpDropPipelined     uint64
+	TcpDropFinInReply    uint64
 	TcpDropAfterFin      uint64
 	TcpDropOldRequest    uint64
 	TcpRequestRepeated   uint64

@@ -924,7 +924,7 @@ func TestTCPHalfCloseUnderLoss(t *testing.T) {
 		t.Fatal("the link lost nothing: the test proves nothing")
 	}
 	after := counterNames(t, d)
-	t.Logf("FINs dropped during a reply: %d", after["tcp_drop_pipelined"]-before["tcp_drop_pipelined"])
+	t.Logf("FINs dropped during a reply: %d", after["tcp_drop_fin_in_reply"]-before["tcp_drop_fin_in_reply"])
 }
 
 // TestRuleSetGoneDuringAReply: a client holds part of a long reply (a

@@ -721,7 +721,9 @@ func TestTCPWhileCarrying(t *testing.T) {
 // client's stream before the reply, whose bytes the client then discards
 // (a long reply's, already queued out of order, too), and it acks the
 // request, which the client then never sends again. The FIN is dropped
-// until the client has all of the reply; the client sends it again.
+// until the client has all of the reply; the client sends it again. Such a
+// FIN has a counter of its own, tcp_drop_fin_in_reply (it was counted as a
+// pipelined request, tcp_drop_pipelined).
 func TestTCPFinDuringAReply(t *testing.T) {
 	request, reply := httpGet("/", ""), httpReply("hi", "")
 	long, longReply := httpGet("/long", ""), httpReply(strings.Repeat("o", 3000), "")
@@ -748,9 +750,9 @@ func TestTCPFinDuringAReply(t *testing.T) {
 		if verdict, _ := e.run(conn.segment(0, 0, tc.request)); verdict != tc.verdict {
 			t.Fatalf("%s: request: verdict %d, counters %v", tc.name, verdict, e.counters())
 		}
-		e.expect(tc.name+": FIN before the reply", fin(conn, reqLen, 0), xdpDrop, nil, "tcp_drop_pipelined")
+		e.expect(tc.name+": FIN before the reply", fin(conn, reqLen, 0), xdpDrop, nil, "tcp_drop_fin_in_reply")
 		if tc.replyLen > 1448 {
-			e.expect(tc.name+": FIN with part of it", fin(conn, reqLen, 1448), xdpDrop, nil, "tcp_drop_pipelined")
+			e.expect(tc.name+": FIN with part of it", fin(conn, reqLen, 1448), xdpDrop, nil, "tcp_drop_fin_in_reply")
 		}
 		if n := flowCount(t, e.d); n != flows+1 {
 			t.Fatalf("%s: %d flows, want the reply's in flight", tc.name, n)
