@@ -294,6 +294,8 @@ struct santa_reasons {
 				     * after a restart): dropped, the client sends it again */
 	__u64 tcp_drop_emit_layout; /* TC: a frame XDP passed with metadata TC cannot read (an XDP program of
 				     * another version, moments of an upgrade): dropped, the client sends it again */
+	__u64 tcp_ack_unsent_challenged; /* a segment acking bytes eBPF never sent, on a connection with a flow:
+					  * dropped, answered with an ACK of where eBPF stands (RFC 5961 5.2) */
 };
 
 /* A miss sample as it appears in the ring buffer. */

@@ -381,6 +381,30 @@ __noinline int tcp_segment(struct xdp_md *ctx, struct pkt_info *req)
 		.opts = opts,
 		.uid = uid,
 	};
+	/* the flow of the last request eBPF answered on the connection */
+	struct santa_tcp_flow *f = bpf_map_lookup_elem(&santa_tcp_flows, &req->tuple);
+	/* An ack of bytes eBPF never sent (beyond its last reply, and its FIN)
+	 * is dropped and answered with an ACK of where eBPF stands, as the
+	 * kernel does (RFC 5961 5.2): taken, a request there would be answered
+	 * at a sequence number the client has no bytes before, a FIN answered
+	 * there, a pure ACK taken for the client having eBPF's all. Without a
+	 * flow eBPF does not know its next byte. */
+	if (f && (__s32)(t->seq - f->reply_end - (fin ? 1 : 0)) > 0) {
+		/* nor may it go to the kernel, whose socket would take the ack
+		 * for eBPF's: a corrupt one is dropped as the kernel would */
+		if (req->payload_len > SANTA_REQ_WINDOW ||
+		    (req->payload_len &&
+		     bpf_xdp_load_bytes(ctx, req->payload_off, s->req, NONZERO(req->payload_len, SANTA_OFF_MASK))) ||
+		    !request_checksum_ok(req, s)) {
+			COUNT(pass_bad_checksum);
+			return XDP_DROP;
+		}
+		t->seq = f->reply_end;
+		t->ack = f->req_end;
+		t->tsval = reply_stamp(req, unit, fin, t, o->tsecr);
+		COUNT(tcp_ack_unsent_challenged);
+		return tcp_send(ctx, req, t, 0);
+	}
 	if ((flags & TCP_FIN) && req->payload_len) {
 		/* a client that closes before eBPF acked its last request sends
 		 * that request again with its FIN: once the reply is all acked,
@@ -388,7 +412,6 @@ __noinline int tcp_segment(struct xdp_md *ctx, struct pkt_info *req)
 		 * (the stamp says so): no data after that FIN is ever taken, so
 		 * this is the request answered. Other data with a FIN is the
 		 * kernel's. */
-		struct santa_tcp_flow *f = bpf_map_lookup_elem(&santa_tcp_flows, &req->tuple);
 		int answered = f ? (__s32)(seq - f->req_seq) <= 0 && seq + req->payload_len == f->req_end : fin;
 		if (!answered && f) {
 			/* the kernel's socket, made from this segment, must not
@@ -438,7 +461,6 @@ __noinline int tcp_segment(struct xdp_md *ctx, struct pkt_info *req)
 		 * acked it (one segment from XDP), or eBPF's FIN went with it
 		 * (see FIN with data above). Else it goes when the client acks
 		 * eBPF's FIN, below, or when swept. */
-		struct santa_tcp_flow *f = bpf_map_lookup_elem(&santa_tcp_flows, &req->tuple);
 		if (f && seq != f->req_end) {
 			COUNT(tcp_drop_gap); /* as a request after a gap, below */
 			return XDP_DROP;
@@ -459,9 +481,7 @@ __noinline int tcp_segment(struct xdp_md *ctx, struct pkt_info *req)
 		COUNT(tcp_fin_answered);
 		return tcp_send(ctx, req, t, 0);
 	}
-	struct santa_tcp_flow *f = NULL;
 	if (req->payload_len <= 1) {
-		f = bpf_map_lookup_elem(&santa_tcp_flows, &req->tuple);
 		/* A keepalive probe (seq = the client's next - 1, with no byte or
 		 * one) wants an ACK; the new stamp keeps the connection valid.
 		 * The flow of the last request eBPF answered knows the client's
@@ -538,8 +558,6 @@ __noinline int tcp_segment(struct xdp_md *ctx, struct pkt_info *req)
 	/* The flow's last answer: while the client has not acked all of it
 	 * (in flight), only its request (retransmitted) may be answered, and
 	 * nothing may go to the kernel, whose sequence space would miss it. */
-	if (req->payload_len > 1) /* else looked up above */
-		f = bpf_map_lookup_elem(&santa_tcp_flows, &req->tuple);
 	int in_flight = f && (__s32)(t->seq - f->reply_end) < 0;
 	__u32 end = seq + req->payload_len;
 	int trimmed = 0;

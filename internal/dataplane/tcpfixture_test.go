@@ -910,3 +910,44 @@ func TestTCPOneByteRequestAgain(t *testing.T) {
 	e.expect("probe with a byte, the reply acked", conn.segment(0, 2, "x"), xdpTx, nil, "tcp_keepalive_answered")
 	e.expect("probe without", conn.segment(0, 2, ""), xdpTx, nil, "tcp_keepalive_answered")
 }
+
+// TestTCPAckOfUnsentBytes: a segment that acks bytes eBPF never sent is
+// dropped and answered with an ACK of where eBPF stands (seq = the end of
+// its last reply, ack = the end of the last request answered), as the
+// kernel does (RFC 5961 5.2). Before, a request there was answered at that
+// sequence number, a FIN answered there, a pure ACK consumed.
+func TestTCPAckOfUnsentBytes(t *testing.T) {
+	request, reply := httpGet("/", ""), httpReply("hi", "")
+	e, addr := tcpEnv(t, request, reply)
+	conn := connect(e, netip.AddrPortFrom(e.tb.Client.IP4, 40001), addr, 1460)
+	if verdict, _ := e.run(conn.segment(0, 0, request)); verdict != xdpTx {
+		t.Fatalf("request: verdict %d", verdict)
+	}
+	reqLen, replyLen := uint32(len(request)), uint32(len(reply))
+	beyond := replyLen + 1000
+	fin := tcpFrame(t, conn.client, conn.server, &layers.TCP{ACK: true, FIN: true, Seq: 1001 + reqLen,
+		Ack: conn.serverSeq + 1 + beyond, Window: 502, Options: []layers.TCPOption{{OptionType: layers.TCPOptionKindNop},
+			{OptionType: layers.TCPOptionKindNop}, tsOption(778, conn.stamp)}}, "")
+	for _, tc := range []struct {
+		name  string
+		frame []byte
+	}{
+		{"pure ACK", conn.segment(reqLen, beyond, "")},
+		{"request", conn.segment(reqLen, beyond, request)},
+		{"FIN", fin},
+	} {
+		before := e.counters()
+		verdict, out := e.run(tc.frame)
+		after := e.counters()
+		if verdict != xdpTx || after["tcp_ack_unsent_challenged"] != before["tcp_ack_unsent_challenged"]+1 ||
+			after["answered"] != before["answered"] || after["tcp_fin_answered"] != before["tcp_fin_answered"] {
+			t.Errorf("%s acking unsent bytes: verdict %d, counters %v; want a challenge ACK", tc.name, verdict, after)
+			continue
+		}
+		ack, payload := parseTCP(t, out)
+		if !ack.ACK || ack.FIN || ack.RST || ack.PSH || payload != "" || ack.Seq != conn.serverSeq+1+replyLen || ack.Ack != 1001+reqLen {
+			t.Errorf("%s acking unsent bytes: %+v %q, want an ACK at the reply's end acking the request", tc.name, ack, payload)
+		}
+	}
+	e.expect("ACK of the reply", conn.segment(reqLen, replyLen, ""), xdpDrop, nil, "tcp_ack_consumed")
+}
