@@ -29,6 +29,7 @@
 #include "santa.h"
 #include "maps.h"
 #include "parsing.h"
+#include "siphash.h"
 #include "csum.h"
 
 #define TCP_FIN 0x01
@@ -204,15 +205,6 @@ static __always_inline __u8 opts_sack(__u32 opts) { return opts & 1; }
 /* The coarse clock (a jiffy behind at most) is cheaper to read, and a unit is 8.6 s. */
 static __always_inline __u64 stamp_unit(void) { return bpf_ktime_get_coarse_ns() >> SANTA_TCP_UNIT_SHIFT; }
 
-#define ROTL64(x, b) (((x) << (b)) | ((x) >> (64 - (b))))
-#define SIPROUND                                                                 \
-	do {                                                                     \
-		v0 += v1; v1 = ROTL64(v1, 13); v1 ^= v0; v0 = ROTL64(v0, 32);    \
-		v2 += v3; v3 = ROTL64(v3, 16); v3 ^= v2;                         \
-		v0 += v3; v3 = ROTL64(v3, 21); v3 ^= v0;                         \
-		v2 += v1; v1 = ROTL64(v1, 17); v1 ^= v2; v2 = ROTL64(v2, 32);    \
-	} while (0)
-
 /* A stamp's MAC input: 48 bytes as 6 little-endian words. */
 struct stamp_msg {
 	__u64 w[6];
@@ -224,24 +216,23 @@ __noinline __u64 siphash24_6(__u64 k0, __u64 k1, const struct stamp_msg *msg)
 	if (!msg)
 		return 0;
 	const __u64 *m = msg->w;
-	__u64 v0 = k0 ^ 0x736f6d6570736575ull, v1 = k1 ^ 0x646f72616e646f6dull;
-	__u64 v2 = k0 ^ 0x6c7967656e657261ull, v3 = k1 ^ 0x7465646279746573ull;
+	__u64 v0 = SIP_INIT0(k0), v1 = SIP_INIT1(k1), v2 = SIP_INIT2(k0), v3 = SIP_INIT3(k1);
 	for (int i = 0; i < 6; i++) {
 		v3 ^= m[i];
-		SIPROUND;
-		SIPROUND;
+		SIPROUND(v0, v1, v2, v3);
+		SIPROUND(v0, v1, v2, v3);
 		v0 ^= m[i];
 	}
 	__u64 b = 48ull << 56;
 	v3 ^= b;
-	SIPROUND;
-	SIPROUND;
+	SIPROUND(v0, v1, v2, v3);
+	SIPROUND(v0, v1, v2, v3);
 	v0 ^= b;
 	v2 ^= 0xff;
-	SIPROUND;
-	SIPROUND;
-	SIPROUND;
-	SIPROUND;
+	SIPROUND(v0, v1, v2, v3);
+	SIPROUND(v0, v1, v2, v3);
+	SIPROUND(v0, v1, v2, v3);
+	SIPROUND(v0, v1, v2, v3);
 	return v0 ^ v1 ^ v2 ^ v3;
 }
 

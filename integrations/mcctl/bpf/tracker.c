@@ -22,6 +22,7 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
 #include "tracker.h"
+#include "../../../bpf/siphash.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -1009,16 +1010,7 @@ static long walk_step(__u32 i, struct walk *w)
 	return 0;
 }
 
-/* ---- digests of parsed request bytes ---- */
-
-#define ROTL(x, b) ((x) << (b) | (x) >> (64 - (b)))
-#define SIPROUND(v0, v1, v2, v3)                                                   \
-	do {                                                                       \
-		v0 += v1, v1 = ROTL(v1, 13), v1 ^= v0, v0 = ROTL(v0, 32);          \
-		v2 += v3, v3 = ROTL(v3, 16), v3 ^= v2;                             \
-		v0 += v3, v3 = ROTL(v3, 21), v3 ^= v0;                             \
-		v2 += v1, v1 = ROTL(v1, 17), v1 ^= v2, v2 = ROTL(v2, 32);          \
-	} while (0)
+/* ---- digests of parsed request bytes (SipHash-2-4, bpf/siphash.h) ---- */
 
 struct digest_walk {
 	struct __sk_buff *skb;
@@ -1063,8 +1055,7 @@ __noinline int mc_digest(struct __sk_buff *skb, __u32 pos, __u32 len, __u64 *dig
 		return -1;
 	__u64 k0 = digest_key[0], k1 = digest_key[1];
 	struct digest_walk w = {.skb = skb, .pos = pos, .end = pos + len,
-				.v = {k0 ^ 0x736f6d6570736575ull, k1 ^ 0x646f72616e646f6dull,
-				      k0 ^ 0x6c7967656e657261ull, k1 ^ 0x7465646279746573ull}};
+				.v = {SIP_INIT0(k0), SIP_INIT1(k1), SIP_INIT2(k0), SIP_INIT3(k1)}};
 	bpf_loop(1 << 13, digest_step, &w, 0); /* 512 KiB, a BIG TCP segment */
 	if (w.cut || w.pos < w.end)
 		return -1;
