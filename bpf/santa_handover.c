@@ -323,7 +323,12 @@ int santa_handover(struct __sk_buff *skb)
 		return TC_ACT_OK;
 	struct tcp_opts o = {};
 	tcp_parse_options(s, req.l4_len, &o);
-	if (!o.has_ts)
+	/* an echo out of a stamp's time is no stamp, whoever owns the
+	 * listener: most of the kernel's own connections' echoes (their TSval
+	 * starts at random) leave here, before the socket lookup (docs/tcp.md
+	 * "Cost") */
+	__u64 unit = stamp_unit();
+	if (!o.has_ts || stamp_age(o.tsecr, unit) > SANTA_TCP_VALID_UNITS)
 		return TC_ACT_OK;
 
 	__u32 tuple_len = req.family == 4 ? sizeof(req.tuple.ipv4) : sizeof(req.tuple.ipv6);
@@ -337,7 +342,7 @@ int santa_handover(struct __sk_buff *skb)
 	__u32 opts;
 	int fin;
 	__u64 age;
-	if (!stamp_check(&req, o.tsecr, stamp_unit(), sock_uid(sk, BPF_TCP_LISTEN), &opts, &fin, &age))
+	if (!stamp_check(&req, o.tsecr, unit, sock_uid(sk, BPF_TCP_LISTEN), &opts, &fin, &age))
 		goto release;
 	/* A reply of eBPF's not all acked: XDP passes such a segment only
 	 * once the connection's rule set went (it drops it before), and the

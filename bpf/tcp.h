@@ -288,12 +288,19 @@ static __always_inline __u32 reply_stamp(const struct pkt_info *req, __u64 unit,
 	return stamp_make(req, unit, fin, t);
 }
 
+/* The age in units of a stamp, as its time bits tell at unit: above
+ * SANTA_TCP_VALID_UNITS it is refused whatever its MAC. */
+static __always_inline __u64 stamp_age(__u32 stamp, __u64 unit)
+{
+	return (unit - (stamp >> STAMP_TIME_SHIFT)) & 63;
+}
+
 /* Check a stamp echoed by the client to a listener of owner uid. On
  * success returns 1 and sets its options, FIN bit and age in units. */
 static __always_inline int stamp_check(const struct pkt_info *req, __u32 stamp, __u64 unit, __u32 uid,
 				       __u32 *opts, int *fin, __u64 *age)
 {
-	*age = (unit - (stamp >> STAMP_TIME_SHIFT)) & 63;
+	*age = stamp_age(stamp, unit);
 	if (*age > SANTA_TCP_VALID_UNITS)
 		return 0;
 	*opts = (stamp >> STAMP_OPTS_SHIFT) & 127;
