@@ -180,9 +180,21 @@ static __always_inline int port_shared_with_bound(struct sock *ksk)
  * looks the socket up there: the socket is bound to this interface (made
  * a port after the bind), which gets nothing there, or to none, and shares
  * its port with one bound to an interface, maybe the master, which the
- * kernel prefers there. */
+ * kernel prefers there. A TCP listener bound to none shares its port and
+ * address with no other user's listener (the kernel refuses the second
+ * listen whatever SO_REUSEADDR says; only SO_REUSEPORT sockets of one user
+ * share them, one of which the program does not look for). */
 static __always_inline int outranked_on_master(struct xdp_md *ctx, struct pkt_info *req)
 {
+	if (req->proto == IPPROTO_TCP) {
+		__u32 tuple_len = req->family == 4 ? sizeof(req->tuple.ipv4) : sizeof(req->tuple.ipv6);
+		struct bpf_sock *sk = bpf_skc_lookup_tcp(ctx, &req->tuple, tuple_len, BPF_F_CURRENT_NETNS, 0);
+		if (!sk)
+			return 1;
+		int bound = sk->bound_dev_if;
+		bpf_sk_release(sk);
+		return bound;
+	}
 	struct bpf_sock *sk = lookup_udp(ctx, req);
 	if (!sk)
 		return 1;
@@ -192,11 +204,12 @@ static __always_inline int outranked_on_master(struct xdp_md *ctx, struct pkt_in
 	return outranked;
 }
 
-/* The kernel delivers the request to the socket the lookup on this
- * interface found (counted if not), also when it hands the frame to a
- * master first and looks the socket up there: a port of a bridge, bond,
- * team or Open vSwitch does, and a VRF's interface, where a socket bound
- * to no interface gets nothing unless udp_l3mdev_accept is set. */
+/* The kernel delivers the request (a UDP datagram, or a TCP segment to a
+ * listener) to the socket the lookup on this interface found (counted if
+ * not), also when it hands the frame to a master first and looks the
+ * socket up there: a port of a bridge, bond, team or Open vSwitch does,
+ * and a VRF's interface, where a socket bound to no interface gets nothing
+ * unless udp_l3mdev_accept (tcp_l3mdev_accept) is set. */
 static __always_inline int master_delivers(struct xdp_md *ctx, struct pkt_info *req)
 {
 	struct net_device *dev = ((struct xdp_buff *)bpf_cast_to_kern_ctx(ctx))->rxq->dev;
@@ -206,7 +219,9 @@ static __always_inline int master_delivers(struct xdp_md *ctx, struct pkt_info *
 		     bpf_core_enum_value(enum netdev_priv_flags, IFF_OVS_DATAPATH);
 	int delivers = 1;
 	if (priv & bpf_core_enum_value(enum netdev_priv_flags, IFF_L3MDEV_SLAVE))
-		delivers = dev->nd_net.net->ipv4.sysctl_udp_l3mdev_accept && !outranked_on_master(ctx, req);
+		delivers = (req->proto == IPPROTO_TCP ? dev->nd_net.net->ipv4.sysctl_tcp_l3mdev_accept
+						      : dev->nd_net.net->ipv4.sysctl_udp_l3mdev_accept) &&
+			   !outranked_on_master(ctx, req);
 	else if ((priv & port) || (dev->flags & IFF_SLAVE))
 		delivers = !outranked_on_master(ctx, req);
 	if (!delivers)

@@ -320,7 +320,7 @@ __noinline int tcp_segment(struct xdp_md *ctx, struct pkt_info *req)
 	const struct santa_ruleset *rs = socket_ruleset(s, cookie, &id);
 	if (!rs)
 		return XDP_PASS;
-	if (!kernel_would_deliver(ctx, s, req))
+	if (!kernel_would_deliver(ctx, s, req) || !master_delivers(ctx, req))
 		return XDP_PASS;
 	if (load_l4_header(ctx, req, s)) {
 		COUNT(pass_error);

@@ -13,6 +13,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -48,6 +49,24 @@ const nobody = 65534
 // would be.
 func startTCPServerOf(t testing.TB, tb *testbed.Testbed, addr netip.AddrPort, uid int) *tcpServer {
 	t.Helper()
+	return startTCPServerOn(t, tb, addr, uid, "")
+}
+
+// startTCPServerOn is startTCPServerOf with the listener bound to interface
+// device (SO_BINDTODEVICE) unless it is "".
+func startTCPServerOn(t testing.TB, tb *testbed.Testbed, addr netip.AddrPort, uid int, device string) *tcpServer {
+	t.Helper()
+	srv, err := listenTCP(tb, addr, uid, device)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.ln.Close() })
+	go srv.serve()
+	return srv
+}
+
+// listenTCP makes startTCPServerOn's listener (with Go's SO_REUSEADDR).
+func listenTCP(tb *testbed.Testbed, addr netip.AddrPort, uid int, device string) (*tcpServer, error) {
 	srv := &tcpServer{port: addr.Port()}
 	err := tb.Server.Do(func() error {
 		// the calling thread's alone: Do locks it
@@ -57,6 +76,13 @@ func startTCPServerOf(t testing.TB, tb *testbed.Testbed, addr netip.AddrPort, ui
 		}
 		defer unix.Setfsuid(prev)
 		lc := net.ListenConfig{}
+		if device != "" {
+			lc.Control = func(_, _ string, c syscall.RawConn) error {
+				var serr error
+				err := c.Control(func(fd uintptr) { serr = unix.BindToDevice(int(fd), device) })
+				return errors.Join(err, serr)
+			}
+		}
 		lc.SetMultipathTCP(false) // the kernel's lookup finds plain TCP listeners
 		ln, err := lc.Listen(context.Background(), "tcp", addr.String())
 		if err != nil {
@@ -67,16 +93,14 @@ func startTCPServerOf(t testing.TB, tb *testbed.Testbed, addr netip.AddrPort, ui
 		if err != nil {
 			return err
 		}
-		return raw.Control(func(fd uintptr) {
+		return errors.Join(raw.Control(func(fd uintptr) {
 			srv.cookie, err = unix.GetsockoptUint64(int(fd), unix.SOL_SOCKET, unix.SO_COOKIE)
-		})
+		}), err)
 	})
-	if err != nil {
-		t.Fatal(err)
+	if err != nil && srv.ln != nil {
+		srv.ln.Close()
 	}
-	t.Cleanup(func() { srv.ln.Close() })
-	go srv.serve()
-	return srv
+	return srv, err
 }
 
 func (s *tcpServer) serve() {
@@ -986,5 +1010,68 @@ func TestRuleSetGoneDuringAReply(t *testing.T) {
 	}
 	if s := srv.Streams(); len(s) != 0 {
 		t.Errorf("the listener accepted %q", s)
+	}
+}
+
+// TestTCPListenerUnderBridge: the kernel looks a segment that came in on a
+// bridge's port up on the bridge, where a listener bound to the port gets
+// nothing and one bound to the bridge is there. Uid nobody's listener,
+// bound to the server's interface before it became the port of bridge hb0
+// (as santad allows only before), had its rules answer on the port: the
+// handshake and requests that the kernel gives root's listener bound to
+// hb0 on the same port. Now they go to the kernel (pass_under_master).
+// Nobody's listener bound to no interface cannot sit beside root's, which
+// is why the program looks for no such one (docs/matching.md "Binding").
+func TestTCPListenerUnderBridge(t *testing.T) {
+	tb := testbed.New(t)
+	d := loadAttached(t, tb, Config{})
+	addr := netip.AddrPortFrom(tb.Server.IP4, 8085)
+	nobodys := startTCPServerOn(t, tb, addr, nobody, tb.Server.Dev)
+	request, reply := httpGet("/", ""), httpReply("nobody's rule", "")
+	if err := d.Bind(nobodys.sock(), SampleOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.AddRules(nobodys.cookie, []Rule{exactRule(request, reply, false)}); err != nil {
+		t.Fatal(err)
+	}
+	get := func() string {
+		t.Helper()
+		c := dialFromClient(t, tb, addr)
+		defer c.Close()
+		io.WriteString(c, request)
+		return readReply(t, c, bufio.NewReader(c))
+	}
+	if got := get(); got != reply {
+		t.Fatalf("before the bridge: %q, want nobody's rule's answer", got)
+	}
+	for _, args := range [][]string{
+		{"link", "add", "hb0", "address", tb.Server.MAC.String(), "type", "bridge"},
+		{"link", "set", tb.Server.Dev, "master", "hb0"},
+		{"addr", "flush", "dev", tb.Server.Dev},
+		{"addr", "add", tb.Server.IP4.String() + "/24", "dev", "hb0"},
+		{"link", "set", "hb0", "up"},
+	} {
+		if out, err := tb.Server.Run("ip", args...); err != nil {
+			t.Fatal(err, out)
+		}
+	}
+	if unbound, err := listenTCP(tb, netip.AddrPortFrom(netip.IPv4Unspecified(), 8086), nobody, ""); err != nil {
+		t.Fatal(err)
+	} else {
+		defer unbound.ln.Close()
+	}
+	if roots, err := listenTCP(tb, netip.AddrPortFrom(netip.IPv4Unspecified(), 8086), 0, "hb0"); !errors.Is(err, unix.EADDRINUSE) {
+		if err == nil {
+			roots.ln.Close()
+		}
+		t.Fatalf("root's listener bound to hb0 beside nobody's bound to none: %v, want EADDRINUSE (the program does not look for such a one)", err)
+	}
+	startTCPServerOn(t, tb, netip.AddrPortFrom(netip.IPv4Unspecified(), 8085), 0, "hb0")
+	before := counterNames(t, d)
+	if got, want := get(), httpReply("kernel GET / HTTP/1.1", ""); got != want {
+		t.Errorf("on the bridge's port: %q, want root's listener's answer %q", got, want)
+	}
+	if after := counterNames(t, d); after["pass_under_master"] == before["pass_under_master"] {
+		t.Errorf("pass_under_master did not move: %v", after)
 	}
 }
