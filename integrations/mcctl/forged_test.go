@@ -198,6 +198,33 @@ func TestTrackerForgedSegments(t *testing.T) {
 	}
 }
 
+// A SYN on an established connection: the kernel answers it with a
+// challenge ACK and drops it, and the connection goes on. The tracker
+// started the connection's state anew at every SYN, so after a forged one
+// below the connection's sequence numbers every honest segment was past a
+// gap and dropped: the connection hung. Its state starts at memcached's
+// SYN-ACK now, and the delete after the forged SYN is seen.
+func TestTrackerForgedSYN(t *testing.T) {
+	r := newRig(t)
+	_, _, get := r.offloadOld("hot")
+	f := newTCPForger(t, r)
+	header, _ := f.ask("version\r\n")
+	syn := after(header, -1<<20)
+	syn[13] = 0x02                         // SYN alone
+	binary.BigEndian.PutUint32(syn[8:], 0) // no ACK
+	f.inject(syn, "", false)
+	time.Sleep(50 * time.Millisecond)
+	if line := f.send("delete hot\r\n"); line != "DELETED\r\n" {
+		t.Fatalf("delete hot: %q, want DELETED", line)
+	}
+	for range 3 {
+		if got := get(); got == "old" {
+			t.Fatalf("GET of hot after memcached deleted it: %q from the kernel", got)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
 // The client's own bytes sent again pass the tracker's check, also two
 // segments in one (a retransmission may join them) and one of them alone;
 // other bytes at parsed sequence numbers, or a segment that starts inside

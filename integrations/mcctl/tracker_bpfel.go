@@ -102,7 +102,6 @@ const (
 	trackerMcLimitMC_FLUSH_SLACK        trackerMcLimit = 2
 	trackerMcLimitMC_UDP_SLOTS          trackerMcLimit = 4
 	trackerMcLimitMC_UDP_GIVE_UP_MS     trackerMcLimit = 1000
-	trackerMcLimitMC_FLOW_SYNACK        trackerMcLimit = 1
 	trackerMcLimitMC_FLOW_UNCOUNTED     trackerMcLimit = 2
 	trackerMcLimitMC_FLOW_LOST          trackerMcLimit = 4
 	trackerMcLimitMC_FLOW_TEXT          trackerMcLimit = 8

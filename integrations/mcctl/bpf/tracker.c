@@ -188,6 +188,7 @@ struct packet {
 	__u16 sport, dport; /* network order */
 	__u32 src[4], dst[4];
 	__u32 seq;        /* TCP, host order */
+	__u32 ack;        /* TCP, host order */
 	__u32 l4_off;
 	__u32 payload_off;
 	__u32 payload_len;
@@ -284,6 +285,7 @@ static __always_inline int parse_packet(struct __sk_buff *skb, struct packet *p)
 		p->sport = tcp.source;
 		p->dport = tcp.dest;
 		p->seq = bpf_ntohl(tcp.seq);
+		p->ack = bpf_ntohl(tcp.ack_seq);
 		p->tcp_flags = ((__u8 *)&tcp)[13];
 		off += tcp.doff * 4;
 	} else {
@@ -1249,15 +1251,16 @@ static __always_inline int tcp_request(struct __sk_buff *skb, const struct packe
 {
 	struct mc_flow_key k = {};
 	flow_key(&k, p, 0);
-	if ((p->tcp_flags & (TCP_SYN | TCP_ACK)) == TCP_SYN) {
-		__u32 zero = 0;
-		struct mc_flow *init = bpf_map_lookup_elem(&mc_scratch, &zero);
-		if (!init)
-			return TCX_NEXT;
-		bpf_map_update_elem(&mc_flows, &k, init, BPF_ANY);
-		struct mc_flow *f = bpf_map_lookup_elem(&mc_flows, &k);
-		if (f)
-			f->in.seq = p->seq + 1;
+	/* memcached's SYN-ACK starts the connection's state (tcp_reply), not
+	 * the SYN: the kernel answers a SYN on a connection it has with a
+	 * challenge ACK and drops it, and a forged one reset the state (the
+	 * honest segments after it were taken for past a gap). The data of a
+	 * SYN (TCP Fast Open) comes before that state. */
+	if (p->tcp_flags & TCP_SYN) {
+		if (p->payload_len) {
+			bump_unacked(MC_EPOCH_SLOT);
+			COUNT(untracked_segments);
+		}
 		return TCX_NEXT;
 	}
 	struct mc_flow *f = bpf_map_lookup_elem(&mc_flows, &k);
@@ -1304,16 +1307,37 @@ static __always_inline int tcp_request(struct __sk_buff *skb, const struct packe
 	return walk_segment(skb, f, p, 0) ? TCX_NEXT : TCX_DROP;
 }
 
+/* A connection starts at memcached's SYN-ACK p: the client's next byte is
+ * the one it acks. */
+static __always_inline void start_flow(const struct mc_flow_key *k, const struct packet *p)
+{
+	__u32 zero = 0;
+	struct mc_flow *init = bpf_map_lookup_elem(&mc_scratch, &zero);
+	if (!init)
+		return;
+	bpf_map_update_elem(&mc_flows, k, init, BPF_ANY);
+	struct mc_flow *f = bpf_map_lookup_elem(&mc_flows, k);
+	if (f) {
+		f->in.seq = p->ack;
+		f->out.seq = p->seq + 1;
+	}
+}
+
 static __always_inline int tcp_reply(struct __sk_buff *skb, const struct packet *p)
 {
 	struct mc_flow_key k = {};
 	flow_key(&k, p, 1);
 	struct mc_flow *f = bpf_map_lookup_elem(&mc_flows, &k);
 	if ((p->tcp_flags & (TCP_SYN | TCP_ACK)) == (TCP_SYN | TCP_ACK)) {
-		if (f) {
-			f->out.seq = p->seq + 1;
-			f->flags |= MC_FLOW_SYNACK;
-		}
+		/* resent (the client's ACK was lost, or its SYN resent), with the
+		 * same sequence number: the connection's state stays, requests
+		 * may have been parsed meanwhile */
+		if (f && f->out.seq == p->seq + 1)
+			return TCX_NEXT;
+		/* a new connection on the 4-tuple: the old one's socket is gone */
+		if (f)
+			retire(f, &k);
+		start_flow(&k, p);
 		return TCX_NEXT;
 	}
 	if (!f) {
@@ -1326,7 +1350,7 @@ static __always_inline int tcp_reply(struct __sk_buff *skb, const struct packet 
 	if (p->payload_len) {
 		if (f->flags & MC_FLOW_LOST)
 			bump(MC_EPOCH_SLOT);
-		else if (f->flags & MC_FLOW_UNCOUNTED || !(f->flags & MC_FLOW_SYNACK))
+		else if (f->flags & MC_FLOW_UNCOUNTED)
 			mc_uncount(f), mc_bump_sticky(f);
 		else
 			walk_segment(skb, f, p, 1);

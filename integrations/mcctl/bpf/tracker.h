@@ -18,7 +18,6 @@ enum mc_limit {
 	MC_UDP_SLOTS = 4,         /* slots the pending UDP writes of one request id keep; more: the epoch */
 	MC_UDP_GIVE_UP_MS = 1000, /* a UDP request id's writes are forgotten this long after the first (bumped unacked) */
 	/* struct mc_flow.flags */
-	MC_FLOW_SYNACK = 1,       /* out.seq is known */
 	MC_FLOW_UNCOUNTED = 2,    /* replies cannot be counted: every reply bumps the sticky keys */
 	MC_FLOW_LOST = 4,         /* the request stream cannot be parsed: every segment bumps the epoch */
 	MC_FLOW_TEXT = 8,         /* the first request byte was not 0x80: memcached reads it all as text */
@@ -94,7 +93,7 @@ struct mc_counters {
 	__u64 replies_counted;   /* replies matched to their request */
 	__u64 uncounted_flows;   /* connections switched to coarse tracking (quiet commands, unknown commands, full queue) */
 	__u64 lost_flows;        /* connections whose requests could not be parsed (bad command line, head too long) */
-	__u64 untracked_segments; /* data of connections the tracker did not see open: epoch bumped */
+	__u64 untracked_segments; /* data of connections the tracker did not see open, or in a SYN: epoch bumped */
 	__u64 dropped_out_of_order; /* request segments past a gap, dropped so the client resends them in order */
 	__u64 udp_writes;        /* of writes: over UDP */
 	__u64 udp_replies_bumped; /* UDP replies to writes */
