@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"log/slog"
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -34,6 +36,7 @@ var ErrTagClaimed = errors.New("two controllers on one port need different tags 
 // stays bound until somebody unbinds it.
 type Claim struct {
 	file *os.File
+	tag  string
 	// created are the rule sets the last holder recorded, read when claimed
 	created []uint64
 }
@@ -77,7 +80,7 @@ func ClaimTag(socketPath string, protocol uint32, port uint16, tag string) (*Cla
 		return nil, fmt.Errorf("another controller (%s) runs with tag %q on %s port %d (%s): %w",
 			holder, tag, proto, port, path, ErrTagClaimed)
 	}
-	c := &Claim{file: f, created: recordedCreated(f)}
+	c := &Claim{file: f, tag: tag, created: recordedCreated(f)}
 	// the pid only names the holder in the message of a controller refused
 	if err := c.RecordCreated(c.created); err != nil {
 		f.Close()
@@ -115,6 +118,35 @@ func recordedCreated(f *os.File) []uint64 {
 // recorded as made by its attach and not unbound again: a predecessor that
 // was killed, or that left its rules because santad went away.
 func (c *Claim) Created() []uint64 { return c.created }
+
+// TakeOverCreated returns created, this holder's own rule sets, with
+// those the claim's last holder recorded that are still bound (it was
+// killed, or santad went away), and records them all for the next holder.
+// Santad told only the predecessor's bind that it made them, so they would
+// stay bound, without rules, for good; now they are this holder's to
+// unbind on exit when empty. Other rule sets, another program's or another
+// tag's controller's, are not among them.
+func (c *Claim) TakeOverCreated(client *santa.Client, created []uint64, log *slog.Logger) ([]uint64, error) {
+	socks, err := client.ListSockets()
+	if err != nil {
+		return created, fmt.Errorf("list the rule sets: %w", err)
+	}
+	bound := map[uint64]bool{}
+	for _, s := range socks {
+		bound[s.Cookie] = true
+	}
+	taken := 0
+	for _, cookie := range c.created {
+		if bound[cookie] && !slices.Contains(created, cookie) {
+			created = append(created, cookie)
+			taken++
+		}
+	}
+	if taken > 0 {
+		log.Info("taking over the rule sets a predecessor made", "tag", c.tag, "rule_sets", taken)
+	}
+	return created, c.RecordCreated(created)
+}
 
 // RecordCreated records cookies as the rule sets this holder's attach made
 // (and those of its predecessor it took over), for the next holder should

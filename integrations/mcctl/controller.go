@@ -123,8 +123,9 @@ type Controller struct {
 	tracker *Tracker
 	links   *linkFollower // nil: Interfaces were given
 	fetch   *fetcher
-	cookies []uint64 // the attached sockets
-	created []uint64 // those the attach bound (unbound on exit)
+	cookies []uint64      // the attached sockets
+	created []uint64      // those the attach bound, and a predecessor's taken over (unbound on exit)
+	claim   *follow.Claim // this run's hold on its tag on the port
 	entries map[string]*entry
 	bySlot  map[uint32][]*entry // entries by guard slot: those a bump of it may retire
 	// Entries that expire, by the second their value expires in, counted
@@ -275,11 +276,10 @@ func (c *Controller) count(f func(r *Report)) {
 func (c *Controller) Run(ctx context.Context) (err error) {
 	// before the tracker: a refused controller must not replace the pins
 	// of the running one's
-	claim, err := follow.ClaimTag(c.cfg.Socket, api.ProtocolUDP, c.cfg.Port, c.cfg.Tag)
-	if err != nil {
+	if c.claim, err = follow.ClaimTag(c.cfg.Socket, api.ProtocolUDP, c.cfg.Port, c.cfg.Tag); err != nil {
 		return err
 	}
-	defer claim.Release()
+	defer c.claim.Release()
 	if c.guards, err = openGuards(c.cfg.GuardsPin); err != nil {
 		return err
 	}
@@ -297,6 +297,10 @@ func (c *Controller) Run(ctx context.Context) (err error) {
 	c.santad = follow.SantadPID(c.client)
 	defer c.client.Close()
 	if err := c.attach(); err != nil {
+		return err
+	}
+	if c.created, err = c.claim.TakeOverCreated(c.client, c.created, c.log); err != nil {
+		follow.UnbindEmpty(c.client, c.created, c.log)
 		return err
 	}
 	defer c.removeAll(ctx)
@@ -1004,6 +1008,9 @@ func (c *Controller) removeAll(ctx context.Context) {
 	follow.UnbindEmpty(c.client, c.created, c.log)
 	if !c.rulesLeft {
 		c.log.Info("removed the controller's rules", "rules", n)
+		if err := c.claim.RecordCreated(nil); err != nil {
+			c.log.Warn("recording that the rule sets this run made are unbound failed", "error", err)
+		}
 	}
 }
 
