@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/santa-offload/santa/api"
+	"github.com/santa-offload/santa/clients/go/santa"
 	"github.com/santa-offload/santa/internal/testbed"
 )
 
@@ -36,11 +38,7 @@ func TestSecondControllerWithTagRefused(t *testing.T) {
 	}
 	learned := ruleIDs(r.waitLines(4, "GET /a.txt HTTP/1.1"))
 
-	santaHTTP := func(args ...string) []string {
-		return testbed.ControllerArgv(filepath.Join(bin, "santa"), r.tb.Server.NS, r.sd.Socket, "http",
-			append([]string{"--port", strconv.Itoa(testPort), "--root", r.ng.Root}, args...)...)
-	}
-	argv := santaHTTP("--duration", "3s")
+	argv := r.santaHTTP("--duration", "3s")
 	out, err := exec.Command(argv[0], argv[1:]...).CombinedOutput()
 	want := fmt.Sprintf(`another controller (pid %d) runs with tag "santa-http" on TCP port %d`, os.Getpid(), testPort)
 	if err == nil || !strings.Contains(string(out), want) {
@@ -64,21 +62,84 @@ func TestSecondControllerWithTagRefused(t *testing.T) {
 	}
 	r.stopController()
 
-	killed, err := testbed.StartController(context.Background(), santaHTTP(), 20*time.Second, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := syscall.Kill(killed.PID(), syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	if exited, _ := killed.Wait(10 * time.Second); !exited {
-		t.Fatal("the controller outlived SIGKILL")
-	}
-	next, err := testbed.StartController(context.Background(), santaHTTP(), 20*time.Second, nil)
+	r.killController()
+	next, err := testbed.StartController(context.Background(), r.santaHTTP(), 20*time.Second, nil)
 	if err != nil {
 		t.Fatalf("after a controller with the tag was killed, the next one: %v", err)
 	}
 	if err := next.Stop(10 * time.Second); err != nil {
 		t.Error(err)
+	}
+}
+
+// santaHTTP is the command line of a `santa http` on nginx's port and root
+// in the server namespace, with args.
+func (r *e2eRig) santaHTTP(args ...string) []string {
+	return testbed.ControllerArgv(filepath.Join(bin, "santa"), r.tb.Server.NS, r.sd.Socket, "http",
+		append([]string{"--port", strconv.Itoa(testPort), "--root", r.ng.Root}, args...)...)
+}
+
+// killController starts a `santa http` and kills it with SIGKILL once
+// ready: it leaves the rule sets its attach made bound.
+func (r *e2eRig) killController() {
+	r.t.Helper()
+	killed, err := testbed.StartController(context.Background(), r.santaHTTP(), 20*time.Second, nil)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	if err := syscall.Kill(killed.PID(), syscall.SIGKILL); err != nil {
+		r.t.Fatal(err)
+	}
+	if exited, _ := killed.Wait(10 * time.Second); !exited {
+		r.t.Fatal("the controller outlived SIGKILL")
+	}
+}
+
+// TestPredecessorsRuleSetsUnbound: a controller killed with SIGKILL leaves
+// the rule set its attach made (nginx's IPv4 listener's; another program
+// bound the IPv6 listener first). Left empty, it has eBPF answer every
+// handshake on the listener and hand each connection over to nginx. The
+// next controller with the tag on the port takes it over and unbinds it on
+// exit, and leaves the other program's alone. (It left it bound for good:
+// santad told only the killed controller's bind that it made it.)
+func TestPredecessorsRuleSetsUnbound(t *testing.T) {
+	r := newE2E(t, e2eOptions{files: map[string][]byte{"a.txt": fileBefore}})
+	r.stopController()
+	other, err := r.client.BindPortProtocol(testPort, api.ProtocolTCP, santa.SampleOptions{})
+	if err != nil || len(other) != 2 {
+		t.Fatalf("the other program's bind: %+v (%v), want nginx's 2 listeners", other, err)
+	}
+	otherCookie := uint64(0)
+	for _, s := range other {
+		if s.AddrPort().Addr().Is6() {
+			otherCookie = s.Cookie
+		} else if err := r.client.Unbind(santa.Cookie(s.Cookie)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r.killController()
+	if socks, err := r.client.ListSockets(); err != nil || len(socks) != 2 {
+		t.Fatalf("rule sets after the controller was killed: %+v (%v), want nginx's 2", socks, err)
+	}
+	dir := t.TempDir()
+	before := r.counters()
+	checkFile(t, r.curlFile(dir, "empty", "/a.txt"), fileBefore, "with an empty rule set on the listener")
+	if d := delta(before, r.counters()); d["tcp_syn_answered"] != 1 || d["tcp_handed_over"] != 1 || d["answered"] != 0 {
+		t.Errorf("a connection to a listener with an empty rule set: counters %v, want tcp_syn_answered +1, tcp_handed_over +1", d)
+	}
+
+	argv := r.santaHTTP("--duration", "2s")
+	out, err := exec.Command(argv[0], argv[1:]...).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), `"taking over the rule sets a predecessor made" tag=santa-http rule_sets=1`) {
+		t.Errorf("the next controller: %v, want it to take over 1 rule set:\n%s", err, out)
+	}
+	socks, err := r.client.ListSockets()
+	if err != nil || len(socks) != 1 || socks[0].Cookie != otherCookie {
+		t.Errorf("rule sets after the next controller stopped: %+v (%v), want the other program's only (socket %d)", socks, err, otherCookie)
+	}
+	before = r.counters()
+	checkFile(t, r.curlFile(dir, "unbound", "/a.txt"), fileBefore, "after the next controller stopped")
+	if d := delta(before, r.counters()); d["tcp_syn_answered"] != 0 {
+		t.Errorf("a connection to nginx after the next controller stopped: counters %v, want no handshake answered by eBPF", d)
 	}
 }

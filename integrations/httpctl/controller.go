@@ -229,12 +229,16 @@ const maxLearnPerSecond = 256
 
 // Controller is one `santa http` run.
 type Controller struct {
-	cfg       Config
-	log       *slog.Logger
-	rules     ruleClient
-	groups    []*group
-	byCookie  map[uint64]*group
-	created   []uint64 // sockets the attach bound, unbound on exit if left empty
+	cfg      Config
+	log      *slog.Logger
+	rules    ruleClient
+	groups   []*group
+	byCookie map[uint64]*group
+	// created are the sockets whose rule set this controller's attach made,
+	// or a predecessor's that it took over (takeOverCreated): unbound on
+	// exit if left empty.
+	created   []uint64
+	claim     *follow.Claim // this run's hold on its tag on the port
 	entries   map[string]*entry
 	pending   map[string]*entry
 	refused   map[string]refusal
@@ -397,11 +401,11 @@ func (c *Controller) count(f func(r *Report)) {
 // document root, learns and offloads hot requests and keeps their replies
 // current until ctx ends; then it deletes its rules.
 func (c *Controller) Run(ctx context.Context) error {
-	claim, err := follow.ClaimTag(c.cfg.Socket, api.ProtocolTCP, c.cfg.Port, c.cfg.Tag)
-	if err != nil {
+	var err error
+	if c.claim, err = follow.ClaimTag(c.cfg.Socket, api.ProtocolTCP, c.cfg.Port, c.cfg.Tag); err != nil {
 		return err
 	}
-	defer claim.Release()
+	defer c.claim.Release()
 	client, err := santa.Dial(c.cfg.Socket)
 	if err != nil {
 		return err
@@ -417,12 +421,22 @@ func (c *Controller) Run(ctx context.Context) error {
 	c.attach(client, socks)
 	c.binder = client
 	santad := follow.SantadPID(client)
-	defer func() { follow.UnbindEmpty(client, c.created, c.log) }()
+	rulesRemoved := false
+	defer func() {
+		follow.UnbindEmpty(client, c.created, c.log)
+		if rulesRemoved {
+			// the rule sets left bound hold others' rules: not this tag's
+			c.recordCreated(nil)
+		}
+	}()
+	if err := c.takeOverCreated(); err != nil {
+		return err
+	}
 	inherited, err := follow.Inherit(c.cfg.Socket, c.cfg.Tag, slices.Collect(maps.Keys(c.byCookie)), c.log)
 	if err != nil {
 		return err
 	}
-	defer func() { c.removeAll(follow.KeepRules(ctx, client, santad)) }()
+	defer func() { rulesRemoved = c.removeAll(follow.KeepRules(ctx, client, santad)) }()
 	// watched before the takeover fetches: a file changed after its
 	// response was fetched again must count for its rule
 	w, err := watch(c.cfg.Root, c.log)
@@ -468,6 +482,40 @@ func (c *Controller) attach(rules ruleClient, socks []api.SocketInfo) {
 	c.count(func(r *Report) { r.Sockets = len(socks) })
 	for _, g := range c.groups {
 		c.log.Info("attached", "port", c.cfg.Port, "sockets", len(g.cookies), "family", g.family, "fetch_from", g.fetch)
+	}
+}
+
+// takeOverCreated takes over the rule sets a predecessor with the tag on
+// the port made and left (it was killed, or santad went away), as its
+// claim recorded them: santad told only that one's bind that it made them,
+// so they would stay bound, without rules, for good, and eBPF would answer
+// every handshake of nginx's listener and hand each connection over. Those
+// among the listeners this run attached to are its own to unbind on exit
+// when empty; other rule sets, another program's or another tag's
+// controller's, are not. It records them with this run's own for the next
+// run.
+func (c *Controller) takeOverCreated() error {
+	taken := 0
+	for _, cookie := range c.claim.Created() {
+		if c.byCookie[cookie] != nil && !slices.Contains(c.created, cookie) {
+			c.created = append(c.created, cookie)
+			taken++
+		}
+	}
+	if taken > 0 {
+		c.log.Info("taking over the rule sets a predecessor made", "tag", c.cfg.Tag, "rule_sets", taken)
+	}
+	if err := c.claim.RecordCreated(c.created); err != nil {
+		return fmt.Errorf("record the rule sets made in the claim file: %w", err)
+	}
+	return nil
+}
+
+// recordCreated records cookies as the rule sets this run made, for the
+// next controller with the tag should this one be killed.
+func (c *Controller) recordCreated(cookies []uint64) {
+	if err := c.claim.RecordCreated(cookies); err != nil {
+		c.log.Warn("recording the rule sets this run made failed", "error", err)
 	}
 }
 
@@ -650,6 +698,7 @@ func (c *Controller) attachNew() error {
 		c.log.Info("attached to a new listening socket", "port", c.cfg.Port, "socket", s.Cookie, "address", s.AddrPort(),
 			"family", g.family, "fetch_from", g.fetch, "sockets_of_group", len(g.cookies))
 	}
+	c.recordCreated(c.created)
 	for cookie := range have {
 		if c.byCookie[cookie] == nil && !bound[cookie] {
 			if c.unbindable == nil {
@@ -1618,11 +1667,11 @@ func (c *Controller) dropIdle(now time.Time) error {
 // removeAll deletes every rule of the controller (on exit), after reading
 // their hits for the report, unless keep: santad went away under the run
 // (follow.KeepRules), and the rules stay, ending with their lease unless a
-// controller takes them over.
-func (c *Controller) removeAll(keep bool) {
+// controller takes them over. It says whether it deleted them all.
+func (c *Controller) removeAll(keep bool) bool {
 	if keep {
 		c.log.Warn("santad went away: the rules stay for the next controller with this tag to take over")
-		return
+		return false
 	}
 	// santa.ErrNotFound: the rules went with their socket (nginx stopped)
 	if err := c.readHits(); err != nil && !errors.Is(err, santa.ErrNotFound) {
@@ -1636,8 +1685,9 @@ func (c *Controller) removeAll(keep bool) {
 	if err := c.deleteRules(all); err != nil {
 		// santad went away: the next controller with this tag deletes them
 		c.log.Warn("removing the rules on exit failed", "error", err)
-		return
+		return false
 	}
 	c.count(func(r *Report) { r.Removed += uint64(len(all)) })
 	c.log.Info("removed the controller's rules", "rules", len(all))
+	return true
 }
