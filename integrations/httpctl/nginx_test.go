@@ -7,12 +7,14 @@ package httpctl
 // data path.
 
 import (
+	"bufio"
 	"bytes"
 	"compress/gzip"
 	"context"
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/netip"
 	"os"
@@ -49,12 +51,17 @@ const testPort = 8080
 
 // nginxExtra are locations of the test server: gzip makes chunked
 // responses (gzip_static sends a file's .gz instead, when there is one),
-// expires and add_header make headers that change.
-const nginxExtra = `
+// expires and add_header make headers that change; /upstream/ is the
+// test's own server's (holdingUpstream).
+var nginxExtra = fmt.Sprintf(`
 		gzip on; gzip_min_length 1; gzip_types text/plain; gzip_static on;
 		location /rel/ { expires 1h; }
 		location /mod/ { expires modified +1h; }
-		location /id/ { add_header X-Request-Id $request_id; }`
+		location /id/ { add_header X-Request-Id $request_id; }
+		location /upstream/ { proxy_pass http://127.0.0.1:%d; proxy_read_timeout 10m; }`, upstreamPort)
+
+// upstreamPort is the port of holdingUpstream, in the server namespace.
+const upstreamPort = 8081
 
 func newRig(t *testing.T, cfg Config, files map[string][]byte) *rig {
 	t.Helper()
@@ -411,10 +418,11 @@ func TestRootMismatchWarns(t *testing.T) {
 }
 
 // TestChangeWhileNginxHung: a change on disk deletes its rules at once
-// while nginx is hung (SIGSTOP): the fetch under way, here a
-// re-validation waiting out --timeout, is cut short, and nothing is
-// refused for it. The loop used to wait the whole timeout, and the kernel
-// answered the old file meanwhile.
+// while nginx is hung (SIGSTOP), and nothing is refused for the fetch
+// under way, here a re-validation waiting out --timeout, which the change
+// cuts short. The loop used to wait the whole timeout, and the kernel
+// answered the old file meanwhile. (nginx, once resumed, answers that
+// fetch too: TestChangeFreesTheFetchWorker checks the cut short.)
 func TestChangeWhileNginxHung(t *testing.T) {
 	r := newRig(t, Config{MinSamples: 1, Idle: 0, Interval: time.Second, Timeout: time.Minute}, map[string][]byte{"a.txt": smallFile})
 	r.runLoop()
@@ -451,6 +459,101 @@ func TestChangeWhileNginxHung(t *testing.T) {
 	if rep := r.c.Report(); rep.Skipped != 0 || rep.FetchErrors != 0 {
 		t.Errorf("a fetch cut short by the change counted as nginx's failure: %+v", rep)
 	}
+}
+
+// TestChangeFreesTheFetchWorker: a change on disk cuts short the fetch
+// under way of the changed file, here one nginx does not answer (its
+// upstream holds the request, and --timeout is 1 min), so that the fetch
+// worker goes on: once the upstream answers again, another request is
+// fetched and offloaded within seconds. Without the cut short, the worker
+// waits out the timeout, whatever the loop does meanwhile.
+func TestChangeFreesTheFetchWorker(t *testing.T) {
+	r := newRig(t, Config{MinSamples: 1, Idle: 0, Interval: time.Second, Timeout: time.Minute},
+		map[string][]byte{"upstream/a.txt": []byte("on disk"), "b.txt": smallFile})
+	held, release := holdingUpstream(t, r.tb.Server)
+	r.runLoop()
+	hung := get("/upstream/a.txt")
+	r.c.samples <- sample{11, []byte(hung), len(hung)}
+	select {
+	case <-held:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the controller's fetch of /upstream/a.txt did not reach the upstream within 5 s")
+	}
+	if err := os.WriteFile(filepath.Join(r.ng.Root, "upstream", "a.txt"), []byte("changed"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	release()
+	other := get("/b.txt")
+	r.c.samples <- sample{11, []byte(other), len(other)}
+	deadline := time.Now().Add(5 * time.Second)
+	for !slices.ContainsFunc(r.fs.rulesOf(11), func(x api.Rule) bool { return bytes.HasSuffix(x.Processors[0].Template, smallFile) }) {
+		if time.Now().After(deadline) {
+			t.Fatal("/b.txt not offloaded within 5 s of the change: the fetch of the changed file still holds the fetch worker")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// holdingUpstream is a server for nginx's /upstream/ (nginxExtra) in the
+// server namespace: it holds every connection it accepts, never
+// answering, until release, and tells held of each; after release it
+// answers every new one at once with "upstream". The held connections
+// stay held until the test ends.
+func holdingUpstream(t *testing.T, server testbed.Side) (held <-chan struct{}, release func()) {
+	t.Helper()
+	var ln net.Listener
+	if err := server.Do(func() (err error) {
+		ln, err = net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", upstreamPort))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	heldc, released, done := make(chan struct{}, 1), make(chan struct{}), make(chan struct{})
+	var holding []net.Conn
+	go func() {
+		defer close(done)
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			select {
+			case <-released:
+				go answerUpstream(conn)
+			default:
+				holding = append(holding, conn)
+				select {
+				case heldc <- struct{}{}:
+				default:
+				}
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		<-done
+		for _, conn := range holding {
+			conn.Close()
+		}
+	})
+	return heldc, sync.OnceFunc(func() { close(released) })
+}
+
+// answerUpstream answers the request on conn with "upstream" and closes it.
+func answerUpstream(conn net.Conn) {
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(5 * time.Second))
+	br := bufio.NewReader(conn)
+	for {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			return
+		}
+		if line == "\r\n" {
+			break
+		}
+	}
+	io.WriteString(conn, "HTTP/1.1 200 OK\r\nContent-Length: 8\r\nConnection: close\r\n\r\nupstream")
 }
 
 // hangNginx stops nginx's processes (SIGSTOP): the kernel still takes
