@@ -62,7 +62,7 @@ func TestSecondControllerWithTagRefused(t *testing.T) {
 	}
 	r.stopController()
 
-	r.killController()
+	r.kill(r.startCLI())
 	next, err := testbed.StartController(context.Background(), r.santaHTTP(), 20*time.Second, nil)
 	if err != nil {
 		t.Fatalf("after a controller with the tag was killed, the next one: %v", err)
@@ -79,14 +79,20 @@ func (r *e2eRig) santaHTTP(args ...string) []string {
 		append([]string{"--port", strconv.Itoa(testPort), "--root", r.ng.Root}, args...)...)
 }
 
-// killController starts a `santa http` and kills it with SIGKILL once
-// ready: it leaves the rule sets its attach made bound.
-func (r *e2eRig) killController() {
+// startCLI starts a `santa http` and waits until it is ready.
+func (r *e2eRig) startCLI() *testbed.Controller {
 	r.t.Helper()
-	killed, err := testbed.StartController(context.Background(), r.santaHTTP(), 20*time.Second, nil)
+	ctl, err := testbed.StartController(context.Background(), r.santaHTTP(), 20*time.Second, nil)
 	if err != nil {
 		r.t.Fatal(err)
 	}
+	return ctl
+}
+
+// kill kills controller killed with SIGKILL: it leaves the rule sets its
+// attach made bound.
+func (r *e2eRig) kill(killed *testbed.Controller) {
+	r.t.Helper()
 	if err := syscall.Kill(killed.PID(), syscall.SIGKILL); err != nil {
 		r.t.Fatal(err)
 	}
@@ -96,14 +102,16 @@ func (r *e2eRig) killController() {
 }
 
 // TestPredecessorsRuleSetsUnbound: a controller killed with SIGKILL leaves
-// the rule set its attach made (nginx's IPv4 listener's; another program
-// bound the IPv6 listener first). Left empty, it has eBPF answer every
-// handshake on the listener and hand each connection over to nginx. The
-// next controller with the tag on the port takes it over and unbinds it on
-// exit, and leaves the other program's alone. (It left it bound for good:
-// santad told only the killed controller's bind that it made it.)
+// the rule sets its attach made: nginx's IPv4 listener's (another program
+// bound the IPv6 listener first), and those of the two listeners a reload
+// of nginx opened. Left empty, they have eBPF answer every handshake on
+// the listeners and hand each connection over to nginx. The next
+// controller with the tag on the port takes them over and unbinds them on
+// exit, and leaves the other program's alone. (It left them bound for
+// good: santad told only the killed controller's binds that they made
+// them.)
 func TestPredecessorsRuleSetsUnbound(t *testing.T) {
-	r := newE2E(t, e2eOptions{files: map[string][]byte{"a.txt": fileBefore}})
+	r := newE2E(t, e2eOptions{files: map[string][]byte{"a.txt": fileBefore}, reuseport: true})
 	r.stopController()
 	other, err := r.client.BindPortProtocol(testPort, api.ProtocolTCP, santa.SampleOptions{})
 	if err != nil || len(other) != 2 {
@@ -117,21 +125,29 @@ func TestPredecessorsRuleSetsUnbound(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	r.killController()
-	if socks, err := r.client.ListSockets(); err != nil || len(socks) != 2 {
-		t.Fatalf("rule sets after the controller was killed: %+v (%v), want nginx's 2", socks, err)
+	killed := r.startCLI()
+	r.reloadWithWorkers(2)
+	for deadline := time.Now().Add(5 * time.Second); strings.Count(killed.Output(), "attached to a new listening socket") < 2; {
+		if time.Now().After(deadline) {
+			t.Fatalf("the controller did not attach to the 2 listeners of the reload within 5 s:\n%s", killed.Output())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	r.kill(killed)
+	if socks, err := r.client.ListSockets(); err != nil || len(socks) != 4 {
+		t.Fatalf("rule sets after the controller was killed: %+v (%v), want nginx's 4", socks, err)
 	}
 	dir := t.TempDir()
 	before := r.counters()
-	checkFile(t, r.curlFile(dir, "empty", "/a.txt"), fileBefore, "with an empty rule set on the listener")
+	checkFile(t, r.curlFile(dir, "empty", "/a.txt"), fileBefore, "with empty rule sets on the IPv4 listeners")
 	if d := delta(before, r.counters()); d["tcp_syn_answered"] != 1 || d["tcp_handed_over"] != 1 || d["answered"] != 0 {
-		t.Errorf("a connection to a listener with an empty rule set: counters %v, want tcp_syn_answered +1, tcp_handed_over +1", d)
+		t.Errorf("a connection to listeners with an empty rule set: counters %v, want tcp_syn_answered +1, tcp_handed_over +1", d)
 	}
 
 	argv := r.santaHTTP("--duration", "2s")
 	out, err := exec.Command(argv[0], argv[1:]...).CombinedOutput()
-	if err != nil || !strings.Contains(string(out), `"taking over the rule sets a predecessor made" tag=santa-http rule_sets=1`) {
-		t.Errorf("the next controller: %v, want it to take over 1 rule set:\n%s", err, out)
+	if err != nil || !strings.Contains(string(out), `"taking over the rule sets a predecessor made" tag=santa-http rule_sets=3`) {
+		t.Errorf("the next controller: %v, want it to take over 3 rule sets:\n%s", err, out)
 	}
 	socks, err := r.client.ListSockets()
 	if err != nil || len(socks) != 1 || socks[0].Cookie != otherCookie {

@@ -689,6 +689,7 @@ func (c *Controller) attachNew() error {
 		}
 		if s.Created {
 			c.created = append(c.created, s.Cookie)
+			c.recordCreated(c.created)
 		}
 		g := c.groupOf(s)
 		if err := c.join(g, s.Cookie); err != nil {
@@ -698,7 +699,6 @@ func (c *Controller) attachNew() error {
 		c.log.Info("attached to a new listening socket", "port", c.cfg.Port, "socket", s.Cookie, "address", s.AddrPort(),
 			"family", g.family, "fetch_from", g.fetch, "sockets_of_group", len(g.cookies))
 	}
-	c.recordCreated(c.created)
 	for cookie := range have {
 		if c.byCookie[cookie] == nil && !bound[cookie] {
 			if c.unbindable == nil {

@@ -1303,6 +1303,45 @@ func TestE2EReloadClosesListeners(t *testing.T) {
 	allAnswered(t, r, 12, files["a.txt"], "after the reload")
 }
 
+// reloadWithWorkers reloads nginx (SIGHUP), with reuseport and one worker,
+// with n workers, and waits until it listens on a socket per worker and
+// address.
+func (r *e2eRig) reloadWithWorkers(n int) {
+	t := r.t
+	t.Helper()
+	listeners := func() int {
+		out, err := r.tb.Server.Run("ss", "-Hltn", fmt.Sprintf("sport = :%d", testPort))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(strings.Fields(strings.TrimSpace(out))) / 5 // State Recv-Q Send-Q Local Peer
+	}
+	if got := listeners(); got != 2 {
+		t.Fatalf("nginx listens on %d sockets before the reload, want 2", got)
+	}
+	conf, err := os.ReadFile(r.ng.Conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	more := strings.Replace(string(conf), "worker_processes 1;", fmt.Sprintf("worker_processes %d;", n), 1)
+	if more == string(conf) {
+		t.Fatal("no worker_processes 1 in nginx.conf")
+	}
+	if err := os.WriteFile(r.ng.Conf, []byte(more), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(r.ng.PID(), syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for listeners() != 2*n {
+		if time.Now().After(deadline) {
+			t.Fatalf("nginx listens on %d sockets 10 s after the reload, want %d", listeners(), 2*n)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 // TestE2EReloadAddsListeners: a reload of nginx (SIGHUP) that opens more
 // listening sockets on the port (here more workers with reuseport, a
 // socket each per address) keeps the old ones, and connections are spread
@@ -1318,39 +1357,9 @@ func TestE2EReloadAddsListeners(t *testing.T) {
 	r.waitLines(4, "GET /a.txt HTTP/1.1")
 	r.waitLines(6, "GET /a.txt HTTP/1.1")
 
-	listeners := func() int {
-		out, err := r.tb.Server.Run("ss", "-Hltn", fmt.Sprintf("sport = :%d", testPort))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return len(strings.Fields(strings.TrimSpace(out))) / 5 // State Recv-Q Send-Q Local Peer
-	}
-	if n := listeners(); n != 2 {
-		t.Fatalf("nginx listens on %d sockets before the reload, want 2", n)
-	}
-	conf, err := os.ReadFile(r.ng.Conf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	more := strings.Replace(string(conf), "worker_processes 1;", "worker_processes 2;", 1)
-	if more == string(conf) {
-		t.Fatal("no worker_processes 1 in nginx.conf")
-	}
-	if err := os.WriteFile(r.ng.Conf, []byte(more), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := syscall.Kill(r.ng.PID(), syscall.SIGHUP); err != nil {
-		t.Fatal(err)
-	}
-	deadline := time.Now().Add(10 * time.Second)
-	for listeners() != 4 {
-		if time.Now().After(deadline) {
-			t.Fatalf("nginx listens on %d sockets 10 s after the reload, want 4", listeners())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	r.reloadWithWorkers(2)
 	// every socket of the port has a rule set holding the group's rule
-	deadline = time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(5 * time.Second)
 	for {
 		socks, err := r.client.ListSockets()
 		if err != nil {
