@@ -509,32 +509,14 @@ func (c *Controller) attach() error {
 }
 
 // takeOverCreated takes over the rule sets a predecessor with the tag on
-// the port made and left (it was killed, or santad went away), as its
-// claim recorded them: santad told only that one's bind that it made them,
-// so they would stay bound, without rules, for good. Those still bound are
-// this run's to unbind on exit when empty, as its own; other rule sets,
-// another program's or another tag's controller's, are not. It records
-// them with this run's own for the next run.
-func (c *Controller) takeOverCreated() error {
-	socks, err := c.client.ListSockets()
+// the port made and left (follow.Claim.TakeOverCreated).
+func (c *Controller) takeOverCreated() (err error) {
+	bound, err := follow.BoundRuleSets(c.client)
 	if err != nil {
-		return fmt.Errorf("list the rule sets: %w", err)
+		return err
 	}
-	bound := map[uint64]bool{}
-	for _, s := range socks {
-		bound[s.Cookie] = true
-	}
-	taken := 0
-	for _, cookie := range c.claim.Created() {
-		if bound[cookie] && !slices.Contains(c.created, cookie) {
-			c.created = append(c.created, cookie)
-			taken++
-		}
-	}
-	if taken > 0 {
-		c.log.Info("taking over the rule sets a predecessor made", "tag", c.cfg.Tag, "rule_sets", taken)
-	}
-	return c.claim.RecordCreated(c.created)
+	c.created, err = c.claim.TakeOverCreated(c.created, bound, c.log)
+	return err
 }
 
 // created are the cookies of the sockets whose rule set santad made for

@@ -120,24 +120,16 @@ func recordedCreated(f *os.File) []uint64 {
 func (c *Claim) Created() []uint64 { return c.created }
 
 // TakeOverCreated returns created, this holder's own rule sets, with
-// those the claim's last holder recorded that are still bound (it was
-// killed, or santad went away), and records them all for the next holder.
-// Santad told only the predecessor's bind that it made them, so they would
-// stay bound, without rules, for good; now they are this holder's to
-// unbind on exit when empty. Other rule sets, another program's or another
-// tag's controller's, are not among them.
-func (c *Claim) TakeOverCreated(client *santa.Client, created []uint64, log *slog.Logger) ([]uint64, error) {
-	socks, err := client.ListSockets()
-	if err != nil {
-		return created, fmt.Errorf("list the rule sets: %w", err)
-	}
-	bound := map[uint64]bool{}
-	for _, s := range socks {
-		bound[s.Cookie] = true
-	}
+// those the claim's last holder recorded that are still bound where this
+// holder may unbind them (bound), and records them all for the next
+// holder. Santad told only the predecessor's bind that it made them, so
+// they would stay bound, without rules, for good; now they are this
+// holder's to unbind on exit when empty. Other rule sets, another
+// program's or another tag's controller's, are not among them.
+func (c *Claim) TakeOverCreated(created []uint64, bound func(cookie uint64) bool, log *slog.Logger) ([]uint64, error) {
 	taken := 0
 	for _, cookie := range c.created {
-		if bound[cookie] && !slices.Contains(created, cookie) {
+		if bound(cookie) && !slices.Contains(created, cookie) {
 			created = append(created, cookie)
 			taken++
 		}
@@ -145,7 +137,23 @@ func (c *Claim) TakeOverCreated(client *santa.Client, created []uint64, log *slo
 	if taken > 0 {
 		log.Info("taking over the rule sets a predecessor made", "tag", c.tag, "rule_sets", taken)
 	}
-	return created, c.RecordCreated(created)
+	if err := c.RecordCreated(created); err != nil {
+		return created, fmt.Errorf("record the rule sets made in the claim file: %w", err)
+	}
+	return created, nil
+}
+
+// BoundRuleSets says which rule sets santad holds now (for TakeOverCreated).
+func BoundRuleSets(client *santa.Client) (func(cookie uint64) bool, error) {
+	socks, err := client.ListSockets()
+	if err != nil {
+		return nil, fmt.Errorf("list the rule sets: %w", err)
+	}
+	bound := map[uint64]bool{}
+	for _, s := range socks {
+		bound[s.Cookie] = true
+	}
+	return func(cookie uint64) bool { return bound[cookie] }, nil
 }
 
 // RecordCreated records cookies as the rule sets this holder's attach made

@@ -486,29 +486,13 @@ func (c *Controller) attach(rules ruleClient, socks []api.SocketInfo) {
 }
 
 // takeOverCreated takes over the rule sets a predecessor with the tag on
-// the port made and left (it was killed, or santad went away), as its
-// claim recorded them: santad told only that one's bind that it made them,
-// so they would stay bound, without rules, for good, and eBPF would answer
-// every handshake of nginx's listener and hand each connection over. Those
-// among the listeners this run attached to are its own to unbind on exit
-// when empty; other rule sets, another program's or another tag's
-// controller's, are not. It records them with this run's own for the next
-// run.
-func (c *Controller) takeOverCreated() error {
-	taken := 0
-	for _, cookie := range c.claim.Created() {
-		if c.byCookie[cookie] != nil && !slices.Contains(c.created, cookie) {
-			c.created = append(c.created, cookie)
-			taken++
-		}
-	}
-	if taken > 0 {
-		c.log.Info("taking over the rule sets a predecessor made", "tag", c.cfg.Tag, "rule_sets", taken)
-	}
-	if err := c.claim.RecordCreated(c.created); err != nil {
-		return fmt.Errorf("record the rule sets made in the claim file: %w", err)
-	}
-	return nil
+// the port made and left (follow.Claim.TakeOverCreated): those on the
+// listeners this run attached to. Left bound, an empty rule set has eBPF
+// answer every handshake of nginx's listener and hand each connection over.
+func (c *Controller) takeOverCreated() (err error) {
+	attached := func(cookie uint64) bool { return c.byCookie[cookie] != nil }
+	c.created, err = c.claim.TakeOverCreated(c.created, attached, c.log)
+	return err
 }
 
 // recordCreated records cookies as the rule sets this run made, for the

@@ -299,7 +299,11 @@ func (c *Controller) Run(ctx context.Context) (err error) {
 	if err := c.attach(); err != nil {
 		return err
 	}
-	if c.created, err = c.claim.TakeOverCreated(c.client, c.created, c.log); err != nil {
+	bound, err := follow.BoundRuleSets(c.client)
+	if err == nil {
+		c.created, err = c.claim.TakeOverCreated(c.created, bound, c.log)
+	}
+	if err != nil {
 		follow.UnbindEmpty(c.client, c.created, c.log)
 		return err
 	}
