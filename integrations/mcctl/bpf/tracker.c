@@ -1014,26 +1014,43 @@ static long walk_step(__u32 i, struct walk *w)
 
 /* ---- digests of parsed request bytes (SipHash-2-4, bpf/siphash.h) ---- */
 
-struct digest_walk {
+/* A walk over a segment's bytes [pos, end), 64 at a time (bpf_loop). */
+struct chunk_walk {
 	struct __sk_buff *skb;
 	__u32 pos, end;
 	__u32 cut; /* could not be read */
+};
+
+/* Load the walk's next bytes into buf (zeroed by the caller), at most 64,
+ * and step past them: how many, 0 at the end or when they could not be
+ * read (cut). */
+static __always_inline __u32 next_chunk(struct chunk_walk *w, __u64 buf[8])
+{
+	if (w->pos >= w->end)
+		return 0;
+	__u32 n = w->end - w->pos;
+	if (n > 64)
+		n = 64;
+	if (bpf_skb_load_bytes(w->skb, w->pos, buf, NONZERO(n, 63))) {
+		w->cut = 1;
+		return 0;
+	}
+	w->pos += n;
+	return n;
+}
+
+struct digest_walk {
+	struct chunk_walk c;
 	__u64 v[4];
 };
 
 /* Absorb 64 bytes of the segment, in words of 8, zero-padded. */
 static long digest_step(__u32 i, struct digest_walk *w)
 {
-	if (w->pos >= w->end)
-		return 1;
-	__u32 n = w->end - w->pos;
-	if (n > 64)
-		n = 64;
 	__u64 buf[8] = {};
-	if (bpf_skb_load_bytes(w->skb, w->pos, buf, NONZERO(n, 63))) {
-		w->cut = 1;
+	__u32 n = next_chunk(&w->c, buf);
+	if (!n)
 		return 1;
-	}
 	__u64 v0 = w->v[0], v1 = w->v[1], v2 = w->v[2], v3 = w->v[3];
 	for (int k = 0; k < 8; k++) {
 		if (k * 8 >= n)
@@ -1044,7 +1061,6 @@ static long digest_step(__u32 i, struct digest_walk *w)
 		v0 ^= buf[k];
 	}
 	w->v[0] = v0, w->v[1] = v1, w->v[2] = v2, w->v[3] = v3;
-	w->pos += n;
 	return 0;
 }
 
@@ -1056,10 +1072,10 @@ __noinline int mc_digest(struct __sk_buff *skb, __u32 pos, __u32 len, __u64 *dig
 	if (!skb || !digest)
 		return -1;
 	__u64 k0 = digest_key[0], k1 = digest_key[1];
-	struct digest_walk w = {.skb = skb, .pos = pos, .end = pos + len,
+	struct digest_walk w = {.c = {.skb = skb, .pos = pos, .end = pos + len},
 				.v = {SIP_INIT0(k0), SIP_INIT1(k1), SIP_INIT2(k0), SIP_INIT3(k1)}};
 	bpf_loop(1 << 13, digest_step, &w, 0); /* 512 KiB, a BIG TCP segment */
-	if (w.cut || w.pos < w.end)
+	if (w.c.cut || w.c.pos < w.c.end)
 		return -1;
 	__u64 v0 = w.v[0], v1 = w.v[1], v2 = w.v[2], v3 = w.v[3];
 	v3 ^= len;
@@ -1189,28 +1205,18 @@ static __always_inline void retire(struct mc_flow *f, const struct mc_flow_key *
 }
 
 struct csum_walk {
-	struct __sk_buff *skb;
-	__u32 pos, end;
+	struct chunk_walk c;
 	__u64 sum;
-	__u32 cut; /* could not be read */
 };
 
 /* Sum 64 bytes of the segment (16-bit words as loaded, like csum_partial). */
 static long csum_step(__u32 i, struct csum_walk *w)
 {
-	if (w->pos >= w->end)
-		return 1;
-	__u32 n = w->end - w->pos;
-	if (n > 64)
-		n = 64;
 	__u64 buf[8] = {};
-	if (bpf_skb_load_bytes(w->skb, w->pos, buf, NONZERO(n, 63))) {
-		w->cut = 1;
+	if (!next_chunk(&w->c, buf))
 		return 1;
-	}
 	for (int k = 0; k < 8; k++)
 		w->sum += (__u32)buf[k] + (buf[k] >> 32);
-	w->pos += n;
 	return 0;
 }
 
@@ -1242,9 +1248,9 @@ __noinline int mc_tcp_checksum_ok(struct __sk_buff *skb, const struct packet *p)
 	}
 	if (check == fold(pseudo))
 		return 1;
-	struct csum_walk w = {.skb = skb, .pos = p->l4_off, .end = p->payload_off + p->payload_len, .sum = pseudo};
+	struct csum_walk w = {.c = {.skb = skb, .pos = p->l4_off, .end = p->payload_off + p->payload_len}, .sum = pseudo};
 	bpf_loop(1 << 10, csum_step, &w, 0); /* 64 KiB */
-	return !w.cut && w.pos >= w.end && fold(w.sum) == 0xffff;
+	return !w.c.cut && w.c.pos >= w.c.end && fold(w.sum) == 0xffff;
 }
 
 static __always_inline int tcp_request(struct __sk_buff *skb, const struct packet *p)
