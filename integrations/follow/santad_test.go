@@ -247,13 +247,7 @@ func TestRoomFreed(t *testing.T) {
 // directory", as without).
 func TestRunWaitsForSantad(t *testing.T) {
 	tb := testbed.New(t)
-	sd := testbed.NewSantad(filepath.Join(bin, "santad"), tb.Server.NS, t.TempDir(), "/sys/fs/bpf/santa-follow-"+tb.ID,
-		"--interface", tb.Server.Dev)
-	t.Cleanup(func() {
-		if err := errors.Join(sd.Stop(syscall.SIGTERM), sd.Cleanup()); err != nil {
-			t.Error(err)
-		}
-	})
+	sd := unstartedSantad(t, tb)
 	run := func(context.Context) error {
 		c, err := santa.Dial(sd.Socket)
 		if err != nil {
@@ -288,6 +282,19 @@ func TestRunWaitsForSantad(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("with --follow, Run did not start once santad answered")
 	}
+}
+
+// unstartedSantad is a santad for tb's server, not started yet, stopped
+// and cleaned up after the test.
+func unstartedSantad(t *testing.T, tb *testbed.Testbed) *testbed.Santad {
+	sd := testbed.NewSantad(filepath.Join(bin, "santad"), tb.Server.NS, t.TempDir(), "/sys/fs/bpf/santa-follow-"+tb.ID,
+		"--interface", tb.Server.Dev)
+	t.Cleanup(func() {
+		if err := errors.Join(sd.Stop(syscall.SIGTERM), sd.Cleanup()); err != nil {
+			t.Error(err)
+		}
+	})
+	return sd
 }
 
 // A Watcher's SetRate changes how many misses santad samples for the
@@ -365,13 +372,7 @@ func TestWatcherSetRate(t *testing.T) {
 // (true): deleting them there would take the offload from the new santad.
 func TestKeepRules(t *testing.T) {
 	tb := testbed.New(t)
-	sd := testbed.NewSantad(filepath.Join(bin, "santad"), tb.Server.NS, t.TempDir(), "/sys/fs/bpf/santa-follow-"+tb.ID,
-		"--interface", tb.Server.Dev)
-	t.Cleanup(func() {
-		if err := errors.Join(sd.Stop(syscall.SIGTERM), sd.Cleanup()); err != nil {
-			t.Error(err)
-		}
-	})
+	sd := unstartedSantad(t, tb)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	if err := sd.Start(ctx); err != nil {
